@@ -1,0 +1,28 @@
+"""replistream: replicated, replication-transparent stream processing.
+
+Build a query, run it, compare with the ideal run:
+
+>>> import replistream as rs
+>>> q = rs.Query("hello")
+>>> nums = q.source("nums", {"x": "i8"}, punctuate_every=10)
+>>> nums.window(size=10, aggs={"total": ("x", "sum")}).sink("sums")
+'sums'
+>>> out = rs.run_reference(q.build(), {"nums": [{"ts": t, "x": t} for t in range(20)]})
+>>> out.outputs["sums"][["window_start", "total"]].tolist()
+[(0, 45), (10, 145)]
+
+See README.md for the replicated engines and the CLI.
+"""
+from .errors import DeadLetter, PunctuationViolation, QueryError, ReplistreamError, SchemaError
+from .operators.aggregate import Summary
+from .schema import END, Punctuation, Schema, millis, seconds
+from .query import Query, Stream
+from .engine import ReplicaCore, RunResult, run_reference
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "SchemaError",
+    "Summary", "END", "Punctuation", "Schema", "millis", "seconds", "Query", "Stream",
+    "ReplicaCore", "RunResult", "run_reference", "__version__",
+]

@@ -1,0 +1,5 @@
+"""Operator logic: plain objects driven by every engine (DESIGN.md decision 2)."""
+from .base import Item, NO_PUNCTUATION, OperatorLogic
+from .stateless import FilterLogic, FlatMapLogic, MapLogic, UnionLogic
+
+__all__ = ["Item", "NO_PUNCTUATION", "OperatorLogic", "FilterLogic", "FlatMapLogic", "MapLogic", "UnionLogic"]

@@ -1,0 +1,176 @@
+"""Duplicate filter: merge k stream replicas into one stream (Algorithm 1, Hwang §IV-B).
+
+Algorithm 1 passes a tuple the first time it is seen with
+``ts > max punctuation``, drops later copies, and forgets per-tuple counts once
+a punctuation passes them; it never blocks. Its multiset bookkeeping
+(``count[t][i]``) exists to tell "a second copy" from "a second tuple with the
+same values". Here every logical tuple carries a unique deterministic id
+(DESIGN.md decision 1), so each id has multiplicity one in the ideal stream and
+Algorithm 1 reduces to "pass the first copy of each id". That also makes a
+copy repeated on the *same* stream replica (a retransmission after a
+reconnection or a hand-over replay) harmless, where Algorithm 1 would pass it
+again. Theorem 1's argument carries over unchanged.
+
+Bookkeeping per filter: ``seen`` maps id -> copies received so far, for ids
+with ``ts > max punctuation``; ``_pending`` holds (ts, id) of those ids so a
+punctuation can forget them in bulk.
+
+Contribution weights (§V-B): the j-th copy of a tuple adds ``1/j`` to the
+weight of the stream replica that delivered it; :attr:`weights` accumulates
+them for replica utility and garbage collection.
+
+A tuple with ``ts <= p`` after punctuation ``p`` *on its own stream replica*
+breaks that replica's punctuation contract: it is dead-lettered (or raises in
+strict mode). A tuple with ``ts <= max punctuation`` from another, slower
+replica is an ordinary late duplicate and is dropped.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ..errors import DeadLetter, PunctuationViolation
+from ..schema import ID, TS, Punctuation, Schema
+from .base import NO_PUNCTUATION
+
+
+class DuplicateFilter:
+    """Algorithm 1 (Hwang §IV-B) over ``n_channels`` stream replicas of one stream.
+
+    ``on_batch(channel, batch)`` returns the tuples seen for the first time;
+    ``on_punctuation(channel, p)`` returns ``[Punctuation(p)]`` when ``p`` is
+    a new maximum, else ``[]``. Channels can be added while running
+    (:meth:`add_channel`), for revived or new upstream replicas.
+
+    >>> s = Schema({"x": "i8"})
+    >>> b = s.from_columns({"ts": [1, 2], "x": [7, 8]}, ids=[10, 11])
+    >>> f = DuplicateFilter(2, s)
+    >>> len(f.on_batch(0, b)[0]), f.on_batch(1, b)
+    (2, [])
+    >>> f.on_punctuation(1, 2), f.on_punctuation(0, 2)
+    ([Punctuation(2)], [])
+    >>> f.weights.tolist()
+    [2.0, 1.0]
+    """
+
+    def __init__(self, n_channels: int, schema: Schema | None = None, name: str = "filter", strict: bool = False):
+        if n_channels < 1:
+            raise ValueError(f"duplicate filter {name!r} needs at least one input stream replica, got {n_channels}")
+        self.name = name
+        self.schema = schema
+        self.strict = strict
+        self.max_punct = NO_PUNCTUATION
+        self.chan_punct = [NO_PUNCTUATION] * n_channels
+        self.weights = np.zeros(n_channels, dtype=np.float64)
+        self.copies = np.zeros(n_channels, dtype=np.int64)  # tuples received per channel
+        self.seen: dict[int, int] = {}
+        self._pending_ts: list[np.ndarray] = []
+        self._pending_id: list[np.ndarray] = []
+        self.passed = 0
+        self.duplicates = 0
+        self.late_count = 0
+        self.dead_letters: list[DeadLetter] = []
+
+    @property
+    def n_channels(self) -> int:
+        return len(self.chan_punct)
+
+    def add_channel(self) -> int:
+        """Add a stream replica (e.g. from a revived upstream replica); returns its index."""
+        self.chan_punct.append(NO_PUNCTUATION)
+        self.weights = np.append(self.weights, 0.0)
+        self.copies = np.append(self.copies, 0)
+        return len(self.chan_punct) - 1
+
+    def process(self, channel: int, item) -> list:
+        if isinstance(item, Punctuation):
+            return self.on_punctuation(channel, item.p)
+        return self.on_batch(channel, item)
+
+    def on_batch(self, channel: int, batch: np.ndarray) -> list[np.ndarray]:
+        if self.schema is not None:
+            batch = self.schema.check(batch, f"{self.name} channel {channel}")
+        n = len(batch)
+        if not n:
+            return []
+        self.copies[channel] += n
+        ts = batch[TS]
+        cp = self.chan_punct[channel]
+        if cp != NO_PUNCTUATION:
+            late = ts <= cp
+            if late.any():
+                where = f"{self.name} channel {channel}"
+                if self.strict:
+                    raise PunctuationViolation(
+                        f"{where}: tuple with ts={int(ts[late][0])} arrived after punctuation {cp}")
+                self.late_count += int(late.sum())
+                self.dead_letters.append(DeadLetter(where, f"late: ts <= punctuation {cp}", batch[late]))
+                keep = ~late
+                batch, ts = batch[keep], ts[keep]
+        if self.max_punct != NO_PUNCTUATION:
+            fresh = ts > self.max_punct  # Algorithm 1, line 2
+            if not fresh.all():
+                self.duplicates += int(len(fresh) - fresh.sum())
+                batch, ts = batch[fresh], ts[fresh]
+        if not len(batch):
+            return []
+        ids = batch[ID]
+        idl = ids.tolist()
+        get = self.seen.get
+        prev = np.fromiter((get(x, 0) for x in idl), dtype=np.int64, count=len(idl))
+        if len(set(idl)) != len(idl):
+            # The same id twice within one batch (a retransmission): resolve in arrival order.
+            prev = prev.copy()
+            first = np.zeros(len(idl), dtype=bool)
+            running: dict[int, int] = {}
+            for i, x in enumerate(idl):
+                c = running.get(x, int(prev[i]))
+                prev[i] = c
+                running[x] = c + 1
+            new = prev == 0
+            self.seen.update(running)
+        else:
+            new = prev == 0
+            self.seen.update(zip(idl, (prev + 1).tolist()))
+        self.weights[channel] += float(np.sum(1.0 / (prev + 1)))
+        n_new = int(new.sum())
+        self.duplicates += len(idl) - n_new
+        if not n_new:
+            return []
+        out = batch if n_new == len(batch) else batch[new]
+        self._pending_ts.append(out[TS])
+        self._pending_id.append(out[ID])
+        self.passed += n_new
+        return [out]
+
+    def on_punctuation(self, channel: int, p: int) -> list[Punctuation]:
+        p = int(p)
+        if p > self.chan_punct[channel]:
+            self.chan_punct[channel] = p
+        if p <= self.max_punct:
+            return []
+        self.max_punct = p  # Algorithm 1, lines 7-11
+        if self._pending_ts:
+            ts = np.concatenate(self._pending_ts)
+            ids = np.concatenate(self._pending_id)
+            done = ts <= p
+            if done.any():
+                deque(map(self.seen.pop, ids[done].tolist()), maxlen=0)
+                keep = ~done
+                self._pending_ts = [ts[keep]] if keep.any() else []
+                self._pending_id = [ids[keep]] if keep.any() else []
+            else:
+                self._pending_ts, self._pending_id = [ts], [ids]
+        return [Punctuation(p)]
+
+    def stats(self) -> dict:
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "duplicates": self.duplicates,
+            "late": self.late_count,
+            "tracked_ids": len(self.seen),
+            "max_punctuation": self.max_punct,
+            "weights": self.weights.tolist(),
+        }

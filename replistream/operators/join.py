@@ -1,0 +1,207 @@
+"""Windowed Join made replica consistent with punctuations (Algorithm 2, Hwang §IV-E).
+
+For ``t1`` on input 0 and ``t2`` on input 1 the Join emits ``t1 ⊗ t2`` when
+``|t1.ts - t2.ts| < window`` and the predicate holds (and, on the fast path,
+their keys are equal). The output timestamp is ``max(t1.ts, t2.ts)``, the time
+the pair would be produced in the ideal run; its id is ``mix(t1.id, t2.id)``.
+
+Invariant (lines 5-6): a punctuation ``p`` on input ``i`` removes from the
+*other* input's buffer every tuple that no future tuple on ``i`` (``ts > p``)
+can match: ``ts <= p + 1 - window`` in integer time. Each matching pair is
+produced exactly once, when the second of its two tuples arrives, whatever
+the interleaving: the operator is non-blocking and replica consistent.
+
+Buffers are lists of chunks sorted by key (or by ts without a key); a probe
+binary-searches each chunk and expands the matching ranges with numpy, so no
+Python runs per tuple. Chunks are merged when there are more than
+``_MAX_CHUNKS``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import SchemaError
+from ..ids import hash_columns, mix
+from ..schema import ID, TS, Schema
+from .base import OperatorLogic
+
+_MAX_CHUNKS = 8
+
+
+def join_schema(left: Schema, right: Schema, suffixes: tuple[str, str] = ("_l", "_r")) -> tuple[Schema, list, list]:
+    """Output schema of a join, and the (input name, output name) pairs of each side.
+
+    Fields present on both sides get ``suffixes``.
+
+    >>> join_schema(Schema({"k": "i8", "a": "f8"}), Schema({"k": "i8", "b": "f8"}))[0]
+    Schema({k_l: <i8, a: <f8, k_r: <i8, b: <f8})
+    """
+    clash = set(left.names) & set(right.names)
+    lmap = [(n, n + suffixes[0] if n in clash else n) for n in left.names]
+    rmap = [(n, n + suffixes[1] if n in clash else n) for n in right.names]
+    fields = [(o, left[n]) for n, o in lmap] + [(o, right[n]) for n, o in rmap]
+    return Schema(fields), lmap, rmap
+
+
+class _SideBuffer:
+    """Buffered tuples of one input, as chunks sorted by their search key."""
+
+    def __init__(self):
+        self.chunks: list[np.ndarray] = []  # structured batches
+        self.keys: list[np.ndarray] = []  # sorted search key per chunk
+
+    def add(self, batch: np.ndarray, key: np.ndarray) -> None:
+        order = np.argsort(key, kind="stable")
+        self.chunks.append(batch[order])
+        self.keys.append(key[order])
+        if len(self.chunks) > _MAX_CHUNKS:
+            batch = np.concatenate(self.chunks)
+            key = np.concatenate(self.keys)
+            order = np.argsort(key, kind="stable")
+            self.chunks, self.keys = [batch[order]], [key[order]]
+
+    def purge(self, bound: int) -> None:
+        """Drop tuples with ts <= bound."""
+        chunks, keys = [], []
+        for c, k in zip(self.chunks, self.keys):
+            keep = c[TS] > bound
+            if keep.all():
+                chunks.append(c)
+                keys.append(k)
+            elif keep.any():
+                chunks.append(c[keep])
+                keys.append(k[keep])
+        self.chunks, self.keys = chunks, keys
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+
+class JoinLogic(OperatorLogic):
+    """Algorithm 2 (Hwang §IV-E): a symmetric windowed join of two inputs.
+
+    ``window`` (> 0, timestamp units) bounds ``|t1.ts - t2.ts|``; ``left_key`` /
+    ``right_key`` (field names, or tuples of names) select the fast equi-join
+    path; ``predicate(left_rows, right_rows) -> bool array`` is applied to
+    candidate pairs given as two aligned batches.
+
+    >>> from replistream.schema import Punctuation
+    >>> L, R = Schema({"k": "i8"}), Schema({"k": "i8", "v": "f8"})
+    >>> j = JoinLogic("j", [L, R], window=10, left_key="k", right_key="k")
+    >>> j.process(0, L.from_columns({"ts": [100], "k": [1]}, ids=[1]))
+    []
+    >>> out = j.process(1, R.from_columns({"ts": [105, 120], "k": [1, 1], "v": [0.5, 0.7]}, ids=[2, 3]))
+    >>> out[0][["ts", "k_l", "v"]].tolist()
+    [(105, 1, 0.5)]
+    """
+
+    def __init__(self, name: str, in_schemas: list[Schema], window: int,
+                 left_key: str | Sequence[str] | None = None, right_key: str | Sequence[str] | None = None,
+                 predicate: Callable | None = None, suffixes: tuple[str, str] = ("_l", "_r"),
+                 strict: bool = False):
+        if len(in_schemas) != 2:
+            raise ValueError(f"join {name!r} takes exactly 2 inputs, got {len(in_schemas)}")
+        out_schema, self._lmap, self._rmap = join_schema(in_schemas[0], in_schemas[1], suffixes)
+        super().__init__(name, in_schemas, out_schema, strict)
+        if int(window) <= 0:
+            raise ValueError(f"join {name!r}: window must be > 0, got {window}")
+        self.window = int(window)
+        lk, rk = _key_tuple(left_key), _key_tuple(right_key)
+        if (lk is None) != (rk is None) or (lk and len(lk) != len(rk)):
+            raise ValueError(f"join {name!r}: left_key and right_key must both be given, with equal lengths")
+        for side, keys, schema in (("left", lk, in_schemas[0]), ("right", rk, in_schemas[1])):
+            for k in keys or ():
+                if k not in schema:
+                    raise SchemaError(f"join {name!r}: {side} key {k!r} is not a field of {schema!r}")
+        self.keys = (lk, rk)
+        self.predicate = predicate
+        self.buffers = (_SideBuffer(), _SideBuffer())
+
+    def _search_key(self, port: int, batch: np.ndarray) -> np.ndarray:
+        keys = self.keys[port]
+        if keys is None:
+            return batch[TS]
+        if len(keys) == 1:
+            col = batch[keys[0]]
+            if col.dtype.kind in "iufUSb":
+                return col
+        return hash_columns(batch, keys)
+
+    def _on_batch(self, port, batch):
+        other = 1 - port
+        key = self._search_key(port, batch)
+        out = self._probe(port, batch, key)
+        # Keep only tuples a future tuple on the other input could still match.
+        bound = self.in_punct[other] + 1 - self.window if self.in_punct[other] > np.iinfo(np.int64).min + self.window else None
+        keep = batch[TS] > bound if bound is not None else None
+        if keep is None or keep.all():
+            self.buffers[port].add(batch, key)
+        elif keep.any():
+            self.buffers[port].add(batch[keep], key[keep])
+        return out
+
+    def _probe(self, port, batch, key):
+        buf = self.buffers[1 - port]
+        w = self.window
+        ts = batch[TS]
+        outs = []
+        for chunk, ckey in zip(buf.chunks, buf.keys):
+            if self.keys[0] is None:
+                lo = np.searchsorted(ckey, ts - (w - 1), "left")
+                hi = np.searchsorted(ckey, ts + (w - 1), "right")
+            else:
+                lo = np.searchsorted(ckey, key, "left")
+                hi = np.searchsorted(ckey, key, "right")
+            cnt = hi - lo
+            total = int(cnt.sum())
+            if not total:
+                continue
+            pi = np.repeat(np.arange(len(batch)), cnt)
+            starts = np.repeat(lo - np.cumsum(cnt) + cnt, cnt)
+            oi = starts + np.arange(total)
+            mine, theirs = batch[pi], chunk[oi]
+            ok = np.abs(mine[TS] - theirs[TS]) < w
+            if self.keys[0] is not None:
+                # exact key equality (guards hash collisions and NaN keys)
+                for a, b in zip(self.keys[port], self.keys[1 - port]):
+                    ok &= mine[a] == theirs[b]
+            left, right = (mine, theirs) if port == 0 else (theirs, mine)
+            if not ok.all():
+                left, right = left[ok], right[ok]
+            if self.predicate is not None and len(left):
+                m = np.asarray(self.predicate(left, right))
+                if m.shape != (len(left),) or m.dtype != np.bool_:
+                    raise SchemaError(f"join {self.name!r}: predicate must return a boolean array of length {len(left)}")
+                left, right = left[m], right[m]
+            if len(left):
+                outs.append(self._emit(left, right))
+        return outs
+
+    def _emit(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        out = np.empty(len(left), dtype=self.out_schema.dtype)
+        out[TS] = np.maximum(left[TS], right[TS])
+        out[ID] = mix(left[ID], right[ID])
+        for n, o in self._lmap:
+            out[o] = left[n]
+        for n, o in self._rmap:
+            out[o] = right[n]
+        return out
+
+    def _on_port_punctuation(self, port, p):
+        # Algorithm 2, lines 5-6: punctuation on this input purges the other buffer.
+        self.buffers[1 - port].purge(p + 1 - self.window)
+        return []
+
+    @property
+    def buffered(self) -> tuple[int, int]:
+        return len(self.buffers[0]), len(self.buffers[1])
+
+
+def _key_tuple(key):
+    if key is None:
+        return None
+    if isinstance(key, str):
+        return (key,)
+    return tuple(key)

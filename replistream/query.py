@@ -1,0 +1,429 @@
+"""The query builder: a fluent Python API over a networkx DiGraph.
+
+A query is a DAG of *sources*, *operators* and *applications* (sinks). Each
+node holds a frozen, picklable spec (``...Spec``) that the engines turn into
+running logic with ``spec.build(name, in_schemas)``; edges carry the input
+port of the downstream node. :meth:`Query.build` validates the whole graph
+(acyclic, arities, parameters, schemas, every operator reaching an
+application) and decides where Sorters go (Hwang §IV-C): only in front of
+order-sensitive operators and applications.
+
+>>> from replistream import Query, seconds
+>>> q = Query("fig1")
+>>> load = q.source("load", {"server": "i8", "cpu": "f8"})
+>>> ping = q.source("ping", {"src": "i8", "dst": "i8", "ms": "f8"})
+>>> hot = load.join(ping, window=seconds(10), left_key="server", right_key="src").filter(lambda b: b["cpu"] > 0.5)
+>>> hot.sink("alerts")
+'alerts'
+>>> q.build().describe().splitlines()[0]
+"query 'fig1': 2 source(s), 2 operator(s), 1 application(s)"
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import networkx as nx
+
+from .errors import QueryError, SchemaError
+from .operators import FilterLogic, FlatMapLogic, MapLogic, OperatorLogic, UnionLogic
+from .operators.aggregate import CountWindowAggregateLogic, TimeWindowAggregateLogic
+from .operators.entry import EntryLogic
+from .operators.join import JoinLogic
+from .operators.sorter import SorterLogic
+from .schema import Schema
+
+# -- specs ------------------------------------------------------------------
+
+
+class Spec:
+    """A node's configuration: frozen, picklable, builds the running logic."""
+
+    kind = "operator"
+    arity: tuple[int, int | None] = (1, 1)  # (min inputs, max inputs or None)
+    order_sensitive = False
+
+    def build(self, name: str, in_schemas: list[Schema], strict: bool = False) -> OperatorLogic:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SourceSpec(Spec):
+    """A source stream: its schema and punctuation policy (see :class:`~replistream.operators.entry.EntryLogic`)."""
+
+    schema: Schema
+    punctuate_every: int | None = None
+    max_disorder: int = 0
+    kind = "source"
+    arity = (0, 0)
+
+    def build_entry(self, name: str, strict: bool = False, on_malformed: str = "raise") -> EntryLogic:
+        return EntryLogic(name, self.schema, self.punctuate_every, self.max_disorder, strict, on_malformed)
+
+
+@dataclass(frozen=True)
+class SinkSpec(Spec):
+    """An application: receives the stream; ``ordered=True`` gets it sorted by (ts, id)."""
+
+    ordered: bool = False
+    kind = "sink"
+
+    @property
+    def order_sensitive(self):  # type: ignore[override]
+        return self.ordered
+
+    def build(self, name, in_schemas, strict=False):
+        return ApplicationLogic(name, in_schemas, strict)
+
+
+@dataclass(frozen=True)
+class FilterSpec(Spec):
+    predicate: Callable
+
+    def build(self, name, in_schemas, strict=False):
+        return FilterLogic(name, in_schemas, self.predicate, strict)
+
+
+@dataclass(frozen=True)
+class MapSpec(Spec):
+    fn: Callable
+    schema: Schema | None = None
+
+    def build(self, name, in_schemas, strict=False):
+        return MapLogic(name, in_schemas, self.fn, self.schema or in_schemas[0], strict)
+
+
+@dataclass(frozen=True)
+class FlatMapSpec(Spec):
+    fn: Callable
+    schema: Schema | None = None
+
+    def build(self, name, in_schemas, strict=False):
+        return FlatMapLogic(name, in_schemas, self.fn, self.schema or in_schemas[0], strict)
+
+
+@dataclass(frozen=True)
+class UnionSpec(Spec):
+    arity = (1, None)
+
+    def build(self, name, in_schemas, strict=False):
+        first = in_schemas[0]
+        for i, s in enumerate(in_schemas[1:], 1):
+            if s != first:
+                raise SchemaError(f"union {name!r}: input {i} has schema {s!r}, input 0 has {first!r}")
+        return UnionLogic(name, in_schemas, strict)
+
+
+@dataclass(frozen=True)
+class JoinSpec(Spec):
+    window: int
+    left_key: Any = None
+    right_key: Any = None
+    predicate: Callable | None = None
+    suffixes: tuple[str, str] = ("_l", "_r")
+    arity = (2, 2)
+
+    def build(self, name, in_schemas, strict=False):
+        return JoinLogic(name, in_schemas, self.window, self.left_key, self.right_key, self.predicate,
+                         self.suffixes, strict)
+
+
+@dataclass(frozen=True)
+class TimeWindowSpec(Spec):
+    size: int
+    slide: int | None = None
+    by: tuple[str, ...] = ()
+    aggs: Mapping[str, Any] = field(default_factory=lambda: {"count": "count"})
+
+    def build(self, name, in_schemas, strict=False):
+        return TimeWindowAggregateLogic(name, in_schemas, self.size, self.slide, self.by, dict(self.aggs), strict)
+
+
+@dataclass(frozen=True)
+class CountWindowSpec(Spec):
+    size: int
+    slide: int | None = None
+    by: tuple[str, ...] = ()
+    aggs: Mapping[str, Any] = field(default_factory=lambda: {"count": "count"})
+
+    def build(self, name, in_schemas, strict=False):
+        return CountWindowAggregateLogic(name, in_schemas, self.size, self.slide, self.by, dict(self.aggs), strict)
+
+
+@dataclass(frozen=True)
+class CustomSpec(Spec):
+    """A user-defined operator: ``factory(name, in_schemas, strict) -> OperatorLogic``.
+
+    It must be replica consistent (Hwang §III, Definition 2). Declare
+    ``order_sensitive=True`` if its output depends on input order: the builder
+    then sorts each of its inputs by (ts, id) up to each punctuation.
+    """
+
+    factory: Callable
+    n_inputs: int = 1
+    order_sensitive: bool = False
+
+    @property
+    def arity(self):  # type: ignore[override]
+        return (self.n_inputs, self.n_inputs)
+
+    def build(self, name, in_schemas, strict=False):
+        logic = self.factory(name, in_schemas, strict)
+        if not isinstance(logic, OperatorLogic):
+            raise QueryError(f"operator {name!r}: factory must return an OperatorLogic, got {type(logic).__name__}")
+        return logic
+
+
+class ApplicationLogic(OperatorLogic):
+    """An application's input: passes its (merged, possibly sorted) stream through unchanged."""
+
+    def __init__(self, name, in_schemas, strict=False):
+        super().__init__(name, in_schemas, in_schemas[0], strict)
+
+    def _on_batch(self, port, batch):
+        return [batch]
+
+
+# -- the builder --------------------------------------------------------------
+
+
+class Stream:
+    """A stream in a query under construction: the output of one node.
+
+    Methods add an operator reading this stream and return its output stream.
+    """
+
+    def __init__(self, query: "Query", node: str):
+        self.query = query
+        self.node = node
+
+    def __repr__(self) -> str:
+        return f"Stream({self.node!r})"
+
+    @property
+    def schema(self) -> Schema:
+        return self.query.schema_of(self.node)
+
+    def filter(self, predicate: Callable, name: str | None = None) -> "Stream":
+        """Keep tuples where ``predicate(batch)`` (a boolean array) is true (Hwang §IV-D)."""
+        return self.query._add(name, "filter", FilterSpec(predicate), [self])
+
+    def map(self, fn: Callable, schema: Mapping | Schema | None = None, name: str | None = None) -> "Stream":
+        """Convert tuples with vectorised ``fn(batch) -> {field: array}`` into ``schema`` (default: same)."""
+        return self.query._add(name, "map", MapSpec(fn, _schema(schema)), [self])
+
+    def flat_map(self, fn: Callable, schema: Mapping | Schema | None = None, name: str | None = None) -> "Stream":
+        """``fn(batch) -> (parent_index, {field: array})``: zero or more outputs per input."""
+        return self.query._add(name, "flat_map", FlatMapSpec(fn, _schema(schema)), [self])
+
+    def union(self, *others: "Stream", name: str | None = None) -> "Stream":
+        """Merge this stream with ``others`` (equal schemas) (Hwang §IV-D)."""
+        return self.query.union(self, *others, name=name)
+
+    def join(self, other: "Stream", window: int, on: str | Sequence[str] | None = None,
+             left_key: str | Sequence[str] | None = None, right_key: str | Sequence[str] | None = None,
+             predicate: Callable | None = None, suffixes: tuple[str, str] = ("_l", "_r"),
+             name: str | None = None) -> "Stream":
+        """Windowed join with ``other`` (Algorithm 2, Hwang §IV-E); ``on`` sets both keys."""
+        if on is not None:
+            left_key = right_key = on
+        return self.query._add(name, "join", JoinSpec(window, left_key, right_key, predicate, suffixes),
+                               [self, other])
+
+    def window(self, size: int, slide: int | None = None, by: str | Sequence[str] | None = None,
+               aggs: Mapping[str, Any] | None = None, name: str | None = None) -> "Stream":
+        """Time-window aggregate (Algorithm 3, Hwang §IV-F): ``size``/``slide`` in timestamp units."""
+        return self.query._add(name, "window", TimeWindowSpec(size, slide, _fields(by), dict(aggs or {"count": "count"})),
+                               [self])
+
+    def count_window(self, size: int, slide: int | None = None, by: str | Sequence[str] | None = None,
+                     aggs: Mapping[str, Any] | None = None, name: str | None = None) -> "Stream":
+        """Count-window aggregate (Algorithm 4, Hwang §IV-F): ``size``/``slide`` in tuples."""
+        return self.query._add(name, "count_window",
+                               CountWindowSpec(size, slide, _fields(by), dict(aggs or {"count": "count"})), [self])
+
+    def apply(self, factory: Callable, *others: "Stream", order_sensitive: bool = False,
+              name: str | None = None) -> "Stream":
+        """A user-defined operator over this stream (and ``others``): see :class:`CustomSpec`."""
+        return self.query._add(name, "custom", CustomSpec(factory, 1 + len(others), order_sensitive),
+                               [self, *others])
+
+    def sink(self, name: str, ordered: bool = False) -> str:
+        """An application reading this stream; ``ordered=True`` delivers it sorted by (ts, id)."""
+        self.query._add(name, "sink", SinkSpec(ordered), [self], explicit=True)
+        return name
+
+
+class Query:
+    """A streaming query: build it with :meth:`source` and :class:`Stream` methods, then :meth:`build`.
+
+    >>> q = Query()
+    >>> s = q.source("numbers", {"x": "i8"}, punctuate_every=10)
+    >>> s.filter(lambda b: b["x"] > 0).sink("positive")
+    'positive'
+    >>> q.build().operators
+    ['filter_1']
+    """
+
+    def __init__(self, name: str = "query"):
+        self.name = name
+        self.graph = nx.MultiDiGraph()
+        self._counter = 0
+        self._built = False
+
+    # -- construction -----------------------------------------------------
+    def source(self, name: str, schema: Mapping | Schema | Sequence, punctuate_every: int | None = None,
+               max_disorder: int = 0) -> Stream:
+        """Declare a source stream with its schema and punctuation policy."""
+        spec = SourceSpec(Schema(schema), punctuate_every, max_disorder)
+        if punctuate_every is not None and int(punctuate_every) <= 0:
+            raise ValueError(f"source {name!r}: punctuate_every must be > 0, got {punctuate_every}")
+        if int(max_disorder) < 0:
+            raise ValueError(f"source {name!r}: max_disorder must be >= 0, got {max_disorder}")
+        return self._add(name, "source", spec, [], explicit=True)
+
+    def union(self, *streams: Stream, name: str | None = None) -> Stream:
+        """Merge ``streams`` (equal schemas) into one (Hwang §IV-D)."""
+        if not streams:
+            raise QueryError("union needs at least one input stream")
+        return self._add(name, "union", UnionSpec(), list(streams))
+
+    def _add(self, name: str | None, prefix: str, spec: Spec, inputs: list[Stream], explicit: bool = False):
+        self._built = False
+        if name is None:
+            self._counter += 1
+            name = f"{prefix}_{self._counter}"
+            while name in self.graph:
+                self._counter += 1
+                name = f"{prefix}_{self._counter}"
+        if not isinstance(name, str) or not name:
+            raise QueryError(f"node names must be non-empty strings, got {name!r}")
+        if name in self.graph:
+            raise QueryError(f"a node named {name!r} already exists in query {self.name!r}")
+        for s in inputs:
+            if not isinstance(s, Stream):
+                raise QueryError(f"{name!r}: inputs must be Streams of this query, got {type(s).__name__}")
+            if s.query is not self:
+                raise QueryError(f"{name!r}: input {s.node!r} belongs to another query")
+            if self.graph.nodes[s.node]["spec"].kind == "sink":
+                raise QueryError(f"{name!r}: cannot read from application {s.node!r}")
+        self.graph.add_node(name, spec=spec)
+        for port, s in enumerate(inputs):
+            self.graph.add_edge(s.node, name, port=port)
+        return Stream(self, name) if spec.kind != "sink" else name
+
+    # -- inspection ---------------------------------------------------------
+    def spec(self, node: str) -> Spec:
+        try:
+            return self.graph.nodes[node]["spec"]
+        except KeyError:
+            raise QueryError(f"query {self.name!r} has no node {node!r}") from None
+
+    def inputs_of(self, node: str) -> list[str]:
+        """Upstream nodes of ``node``, ordered by input port."""
+        edges = sorted(self.graph.in_edges(node, data="port"), key=lambda e: e[2])
+        return [u for u, _, _ in edges]
+
+    def outputs_of(self, node: str) -> list[tuple[str, int]]:
+        """(downstream node, input port) pairs fed by ``node``."""
+        return sorted((v, p) for _, v, p in self.graph.out_edges(node, data="port"))
+
+    @property
+    def sources(self) -> list[str]:
+        return [n for n in self.topological() if self.spec(n).kind == "source"]
+
+    @property
+    def sinks(self) -> list[str]:
+        return [n for n in self.topological() if self.spec(n).kind == "sink"]
+
+    @property
+    def operators(self) -> list[str]:
+        return [n for n in self.topological() if self.spec(n).kind == "operator"]
+
+    def topological(self) -> list[str]:
+        return list(nx.lexicographical_topological_sort(self.graph))
+
+    def schema_of(self, node: str) -> Schema:
+        """Output schema of ``node`` (for a sink: its input's schema)."""
+        cache = self.graph.nodes[node].get("schema")
+        if cache is not None:
+            return cache
+        spec = self.spec(node)
+        if spec.kind == "source":
+            schema = spec.schema
+        else:
+            ins = [self.schema_of(u) for u in self.inputs_of(node)]
+            schema = spec.build(node, ins).out_schema
+        self.graph.nodes[node]["schema"] = schema
+        return schema
+
+    def in_schemas(self, node: str) -> list[Schema]:
+        return [self.schema_of(u) for u in self.inputs_of(node)]
+
+    def sorted_inputs(self, node: str) -> bool:
+        """True where the builder puts a Sorter in front of ``node`` (Hwang §IV-C)."""
+        return bool(self.spec(node).order_sensitive)
+
+    @property
+    def sorters(self) -> list[str]:
+        """Nodes whose inputs are sorted: the only places sorting is paid for."""
+        return [n for n in self.topological() if self.sorted_inputs(n)]
+
+    def build_logic(self, node: str, strict: bool = False) -> OperatorLogic:
+        return self.spec(node).build(node, self.in_schemas(node), strict)
+
+    def build_sorter(self, node: str, port: int, strict: bool = False) -> SorterLogic:
+        return SorterLogic(f"{node}.sort[{port}]", [self.in_schemas(node)[port]], strict)
+
+    # -- validation ------------------------------------------------------------
+    def build(self) -> "Query":
+        """Validate the query; returns it. Raises :class:`QueryError` (or ``ValueError``) naming the problem."""
+        g = self.graph
+        if not nx.is_directed_acyclic_graph(g):
+            cycle = nx.find_cycle(g)
+            raise QueryError(f"query {self.name!r} has a cycle: {' -> '.join(str(e[0]) for e in cycle)}")
+        if not self.sources:
+            raise QueryError(f"query {self.name!r} has no source")
+        if not self.sinks:
+            raise QueryError(f"query {self.name!r} has no application: add .sink(name) to a stream")
+        for n in g.nodes:
+            spec = self.spec(n)
+            ports = [p for _, _, p in g.in_edges(n, data="port")]
+            lo, hi = spec.arity
+            if len(ports) < lo or (hi is not None and len(ports) > hi):
+                want = f"{lo}" if lo == hi else f"{lo}..{hi if hi is not None else 'n'}"
+                raise QueryError(f"{spec.kind} {n!r} takes {want} input(s), has {len(ports)}")
+            if sorted(ports) != list(range(len(ports))):
+                raise QueryError(f"{spec.kind} {n!r}: input ports {sorted(ports)} are not 0..{len(ports) - 1}")
+            if spec.kind != "sink" and not any(self.spec(d).kind == "sink" for d in nx.descendants(g, n)):
+                raise QueryError(f"{spec.kind} {n!r} feeds no application; add .sink(name) downstream or remove it")
+        for n in self.topological():
+            g.nodes[n].pop("schema", None)
+        for n in self.topological():
+            try:
+                self.schema_of(n)
+            except (QueryError, SchemaError, ValueError) as e:
+                raise type(e)(str(e)) from None
+        self._built = True
+        return self
+
+    def describe(self) -> str:
+        """A human-readable outline of the query."""
+        lines = [f"query {self.name!r}: {len(self.sources)} source(s), {len(self.operators)} operator(s), "
+                 f"{len(self.sinks)} application(s)"]
+        for n in self.topological():
+            spec = self.spec(n)
+            ins = ", ".join(self.inputs_of(n))
+            sort = " [sorted inputs]" if self.sorted_inputs(n) else ""
+            lines.append(f"  {spec.kind:<8} {n:<16} {type(spec).__name__:<16} <- {ins or '-'}{sort}")
+        return "\n".join(lines)
+
+
+def _schema(schema) -> Schema | None:
+    return None if schema is None else Schema(schema)
+
+
+def _fields(by) -> tuple[str, ...]:
+    if by is None:
+        return ()
+    return (by,) if isinstance(by, str) else tuple(by)
