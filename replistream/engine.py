@@ -22,7 +22,7 @@ import numpy as np
 from .errors import DeadLetter, QueryError
 from .operators import Item, OperatorLogic
 from .operators.dupfilter import DuplicateFilter
-from .operators.entry import EntryLogic
+from .operators.entry import EntryLogic, is_records
 from .query import Query
 from .schema import END, TS, Punctuation
 
@@ -143,7 +143,7 @@ def _chunks(data: Any):
     if isinstance(data, np.ndarray) or isinstance(data, Mapping):
         return [data]
     data = list(data)
-    if data and all(isinstance(r, Mapping) for r in data):
+    if data and is_records(data):
         return [data]  # a plain list of records is one chunk
     return data
 

@@ -141,7 +141,7 @@ class EntryLogic:
         try:
             batch = self._convert(data, where)
         except SchemaError:
-            if self.on_malformed == "raise" or not _is_records(data):
+            if self.on_malformed == "raise" or not is_records(data):
                 raise
             return self._convert_one_by_one(list(data), where)
         n = len(batch)
@@ -157,7 +157,7 @@ class EntryLogic:
             if ID in data:
                 raise SchemaError(f"{where}: input sets 'id'; ids are assigned by replistream")
             return self.schema.from_columns(data, where)
-        if _is_records(data):
+        if is_records(data):
             return self.schema.from_records(data, where)
         raise SchemaError(f"{where}: cannot read {type(data).__name__}; give records (dicts), a mapping of "
                           "columns, a structured array or a Punctuation")
@@ -185,8 +185,12 @@ class EntryLogic:
                 "malformed": self.malformed_count, "punctuation": self.punct}
 
 
-def _is_records(data: Any) -> bool:
-    return isinstance(data, (list, tuple)) and all(isinstance(r, Mapping) for r in data[:1])
+def is_records(data: Any) -> bool:
+    """True for a list of records (mappings of field to a scalar), as opposed to
+    a list of column mappings (field to array)."""
+    if not isinstance(data, (list, tuple)) or not data or not isinstance(data[0], Mapping):
+        return False
+    return not any(isinstance(v, (np.ndarray, list, tuple)) for v in data[0].values())
 
 
 def source_stream(entry: EntryLogic, data: Iterable[Any]) -> list[Item]:

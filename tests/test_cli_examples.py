@@ -1,0 +1,45 @@
+"""The CLI and the examples, run as a user would run them."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args, timeout=300):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_help_lists_commands():
+    out = run(sys.executable, "-m", "replistream.cli", "--help")
+    assert out.returncode == 0
+    assert "demo" in out.stdout
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_demo_json_matches_reference(k):
+    out = run(sys.executable, "-m", "replistream.cli", "demo", "--json", "--k", str(k), "--servers", "4",
+              "--duration", "120", "--seed", str(k))
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["lost"] == 0 and summary["duplicates"] == 0
+    assert summary["matches_reference"] is True and summary["complete"] is True
+    assert summary["outputs"] == summary["reference_outputs"] > 0
+    if k > 1:
+        assert summary["crashed_replicas"], "the demo is meant to crash replicas"
+
+
+def test_demo_rejects_bad_k():
+    out = run(sys.executable, "-m", "replistream.cli", "demo", "--k", "0")
+    assert out.returncode != 0
+    assert "--k must be >= 1" in out.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+def test_example_runs(script):
+    out = run(sys.executable, str(ROOT / "examples" / script))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
