@@ -42,6 +42,7 @@ import datetime as _dt
 import gc
 import json
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from typing import Callable
 
 import numpy as np
 
+import replistream
 from replistream.ids import mix, stable_hash
 from replistream.operators.aggregate import CountWindowAggregateLogic, TimeWindowAggregateLogic
 from replistream.operators.dupfilter import DuplicateFilter
@@ -353,9 +355,40 @@ def machine() -> dict:
             "numpy": np.__version__, "platform": platform.platform()}
 
 
+def code_version() -> dict:
+    """Which replistream was measured: its path, git HEAD, files differing from HEAD."""
+    pkg = os.path.dirname(os.path.abspath(replistream.__file__))
+    info: dict = {"path": pkg}
+
+    def git(*a):
+        return subprocess.run(["git", "--no-optional-locks", "-C", pkg, *a], capture_output=True, text=True,
+                              timeout=10)
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode == 0:
+            info["git_head"] = head.stdout.strip()
+            st = git("status", "--porcelain", "--", ".")
+            info["modified"] = [ln[3:] for ln in st.stdout.splitlines()] if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
 # -- output -------------------------------------------------------------------
 def fmt_rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.0f}k"
+
+
+def rate_cell(r: dict) -> str:
+    return "error" if r.get("tuples_per_s") is None else fmt_rate(r["tuples_per_s"])
+
+
+def target_line(g: dict) -> str:
+    verdict = "MET" if g["met"] else "NOT MET"
+    got = "error" if g["measured"] is None else fmt_rate(g["measured"])
+    why = f" ({g['why']})" if g.get("why") else ""
+    return f"target {g['operator']}: >= {fmt_rate(g['target'])} tuples/s, measured {got} -> {verdict}{why}"
 
 
 def print_table(rows: list[dict], targets: list[dict], meta: dict) -> None:
@@ -372,22 +405,19 @@ def print_table(rows: list[dict], targets: list[dict], meta: dict) -> None:
         t.add_column("tuples/s", justify="right")
         t.add_column("notes")
         for r in rows:
-            t.add_row(r["operator"], fmt_rate(r["tuples_per_s"]), r["notes"])
+            t.add_row(r["operator"], rate_cell(r), r["notes"])
         con = Console(width=max(200, Console().width))
         con.print(t)
         for g in targets:
-            con.print(f"target {g['operator']}: >= {fmt_rate(g['target'])} tuples/s -> "
-                      f"{fmt_rate(g['measured'])} [{'bold green' if g['met'] else 'bold red'}]"
-                      f"{'MET' if g['met'] else 'NOT MET'}[/]")
+            con.print(target_line(g), style="bold green" if g["met"] else "bold red", markup=False)
         return
     print(title)
     w = max(len(r["operator"]) for r in rows)
     print(f"{'operator':<{w}}  {'tuples/s':>9}  notes")
     for r in rows:
-        print(f"{r['operator']:<{w}}  {fmt_rate(r['tuples_per_s']):>9}  {r['notes']}")
+        print(f"{r['operator']:<{w}}  {rate_cell(r):>9}  {r['notes']}")
     for g in targets:
-        print(f"target {g['operator']}: >= {fmt_rate(g['target'])} tuples/s -> {fmt_rate(g['measured'])} "
-              f"{'MET' if g['met'] else 'NOT MET'}")
+        print(target_line(g))
 
 
 def profile(case: Case, top: int) -> None:
@@ -415,6 +445,8 @@ def main(argv=None) -> int:
     ap.add_argument("--punct-every", type=int, default=10, help="batches per input between punctuations")
     ap.add_argument("--join-punct-every", type=int, default=2,
                     help="batches per input between punctuations for the Join (bounds its buffers)")
+    ap.add_argument("--df-lag", type=int, default=1,
+                    help="DuplicateFilter: channel c lags c*DF_LAG batches behind channel 0 (0 = lockstep)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--only", default=None, help="run the cases whose name contains this (case-insensitive)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -425,7 +457,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.n = 100_000
 
-    cases = build_cases(args.n, args.batch, args.punct_every, args.join_punct_every, args.seed)
+    cases = build_cases(args.n, args.batch, args.punct_every, args.join_punct_every, args.df_lag, args.seed)
     sel = args.profile or args.only
     if sel:
         cases = [c for c in cases if sel.lower() in c.name.lower()]
@@ -438,28 +470,44 @@ def main(argv=None) -> int:
 
     rows = []
     for c in cases:
-        t, op = time_case(c, args.reps, warmup_items=20)
-        check(c, op, args.n)
+        try:
+            t, op, outs = time_case(c, args.reps, warmup_items=20)
+        except Exception as e:  # a broken operator should not hide the other figures
+            rows.append({"operator": c.name, "tuples_per_s": None, "ok": False,
+                         "notes": f"ERROR {type(e).__name__}: {e}"})
+            continue
+        bad = check(c, op, outs)
+        del outs
+        notes = c.notes(op, t)
         rows.append({"operator": c.name, "tuples_per_s": c.work / t, "seconds": t, "tuples": c.work,
-                     "notes": c.notes(op, t), **c.extra(op, t)})
+                     "ok": bad is None, "notes": notes if bad is None else f"CHECK FAILED: {bad}; {notes}",
+                     **c.extra(op, t)})
         if not args.json:
-            print(f"  {c.name}: {fmt_rate(c.work / t)} tuples/s ({t:.3f} s)", file=sys.stderr)
+            print(f"  {c.name}: {fmt_rate(c.work / t)} tuples/s ({t:.3f} s){'' if bad is None else ' CHECK FAILED'}",
+                  file=sys.stderr)
     targets = []
     for r in rows:
         if r["operator"] in TARGETS:
-            goal = TARGETS[r["operator"]]
-            targets.append({"operator": r["operator"], "target": goal, "measured": r["tuples_per_s"],
-                            "met": r["tuples_per_s"] >= goal})
+            goal, got = TARGETS[r["operator"]], r["tuples_per_s"]
+            g = {"operator": r["operator"], "target": goal, "measured": got,
+                 "met": bool(r["ok"] and got is not None and got >= goal)}
+            if not r["ok"]:
+                g["why"] = "operator output wrong or errored"
+            targets.append(g)
     meta = {"n": args.n, "batch": args.batch, "reps": args.reps, "punct_every": args.punct_every,
-            "join_punct_every": args.join_punct_every, "seed": args.seed,
+            "join_punct_every": args.join_punct_every, "df_lag": args.df_lag, "seed": args.seed,
             "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", "bench/core.py"] + (sys.argv[1:] if argv is None else list(argv))),
-            "machine": machine()}
+            "machine": machine(), "replistream": code_version()}
     if args.json:
         print(json.dumps({**meta, "results": rows, "targets": targets}, indent=2))
     else:
         print_table(rows, targets, meta)
-    return 0
+        rv = meta["replistream"]
+        if rv.get("modified"):
+            print(f"note: replistream at {rv['path']} differs from git HEAD {rv.get('git_head')}: "
+                  f"{', '.join(rv['modified'])}")
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":
