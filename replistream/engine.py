@@ -22,7 +22,7 @@ import numpy as np
 from .errors import DeadLetter, QueryError
 from .operators import Item, OperatorLogic
 from .operators.dupfilter import DuplicateFilter
-from .operators.entry import EntryLogic, is_records
+from .operators.entry import EntryLogic
 from .query import Query
 from .schema import END, TS, Punctuation
 
@@ -54,6 +54,11 @@ class ReplicaCore:
 
     def process(self, port: int, channel: int, item: Item) -> list[Item]:
         """Deliver ``item`` from stream replica ``channel`` of input ``port``; returns the outputs."""
+        if not 0 <= port < self.logic.n_inputs:
+            raise ValueError(f"{self.node!r} has {self.logic.n_inputs} input(s); got input {port}")
+        if self.filters is not None and not 0 <= channel < self.filters[port].n_channels:
+            raise ValueError(f"{self.node!r} input {port} has {self.filters[port].n_channels} stream "
+                             f"replica(s); got channel {channel}")
         items = [item] if self.filters is None else self.filters[port].process(channel, item)
         if self.sorters is not None:
             sorted_items: list[Item] = []
@@ -128,24 +133,49 @@ def source_streams(query: Query, inputs: Mapping[str, Any], strict: bool = False
     unknown = set(inputs) - set(query.sources)
     if unknown:
         raise QueryError(f"inputs given for unknown source(s) {sorted(unknown)}; sources are {query.sources}")
+    from .testing import Sentinel
+
     streams, entries = {}, {}
     for src in query.sources:
         entry = query.spec(src).build_entry(src, strict, on_malformed)
         items: list[Item] = []
-        for chunk in _chunks(inputs.get(src, ())):
+        for chunk in iter_chunks(inputs.get(src, ())):
+            if isinstance(chunk, Sentinel):
+                continue  # scripted events only mean something to a deployment
             items.extend(entry.push(chunk))
         items.extend(entry.close())
         streams[src], entries[src] = items, entry
     return streams, entries
 
 
-def _chunks(data: Any):
+def iter_chunks(data: Any, chunk_size: int = 10_000):
+    """The chunks of one source's input, lazily (generators are not materialised).
+
+    ``data`` is a structured array, a column mapping, a list of records, or an
+    iterable of such chunks, :class:`~replistream.schema.Punctuation` objects,
+    :class:`~replistream.testing.Sentinel` events and single records
+    (consecutive records are grouped into chunks of at most ``chunk_size``).
+
+    >>> [len(c) for c in iter_chunks([{"ts": i} for i in range(5)], 2)]
+    [2, 2, 1]
+    """
     if isinstance(data, np.ndarray) or isinstance(data, Mapping):
-        return [data]
-    data = list(data)
-    if data and is_records(data):
-        return [data]  # a plain list of records is one chunk
-    return data
+        yield data
+        return
+    group: list = []
+    for item in data:
+        if isinstance(item, Mapping) and not any(isinstance(v, (np.ndarray, list, tuple)) for v in item.values()):
+            group.append(item)
+            if len(group) >= chunk_size:
+                yield group
+                group = []
+            continue
+        if group:
+            yield group
+            group = []
+        yield item
+    if group:
+        yield group
 
 
 def _item_time(item: Item) -> int:

@@ -88,13 +88,16 @@ def _column_bits(col: np.ndarray) -> np.ndarray:
         v = np.where(np.isnan(v), np.nan, v)
         return v.view(np.uint64)
     if kind in "US":
+        # Hash the code units up to each string's length, so that a value hashes
+        # the same whatever the declared width of its field.
         width = col.dtype.itemsize // (4 if kind == "U" else 1)
-        if width == 0:
-            return np.zeros(len(col), dtype=np.uint64)
-        units = col.view(np.uint32 if kind == "U" else np.uint8).reshape(len(col), width)
-        h = np.full(len(col), np.uint64(width), dtype=np.uint64)
-        for j in range(width):
-            h = mix(h, units[:, j].astype(np.uint64))
+        h = np.full(len(col), np.uint64(0x2545F4914F6CDD1D), dtype=np.uint64)
+        if width == 0 or not len(col):
+            return h
+        units = np.ascontiguousarray(col).view(np.uint32 if kind == "U" else np.uint8).reshape(len(col), width)
+        lengths = np.char.str_len(col)
+        for j in range(int(lengths.max())):
+            h = np.where(j < lengths, mix(h, units[:, j].astype(np.uint64)), h)
         return h
     if kind == "M" or kind == "m":
         return col.view(np.int64).view(np.uint64)

@@ -301,6 +301,8 @@ def _convert(values: Any, dt: np.dtype, name: str, where: str, n: int) -> np.nda
         raise SchemaError(f"{where}: field {name!r} has {arr.size} values, expected {n}")
     if arr.dtype == dt:
         return arr
+    if n == 0:
+        return np.zeros(0, dtype=dt)
     src, dst = arr.dtype.kind, dt.kind
     ok = (
         (dst in "iu" and src in "iub")
@@ -324,8 +326,11 @@ def _convert(values: Any, dt: np.dtype, name: str, where: str, n: int) -> np.nda
         if n and (arr.min() < info.min or arr.max() > info.max):
             raise SchemaError(f"{where}: field {name!r} holds values outside the range of {dt}")
     if dst in "US":
-        conv = arr.astype(dt)
-        if src in "US" and n and np.any(conv != arr.astype(arr.dtype.kind)):
+        width = dt.itemsize // (4 if dst == "U" else 1)
+        if n and width and int(np.char.str_len(arr).max()) > width:
             raise SchemaError(f"{where}: field {name!r} holds strings longer than {dt}")
-        return conv
+        try:
+            return arr.astype(dt)
+        except (UnicodeEncodeError, UnicodeDecodeError) as e:
+            raise SchemaError(f"{where}: field {name!r} holds text that does not fit {dt}: {e.reason}") from None
     return arr.astype(dt)

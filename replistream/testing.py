@@ -38,7 +38,65 @@ from .query import Query
 from .schema import TS, Punctuation
 
 __all__ = ["run_reference", "run_replicated", "as_multiset", "assert_same_output", "multiset_diff",
-           "chunked", "with_punctuations", "HarnessStats"]
+           "chunked", "with_punctuations", "HarnessStats", "Sentinel", "KillReplica", "KillServer", "Pause",
+           "Call"]
+
+
+# -- sentinels: scripted events inside a source's input (for deployments) -------------------
+
+class Sentinel:
+    """An event placed among a source's input chunks; a deployment's feeder runs it
+    when it reaches that point of the input, so failures happen at a known place in
+    the stream without sleeping. The in-process engines ignore sentinels.
+
+    >>> inputs = {"s": [[{"ts": 1, "x": 1}], KillReplica("f", 0), [{"ts": 2, "x": 2}]]}
+    """
+
+    def apply(self, deployment) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class KillReplica(Sentinel):
+    """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point)."""
+
+    operator: str
+    replica: int
+
+    def apply(self, deployment) -> None:
+        deployment.kill_replica(self.operator, self.replica)
+
+
+@dataclass(frozen=True)
+class KillServer(Sentinel):
+    """Kill every replica on ``server``."""
+
+    server: str
+
+    def apply(self, deployment) -> None:
+        deployment.kill_server(self.server)
+
+
+@dataclass(frozen=True)
+class Pause(Sentinel):
+    """Pause the feeder for ``seconds``."""
+
+    seconds: float
+
+    def apply(self, deployment) -> None:
+        import time
+
+        time.sleep(self.seconds)
+
+
+@dataclass(frozen=True)
+class Call(Sentinel):
+    """Call ``fn(deployment)`` (e.g. ``lambda d: d.cut_link("boston", "zurich", 2.0)``)."""
+
+    fn: object
+
+    def apply(self, deployment) -> None:
+        self.fn(deployment)
 
 
 # -- comparing outputs ----------------------------------------------------------

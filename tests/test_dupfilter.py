@@ -14,7 +14,8 @@ from replistream.operators.dupfilter import DuplicateFilter
 from replistream.schema import Punctuation, Schema
 
 S = Schema({"x": "i8"})
-PROPS = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.too_slow])
 
 
 def batch(ts, ids, x=None):

@@ -15,7 +15,8 @@ import replistream.exact as exact
 from replistream.exact import ExactSums, exact_row_sums
 from replistream.ids import fmix, hash_columns, mix, stable_hash
 
-PROPS = settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=80, deadline=None, database=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.too_slow])
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 
@@ -105,9 +106,6 @@ def test_hash_columns_strings_and_bytes():
     assert hb[0] == hb[1] != hb[2]
 
 
-@pytest.mark.xfail(reason="BUG: _column_bits seeds a string's hash with the dtype width, so 'xy' as <U2 and as <U6 "
-                          "hash differently; multi-field join keys over string fields of different widths never "
-                          "match (see test_join.py)", strict=True)
 def test_hash_columns_string_independent_of_declared_width():
     a = hash_columns(_one_col(["xy"], "U2"), ("v",))
     b = hash_columns(_one_col(["xy"], "U6"), ("v",))

@@ -283,8 +283,12 @@ class TimeWindowAggregateLogic(_GroupedWindows):
         if self._group is not None and not miss.all():
             # A 64-bit (group, window) hash collision would merge two windows: check, never ignore.
             hit = ~miss
-            if (np.any(self._start[rows[hit]] != starts[first[hit]])
-                    or np.any(self._group[rows[hit]] != batch[list(self.by)][src[first[hit]]])):
+            stored, seen = self._group[rows[hit]], batch[src[first[hit]]]
+            same = self._start[rows[hit]] == starts[first[hit]]
+            for f in self.by:
+                a, b = stored[f], seen[f]
+                same &= (a == b) | ((a != a) & (b != b)) if a.dtype.kind == "f" else (a == b)
+            if not same.all():
                 raise RuntimeError(f"aggregate {self.name!r}: 64-bit group hash collision")
         order = np.argsort(inv, kind="stable")
         seg = np.r_[0, np.flatnonzero(np.diff(inv[order])) + 1]

@@ -1,0 +1,23 @@
+"""Shared fixtures: one Ray instance per test session (started on first use)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray instance shared by every test that needs one."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                 object_store_memory=512 * 1024 * 1024)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def repo_root():
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,253 @@
+"""Windowed join, Algorithm 2 (Hwang §IV-E), against a brute-force nested-loop join."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replistream.errors import SchemaError
+from replistream.ids import mix
+from replistream.operators.join import JoinLogic, join_schema
+from replistream.schema import END, Punctuation, Schema
+
+PROPS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.too_slow])
+
+L = Schema({"k": "i8", "s": "U3", "m": "i2", "a": "f8"})
+R = Schema({"k": "i8", "s": "U3", "m": "i8", "b": "i8"})
+
+
+def make(schema, rng, n, t_max, id_base):
+    ts = sorted(rng.randrange(0, t_max) for _ in range(n))
+    cols = {"ts": ts, "k": [rng.randrange(0, 4) for _ in range(n)],
+            "s": [rng.choice(["x", "yy", "zzz"]) for _ in range(n)], "m": [rng.randrange(0, 2) for _ in range(n)]}
+    if "a" in schema:
+        cols["a"] = [rng.choice([0.5, -1.25, 3.0, 1e10]) for _ in range(n)]
+    else:
+        cols["b"] = [rng.randrange(-5, 5) for _ in range(n)]
+    if n == 0:
+        return schema.empty()
+    return schema.from_columns(cols, ids=[id_base + i for i in range(n)])
+
+
+def brute(left, right, window, lkey, rkey, pred, out_schema, lmap, rmap):
+    rows = []
+    for i in range(len(left)):
+        for k in range(len(right)):
+            l, r = left[i], right[k]
+            if abs(int(l["ts"]) - int(r["ts"])) >= window:
+                continue
+            if lkey and any(l[a] != r[b] for a, b in zip(lkey, rkey)):
+                continue
+            if pred is not None and not pred(left[i:i + 1], right[k:k + 1])[0]:
+                continue
+            out = np.zeros(1, dtype=out_schema.dtype)
+            out["ts"] = max(l["ts"], r["ts"])
+            out["id"] = mix(np.uint64(l["id"]), np.uint64(r["id"]))
+            for n, o in lmap:
+                out[o] = l[n]
+            for n, o in rmap:
+                out[o] = r[n]
+            rows.append(out)
+    return np.concatenate(rows) if rows else out_schema.empty()
+
+
+def as_rows(batches, schema):
+    b = [x for x in batches if not isinstance(x, Punctuation)]
+    arr = np.concatenate(b) if b else schema.empty()
+    return sorted(arr.tolist())
+
+
+def side_items(batch, rng, max_disorder):
+    """One input stream: the tuples shuffled within max_disorder, split into chunks, with valid punctuations."""
+    n = len(batch)
+    order = sorted(range(n), key=lambda i: int(batch["ts"][i]) + rng.uniform(0, max_disorder))
+    items, i = [], 0
+    while i < n:
+        m = rng.randint(1, 5)
+        items.append(batch[order[i:i + m]])
+        i += m
+        rest = batch["ts"][order[i:]]
+        if len(rest) and rng.random() < 0.5:
+            items.append(Punctuation(int(rest.min()) - 1))
+    items.append(Punctuation(END))
+    return items
+
+
+def run_join(j, left_items, right_items, rng, check_buffers=None):
+    queues = [list(left_items), list(right_items)]
+    out = []
+    delivered = ([], [])
+    while queues[0] or queues[1]:
+        port = rng.choice([p for p in (0, 1) if queues[p]])
+        item = queues[port].pop(0)
+        if not isinstance(item, Punctuation):
+            delivered[port].extend(item["ts"].tolist())
+        out.extend(j.process(port, item))
+        if check_buffers:
+            check_buffers(j, delivered)
+    return out
+
+
+def buffers_are_purged(j, delivered):
+    for side in (0, 1):
+        p = j.in_punct[1 - side]
+        if p == np.iinfo(np.int64).min:
+            want = len(delivered[side])
+        else:
+            want = sum(t > p + 1 - j.window for t in delivered[side])
+        assert j.buffered[side] == want
+
+
+CASES = {
+    "no key": dict(left_key=None, right_key=None, predicate=None),
+    "int key": dict(left_key="k", right_key="k", predicate=None),
+    "string key": dict(left_key="s", right_key="s", predicate=None),
+    "two int keys": dict(left_key=("k", "m"), right_key=("k", "m"), predicate=None),
+    "predicate": dict(left_key=None, right_key=None, predicate=lambda l, r: l["a"] > r["b"]),
+    "key and predicate": dict(left_key="k", right_key="k", predicate=lambda l, r: l["s"] != r["s"]),
+}
+
+
+@PROPS
+@given(st.sampled_from(sorted(CASES)), st.integers(0, 2**32), st.integers(0, 25), st.integers(0, 25),
+       st.integers(1, 30), st.integers(0, 10))
+def test_join_matches_nested_loop(case, seed, nl, nr, window, disorder):
+    rng = random.Random(seed)
+    kw = CASES[case]
+    left, right = make(L, rng, nl, 60, 1000), make(R, rng, nr, 60, 5000)
+    j = JoinLogic("j", [L, R], window=window, **kw)
+    _, lmap, rmap = join_schema(L, R)
+    lkey = (kw["left_key"],) if isinstance(kw["left_key"], str) else kw["left_key"]
+    rkey = (kw["right_key"],) if isinstance(kw["right_key"], str) else kw["right_key"]
+    want = brute(left, right, window, lkey, rkey, kw["predicate"], j.out_schema, lmap, rmap)
+    out = run_join(j, side_items(left, rng, disorder), side_items(right, rng, disorder), rng, buffers_are_purged)
+    assert as_rows(out, j.out_schema) == sorted(want.tolist())
+    assert j.buffered == (0, 0)
+    assert out[-1] == Punctuation(END)
+    assert j.late_count == 0
+
+
+@PROPS
+@given(st.integers(0, 2**32), st.integers(1, 20))
+def test_join_interleavings_give_same_multiset(seed, window):
+    rng = random.Random(seed)
+    left, right = make(L, rng, 20, 40, 1), make(R, rng, 20, 40, 100)
+    results = []
+    for trial in range(3):
+        r2 = random.Random(seed * 7 + trial)
+        j = JoinLogic("j", [L, R], window=window, left_key="k", right_key="k")
+        out = run_join(j, side_items(left, r2, 8), side_items(right, r2, 8), r2)
+        results.append(as_rows(out, j.out_schema))
+    assert results[0] == results[1] == results[2]
+
+
+def test_output_ts_is_max_and_id_is_mixed():
+    j = JoinLogic("j", [L, R], window=10, left_key="k", right_key="k")
+    assert j.process(0, L.from_columns({"ts": [100], "k": [1], "s": ["a"], "m": [0], "a": [0.5]}, ids=[1])) == []
+    (out,) = j.process(1, R.from_columns({"ts": [93, 105, 110], "k": [1, 1, 1], "s": ["b", "c", "d"],
+                                          "m": [0, 0, 0], "b": [7, 8, 9]}, ids=[2, 3, 4]))
+    assert out["ts"].tolist() == [100, 105]  # |100 - 110| == window: no match
+    assert out["id"].tolist() == [int(mix(np.uint64(1), np.uint64(2))), int(mix(np.uint64(1), np.uint64(3)))]
+    assert out.dtype.names == ("ts", "id", "k_l", "s_l", "m_l", "a", "k_r", "s_r", "m_r", "b")
+    assert out[["s_l", "s_r", "b"]].tolist() == [("a", "b", 7), ("a", "c", 8)]
+    # left tuple arriving later matches buffered right tuples, output ts still max
+    (out,) = j.process(0, L.from_columns({"ts": [104], "k": [1], "s": ["e"], "m": [0], "a": [1.0]}, ids=[5]))
+    assert sorted(out["ts"].tolist()) == [105, 110]
+
+
+def test_punctuation_purges_other_buffer():
+    A = Schema({"x": "i8"})
+    j = JoinLogic("j", [A, A], window=5)
+    j.process(0, A.from_columns({"ts": [1, 5, 6, 10], "x": [0] * 4}, ids=[1, 2, 3, 4]))
+    j.process(1, A.from_columns({"ts": [20], "x": [0]}, ids=[9]))
+    assert j.buffered == (4, 1)
+    # no future right tuple has ts <= 9, so left tuples with ts <= 9 + 1 - 5 = 5 can never match
+    j.process(1, Punctuation(9))
+    assert j.buffered == (2, 1)
+    j.process(0, Punctuation(14))  # purges right tuples with ts <= 10
+    assert j.buffered == (2, 1)
+    j.process(0, Punctuation(24))  # purges right tuples with ts <= 20
+    assert j.buffered == (2, 0)
+    j.process(0, A.from_columns({"ts": [30], "x": [0]}, ids=[5]))
+    assert j.buffered == (3, 0)
+    j.process(1, Punctuation(40))  # purges left tuples with ts <= 36
+    assert j.buffered == (0, 0)
+
+
+def test_tuple_that_can_no_longer_match_is_not_buffered():
+    A = Schema({"x": "i8"})
+    j = JoinLogic("j", [A, A], window=5)
+    j.process(1, Punctuation(9))  # future right tuples have ts >= 10: left ts <= 5 cannot match
+    j.process(0, A.from_columns({"ts": [3, 5, 6], "x": [0] * 3}, ids=[1, 2, 3]))
+    assert j.buffered == (1, 0)
+    out = j.process(1, A.from_columns({"ts": [10], "x": [0]}, ids=[4]))
+    assert [b["ts"].tolist() for b in out] == [[10]]
+
+
+def test_join_end_punctuation_with_window_one():
+    A = Schema({"x": "i8"})
+    j = JoinLogic("j", [A, A], window=1)
+    j.process(0, A.from_columns({"ts": [5], "x": [0]}, ids=[1]))
+    assert j.process(1, Punctuation(END)) == []
+    assert j.buffered == (0, 0)
+    # port 0 made no promise: a new left tuple is accepted, matches nothing and is not buffered
+    assert j.process(0, A.from_columns({"ts": [6], "x": [0]}, ids=[2])) == []
+    assert j.late_count == 0 and j.buffered == (0, 0)
+
+
+def test_join_validation():
+    with pytest.raises(ValueError, match="window"):
+        JoinLogic("j", [L, R], window=0)
+    with pytest.raises(ValueError, match="exactly 2"):
+        JoinLogic("j", [L], window=3)
+    with pytest.raises(ValueError, match="left_key and right_key"):
+        JoinLogic("j", [L, R], window=3, left_key="k")
+    with pytest.raises(SchemaError, match="right key 'nope'"):
+        JoinLogic("j", [L, R], window=3, left_key="k", right_key="nope")
+
+
+def test_join_bad_predicate_names_join():
+    j = JoinLogic("pairs", [L, R], window=10, predicate=lambda l, r: l["a"])
+    j.process(0, L.from_columns({"ts": [1], "k": [1], "s": ["a"], "m": [0], "a": [0.5]}, ids=[1]))
+    with pytest.raises(SchemaError, match="join 'pairs'"):
+        j.process(1, R.from_columns({"ts": [2], "k": [1], "s": ["a"], "m": [0], "b": [1]}, ids=[2]))
+
+
+def test_join_nan_keys_never_match_and_signed_zero_keys_do():
+    A = Schema({"f": "f8"})
+    j = JoinLogic("j", [A, A], window=10, left_key="f", right_key="f")
+    j.process(0, A.from_columns({"ts": [1, 1], "f": [np.nan, -0.0]}, ids=[1, 2]))
+    out = j.process(1, A.from_columns({"ts": [2, 2], "f": [np.nan, 0.0]}, ids=[3, 4]))
+    rows = as_rows(out, j.out_schema)
+    assert len(rows) == 1 and rows[0][0] == 2
+
+
+def test_multi_key_with_a_string_field():
+    j = JoinLogic("j", [L, R], window=10, left_key=("k", "s"), right_key=("k", "s"))
+    j.process(0, L.from_columns({"ts": [1, 1], "k": [1, 1], "s": ["ab", "c"], "m": [0, 0], "a": [0.5, 1.5]},
+                                ids=[1, 2]))
+    out = j.process(1, R.from_columns({"ts": [2], "k": [1], "s": ["ab"], "m": [0], "b": [3]}, ids=[3]))
+    rows = as_rows(out, j.out_schema)
+    assert [r[1] for r in rows] == [int(mix(np.uint64(1), np.uint64(3)))]
+
+
+def test_multi_key_with_string_fields_of_different_widths():
+    A = Schema({"s": "U2", "n": "i8"})
+    B = Schema({"s": "U6", "n": "i8"})
+    j = JoinLogic("j", [A, B], window=10, left_key=("s", "n"), right_key=("s", "n"))
+    j.process(0, A.from_columns({"ts": [1], "s": ["xy"], "n": [1]}, ids=[1]))
+    out = j.process(1, B.from_columns({"ts": [2], "s": ["xy"], "n": [1]}, ids=[2]))
+    assert len(as_rows(out, j.out_schema)) == 1
+
+
+def test_single_string_key_of_different_widths_matches():
+    A = Schema({"s": "U2"})
+    B = Schema({"s": "U6"})
+    j = JoinLogic("j", [A, B], window=10, left_key="s", right_key="s")
+    j.process(0, A.from_columns({"ts": [1], "s": ["xy"]}, ids=[1]))
+    out = j.process(1, B.from_columns({"ts": [2], "s": ["xy"]}, ids=[2]))
+    assert len(as_rows(out, j.out_schema)) == 1
