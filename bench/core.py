@@ -1,33 +1,44 @@
-"""Single-core throughput of the core operator logic (not a test).
+"""Single-core throughput of the core operator logic (a benchmark, not a test).
 
-    python bench/core.py                 # 1M tuples in 10k-tuple batches
-    python bench/core.py --quick         # 100k tuples, a few seconds
-    python bench/core.py --json          # one JSON object on stdout
-    python bench/core.py --profile dupfilter   # cProfile one repetition
+    python bench/core.py                        # 1M tuples in 10k-tuple batches
+    python bench/core.py --quick                # 100k tuples, a few seconds
+    python bench/core.py --json                 # one JSON object on stdout
+    python bench/core.py --only join            # cases whose name contains "join"
+    python bench/core.py --profile duplicate    # cProfile one run instead of timing
 
 Every workload is generated with a seeded numpy RNG and cut into batches
 *before* timing; only the loop that feeds items to ``process`` is timed
 (``time.perf_counter``), after a short warm-up on a fresh operator, and the
-best of ``--reps`` repetitions (each on a fresh operator) is reported.
+best of ``--reps`` repetitions (each on a fresh operator) is reported. Runs
+are single-threaded (one core). After timing, each case's output is checked
+against an independently computed expectation; a wrong output is reported as
+CHECK FAILED and its target as not met, and the exit status is 1.
 
 Workloads (``n`` tuples, ``batch`` tuples per batch, timestamps ~10 us apart):
 
 * ``DuplicateFilter``: 3 channels each deliver every tuple (3n arrivals for n
   unique tuples). Channels are interleaved batch by batch, channel c lagging
-  c batches; each channel sends ``Punctuation(max ts it delivered)`` every
-  ``--punct-every`` of its batches. Headline = arrivals/s; unique/s in notes.
+  ``c * --df-lag`` batches; each channel sends ``Punctuation(max ts it
+  delivered)`` every ``--punct-every`` of its batches. Headline = arrivals/s;
+  unique tuples/s in the notes.
 * ``Filter``: predicate ``x < 0.5`` on uniform x (passes ~50%).
 * ``Union``: 2 inputs, batches alternate between them.
 * ``Join``: equi-join on int ``k`` (1000 keys), n/2 tuples per input on
   independent timelines over the same span, batches alternate L, R; window
-  chosen for ~3 matches per tuple. Headline = input tuples/s.
+  chosen for ~3 partners per tuple; punctuations every
+  ``--join-punct-every`` batches per input. Headline = input tuples/s.
 * ``Aggregate``: time windows (tumbling, and sliding with size = 4 x slide)
   and count windows, grouped by int ``k`` (100 groups), aggs count, exact
   float sum, mean.
 
-Every non-DuplicateFilter input also gets ``Punctuation(max ts delivered)``
-every ``--punct-every`` batches, and ``Punctuation(END)`` at its end (all in
+Non-DuplicateFilter inputs get ``Punctuation(max ts delivered)`` every
+``--punct-every`` batches; every input ends with ``Punctuation(END)`` (all in
 the timed loop), so windows close and join buffers are purged.
+
+To measure a pinned version of replistream rather than a working tree that is
+being edited, put an export of it first on the path, e.g.
+``git archive HEAD replistream | tar -x -C /tmp/rs && PYTHONPATH=/tmp/rs python bench/core.py``;
+``--json`` reports which copy was imported.
 """
 from __future__ import annotations
 
@@ -305,9 +316,9 @@ def time_case(case: Case, reps: int, warmup_items: int) -> tuple[float, object, 
     run(case.make(), case.items[:warmup_items])  # warm-up on a fresh operator
     best, best_op, best_outs = float("inf"), None, None
     for _ in range(reps):
-        op = case.make()
-        best_outs = None
+        op = outs = None
         gc.collect()
+        op = case.make()
         t0 = time.perf_counter()
         outs = run(op, case.items)
         dt = time.perf_counter() - t0

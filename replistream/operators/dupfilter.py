@@ -27,6 +27,7 @@ replica is an ordinary late duplicate and is dropped.
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 
 import numpy as np
 
@@ -118,8 +119,9 @@ class DuplicateFilter:
         ids = batch[ID]
         idl = ids.tolist()
         get = self.seen.get
-        prev = np.fromiter((get(x, 0) for x in idl), dtype=np.int64, count=len(idl))
-        if len(set(idl)) != len(idl):
+        prev = np.fromiter(map(get, idl, repeat(0)), dtype=np.int64, count=len(idl))
+        sorted_ids = np.sort(ids)
+        if len(ids) > 1 and (sorted_ids[1:] == sorted_ids[:-1]).any():
             # The same id twice within one batch (a retransmission): resolve in arrival order.
             prev = prev.copy()
             first = np.zeros(len(idl), dtype=bool)
@@ -156,8 +158,15 @@ class DuplicateFilter:
             ids = np.concatenate(self._pending_id)
             done = ts <= p
             if done.any():
-                deque(map(self.seen.pop, ids[done].tolist()), maxlen=0)
                 keep = ~done
+                n_keep = int(keep.sum())
+                if n_keep * 4 < len(ids):
+                    # most ids are forgotten: rebuilding from the survivors is cheaper than popping
+                    get = self.seen.get
+                    kept = ids[keep].tolist()
+                    self.seen = dict(zip(kept, map(get, kept)))
+                else:
+                    deque(map(self.seen.pop, ids[done].tolist()), maxlen=0)
                 self._pending_ts = [ts[keep]] if keep.any() else []
                 self._pending_id = [ids[keep]] if keep.any() else []
             else:
