@@ -47,7 +47,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 __all__ = [
-    "Server", "CITIES", "default_servers", "city",
+    "Server", "CITIES", "REGION", "default_servers", "city",
     "LatencyModel", "GeoLatencyModel", "TraceLatencyModel", "ZeroLatency", "NetworkConditions",
     "to_csv", "delivery_time", "haversine_km", "LOCAL_MS", "FIBRE_KM_PER_MS",
 ]
