@@ -18,11 +18,15 @@ from .operators.aggregate import Summary
 from .schema import END, Punctuation, Schema, millis, seconds
 from .query import Query, Stream
 from .engine import ReplicaCore, RunResult, run_reference
+from .network import Server, default_servers
+from .runtime import Deployment, deploy
+from .scenario import Event, Scenario
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "SchemaError",
     "Summary", "END", "Punctuation", "Schema", "millis", "seconds", "Query", "Stream",
-    "ReplicaCore", "RunResult", "run_reference", "__version__",
+    "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy",
+    "Event", "Scenario", "__version__",
 ]

@@ -1,0 +1,307 @@
+"""The Ray actors of a deployment: entry points, operator replicas, applications, coordinator.
+
+Each actor hosts plain logic objects from the core (DESIGN.md decision 2) and
+an :class:`~replistream.runtime.channels.Outbox` per output stream. Actors
+are created with ``num_cpus=0`` so a replicated query fits on a small machine;
+a *server* is a label (and, on a cluster, a Ray node) that every actor knows,
+for the emulated network and for failure injection.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from ..engine import ReplicaCore
+from ..operators.entry import EntryLogic
+from ..schema import END, TS, Punctuation
+from .channels import Link, Outbox, Sender
+
+
+def _cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+class _Base:
+    """What every data-path actor shares: identity, server, network view, outboxes."""
+
+    def _setup(self, label: str, server: str, network, t0: float, channel_opts: dict, coordinator=None):
+        self.label = label
+        self.server = server
+        self.network = network
+        self.t0 = t0
+        self.channel_opts = dict(channel_opts)
+        self.coordinator = coordinator
+        self.outboxes: dict[str, Outbox] = {}
+        self.sender = Sender([])
+        self.sender.start()
+        self.cpu0 = _cpu_seconds()
+        self.dropped: list[dict] = []
+
+    def _outbox(self, stream: str) -> Outbox:
+        ob = self.outboxes.get(stream)
+        if ob is None:
+            ob = Outbox(f"{self.label}", self.server, self.network, self.t0, on_drop=self._on_drop,
+                        **self.channel_opts)
+            self.outboxes[stream] = ob
+            self.sender.outboxes.append(ob)
+        return ob
+
+    def _on_drop(self, owner: str, link: Link, reason: str) -> None:
+        rec = {"from": owner, "to": link.label, "reason": reason, "t": time.time() - self.t0}
+        self.dropped.append(rec)
+        if self.coordinator is not None:
+            try:
+                self.coordinator.report.remote("channel_dropped", rec)
+            except Exception:
+                pass
+
+    def connect(self, stream: str, label: str, server: str, handle, port: int, channel: int) -> bool:
+        """Add a stream replica from ``stream`` (this actor's output) to ``label``'s input ``port``."""
+        self._outbox(stream).add_link(Link(label, server, handle, port, channel))
+        return True
+
+    def set_network(self, network) -> bool:
+        """Replace the emulated network view (failure injection at run time)."""
+        self.network = network
+        for ob in self.outboxes.values():
+            ob.network = network
+        return True
+
+    def set_start(self, t0: float) -> bool:
+        """The run's start (wall time): the origin of emulated-network and scenario time."""
+        self.t0 = t0
+        for ob in self.outboxes.values():
+            ob.t0 = t0
+        return True
+
+    def drop_link(self, label: str, reason: str = "receiver killed") -> bool:
+        for ob in self.outboxes.values():
+            ob.drop(label, reason)
+        return True
+
+    def _slowdown(self, started: float) -> None:
+        """Emulate a slowed server: stretch processing time by the server's factor."""
+        net = self.network
+        if net is None or not hasattr(net, "slowdown"):
+            return
+        factor = net.slowdown(self.server, time.time() - self.t0)
+        if factor > 1.0:
+            time.sleep((time.time() - started) * (factor - 1.0) + 0.0005 * (factor - 1.0))
+
+    def ping(self) -> str:
+        return self.label
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def idle(self) -> bool:
+        return all(ob.idle() for ob in self.outboxes.values())
+
+    def _common_stats(self) -> dict:
+        return {
+            "label": self.label,
+            "server": self.server,
+            "pid": os.getpid(),
+            "cpu_seconds": _cpu_seconds() - self.cpu0,
+            "links": [s for ob in self.outboxes.values() for s in ob.stats()],
+            "dropped": list(self.dropped),
+        }
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+class ReplicaActor(_Base):
+    """One replica of one operator: duplicate filters, optional sorters, the operator logic."""
+
+    def __init__(self, query, node: str, index: int, server: str, channels: list[int], network, t0: float,
+                 channel_opts: dict, coordinator=None, strict: bool = False):
+        self._setup(f"{node}#{index}", server, network, t0, channel_opts, coordinator)
+        self.node = node
+        self.core = ReplicaCore(query, node, channels, strict)
+        self.out = self._outbox(node)
+        self.lock = threading.Lock()
+
+    def push(self, port: int, channel: int, packet: list) -> int:
+        started = time.time()
+        out: list = []
+        with self.lock:
+            for item in packet:
+                out.extend(self.core.process(port, channel, item))
+        self.out.emit(out)
+        self._slowdown(started)
+        return self.core.filters[port].max_punct
+
+    def add_channel(self, port: int) -> int:
+        """A new upstream replica will feed ``port``: returns its channel index."""
+        with self.lock:
+            return self.core.filters[port].add_channel()
+
+    def stats(self) -> dict:
+        s = self._common_stats()
+        with self.lock:
+            s.update({"node": self.node, "core": self.core.stats(), "watermark": self.core.logic.watermark,
+                      "dead_letters": sum(d.count for d in self.core.dead_letters())})
+        return s
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+class EntryActor(_Base):
+    """One replica of the entry points of a group of sources (Hwang §II-B).
+
+    Every entry replica receives every input chunk (the feeder fans chunks
+    out to all live replicas, so each input tuple is held at k entry points),
+    runs the same :class:`EntryLogic` (same ids, same punctuations), and keeps
+    what it emitted until every live downstream replica has acknowledged a
+    punctuation covering it, so it can replay to a new or revived replica.
+    """
+
+    def __init__(self, sources: dict, index: int, server: str, network, t0: float, channel_opts: dict,
+                 coordinator=None, strict: bool = False, on_malformed: str = "dead_letter"):
+        self._setup(f"entry#{index}", server, network, t0, channel_opts, coordinator)
+        self.index = index
+        self.entries = {name: spec.build_entry(name, strict, on_malformed) for name, spec in sources.items()}
+        self.expected = {name: 0 for name in sources}
+        self.buffers: dict[str, list] = {name: [] for name in sources}  # (max ts, item) since the last ack
+        for name in sources:
+            self._outbox(name)
+        self.lock = threading.Lock()
+
+    def push_chunk(self, source: str, seq: int, chunk: Any) -> int:
+        """Take input chunk ``seq`` of ``source`` (duplicates and replays are ignored)."""
+        started = time.time()
+        with self.lock:
+            if seq < self.expected[source]:
+                return self.expected[source]
+            if seq > self.expected[source]:
+                raise RuntimeError(f"{self.label}: chunk {seq} of {source!r} arrived before chunk "
+                                   f"{self.expected[source]}")
+            self.expected[source] = seq + 1
+            entry = self.entries[source]
+            items = entry.close() if chunk is None else entry.push(chunk)
+            self._buffer(source, items)
+        self.outboxes[source].emit(items)
+        self._slowdown(started)
+        return self.expected[source]
+
+    def _buffer(self, source: str, items: list) -> None:
+        buf = self.buffers[source]
+        for it in items:
+            if isinstance(it, Punctuation):
+                buf.append((it.p, it))
+            else:
+                buf.append((int(it[TS].max()), it))
+        acked = self.outboxes[source].min_ack()
+        if buf and acked > buf[0][0]:
+            self.buffers[source] = [(t, it) for t, it in buf if t > acked]
+
+    def stats(self) -> dict:
+        s = self._common_stats()
+        with self.lock:
+            s.update({
+                "entries": {n: e.stats() for n, e in self.entries.items()},
+                "buffered_items": {n: len(b) for n, b in self.buffers.items()},
+                "dead_letters": sum(d.count for e in self.entries.values() for d in e.dead_letters),
+            })
+        return s
+
+    def dead_letters(self) -> list:
+        with self.lock:
+            return [d for e in self.entries.values() for d in e.dead_letters]
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+class SinkActor(_Base):
+    """An application: merges its k input stream replicas (duplicate filter, sorter if ordered)
+    and records every delivered tuple with its arrival time; optionally writes Parquet."""
+
+    def __init__(self, query, node: str, server: str, channels: list[int], network, t0: float,
+                 channel_opts: dict, coordinator=None, strict: bool = False, parquet_dir: str | None = None,
+                 time_origin: float | None = None):
+        self._setup(node, server, network, t0, channel_opts, coordinator)
+        self.node = node
+        self.core = ReplicaCore(query, node, channels, strict)
+        self.schema = query.schema_of(node)
+        self.batches: list[np.ndarray] = []
+        self.arrivals: list[np.ndarray] = []
+        self.punctuation = int(np.iinfo(np.int64).min)
+        self.count = 0
+        self.parquet_dir = parquet_dir
+        self.parquet_files: list[str] = []
+        self.time_origin = t0 if time_origin is None else time_origin
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+    def push(self, port: int, channel: int, packet: list) -> int:
+        now = time.time()
+        with self.lock:
+            for item in packet:
+                for out in self.core.process(port, channel, item):
+                    if isinstance(out, Punctuation):
+                        self.punctuation = max(self.punctuation, out.p)
+                        if out.p == END:
+                            self.done.set()
+                    elif len(out):
+                        self.batches.append(out)
+                        self.arrivals.append(np.full(len(out), now))
+                        self.count += len(out)
+                        if self.parquet_dir:
+                            self._write_parquet(out)
+        return self.core.filters[port].max_punct
+
+    def _write_parquet(self, batch: np.ndarray) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        os.makedirs(self.parquet_dir, exist_ok=True)
+        path = os.path.join(self.parquet_dir, f"{self.node}-{len(self.parquet_files):06d}.parquet")
+        table = pa.table({n: batch[n] for n in batch.dtype.names})
+        pq.write_table(table, path)
+        self.parquet_files.append(path)
+
+    def fetch(self, start: int = 0) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """Delivered tuples from position ``start`` on: (tuples, arrival times, count, punctuation)."""
+        with self.lock:
+            if self.batches:
+                data = np.concatenate(self.batches)
+                arr = np.concatenate(self.arrivals)
+                self.batches, self.arrivals = [data], [arr]
+            else:
+                data, arr = self.schema.empty(), np.zeros(0)
+            return data[start:], arr[start:], self.count, self.punctuation
+
+    def wait_done(self, timeout: float) -> bool:
+        return self.done.wait(timeout)
+
+    def stats(self) -> dict:
+        s = self._common_stats()
+        with self.lock:
+            s.update({"node": self.node, "delivered": self.count, "punctuation": self.punctuation,
+                      "filters": [f.stats() for f in self.core.filters],
+                      "dead_letters": sum(d.count for d in self.core.dead_letters()),
+                      "parquet_files": list(self.parquet_files)})
+        return s
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class CoordinatorActor:
+    """The deployment's coordinator: receives reports (dropped channels, failures).
+
+    Placement (Algorithm 5) and garbage collection (Algorithm 6) decisions
+    will run here; for now it keeps the event log the metrics expose.
+    """
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+        self.events: list[dict] = []
+
+    def report(self, kind: str, info: dict) -> None:
+        self.events.append({"kind": kind, **info})
+
+    def log(self) -> list[dict]:
+        return list(self.events)

@@ -1,0 +1,281 @@
+"""Stream replicas on Ray: batching, emulated wide-area delay, backpressure, dead channels.
+
+Every upstream replica sends its output stream to every downstream replica
+over its own FIFO *link* (a stream replica, Hwang §II-B). An :class:`Outbox`
+holds one output stream of one actor:
+
+* ``emit(items)`` appends the operator's outputs to a pending packet;
+* the packet is flushed at a size bound (``max_batch`` tuples), a time bound
+  (``flush_ms``), and before every punctuation (DESIGN.md decision 3). A flush
+  serialises the packet once (``ray.put``) and queues the reference on every
+  link;
+* each link delivers packets in order, no earlier than
+  ``sent + latency(a, b, sent)`` of the emulated network (decision 5);
+* a link with more than ``max_inflight`` packets sent but not yet processed
+  makes ``emit`` wait (backpressure), at most ``drop_after_s``; a link whose
+  receiver died, stays slow past that, or whose network queue exceeds
+  ``max_queued`` packets (a cut link) is dropped and reported, so a dead or
+  unreachable receiver never blocks the sender (decision 4).
+
+The receiver's ``push`` returns its current maximum punctuation on that input:
+the *acknowledgement* entry points use to trim their buffers.
+
+One :class:`Sender` thread per actor services all its outboxes.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import ray
+
+from ..schema import Punctuation
+
+NO_ACK = int(np.iinfo(np.int64).min)
+
+
+@dataclass
+class Link:
+    """One stream replica: this actor's output to one downstream replica's input port."""
+
+    label: str  # receiver label, e.g. "join#1"
+    server: str
+    handle: Any  # Ray actor handle
+    port: int
+    channel: int  # index of this stream replica at the receiver's port
+    alive: bool = True
+    queue: deque = field(default_factory=deque)  # (due wall time, packet ref, sent wall time, tuples)
+    inflight: deque = field(default_factory=deque)  # (ObjectRef of push, sent time, tuples)
+    last_due: float = 0.0
+    acked: int = NO_ACK
+    packets: int = 0
+    tuples: int = 0
+    delay_sum: float = 0.0
+    delay_max: float = 0.0
+    blocked_since: float | None = None
+    drop_reason: str | None = None
+
+
+def coalesce(items: list) -> list:
+    """Merge consecutive batches between punctuations into one batch each."""
+    out: list = []
+    run: list[np.ndarray] = []
+    for it in items:
+        if isinstance(it, Punctuation):
+            if run:
+                out.append(run[0] if len(run) == 1 else np.concatenate(run))
+                run = []
+            out.append(it)
+        elif len(it):
+            run.append(it)
+    if run:
+        out.append(run[0] if len(run) == 1 else np.concatenate(run))
+    return out
+
+
+class Outbox:
+    """One output stream of an actor, fanned out to its links (see the module doc)."""
+
+    def __init__(self, owner: str, server: str, network, t0: float, max_batch: int = 10_000,
+                 flush_ms: float = 2.0, max_inflight: int = 16, max_queued: int = 20_000,
+                 drop_after_s: float = 10.0, on_drop: Callable[[str, Link, str], None] | None = None):
+        self.owner = owner
+        self.server = server
+        self.network = network
+        self.t0 = t0
+        self.max_batch = int(max_batch)
+        self.flush_s = float(flush_ms) / 1000.0
+        self.max_inflight = int(max_inflight)
+        self.max_queued = int(max_queued)
+        self.drop_after_s = float(drop_after_s)
+        self.on_drop = on_drop
+        self.links: list[Link] = []
+        self.pending: list = []
+        self.pending_tuples = 0
+        self.pending_since: float | None = None
+        self.lock = threading.Condition()
+        self.closed = False
+
+    # -- setup ------------------------------------------------------------------
+    def add_link(self, link: Link) -> None:
+        with self.lock:
+            self.links.append(link)
+
+    # -- producer side -------------------------------------------------------------
+    def emit(self, items: list) -> None:
+        """Queue the operator's outputs; flushes on size and punctuation; waits on backpressure."""
+        if not items:
+            return
+        with self.lock:
+            punct = False
+            for it in items:
+                if isinstance(it, Punctuation):
+                    punct = True
+                else:
+                    self.pending_tuples += len(it)
+                self.pending.append(it)
+            if self.pending_since is None:
+                self.pending_since = time.time()
+            if punct or self.pending_tuples >= self.max_batch:
+                self._flush_locked()
+            self._wait_for_room_locked()
+
+    def _flush_locked(self) -> None:
+        if not self.pending:
+            return
+        packet = coalesce(self.pending)
+        tuples = self.pending_tuples
+        self.pending, self.pending_tuples, self.pending_since = [], 0, None
+        live = [l for l in self.links if l.alive]
+        if not live:
+            return
+        now = time.time()
+        ref = ray.put(packet)
+        for link in live:
+            due = self._due(link, now)
+            link.last_due = due
+            link.queue.append((due, ref, now, tuples))
+            if len(link.queue) > self.max_queued:
+                self._drop_locked(link, f"network queue over {self.max_queued} packets (link cut or far too slow)")
+        self.lock.notify_all()
+
+    def _due(self, link: Link, now: float) -> float:
+        if self.network is None:
+            due = now
+        else:
+            from ..network import delivery_time
+
+            t_rel = now - self.t0
+            due = self.t0 + delivery_time(self.network, self.server, link.server, t_rel)
+        return max(due, link.last_due)  # FIFO: never overtake an earlier packet
+
+    def _wait_for_room_locked(self) -> None:
+        while True:
+            full = [l for l in self.links if l.alive and len(l.inflight) >= self.max_inflight]
+            if not full:
+                return
+            now = time.time()
+            for l in full:
+                if l.blocked_since is None:
+                    l.blocked_since = now
+                elif now - l.blocked_since > self.drop_after_s:
+                    self._drop_locked(l, f"receiver slow: {len(l.inflight)} packets unprocessed for "
+                                         f"{self.drop_after_s:g} s")
+            self.lock.wait(0.005)
+
+    # -- the sender thread's work ------------------------------------------------------
+    def service(self) -> float:
+        """Flush on the time bound, send due packets, collect acks. Returns seconds until next due."""
+        with self.lock:
+            now = time.time()
+            if self.pending and self.pending_since is not None and now - self.pending_since >= self.flush_s:
+                self._flush_locked()
+            next_due = self.flush_s
+            for link in self.links:
+                if not link.alive:
+                    continue
+                while link.queue and link.queue[0][0] <= now and len(link.inflight) < self.max_inflight:
+                    due, ref, sent, tuples = link.queue.popleft()
+                    try:
+                        call = link.handle.push.remote(link.port, link.channel, ref)
+                    except Exception as e:  # handle of a dead actor
+                        self._drop_locked(link, f"send failed: {type(e).__name__}")
+                        break
+                    link.inflight.append((call, sent, tuples))
+                    link.packets += 1
+                    link.tuples += tuples
+                    delay = now - sent
+                    link.delay_sum += delay
+                    link.delay_max = max(link.delay_max, delay)
+                if link.queue:
+                    next_due = min(next_due, max(0.0, link.queue[0][0] - now))
+            refs = [c for l in self.links if l.alive for c, _, _ in l.inflight]
+        if refs:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            if ready:
+                self._collect(set(ready))
+        return next_due
+
+    def _collect(self, ready: set) -> None:
+        with self.lock:
+            for link in self.links:
+                while link.alive and link.inflight and link.inflight[0][0] in ready:
+                    call, _, _ = link.inflight.popleft()
+                    try:
+                        ack = ray.get(call)
+                    except Exception as e:  # receiver died (RayActorError) or failed
+                        self._drop_locked(link, f"receiver failed: {type(e).__name__}")
+                        break
+                    if ack is not None:
+                        link.acked = max(link.acked, int(ack))
+                    link.blocked_since = None
+            self.lock.notify_all()
+
+    def _drop_locked(self, link: Link, reason: str) -> None:
+        if not link.alive:
+            return
+        link.alive = False
+        link.drop_reason = reason
+        link.queue.clear()
+        link.inflight.clear()
+        self.lock.notify_all()
+        if self.on_drop is not None:
+            self.on_drop(self.owner, link, reason)
+
+    def drop(self, label: str, reason: str) -> None:
+        """Drop the link(s) to ``label`` (e.g. a replica known to be dead)."""
+        with self.lock:
+            for l in self.links:
+                if l.label == label:
+                    self._drop_locked(l, reason)
+
+    def flush(self) -> None:
+        with self.lock:
+            self._flush_locked()
+
+    def idle(self) -> bool:
+        with self.lock:
+            return not self.pending and all(not l.queue and not l.inflight for l in self.links if l.alive)
+
+    def min_ack(self) -> int:
+        """Smallest punctuation acknowledged by every live link (what everyone downstream has)."""
+        with self.lock:
+            acks = [l.acked for l in self.links if l.alive]
+        return min(acks) if acks else NO_ACK
+
+    def stats(self) -> list[dict]:
+        with self.lock:
+            return [{
+                "from": self.owner, "to": l.label, "port": l.port, "channel": l.channel, "alive": l.alive,
+                "dropped": l.drop_reason, "packets": l.packets, "tuples": l.tuples,
+                "mean_delay_ms": 1000.0 * l.delay_sum / l.packets if l.packets else 0.0,
+                "max_delay_ms": 1000.0 * l.delay_max, "queued": len(l.queue), "inflight": len(l.inflight),
+            } for l in self.links]
+
+
+class Sender(threading.Thread):
+    """The one background thread of an actor that services all its outboxes."""
+
+    def __init__(self, outboxes: list[Outbox]):
+        super().__init__(daemon=True, name="replistream-sender")
+        self.outboxes = outboxes
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            wait = 0.002
+            for ob in list(self.outboxes):
+                try:
+                    wait = min(wait, ob.service())
+                except Exception:  # never let the sender thread die silently
+                    import traceback
+
+                    traceback.print_exc()
+            self.stop_event.wait(max(0.0005, wait))
+
+    def stop(self) -> None:
+        self.stop_event.set()

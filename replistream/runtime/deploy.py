@@ -1,0 +1,688 @@
+"""Deploy a replicated query on Ray and run it (Hwang §II-B).
+
+:func:`deploy` validates the request before any actor starts, places ``k``
+replicas of every operator on distinct servers, starts the actors (entry
+points, operator replicas, applications, a coordinator), connects every
+upstream replica to every downstream replica, and returns a
+:class:`Deployment`. ``Deployment.run(inputs)`` feeds the sources and waits
+for the applications to receive the end of every stream.
+
+>>> import replistream as rs                                  # doctest: +SKIP
+>>> dep = rs.deploy(query, servers=6, k=2, network="geo")     # doctest: +SKIP
+>>> result = dep.run(inputs, pace=1.0)                        # doctest: +SKIP
+>>> result.outputs["alerts"][:3]                              # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import ray
+
+from ..errors import DeadLetter, QueryError
+from ..engine import iter_chunks
+from ..query import Query
+from ..schema import END, TS, Punctuation
+from ..testing import Sentinel
+from .actors import CoordinatorActor, EntryActor, ReplicaActor, SinkActor
+
+ENTRY = "entry"  # placement key of the entry points
+
+
+# -- servers and placement ---------------------------------------------------------
+
+def resolve_servers(servers) -> list:
+    """Servers from a count, names of known cities, or :class:`~replistream.network.Server` objects."""
+    from ..network import CITIES, Server, default_servers
+
+    if servers is None:
+        return default_servers(6)
+    if isinstance(servers, int):
+        if servers < 1:
+            raise ValueError(f"servers must be >= 1, got {servers}")
+        return default_servers(servers)
+    out = []
+    known = {c[0] if isinstance(c, tuple) else c.name: c for c in CITIES}
+    for s in servers:
+        if isinstance(s, Server):
+            out.append(s)
+        elif isinstance(s, str):
+            c = known.get(s)
+            if c is None:
+                raise ValueError(f"unknown server {s!r}: give a Server(name, lat, lon) or one of the built-in "
+                                 f"cities, e.g. {sorted(known)[:5]}")
+            out.append(c if isinstance(c, Server) else Server(*c))
+        else:
+            raise ValueError(f"servers must be Server objects or city names, got {type(s).__name__}")
+    names = [s.name for s in out]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"server names must be unique; repeated: {sorted(dup)}")
+    return out
+
+
+def spread_placement(query: Query, servers: list, k: int) -> dict[str, list[str]]:
+    """A simple deterministic spread: replicas of each operator on ``k`` distinct servers,
+    rotating the starting server per operator so load spreads evenly.
+
+    The min-cost Algorithm 5 (placement issue) plugs in through the same
+    signature: ``(query, servers, k) -> {node: [server names]}``.
+    """
+    names = [s.name for s in servers]
+    out: dict[str, list[str]] = {}
+    nodes = [ENTRY] + query.operators
+    for i, node in enumerate(nodes):
+        out[node] = [names[(i + j) % len(names)] for j in range(k)]
+    for node in query.sinks:
+        out[node] = [names[0]]
+    return out
+
+
+PLACEMENTS: dict[str, Callable] = {"spread": spread_placement}
+
+
+def resolve_placement(query: Query, servers: list, k: int, placement) -> dict[str, list[str]]:
+    names = {s.name for s in servers}
+    if placement is None:
+        placement = "spread"
+    if isinstance(placement, str):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement strategy {placement!r}; known: {sorted(PLACEMENTS)}")
+        plan = PLACEMENTS[placement](query, servers, k)
+    elif callable(placement):
+        plan = placement(query, servers, k)
+    elif isinstance(placement, Mapping):
+        plan = dict(spread_placement(query, servers, k))
+        plan.update({n: list(v) for n, v in placement.items()})
+    else:
+        raise ValueError(f"placement must be a strategy name, a mapping or a callable, got {type(placement).__name__}")
+    if not isinstance(plan, Mapping):
+        raise ValueError("a placement strategy must return a mapping {node: [server, ...]}")
+    valid_nodes = set(query.operators) | set(query.sinks) | {ENTRY}
+    for node, where in plan.items():
+        if node not in valid_nodes:
+            raise ValueError(f"placement names {node!r}, which is not an operator, application or {ENTRY!r} "
+                             f"of query {query.name!r}")
+        for s in where:
+            if s not in names:
+                raise ValueError(f"placement puts {node!r} on unknown server {s!r}")
+        if len(set(where)) != len(where):
+            raise ValueError(f"placement puts two replicas of {node!r} on one server: {list(where)}")
+    for node in [ENTRY] + query.operators:
+        if node not in plan or len(plan[node]) != k:
+            raise ValueError(f"placement must give {node!r} exactly k={k} distinct servers, "
+                             f"got {plan.get(node)}")
+    for node in query.sinks:
+        if node not in plan or len(plan[node]) != 1:
+            raise ValueError(f"placement must give application {node!r} exactly one server, got {plan.get(node)}")
+    return {n: list(v) for n, v in plan.items()}
+
+
+def resolve_network(network, servers: list, seed: int):
+    from ..network import GeoLatencyModel, LatencyModel, NetworkConditions, TraceLatencyModel, ZeroLatency
+
+    if network is None or network == "zero":
+        base = ZeroLatency([s.name for s in servers])
+    elif network == "geo":
+        base = GeoLatencyModel(servers, seed=seed)
+    elif network == "geo-static":
+        base = GeoLatencyModel(servers, seed=seed, static=True)
+    elif isinstance(network, str) and network.endswith(".csv"):
+        base = TraceLatencyModel.from_csv(network)
+    elif isinstance(network, (LatencyModel, NetworkConditions)):
+        base = network
+    else:
+        raise ValueError(f"network must be 'zero', 'geo', 'geo-static', a trace .csv path or a LatencyModel, "
+                         f"got {network!r}")
+    return base if isinstance(base, NetworkConditions) else NetworkConditions(base)
+
+
+def _ray_options(server) -> dict:
+    if getattr(server, "node", None):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=server.node, soft=False)}
+    return {}
+
+
+# -- results ----------------------------------------------------------------------
+
+@dataclass
+class DeploymentResult:
+    """What the applications received, with arrival times and metrics."""
+
+    outputs: dict[str, np.ndarray]
+    arrivals: dict[str, np.ndarray]
+    punctuation: dict[str, int]
+    dead_letters: list[DeadLetter]
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return all(p == END for p in self.punctuation.values())
+
+    def dead_letter_count(self) -> int:
+        return sum(d.count for d in self.dead_letters)
+
+
+# -- the deployment ------------------------------------------------------------------
+
+class Deployment:
+    """A replicated query running on Ray. Created by :func:`deploy`."""
+
+    def __init__(self, query: Query, servers: list, k: int, plan: dict, conditions, seed: int,
+                 channel_opts: dict, strict: bool, on_malformed: str, parquet_dir: str | None, cluster=None):
+        self.query = query
+        self.servers = {s.name: s for s in servers}
+        self.k = k
+        self.plan = plan
+        self.conditions = conditions
+        self.seed = seed
+        self.cluster = cluster
+        self.t0 = time.time()
+        self.speed: float | None = None
+        self.events: list[dict] = []
+        self._lock = threading.Lock()
+        self._feeder: threading.Thread | None = None
+        self._feed_error: BaseException | None = None
+        self._scenario_thread: threading.Thread | None = None
+        self.alive: dict[str, bool] = {}
+        self.actor_server: dict[str, str] = {}
+        self.handles: dict[str, Any] = {}
+
+        self.coordinator = CoordinatorActor.options(name=None).remote(self.t0)
+        sources = {s: query.spec(s) for s in query.sources}
+        self.entries = []
+        for i, srv in enumerate(plan[ENTRY]):
+            h = EntryActor.options(**_ray_options(self.servers[srv])).remote(
+                sources, i, srv, conditions, self.t0, channel_opts, self.coordinator, strict, on_malformed)
+            self.entries.append(h)
+            self._register(f"entry#{i}", srv, h)
+        self.replicas: dict[str, list] = {}
+        for node in query.operators:
+            chans = [len(plan[ENTRY]) if query.spec(u).kind == "source" else len(plan[u])
+                     for u in query.inputs_of(node)]
+            hs = []
+            for i, srv in enumerate(plan[node]):
+                h = ReplicaActor.options(**_ray_options(self.servers[srv])).remote(
+                    query, node, i, srv, chans, conditions, self.t0, channel_opts, self.coordinator, strict)
+                hs.append(h)
+                self._register(f"{node}#{i}", srv, h)
+            self.replicas[node] = hs
+        self.sinks: dict[str, Any] = {}
+        for node in query.sinks:
+            chans = [len(plan[ENTRY]) if query.spec(u).kind == "source" else len(plan[u])
+                     for u in query.inputs_of(node)]
+            srv = plan[node][0]
+            h = SinkActor.options(**_ray_options(self.servers[srv])).remote(
+                query, node, srv, chans, conditions, self.t0, channel_opts, self.coordinator, strict,
+                None if parquet_dir is None else f"{parquet_dir}/{node}")
+            self.sinks[node] = h
+            self._register(node, srv, h)
+        # every upstream replica feeds every downstream replica
+        calls = []
+        for node in query.topological():
+            ups = self._instances(node)
+            for v, port in query.outputs_of(node):
+                for ci, (ulabel, uh) in enumerate(ups):
+                    for dlabel, dh in self._instances(v):
+                        calls.append(uh.connect.remote(node, dlabel, self.actor_server[dlabel], dh, port, ci))
+        ray.get(calls)
+        self._fetched: dict[str, int] = {n: 0 for n in query.sinks}
+        self._outputs: dict[str, list] = {n: [] for n in query.sinks}
+        self._arrivals: dict[str, list] = {n: [] for n in query.sinks}
+        self._punct: dict[str, int] = {n: int(np.iinfo(np.int64).min) for n in query.sinks}
+
+    def _register(self, label: str, server: str, handle) -> None:
+        self.alive[label] = True
+        self.actor_server[label] = server
+        self.handles[label] = handle
+
+    def _instances(self, node: str) -> list[tuple[str, Any]]:
+        spec = self.query.spec(node)
+        if spec.kind == "source":
+            return [(f"entry#{i}", h) for i, h in enumerate(self.entries)]
+        if spec.kind == "sink":
+            return [(node, self.sinks[node])]
+        return [(f"{node}#{i}", h) for i, h in enumerate(self.replicas[node])]
+
+    # -- feeding -------------------------------------------------------------------------
+    def feed(self, inputs: Mapping[str, Iterable], pace: float | None = None, chunk_size: int = 10_000) -> None:
+        """Start feeding ``inputs`` (``{source: iterable of chunks or records}``) in a background thread.
+
+        With ``pace=s`` a tuple with timestamp ``ts`` is released at wall time
+        ``t0 + ts / (1e6 * s)`` (``s=1``: real time); without it, as fast as
+        the entry points take it. Records without ``ts`` are stamped by the
+        feeder's clock (one clock for every entry replica).
+        """
+        unknown = set(inputs) - set(self.query.sources)
+        if unknown:
+            raise QueryError(f"inputs given for unknown source(s) {sorted(unknown)}; sources are {self.query.sources}")
+        if pace is not None and pace <= 0:
+            raise ValueError(f"pace must be > 0, got {pace}")
+        self.speed = pace
+        self.t0 = time.time() + 0.05
+        _get_quietly([h.set_start.remote(self.t0) for l, h in self.handles.items() if self.alive.get(l)])
+        self._broadcast_network()
+        self._feeder = threading.Thread(target=self._feed_loop, args=(dict(inputs), pace, chunk_size),
+                                        daemon=True, name="replistream-feeder")
+        self._feeder.start()
+
+    def _feed_loop(self, inputs, pace, chunk_size):
+        try:
+            self._feed(inputs, pace, chunk_size)
+        except BaseException as e:  # surfaced by wait()
+            self._feed_error = e
+
+    def _feed(self, inputs, pace, chunk_size):
+        iters = {s: iter(iter_chunks(inputs.get(s, ()), chunk_size)) for s in self.query.sources}
+        seqs = {s: 0 for s in self.query.sources}
+        heap: list = []
+
+        last_t = {s: float("-inf") for s in self.query.sources}
+        order = iter(range(1 << 62))  # tie-break: keep each source's order
+
+        def advance(src):
+            try:
+                chunk = next(iters[src])
+            except StopIteration:
+                heapq.heappush(heap, (float("inf"), 1, next(order), src, None))
+                return
+            t = last_t[src] if isinstance(chunk, Sentinel) else max(_chunk_time(chunk), last_t[src])
+            last_t[src] = t
+            heapq.heappush(heap, (t, 0, next(order), src, chunk))
+
+        for s in self.query.sources:
+            advance(s)
+        inflight: dict[int, list] = {i: [] for i in range(len(self.entries))}
+        while heap:
+            t, is_end, _, src, chunk = heapq.heappop(heap)
+            if isinstance(chunk, Sentinel):
+                for i, refs in inflight.items():
+                    self._settle(i, refs, 0)  # everything before the event has reached the entry points
+                chunk.apply(self)
+                self.events.append({"t": time.time() - self.t0, "event": repr(chunk)})
+                advance(src)
+                continue
+            if pace is not None and not is_end and t != float("-inf"):
+                delay = self.t0 + t / (1e6 * pace) - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+            if chunk is not None and _needs_stamp(chunk):
+                chunk = _stamp(chunk, int((time.time() - self.t0) * 1e6))
+            self._send_chunk(src, seqs[src], chunk, inflight)
+            seqs[src] += 1
+            if not is_end:
+                advance(src)
+        for i, refs in inflight.items():
+            self._settle(i, refs, 0)
+
+    def _send_chunk(self, src, seq, chunk, inflight) -> None:
+        sent = False
+        ref = ray.put(chunk) if chunk is not None else None
+        for i, h in enumerate(self.entries):
+            label = f"entry#{i}"
+            if not self.alive.get(label):
+                continue
+            inflight[i].append(h.push_chunk.remote(src, seq, ref))
+            sent = True
+            self._settle(i, inflight[i], 32)
+        if not sent:
+            raise RuntimeError("every entry point replica is dead: the input cannot be delivered")
+
+    def _settle(self, i: int, refs: list, limit: int) -> None:
+        """Bound in-flight chunks per entry replica; notice dead entry replicas."""
+        while len(refs) > limit:
+            ready, _ = ray.wait(refs[:1], timeout=1.0)
+            if not ready:
+                if not self.alive.get(f"entry#{i}"):
+                    refs.clear()
+                    return
+                continue
+            try:
+                ray.get(ready[0])
+            except Exception:
+                self._mark_dead(f"entry#{i}", "entry point failed")
+                refs.clear()
+                return
+            refs.pop(0)
+
+    # -- waiting and results ----------------------------------------------------------------
+    def wait(self, timeout: float = 600.0, progress: Callable[[dict], None] | None = None) -> bool:
+        """Wait until every application received the end of every stream (or ``timeout`` s)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self._feed_error is not None:
+                raise RuntimeError(f"feeding the sources failed: {self._feed_error}") from self._feed_error
+            self.poll()
+            if progress is not None:
+                progress({n: len(self._outputs[n]) and sum(len(b) for b in self._outputs[n])
+                          for n in self.query.sinks})
+            if all(p == END for p in self._punct.values()):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def poll(self) -> None:
+        """Fetch newly delivered tuples from the applications."""
+        for node, h in self.sinks.items():
+            if not self.alive.get(node):
+                continue
+            data, arr, count, punct = ray.get(h.fetch.remote(self._fetched[node]))
+            if len(data):
+                self._outputs[node].append(data)
+                self._arrivals[node].append(arr)
+                self._fetched[node] += len(data)
+            self._punct[node] = punct
+
+    def results(self, app: str) -> np.ndarray:
+        """Tuples the application ``app`` received so far (in arrival order)."""
+        self.poll()
+        parts = self._outputs[app]
+        return np.concatenate(parts) if parts else self.query.schema_of(app).empty()
+
+    def latencies_ms(self, app: str) -> tuple[np.ndarray, np.ndarray]:
+        """(arrival time in s since start, end-to-end latency in ms) per delivered tuple.
+
+        Latency = arrival time minus the tuple's timestamp mapped to wall time
+        (``t0 + ts / (1e6 * pace)``); meaningful for paced runs.
+        """
+        data = self.results(app)
+        arr = np.concatenate(self._arrivals[app]) if self._arrivals[app] else np.zeros(0)
+        speed = self.speed or 1.0
+        lat = (arr - (self.t0 + data[TS] / (1e6 * speed))) * 1000.0
+        return arr - self.t0, lat
+
+    def run(self, inputs: Mapping[str, Iterable], pace: float | None = None, timeout: float = 600.0,
+            scenario=None, progress: Callable[[dict], None] | None = None) -> DeploymentResult:
+        """Feed ``inputs``, apply ``scenario`` (a :class:`~replistream.scenario.Scenario`), wait, collect."""
+        if scenario is not None:
+            self.install_scenario(scenario)
+        self.feed(inputs, pace)
+        if scenario is not None:
+            self._start_scenario_thread(scenario)
+        ok = self.wait(timeout, progress)
+        res = self.collect()
+        if not ok:
+            res.metrics["timed_out"] = True
+        return res
+
+    def collect(self) -> DeploymentResult:
+        self.poll()
+        outputs = {n: self.results(n) for n in self.query.sinks}
+        arrivals = {n: (np.concatenate(self._arrivals[n]) if self._arrivals[n] else np.zeros(0))
+                    for n in self.query.sinks}
+        dead = []
+        for i, h in enumerate(self.entries):
+            if self.alive.get(f"entry#{i}"):
+                try:
+                    dead.extend(ray.get(h.dead_letters.remote()))
+                    break  # every live entry replica holds the same dead letters
+                except Exception:
+                    continue
+        return DeploymentResult(outputs, arrivals, dict(self._punct), dead, self.metrics())
+
+    # -- failure injection ---------------------------------------------------------------------
+    def kill(self, label: str, reason: str = "killed") -> None:
+        """Kill one actor by label (``"join#1"``, ``"entry#0"``, an application name)."""
+        if label not in self.handles:
+            raise ValueError(f"no actor {label!r}; actors: {sorted(self.handles)}")
+        if not self.alive.get(label):
+            return
+        ray.kill(self.handles[label], no_restart=True)
+        self._mark_dead(label, reason)
+
+    def kill_replica(self, operator: str, replica: int) -> None:
+        """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point)."""
+        label = f"{operator}#{replica}"
+        if label not in self.handles:
+            raise ValueError(f"{operator!r} has no replica {replica}; actors: {sorted(self.handles)}")
+        self.kill(label, "replica killed")
+
+    def kill_server(self, server: str) -> list[str]:
+        """Kill every actor on ``server``; on a cluster with ``Server.node`` set, remove the Ray node."""
+        if server not in self.servers:
+            raise ValueError(f"unknown server {server!r}; servers: {sorted(self.servers)}")
+        victims = [l for l, s in self.actor_server.items() if s == server and self.alive.get(l)]
+        node = self.servers[server].node
+        if self.cluster is not None and node:
+            for n in list(self.cluster.list_all_nodes()):
+                if getattr(n, "node_id", None) == node:
+                    self.cluster.remove_node(n)
+            for l in victims:
+                self._mark_dead(l, f"server {server} removed")
+        else:
+            for l in victims:
+                self.kill(l, f"server {server} killed")
+        return victims
+
+    def _mark_dead(self, label: str, reason: str) -> None:
+        with self._lock:
+            if not self.alive.get(label):
+                return
+            self.alive[label] = False
+            self.events.append({"t": time.time() - self.t0, "event": "dead", "actor": label, "reason": reason})
+        for l, h in self.handles.items():
+            if self.alive.get(l) and l != label:
+                try:
+                    h.drop_link.remote(label, reason)
+                except Exception:
+                    pass
+
+    def _net_event(self, desc: dict) -> None:
+        self.events.append({"t": time.time() - self.t0, **desc})
+        self._broadcast_network()
+
+    def slow_server(self, server: str, factor: float, duration: float | None = None) -> None:
+        now = time.time() - self.t0
+        self.conditions.slow_server(server, now, now + duration if duration else float("inf"), factor)
+        self._net_event({"event": "slow_server", "server": server, "factor": factor})
+
+    def delay_link(self, a: str, b: str, extra_ms: float, duration: float | None = None) -> None:
+        now = time.time() - self.t0
+        self.conditions.add_delay(a, b, now, now + duration if duration else float("inf"), extra_ms)
+        self._net_event({"event": "delay_link", "a": a, "b": b, "extra_ms": extra_ms})
+
+    def cut_link(self, a: str, b: str, duration: float | None = None) -> None:
+        now = time.time() - self.t0
+        self.conditions.cut(a, b, now, now + duration if duration else float("inf"))
+        self._net_event({"event": "cut_link", "a": a, "b": b})
+
+    def restore(self, a: str | None = None, b: str | None = None, server: str | None = None) -> None:
+        self.conditions.restore(a=a, b=b, server=server, at=time.time() - self.t0)
+        self._net_event({"event": "restore", "a": a, "b": b, "server": server})
+
+    def _broadcast_network(self) -> None:
+        calls = []
+        for l, h in self.handles.items():
+            if self.alive.get(l):
+                calls.append(h.set_network.remote(self.conditions))
+        _get_quietly(calls)
+
+    def install_scenario(self, scenario) -> None:
+        """Validate ``scenario`` against this deployment and install its network events."""
+        ops = {n: self.k for n in self.query.operators}
+        ops[ENTRY] = len(self.entries)
+        scenario.validate(servers=list(self.servers), operators=ops)
+        self._pending_kills = scenario.apply_to(self.conditions, 0.0)
+
+    def _start_scenario_thread(self, scenario) -> None:
+        kills = sorted(getattr(self, "_pending_kills", []), key=lambda e: e.at)
+
+        def loop():
+            for ev in kills:
+                delay = self.t0 + ev.at - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                try:
+                    if ev.action == "kill_server":
+                        self.kill_server(ev.server)
+                    elif ev.action == "kill_replica":
+                        self.kill_replica(ev.operator, ev.replica)
+                    self.events.append({"t": time.time() - self.t0, "event": ev.action,
+                                        "target": ev.server or f"{ev.operator}#{ev.replica}"})
+                except Exception as e:  # recorded, not fatal
+                    self.events.append({"t": time.time() - self.t0, "event": "error", "error": repr(e)})
+
+        self._scenario_thread = threading.Thread(target=loop, daemon=True, name="replistream-scenario")
+        self._scenario_thread.start()
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def metrics(self) -> dict:
+        """Per application: delivered tuples and latency; per actor: CPU seconds, links, drops."""
+        actors = {}
+        for l, h in self.handles.items():
+            if not self.alive.get(l):
+                actors[l] = {"label": l, "server": self.actor_server[l], "alive": False}
+                continue
+            try:
+                s = ray.get(h.stats.remote(), timeout=10)
+                s["alive"] = True
+                actors[l] = s
+            except Exception as e:
+                actors[l] = {"label": l, "server": self.actor_server[l], "alive": False, "error": repr(e)}
+        apps = {}
+        for n in self.query.sinks:
+            t, lat = self.latencies_ms(n)
+            apps[n] = {
+                "delivered": int(sum(len(b) for b in self._outputs[n])),
+                "complete": self._punct[n] == END,
+                "latency_ms": _percentiles(lat) if self.speed else None,
+                "filter_weights": actors.get(n, {}).get("filters", [{}])[0].get("weights"),
+            }
+        links = [lk for a in actors.values() for lk in a.get("links", [])]
+        try:
+            coordinator_log = ray.get(self.coordinator.log.remote(), timeout=10)
+        except Exception:
+            coordinator_log = []
+        return {"applications": apps, "actors": actors, "stream_replicas": links, "events": list(self.events),
+                "coordinator": coordinator_log, "placement": self.plan}
+
+    def metrics_json(self) -> str:
+        return json.dumps(self.metrics(), default=_json_default)
+
+    # -- teardown ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Kill every actor of the deployment (Ray itself keeps running)."""
+        for l, h in list(self.handles.items()):
+            if self.alive.get(l):
+                try:
+                    ray.kill(h, no_restart=True)
+                except Exception:
+                    pass
+                self.alive[l] = False
+        try:
+            ray.kill(self.coordinator, no_restart=True)
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+
+def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero", *, address: str | None = None,
+           seed: int = 0, flush_ms: float = 2.0, max_batch: int = 10_000, max_inflight: int = 16,
+           drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
+           parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None) -> Deployment:
+    """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
+
+    ``servers``: a count, city names, or :class:`~replistream.network.Server`
+    objects (``Server.node`` pins it to a Ray node). ``placement``: ``"spread"``
+    (default), a mapping ``{node: [server, ...]}`` (``"entry"`` for the entry
+    points), or a callable ``(query, servers, k) -> mapping``. ``network``:
+    ``"zero"`` (no emulated delay), ``"geo"`` (the built-in wide-area model),
+    ``"geo-static"``, a trace CSV path, or a latency model. Starts Ray if it
+    is not running (``address=`` joins an existing cluster). Every error in
+    the request is raised before any actor starts.
+    """
+    query.build()
+    if int(k) < 1:
+        raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
+    servers = resolve_servers(servers)
+    if k > len(servers):
+        raise ValueError(f"k={k} replicas need at least {k} distinct servers; {len(servers)} given")
+    plan = resolve_placement(query, servers, k, placement)
+    conditions = resolve_network(network, servers, seed)
+    if on_malformed not in ("raise", "dead_letter"):
+        raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
+    if not ray.is_initialized():
+        opts = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
+        if address is not None:
+            opts["address"] = address
+        opts.update(ray_init or {})
+        ray.init(**opts)
+    channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
+                    "drop_after_s": drop_after_s}
+    return Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
+                      parquet_dir, cluster)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def _chunk_time(chunk) -> float:
+    if isinstance(chunk, Punctuation):
+        return float(chunk.p)
+    try:
+        if isinstance(chunk, np.ndarray):
+            return float(chunk[TS].min()) if len(chunk) else float("-inf")
+        if isinstance(chunk, Mapping):
+            ts = np.asarray(chunk.get(TS, []))
+            return float(ts.min()) if ts.size and ts.dtype.kind in "iuf" else float("-inf")
+        if isinstance(chunk, list) and chunk:
+            vals = [r.get(TS) for r in chunk if isinstance(r, Mapping)]
+            vals = [v for v in vals if isinstance(v, (int, float, np.integer, np.floating))]
+            return float(min(vals)) if vals else float("-inf")
+    except Exception:
+        pass
+    return float("-inf")
+
+
+def _needs_stamp(chunk) -> bool:
+    if isinstance(chunk, list) and chunk and isinstance(chunk[0], Mapping):
+        return all(TS not in r for r in chunk)
+    if isinstance(chunk, Mapping):
+        return TS not in chunk
+    return False
+
+
+def _stamp(chunk, ts: int):
+    """Entry-point timestamping (Hwang §II-B): records without ``ts`` get the feeder's clock."""
+    if isinstance(chunk, Mapping):
+        n = len(next(iter(chunk.values()))) if chunk else 0
+        return {**chunk, TS: np.full(n, ts, dtype=np.int64)}
+    return [{**r, TS: ts} for r in chunk]
+
+
+def _percentiles(lat: np.ndarray) -> dict:
+    if not len(lat):
+        return {"count": 0}
+    p = np.percentile(lat, [50, 90, 99])
+    return {"count": int(len(lat)), "p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2]),
+            "max": float(lat.max()), "mean": float(lat.mean())}
+
+
+def _get_quietly(refs) -> None:
+    for r in refs:
+        try:
+            ray.get(r, timeout=30)
+        except Exception:
+            pass
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return repr(o)
