@@ -19,10 +19,18 @@ from .schema import END, Punctuation, Schema, millis, seconds
 from .query import Query, Stream
 from .engine import ReplicaCore, RunResult, run_reference
 from .network import Server, default_servers
-from .runtime import Deployment, deploy
 from .scenario import Event, Scenario
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The Ray runtime is imported on first use, so the core stays light to import.
+    if name in ("deploy", "Deployment"):
+        from . import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'replistream' has no attribute {name!r}")
 
 __all__ = [
     "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "SchemaError",

@@ -4,12 +4,15 @@
 every operator replicated ``k`` times, crashes replicas mid-run, and checks
 the delivered output against the ideal non-replicated run.
 
-Until the Ray runtime lands the demo uses the in-process replicated engine
-(:func:`replistream.testing.run_replicated`): the same operator objects,
-duplicate filters and entry-point logic, with channels as in-memory FIFO
-queues delivered in a seeded random order instead of Ray actor calls.
+By default it deploys on local Ray over the emulated wide-area network,
+replays the readings in real time, kills the server of one join replica
+halfway, and reports end-to-end latency before and after the failure.
+``--engine inprocess`` runs the same operators in the in-process replicated
+engine (:func:`replistream.testing.run_replicated`) instead: no Ray, no
+clock, random crashes, a few seconds.
 
->>> main(["demo", "--servers", "3", "--duration", "60", "--json"])  # doctest: +ELLIPSIS
+>>> main(["demo", "--engine", "inprocess", "--servers", "3", "--duration", "60", "--period", "10", "--json"])
+... # doctest: +ELLIPSIS
 {"engine": "in-process", ...}
 0
 """
@@ -23,7 +26,7 @@ import time
 import numpy as np
 
 
-def _demo(args) -> int:
+def _demo_inprocess(args) -> int:
     from .testing import as_multiset, run_reference, run_replicated
     from .workloads import fig1_inputs, fig1_query
 
@@ -41,7 +44,7 @@ def _demo(args) -> int:
     ref = run_reference(query, inputs)
     if progress:
         progress.print(f"running the replicated run (k={args.k}, crashing up to k-1 replicas of every operator) ...")
-    rep = run_replicated(query, inputs, k=args.k, seed=args.seed, crash=not args.no_crash)
+    rep = run_replicated(query, inputs, k=args.k, seed=args.seed, crash=args.scenario != "none")
     expected, got = ref.outputs["alerts"], rep.outputs["alerts"]
     e, g = as_multiset(expected), as_multiset(got)
     lost = sum((e - g).values())
@@ -88,6 +91,130 @@ def _demo(args) -> int:
     return 0 if summary["matches_reference"] and summary["complete"] else 1
 
 
+def _compare(expected: np.ndarray, got: np.ndarray) -> dict:
+    from .testing import as_multiset
+
+    e, g = as_multiset(expected), as_multiset(got)
+    extra = g - e
+    return {
+        "outputs": int(len(got)),
+        "reference_outputs": int(len(expected)),
+        "lost": int(sum((e - g).values())),
+        "duplicates": int(sum(n for k, n in extra.items() if k in e)),
+        "unexpected": int(sum(n for k, n in extra.items() if k not in e)),
+        "matches_reference": bool(e == g),
+    }
+
+
+def _pcts(lat: np.ndarray) -> dict:
+    if not len(lat):
+        return {"count": 0, "p50": None, "p99": None}
+    p50, p99 = np.percentile(lat, [50, 99])
+    return {"count": int(len(lat)), "p50": round(float(p50), 1), "p99": round(float(p99), 1)}
+
+
+def _demo_ray(args) -> int:
+    from .network import default_servers
+    from .runtime import deploy
+    from .scenario import Event, Scenario
+    from .testing import run_reference
+    from .workloads import fig1_inputs, fig1_query
+
+    t0 = time.perf_counter()
+    console = None
+    if not args.json:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    servers = default_servers(args.servers)
+    query = fig1_query(n_servers=args.servers, window_s=args.window, punctuate_s=args.period)
+    inputs = fig1_inputs(n_servers=args.servers, duration_s=args.duration, period_s=args.period, seed=args.seed,
+                         chunk=1)
+    if console:
+        console.print(f"[bold]replistream demo[/]: Fig. 1 query on Ray, {args.servers} servers "
+                      f"({', '.join(s.name for s in servers)}), k={args.k}, {args.duration:g} s of readings every "
+                      f"{args.period:g} s, emulated WAN, seed {args.seed}")
+        console.print("starting Ray and the replicas ...")
+    dep = deploy(query, servers=servers, k=args.k, network=args.network, seed=args.seed)
+    try:
+        app_server = dep.plan["alerts"][0]
+        if args.scenario == "none":
+            scenario = Scenario([])
+        elif args.scenario:
+            scenario = Scenario.from_file(args.scenario)
+        else:
+            victim = next((s for s in dep.plan["correlate"] if s != app_server), dep.plan["correlate"][0])
+            scenario = Scenario([Event(at=args.duration / 2, action="kill_server", server=victim)])
+        if console:
+            console.print(dep_summary(dep))
+            for ev in scenario.events:
+                console.print(f"scenario: at {ev.at:g} s {ev.action} "
+                              f"{ev.server or ''}{ev.operator or ''}{'' if ev.replica is None else '#%d' % ev.replica}"
+                              f"{ev.a or ''}{'-' + ev.b if ev.b else ''}")
+        ref = run_reference(query, inputs)
+        if console:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                          TimeElapsedColumn(), console=console) as bar:
+                task = bar.add_task("alerts delivered", total=len(ref.outputs["alerts"]))
+                res = dep.run(inputs, pace=1.0, scenario=scenario, timeout=args.duration * 3 + 60,
+                              progress=lambda counts: bar.update(task, completed=counts.get("alerts", 0)))
+        else:
+            res = dep.run(inputs, pace=1.0, scenario=scenario, timeout=args.duration * 3 + 60)
+        t_arr, lat = dep.latencies_ms("alerts")
+        fail_times = [e["t"] for e in dep.events if e.get("event") in ("kill_server", "kill_replica")]
+        t_fail = min(fail_times) if fail_times else None
+        summary = {"engine": "ray", "servers": args.servers, "k": args.k, "seed": args.seed,
+                   **_compare(ref.outputs["alerts"], res.outputs["alerts"]),
+                   "complete": res.complete,
+                   "dead_letters": res.dead_letter_count(),
+                   "failures": [e for e in dep.events if e.get("event") in ("kill_server", "kill_replica", "dead")],
+                   "failure_at_s": None if t_fail is None else round(t_fail, 2),
+                   "latency_ms": {
+                       "all": _pcts(lat),
+                       "before_failure": _pcts(lat[t_arr < t_fail] if t_fail is not None else lat),
+                       "after_failure": _pcts(lat[t_arr >= t_fail] if t_fail is not None else lat[:0]),
+                   },
+                   "filter_weights": res.metrics["applications"]["alerts"]["filter_weights"],
+                   "dropped_stream_replicas": len([e for e in res.metrics["coordinator"]
+                                                   if e.get("kind") == "channel_dropped"]),
+                   "seconds": round(time.perf_counter() - t0, 2)}
+    finally:
+        dep.shutdown()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        from rich.table import Table
+
+        table = Table(title="Fig. 1 query on Ray: replicated run vs. ideal run")
+        table.add_column("what")
+        table.add_column("value", justify="right")
+        for key in ("reference_outputs", "outputs", "lost", "duplicates", "unexpected", "matches_reference",
+                    "complete", "dead_letters", "failure_at_s", "dropped_stream_replicas", "seconds"):
+            table.add_row(key, str(summary[key]))
+        for phase in ("before_failure", "after_failure"):
+            p = summary["latency_ms"][phase]
+            table.add_row(f"latency {phase.replace('_', ' ')} (ms)",
+                          f"p50 {p['p50']}  p99 {p['p99']}  (n={p['count']})")
+        table.add_row("filter weights at 'alerts'", " ".join(f"{w:.1f}" for w in summary["filter_weights"] or []))
+        console.print(table)
+    return 0 if summary["matches_reference"] and summary["complete"] else 1
+
+
+def dep_summary(dep) -> str:
+    lines = ["placement:"]
+    for node, where in dep.plan.items():
+        lines.append(f"  {node:<10} -> {', '.join(where)}")
+    return "\n".join(lines)
+
+
+def _demo(args) -> int:
+    if args.engine == "inprocess":
+        return _demo_inprocess(args)
+    return _demo_ray(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="replistream",
@@ -97,12 +224,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the Fig. 1 monitoring query replicated, with crashes, "
                                        "and compare with the ideal run")
     demo.add_argument("--k", type=int, default=2, help="replicas per operator (default 2)")
-    demo.add_argument("--servers", type=int, default=10, help="monitored servers (default 10)")
-    demo.add_argument("--duration", type=float, default=600.0, help="seconds of readings (default 600)")
-    demo.add_argument("--period", type=float, default=10.0, help="seconds between readings (default 10)")
-    demo.add_argument("--window", type=float, default=10.0, help="join window in seconds (default 10)")
+    demo.add_argument("--servers", type=int, default=6, help="servers, each monitored and hosting replicas (default 6)")
+    demo.add_argument("--duration", type=float, default=30.0, help="seconds of readings, replayed in real time "
+                                                                   "(default 30)")
+    demo.add_argument("--period", type=float, default=0.5, help="seconds between readings (default 0.5)")
+    demo.add_argument("--window", type=float, default=2.0, help="join window in seconds (default 2)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    demo.add_argument("--no-crash", action="store_true", help="do not crash replicas")
+    demo.add_argument("--scenario", metavar="FILE", default=None,
+                      help="failure scenario (JSON or TOML); default: kill one join server halfway; "
+                           "'none' for no failure")
+    demo.add_argument("--network", default="geo", help="emulated network: geo (default), geo-static, zero, "
+                                                       "or a trace CSV")
+    demo.add_argument("--engine", choices=["ray", "inprocess"], default="ray",
+                      help="ray (default) or the in-process replicated engine (no clock, random crashes)")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     demo.set_defaults(func=_demo)
     return parser

@@ -20,9 +20,9 @@ def test_help_lists_commands():
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_demo_json_matches_reference(k):
-    out = run(sys.executable, "-m", "replistream.cli", "demo", "--json", "--k", str(k), "--servers", "4",
-              "--duration", "120", "--seed", str(k))
+def test_inprocess_demo_json_matches_reference(k):
+    out = run(sys.executable, "-m", "replistream.cli", "demo", "--engine", "inprocess", "--json", "--k", str(k),
+              "--servers", "4", "--duration", "120", "--period", "10", "--seed", str(k))
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["lost"] == 0 and summary["duplicates"] == 0
@@ -32,8 +32,22 @@ def test_demo_json_matches_reference(k):
         assert summary["crashed_replicas"], "the demo is meant to crash replicas"
 
 
+def test_ray_demo_json_survives_a_server_kill():
+    """The main job, as the README runs it, at a small scale (its own Ray instance)."""
+    out = run(sys.executable, "-m", "replistream.cli", "demo", "--json", "--servers", "4", "--duration", "8",
+              "--seed", "3", timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["engine"] == "ray"
+    assert summary["lost"] == 0 and summary["duplicates"] == 0 and summary["matches_reference"] is True
+    assert summary["failure_at_s"] is not None and summary["failures"]
+    for phase in ("before_failure", "after_failure"):
+        assert summary["latency_ms"][phase]["count"] > 0
+        assert summary["latency_ms"][phase]["p50"] <= summary["latency_ms"][phase]["p99"]
+
+
 def test_demo_rejects_bad_k():
-    out = run(sys.executable, "-m", "replistream.cli", "demo", "--k", "0")
+    out = run(sys.executable, "-m", "replistream.cli", "demo", "--engine", "inprocess", "--k", "0")
     assert out.returncode != 0
     assert "--k must be >= 1" in out.stderr
 
