@@ -101,6 +101,10 @@ class _Base:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        """The Ray node this actor runs on."""
+        return ray.get_runtime_context().get_node_id()
+
     def idle(self) -> bool:
         return all(ob.idle() for ob in self.outboxes.values())
 
