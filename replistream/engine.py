@@ -137,7 +137,7 @@ def source_streams(query: Query, inputs: Mapping[str, Any], strict: bool = False
 
     streams, entries = {}, {}
     for src in query.sources:
-        entry = query.spec(src).build_entry(src, strict, on_malformed)
+        entry = query.build_entry(src, strict, on_malformed)
         items: list[Item] = []
         for chunk in iter_chunks(inputs.get(src, ())):
             if isinstance(chunk, Sentinel):

@@ -20,6 +20,7 @@ order-sensitive operators and applications.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -57,8 +58,13 @@ class SourceSpec(Spec):
     kind = "source"
     arity = (0, 0)
 
-    def build_entry(self, name: str, strict: bool = False, on_malformed: str = "raise") -> EntryLogic:
-        return EntryLogic(name, self.schema, self.punctuate_every, self.max_disorder, strict, on_malformed)
+    def build_entry(self, name: str, strict: bool = False, on_malformed: str = "raise",
+                    window_grid: int | None = None) -> EntryLogic:
+        """The entry-point logic; ``window_grid`` adds punctuations at window expiry times (§IV-F)."""
+        every = self.punctuate_every
+        if window_grid is not None:
+            every = window_grid if every is None else math.gcd(int(every), int(window_grid))
+        return EntryLogic(name, self.schema, every, self.max_disorder, strict, on_malformed)
 
 
 @dataclass(frozen=True)
@@ -368,6 +374,34 @@ class Query:
     def sorters(self) -> list[str]:
         """Nodes whose inputs are sorted: the only places sorting is paid for."""
         return [n for n in self.topological() if self.sorted_inputs(n)]
+
+    def window_grid(self, source: str) -> int | None:
+        """Spacing of the expiry times of the time windows downstream of ``source``.
+
+        A window ``[start, start + size)`` with ``start`` a multiple of ``slide``
+        expires at ``start + size - 1``; every such time is one less than a
+        multiple of ``gcd(size, slide)``. Entry points punctuate on that grid so
+        that aggregates close windows as soon as they can (Hwang §IV-F). None when
+        no time window is downstream.
+
+        >>> q = Query(); s = q.source("s", {"x": "i8"})
+        >>> s.window(size=10, slide=4).sink("a")
+        'a'
+        >>> q.build().window_grid("s")
+        2
+        """
+        grid = None
+        for n in nx.descendants(self.graph, source):
+            spec = self.spec(n)
+            if isinstance(spec, TimeWindowSpec):
+                g = math.gcd(int(spec.size), int(spec.slide if spec.slide is not None else spec.size))
+                grid = g if grid is None else math.gcd(grid, g)
+        return grid
+
+    def build_entry(self, source: str, strict: bool = False, on_malformed: str = "raise") -> EntryLogic:
+        """The entry-point logic of ``source``: its declared punctuation policy, plus
+        punctuations at the expiry times of downstream time windows."""
+        return self.spec(source).build_entry(source, strict, on_malformed, self.window_grid(source))
 
     def build_logic(self, node: str, strict: bool = False) -> OperatorLogic:
         return self.spec(node).build(node, self.in_schemas(node), strict)

@@ -52,8 +52,19 @@ def test_demo_rejects_bad_k():
     assert "--k must be >= 1" in out.stderr
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")
+                                           if p.name != "failure_injection.py"))
 def test_example_runs(script):
     out = run(sys.executable, str(ROOT / "examples" / script))
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip()
+    assert "identical to the ideal run" in out.stdout
+
+
+def test_failure_injection_example_writes_a_plot(tmp_path):
+    png = tmp_path / "latency.png"
+    out = run(sys.executable, str(ROOT / "examples" / "failure_injection.py"),
+              str(ROOT / "examples" / "scenario.toml"), str(png), "--duration", "11")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "identical to the ideal run" in out.stdout
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -165,11 +165,12 @@ class EntryActor(_Base):
     punctuation covering it, so it can replay to a new or revived replica.
     """
 
-    def __init__(self, sources: dict, index: int, server: str, network, t0: float, channel_opts: dict,
+    def __init__(self, query, index: int, server: str, network, t0: float, channel_opts: dict,
                  coordinator=None, strict: bool = False, on_malformed: str = "dead_letter"):
+        sources = query.sources
         self._setup(f"entry#{index}", server, network, t0, channel_opts, coordinator)
         self.index = index
-        self.entries = {name: spec.build_entry(name, strict, on_malformed) for name, spec in sources.items()}
+        self.entries = {name: query.build_entry(name, strict, on_malformed) for name in sources}
         self.expected = {name: 0 for name in sources}
         self.buffers: dict[str, list] = {name: [] for name in sources}  # (max ts, item) since the last ack
         for name in sources:

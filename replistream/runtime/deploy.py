@@ -197,11 +197,10 @@ class Deployment:
         self.handles: dict[str, Any] = {}
 
         self.coordinator = CoordinatorActor.options(name=None).remote(self.t0)
-        sources = {s: query.spec(s) for s in query.sources}
         self.entries = []
         for i, srv in enumerate(plan[ENTRY]):
             h = EntryActor.options(**_ray_options(self.servers[srv])).remote(
-                sources, i, srv, conditions, self.t0, channel_opts, self.coordinator, strict, on_malformed)
+                query, i, srv, conditions, self.t0, channel_opts, self.coordinator, strict, on_malformed)
             self.entries.append(h)
             self._register(f"entry#{i}", srv, h)
         self.replicas: dict[str, list] = {}
