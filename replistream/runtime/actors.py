@@ -50,7 +50,7 @@ class _Base:
             ob = Outbox(f"{self.label}", self.server, self.network, self.t0, on_drop=self._on_drop,
                         **self.channel_opts)
             self.outboxes[stream] = ob
-            self.sender.outboxes.append(ob)
+            self.sender.add(ob)
         return ob
 
     def _on_drop(self, owner: str, link: Link, reason: str) -> None:

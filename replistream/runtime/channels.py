@@ -99,6 +99,7 @@ class Outbox:
         self.pending_since: float | None = None
         self.lock = threading.Condition()
         self.closed = False
+        self.wake: threading.Event | None = None  # set by emit so an idle sender thread wakes up
 
     # -- setup ------------------------------------------------------------------
     def add_link(self, link: Link) -> None:
@@ -122,6 +123,8 @@ class Outbox:
                 self.pending_since = time.time()
             if punct or self.pending_tuples >= self.max_batch:
                 self._flush_locked()
+            if self.wake is not None:
+                self.wake.set()
             self._wait_for_room_locked()
 
     def _flush_locked(self) -> None:
@@ -168,13 +171,18 @@ class Outbox:
             self.lock.wait(0.005)
 
     # -- the sender thread's work ------------------------------------------------------
-    def service(self) -> float:
-        """Flush on the time bound, send due packets, collect acks. Returns seconds until next due."""
+    def service(self) -> float | None:
+        """Flush on the time bound, send due packets, collect acks.
+
+        Returns the seconds until this outbox needs service again, or None when it
+        is idle (nothing pending, queued or in flight)."""
         with self.lock:
             now = time.time()
             if self.pending and self.pending_since is not None and now - self.pending_since >= self.flush_s:
                 self._flush_locked()
-            next_due = self.flush_s
+            next_due = None
+            if self.pending and self.pending_since is not None:
+                next_due = max(0.0, self.pending_since + self.flush_s - now)
             for link in self.links:
                 if not link.alive:
                     continue
@@ -192,8 +200,11 @@ class Outbox:
                     link.delay_sum += delay
                     link.delay_max = max(link.delay_max, delay)
                 if link.queue:
-                    next_due = min(next_due, max(0.0, link.queue[0][0] - now))
+                    wait = max(0.0, link.queue[0][0] - now) if len(link.inflight) < self.max_inflight else 0.002
+                    next_due = wait if next_due is None else min(next_due, wait)
             refs = [c for l in self.links if l.alive for c, _, _ in l.inflight]
+            if refs:
+                next_due = 0.002 if next_due is None else min(next_due, 0.002)
         if refs:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             if ready:
@@ -263,19 +274,32 @@ class Sender(threading.Thread):
     def __init__(self, outboxes: list[Outbox]):
         super().__init__(daemon=True, name="replistream-sender")
         self.outboxes = outboxes
-        self.stop_event = threading.Event()
+        self.wake = threading.Event()
+        self.stopped = False
+        for ob in outboxes:
+            ob.wake = self.wake
+
+    def add(self, outbox: Outbox) -> None:
+        outbox.wake = self.wake
+        self.outboxes.append(outbox)
 
     def run(self) -> None:
-        while not self.stop_event.is_set():
-            wait = 0.002
+        while not self.stopped:
+            wait = None
             for ob in list(self.outboxes):
                 try:
-                    wait = min(wait, ob.service())
+                    w = ob.service()
                 except Exception:  # never let the sender thread die silently
                     import traceback
 
                     traceback.print_exc()
-            self.stop_event.wait(max(0.0005, wait))
+                    w = 0.01
+                if w is not None:
+                    wait = w if wait is None else min(wait, w)
+            # idle: sleep until emit() wakes us (bounded, to notice stop); busy: until the next deadline
+            self.wake.wait(0.25 if wait is None else max(0.0005, wait))
+            self.wake.clear()
 
     def stop(self) -> None:
-        self.stop_event.set()
+        self.stopped = True
+        self.wake.set()

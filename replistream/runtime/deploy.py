@@ -188,6 +188,7 @@ class Deployment:
         self.t0 = time.time()
         self.speed: float | None = None
         self.events: list[dict] = []
+        self.fed: list[tuple[float, str, int]] = []  # (time since start, source, chunk number) per chunk sent
         self._lock = threading.Lock()
         self._feeder: threading.Thread | None = None
         self._feed_error: BaseException | None = None
@@ -323,6 +324,7 @@ class Deployment:
             self._settle(i, refs, 0)
 
     def _send_chunk(self, src, seq, chunk, inflight) -> None:
+        self.fed.append((time.time() - self.t0, src, seq))
         sent = False
         ref = ray.put(chunk) if chunk is not None else None
         for i, h in enumerate(self.entries):
