@@ -11,9 +11,9 @@ def ray_session():
     """A local Ray instance shared by every test that needs one."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                 object_store_memory=512 * 1024 * 1024)
+    from replistream.runtime import init_ray
+
+    init_ray(num_cpus=2, object_store_memory=512 * 1024 * 1024)
     yield ray
     ray.shutdown()
 

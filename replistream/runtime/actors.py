@@ -43,6 +43,9 @@ class _Base:
         self.sender.start()
         self.cpu0 = _cpu_seconds()
         self.dropped: list[dict] = []
+        self.pushes = 0
+        self.busy_s = 0.0  # time spent in operator logic
+        self.last_push = None
 
     def _outbox(self, stream: str) -> Outbox:
         ob = self.outboxes.get(stream)
@@ -115,6 +118,10 @@ class _Base:
             "pid": os.getpid(),
             "cpu_seconds": _cpu_seconds() - self.cpu0,
             "links": [s for ob in self.outboxes.values() for s in ob.stats()],
+            "pushes": self.pushes,
+            "busy_seconds": self.busy_s,
+            "blocked_seconds": sum(ob.blocked_s for ob in self.outboxes.values()),
+            "last_push_s": self.last_push,
             "dropped": list(self.dropped),
         }
 
@@ -137,8 +144,11 @@ class ReplicaActor(_Base):
         with self.lock:
             for item in packet:
                 out.extend(self.core.process(port, channel, item))
+        self.busy_s += time.time() - started
         self.out.emit(out)
         self._slowdown(started)
+        self.pushes += 1
+        self.last_push = time.time() - self.t0
         return self.core.filters[port].max_punct
 
     def add_channel(self, port: int) -> int:

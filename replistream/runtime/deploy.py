@@ -34,6 +34,28 @@ from .actors import CoordinatorActor, EntryActor, ReplicaActor, SinkActor
 
 ENTRY = "entry"  # placement key of the entry points
 
+#: Ray settings replistream starts Ray with. Packets up to this size travel inline
+#: in the actor call instead of through the object store (see channels.py: a dead
+#: sender's objects stall their receiver about a second each). On a cluster you
+#: start yourself, pass the same ``_system_config`` to ``ray.init``/``ray start``.
+RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 8 * 1024 * 1024}
+
+
+def init_ray(address: str | None = None, **kwargs) -> None:
+    """Start (or join) Ray the way replistream expects, if it is not running yet.
+
+    >>> init_ray(num_cpus=2)  # doctest: +SKIP
+    """
+    if ray.is_initialized():
+        return
+    opts = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
+    if address is None:
+        opts["_system_config"] = dict(RAY_SYSTEM_CONFIG)
+    else:
+        opts["address"] = address
+    opts.update(kwargs)
+    ray.init(**opts)
+
 
 # -- servers and placement ---------------------------------------------------------
 
@@ -615,12 +637,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     conditions = resolve_network(network, servers, seed)
     if on_malformed not in ("raise", "dead_letter"):
         raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
-    if not ray.is_initialized():
-        opts = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
-        if address is not None:
-            opts["address"] = address
-        opts.update(ray_init or {})
-        ray.init(**opts)
+    init_ray(address, **(ray_init or {}))
     channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                     "drop_after_s": drop_after_s}
     return Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,

@@ -14,13 +14,13 @@ from ray.cluster_utils import Cluster
 
 from replistream import Server
 from replistream.network import city
-from replistream.runtime import deploy
+from replistream.runtime import RAY_SYSTEM_CONFIG, deploy
 from replistream.testing import KillServer, as_multiset, run_reference
 from replistream.workloads import fig1_inputs, fig1_query
 
 
 def main(seed: int = 0) -> int:
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": RAY_SYSTEM_CONFIG})
     workers = [cluster.add_node(num_cpus=1) for _ in range(3)]
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     cluster.wait_for_nodes()
