@@ -136,3 +136,27 @@ def test_invalid_deployments_fail_before_any_actor_starts():
     bad.source("s", {"x": "i8"}).filter(lambda b: b["x"] > 0)
     with pytest.raises(rs.QueryError, match="no application"):
         deploy(bad, servers=2, k=1)
+
+
+def test_applications_deliver_to_callbacks_and_parquet(tmp_path):
+    import pyarrow.parquet as pq
+
+    q, data = small_fig1(seed=11, duration_s=20)
+    seen = []
+    with deploy(q, servers=3, k=2, parquet_dir=str(tmp_path), on_output={"alerts": seen.append}) as dep:
+        ref, res = check(dep, q, data)
+        files = ray_get_parquet_files(dep)
+    got = np.concatenate(seen)
+    assert_same_output(ref.outputs["alerts"], got)
+    assert files and all(f.startswith(str(tmp_path / "alerts")) for f in files)
+    table = pq.read_table(str(tmp_path / "alerts"))
+    assert table.num_rows == len(ref.outputs["alerts"])
+    assert sorted(table.column("id").to_pylist()) == sorted(ref.outputs["alerts"]["id"].tolist())
+    with pytest.raises(ValueError, match="not an application"):
+        deploy(q, servers=3, k=1, on_output={"nope": print})
+
+
+def ray_get_parquet_files(dep):
+    import ray
+
+    return ray.get(dep.sinks["alerts"].stats.remote())["parquet_files"]

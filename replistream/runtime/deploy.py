@@ -260,6 +260,8 @@ class Deployment:
         self._outputs: dict[str, list] = {n: [] for n in query.sinks}
         self._arrivals: dict[str, list] = {n: [] for n in query.sinks}
         self._punct: dict[str, int] = {n: int(np.iinfo(np.int64).min) for n in query.sinks}
+        self._callbacks: dict[str, list[Callable]] = {n: [] for n in query.sinks}
+        self._poll_lock = threading.Lock()
 
     def _register(self, label: str, server: str, handle) -> None:
         self.alive[label] = True
@@ -392,17 +394,32 @@ class Deployment:
             time.sleep(0.05)
         return False
 
+    def on_output(self, app: str, callback: Callable[[np.ndarray], None]) -> None:
+        """Call ``callback(batch)`` in the driver with every new batch application ``app`` receives.
+
+        Callbacks run while :meth:`run`/:meth:`wait` wait, or on each :meth:`poll`.
+
+        >>> dep.on_output("alerts", lambda batch: print(len(batch), "new alerts"))  # doctest: +SKIP
+        """
+        if app not in self._callbacks:
+            raise ValueError(f"{app!r} is not an application of query {self.query.name!r}; "
+                             f"applications: {self.query.sinks}")
+        self._callbacks[app].append(callback)
+
     def poll(self) -> None:
-        """Fetch newly delivered tuples from the applications."""
-        for node, h in self.sinks.items():
-            if not self.alive.get(node):
-                continue
-            data, arr, count, punct = ray.get(h.fetch.remote(self._fetched[node]))
-            if len(data):
-                self._outputs[node].append(data)
-                self._arrivals[node].append(arr)
-                self._fetched[node] += len(data)
-            self._punct[node] = punct
+        """Fetch newly delivered tuples from the applications (and run output callbacks)."""
+        with self._poll_lock:
+            for node, h in self.sinks.items():
+                if not self.alive.get(node):
+                    continue
+                data, arr, count, punct = ray.get(h.fetch.remote(self._fetched[node]))
+                if len(data):
+                    self._outputs[node].append(data)
+                    self._arrivals[node].append(arr)
+                    self._fetched[node] += len(data)
+                    for cb in self._callbacks[node]:
+                        cb(data)
+                self._punct[node] = punct
 
     def results(self, app: str) -> np.ndarray:
         """Tuples the application ``app`` received so far (in arrival order)."""
@@ -615,7 +632,8 @@ class Deployment:
 def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero", *, address: str | None = None,
            seed: int = 0, flush_ms: float = 2.0, max_batch: int = 10_000, max_inflight: int = 16,
            drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
-           parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None) -> Deployment:
+           parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None,
+           on_output: Mapping[str, Callable] | None = None) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, or :class:`~replistream.network.Server`
@@ -624,8 +642,11 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     points), or a callable ``(query, servers, k) -> mapping``. ``network``:
     ``"zero"`` (no emulated delay), ``"geo"`` (the built-in wide-area model),
     ``"geo-static"``, a trace CSV path, or a latency model. Starts Ray if it
-    is not running (``address=`` joins an existing cluster). Every error in
-    the request is raised before any actor starts.
+    is not running (``address=`` joins an existing cluster). Applications
+    deliver to memory (``Deployment.results``), to callbacks
+    (``on_output={app: fn}``, run in the driver) and, with ``parquet_dir``,
+    to Parquet files (``parquet_dir/<app>/*.parquet``). Every error in the
+    request is raised before any actor starts.
     """
     query.build()
     if int(k) < 1:
@@ -638,10 +659,16 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     if on_malformed not in ("raise", "dead_letter"):
         raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
     init_ray(address, **(ray_init or {}))
+    for app in on_output or {}:
+        if app not in query.sinks:
+            raise ValueError(f"on_output names {app!r}, not an application of query {query.name!r}")
     channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                     "drop_after_s": drop_after_s}
-    return Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
-                      parquet_dir, cluster)
+    dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
+                     parquet_dir, cluster)
+    for app, cb in (on_output or {}).items():
+        dep.on_output(app, cb)
+    return dep
 
 
 # -- helpers -----------------------------------------------------------------------------------
