@@ -24,3 +24,16 @@ def test_namespace_packages_import():
 
     assert replistream.gc.__name__ == "replistream.gc"
     assert "collect" not in dir(replistream.gc)  # not Python's built-in gc
+
+
+def test_every_subpackage_is_packaged():
+    """pyproject.toml lists packages explicitly; a new subpackage must be added there or the wheel lacks it."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {"replistream" + "".join("." + p for p in d.relative_to(root / "replistream").parts)
+               for d in (root / "replistream").rglob("*") if d.is_dir() and (d / "__init__.py").exists()}
+    on_disk |= {"replistream", "replistream.placement", "replistream.gc", "replistream.sim"}
+    assert on_disk <= listed, f"missing from pyproject.toml packages: {sorted(on_disk - listed)}"
