@@ -1,13 +1,14 @@
 """End-to-end throughput and per-replica CPU of the Ray runtime (a benchmark, not a test).
 
     python bench/runtime.py                  # full run, about 5 minutes
-    python bench/runtime.py --quick          # smaller inputs, about 1.5 minutes
+    python bench/runtime.py --quick          # smaller inputs, about 2 minutes
     python bench/runtime.py --json           # one JSON object on stdout
     python bench/runtime.py --only cpu       # just the CPU-by-replication table
     python bench/runtime.py --only keyed     # just the keyed-window throughput runs
 
 Everything runs on one local Ray instance started by this script
-(``ray.init(address="local", num_cpus=2, ...)``, reused by every run) with
+(``ray.init(address="local", num_cpus=2, ...)`` with replistream's
+``RAY_SYSTEM_CONFIG`` where the measured version has it; reused by every run) with
 zero emulated network delay (``deploy(..., network="zero")``). Each run
 deploys a fresh deployment and calls ``dep.shutdown()`` afterwards. Inputs
 are generated with a seeded numpy RNG before the deployment starts.
@@ -36,18 +37,31 @@ output is checked against an independent numpy computation.
 **2. CPU per replica by degree of replication** (Hwang Table I). Query:
 sources ``a, b, c, d {key: i8, x: f8}``; ``union(a, b)`` -> ``filter(x >= 0)``
 (passes everything, as in the paper) -> ``join`` with ``c`` on ``key``
-(window 5 ms, ~1 output per 15 inputs) -> application ``joined``; ``d`` ->
-``aggregate`` (count, 10 ms windows sliding every 1 ms, as in the paper)
--> application ``counts``. Each source emits ``--rate`` tuples/s (default
-7.5k, so 30k tuples/s in total) for ``--duration`` s, paced in real time
-(``pace=1.0``) in 50 ms chunks. For each k = 1..4 one deployment is made
-(4 servers, so placement uses the same server labels throughout); the script
-measures every actor's ``cpu_seconds`` (1) over an idle period of the same
-length as the input before feeding (the idle baseline: each actor has a
-sender thread polling every ~2 ms), and (2) from just before the feed until
-the run is over and every outbox is idle. "net" = run CPU minus the idle
-rate x the run's wall time. The table gives the mean per replica of each
-operator and the ratio to k=1.
+(1000 keys, window 5 ms, about 500 outputs/s at the default rate) -> application
+``joined``; ``d`` -> ``aggregate`` (count, 10 ms windows sliding every 1 ms,
+as in the paper) -> application ``counts``. Each source emits ``--rate``
+tuples/s (default 5k, so 20k tuples/s in total) for ``--duration`` s, paced
+in real time (``pace=1.0``) in ``--chunk-ms`` chunks (default 500 ms; the
+runtime's cost is mostly per packet: with 50 ms chunks at 30k tuples/s the
+deployments fell behind the input on two cores, k=4 taking 26 s to process
+3 s of input). For each k = 1..4 one deployment is
+made (4 servers, so placement uses the same server labels throughout); the
+script reads every actor's ``cpu_seconds`` (1) over an idle period as long as
+the input before feeding -- the idle baseline (an actor's sender thread
+costs CPU even without input; up to commit 5adbc9a it polled every ~2 ms) --
+and (2) from just before the feed until every
+application has END and every outbox is idle. "net" = run CPU minus the
+actor's idle rate x the run's wall time. The table gives the mean per
+replica of each operator and the ratio to k=1. Latency (reported, not a
+target) is measured from the release of the input chunk holding the output's
+timestamp (the feeder releases a chunk at its first timestamp).
+
+To measure a pinned version of replistream rather than a working tree that is
+being edited, put an export of it first on the path and run from outside the
+repository, e.g. ``git archive HEAD replistream | tar -x -C /tmp/rs && cd /tmp &&
+PYTHONPATH=/tmp/rs python /path/to/bench/runtime.py``; the JSON reports which
+copy the driver (``replistream``) and the Ray workers (``replistream_in_workers``)
+imported.
 
 Noise: the figures are wall-clock and CPU measurements on a small machine;
 ``/proc/stat`` is sampled around every run and the JSON reports how busy
@@ -389,13 +403,14 @@ def print_report(out: dict) -> None:
             print(f"  {d[0]}: {d[1]}")
     if out.get("cpu"):
         print(f"\n2. CPU seconds per replica, paced input {out['meta']['rate_total']:,.0f} tuples/s for "
-              f"{out['meta']['duration']:g} s (raw / net of idle baseline; ratio to k=1)")
+              f"{out['meta']['duration']:g} s in {out['meta']['chunk_ms']} ms chunks "
+              f"(raw / net of idle baseline; ratio to k=1)")
         ks = sorted({r['k'] for r in out["cpu"] if "ops" in r})
         print(f"{'operator':<10} " + " ".join(f"{'k=' + str(k):>26}" for k in ks))
         for line in out["cpu_table"]:
             cells = []
             for k in ks:
-                c = line["by_k"].get(k)
+                c = line["by_k"].get(k) or line["by_k"].get(str(k))  # str keys after a JSON round trip
                 cells.append("-" if c is None else
                              f"{c['raw_s']:.2f}/{c['net_s']:.2f} ({f2(c.get('raw_ratio'))}x/{f2(c.get('net_ratio'))}x)")
             print(f"{line['operator']:<10} " + " ".join(f"{c:>26}" for c in cells))
@@ -411,7 +426,7 @@ def print_report(out: dict) -> None:
                       f"CPU during run: actors {r['actors_cpu_run_s']:.1f} s, Ray daemons "
                       f"{f2(r['ray_daemons_cpu_run_s'], '.1f')} s, driver {r['driver_cpu_run_s']:.1f} s; machine busy "
                       f"{r['machine_busy_cores_idle']:.2f} cores idle / {r['machine_busy_cores_run']:.2f} run; "
-                      f"delivered {r['delivered']}; latency ms {lat}{'' if r['ok'] else ' INCOMPLETE'}")
+                      f"delivered {r['delivered']}; latency ms since chunk release {lat}{'' if r['ok'] else ' INCOMPLETE'}")
     print("\nTargets:")
     for g in out["targets"]:
         print("  " + g["text"])
@@ -419,7 +434,7 @@ def print_report(out: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smaller inputs (about 1.5 minutes)")
+    ap.add_argument("--quick", action="store_true", help="smaller inputs (about 2 minutes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ap.add_argument("--only", choices=["keyed", "fig1", "cpu"], action="append",
                     help="run only these parts (repeatable)")
@@ -428,17 +443,18 @@ def main(argv=None) -> int:
     ap.add_argument("--keyed-n", type=int, default=None, help="events in the keyed-window run (default 2M; quick 500k)")
     ap.add_argument("--fig1-servers", type=int, default=10)
     ap.add_argument("--fig1-steps", type=int, default=None,
-                    help="readings per source (default 10000 = 200k tuples; quick 2500)")
-    ap.add_argument("--fig1-rows", type=int, default=500, help="rows per Fig. 1 input chunk (see the docstring)")
+                    help="readings per source (default 10000 = 200k tuples; quick 1000)")
+    ap.add_argument("--fig1-rows", type=int, default=500, help="rows per Fig. 1 input chunk (see the docstring; 10000 makes the Join "
+                         "materialise ~1e8 candidate pairs, several GB, per chunk and replica)")
     ap.add_argument("--rate", type=float, default=5000.0, help="tuples/s per source in the CPU runs (4 sources)")
     ap.add_argument("--chunk-ms", type=int, default=500, help="event-time span of one input chunk in the CPU runs")
-    ap.add_argument("--duration", type=float, default=None, help="seconds of paced input (default 10; quick 4)")
+    ap.add_argument("--duration", type=float, default=None, help="seconds of paced input (default 10; quick 3)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per throughput run")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args(argv)
     keyed_n = args.keyed_n or (500_000 if args.quick else 2_000_000)
-    fig1_steps = args.fig1_steps or (2_500 if args.quick else 10_000)
-    duration = args.duration or (4.0 if args.quick else 10.0)
+    fig1_steps = args.fig1_steps or (1_000 if args.quick else 10_000)
+    duration = args.duration or (3.0 if args.quick else 10.0)
     parts = set(args.only or ["keyed", "fig1", "cpu"])
     ks = [int(x) for x in args.ks.split(",")]
     cpu_ks = [int(x) for x in args.cpu_ks.split(",")]
@@ -447,8 +463,27 @@ def main(argv=None) -> int:
     import ray
 
     os.environ.pop("RAY_ADDRESS", None)  # always a fresh local instance, never someone else's cluster
+    # Ray prints raylet warnings (e.g. "N PYTHON worker processes have been started") on stdout even with
+    # log_to_driver=False: send fd 1 to stderr while Ray runs, so stdout holds only the report / the JSON.
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
     t_all = time.time()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:  # the Ray settings replistream starts Ray with (packets inline in calls), where this version has them
+        from replistream.runtime import RAY_SYSTEM_CONFIG
+        sysconf = {"_system_config": dict(RAY_SYSTEM_CONFIG)}
+        sysconf_recorded = dict(RAY_SYSTEM_CONFIG)
+    except ImportError:
+        sysconf, sysconf_recorded = {}, None
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             **sysconf)
+
+    @ray.remote(num_cpus=0)
+    def _where() -> str:
+        import replistream as _r
+        return os.path.dirname(os.path.abspath(_r.__file__))
+
+    worker_pkg = ray.get(_where.remote())
     thr, cpu_rows = [], []
     try:
         for name, make in (("keyed", lambda: keyed_workload(keyed_n, 1000, args.seed)),
@@ -471,6 +506,9 @@ def main(argv=None) -> int:
                     cpu_rows.append({"k": k, "ok": False, "error": f"{type(e).__name__}: {e}"})
     finally:
         ray.shutdown()
+        sys.stdout.flush()
+        os.dup2(real_stdout, 1)
+        os.close(real_stdout)
 
     targets = []
     kr = next((r for r in thr if r["workload"] == "keyed" and r["k"] == 1), None)
@@ -492,7 +530,7 @@ def main(argv=None) -> int:
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "bench/runtime.py"] + (sys.argv[1:] if argv is None else list(argv))),
         "wall_s": time.time() - t_all, "machine": machine(), "replistream": code_version(),
-        "ray": ray.__version__,
+        "ray": ray.__version__, "ray_system_config": sysconf_recorded, "replistream_in_workers": worker_pkg,
         "meta": {"keyed_n": keyed_n, "fig1_servers": args.fig1_servers, "fig1_steps": fig1_steps,
                  "fig1_rows": args.fig1_rows, "rate_per_source": args.rate, "rate_total": 4 * args.rate,
                  "duration": duration, "chunk_ms": args.chunk_ms, "servers": SERVERS, "seed": args.seed},
