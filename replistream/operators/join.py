@@ -161,15 +161,16 @@ class JoinLogic(OperatorLogic):
             pi = np.repeat(np.arange(len(batch)), cnt)
             starts = np.repeat(lo - np.cumsum(cnt) + cnt, cnt)
             oi = starts + np.arange(total)
-            mine, theirs = batch[pi], chunk[oi]
-            ok = np.abs(mine[TS] - theirs[TS]) < w
+            # test the window (and exact key equality, guarding hash collisions and NaN)
+            # on index arrays first; copy whole rows only for pairs that match
+            ok = np.abs(ts[pi] - chunk[TS][oi]) < w
             if self.keys[0] is not None:
-                # exact key equality (guards hash collisions and NaN keys)
                 for a, b in zip(self.keys[port], self.keys[1 - port]):
-                    ok &= mine[a] == theirs[b]
+                    ok &= batch[a][pi] == chunk[b][oi]
+            if not ok.any():
+                continue
+            mine, theirs = batch[pi[ok]], chunk[oi[ok]]
             left, right = (mine, theirs) if port == 0 else (theirs, mine)
-            if not ok.all():
-                left, right = left[ok], right[ok]
             if self.predicate is not None and len(left):
                 m = np.asarray(self.predicate(left, right))
                 if m.shape != (len(left),) or m.dtype != np.bool_:

@@ -244,6 +244,8 @@ class SinkActor(_Base):
         self.schema = query.schema_of(node)
         self.batches: list[np.ndarray] = []
         self.arrivals: list[np.ndarray] = []
+        self._fetch_batch = 0  # first batch not yet fully fetched, and the position it starts at
+        self._fetch_pos = 0
         self.punctuation = int(np.iinfo(np.int64).min)
         self.count = 0
         self.parquet_dir = parquet_dir
@@ -280,15 +282,23 @@ class SinkActor(_Base):
         self.parquet_files.append(path)
 
     def fetch(self, start: int = 0) -> tuple[np.ndarray, np.ndarray, int, int]:
-        """Delivered tuples from position ``start`` on: (tuples, arrival times, count, punctuation)."""
+        """Delivered tuples from position ``start`` on: (tuples, arrival times, count, punctuation).
+
+        Only batches not yet fetched are concatenated, so polling stays cheap as output grows."""
         with self.lock:
-            if self.batches:
-                data = np.concatenate(self.batches)
-                arr = np.concatenate(self.arrivals)
-                self.batches, self.arrivals = [data], [arr]
+            if start < self._fetch_pos:  # a reader starting over
+                self._fetch_pos, self._fetch_batch = 0, 0
+            i, pos = self._fetch_batch, self._fetch_pos
+            while i < len(self.batches) and pos + len(self.batches[i]) <= start:
+                pos += len(self.batches[i])
+                i += 1
+            self._fetch_batch, self._fetch_pos = i, pos
+            parts, arrs = self.batches[i:], self.arrivals[i:]
+            if parts:
+                data, arr = np.concatenate(parts)[start - pos:], np.concatenate(arrs)[start - pos:]
             else:
                 data, arr = self.schema.empty(), np.zeros(0)
-            return data[start:], arr[start:], self.count, self.punctuation
+            return data, arr, self.count, self.punctuation
 
     def wait_done(self, timeout: float) -> bool:
         return self.done.wait(timeout)

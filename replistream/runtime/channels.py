@@ -216,14 +216,17 @@ class Outbox:
                 if link.queue:
                     wait = max(0.0, link.queue[0][0] - now) if len(link.inflight) < self.max_inflight else 0.002
                     next_due = wait if next_due is None else min(next_due, wait)
-            refs = [c for l in self.links if l.alive for c, _, _ in l.inflight]
-            if refs:
+            if any(l.inflight for l in self.links if l.alive):
                 next_due = 0.002 if next_due is None else min(next_due, 0.002)
-        if refs:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            if ready:
-                self._collect(set(ready))
         return next_due
+
+    def inflight_refs(self) -> list:
+        with self.lock:
+            return [c for l in self.links if l.alive for c, _, _ in l.inflight]
+
+    def collect(self, ready: set) -> None:
+        """Take the acknowledgements of completed calls (``ready``: ObjectRefs)."""
+        self._collect(ready)
 
     def _collect(self, ready: set) -> None:
         with self.lock:
@@ -300,7 +303,8 @@ class Sender(threading.Thread):
     def run(self) -> None:
         while not self.stopped:
             wait = None
-            for ob in list(self.outboxes):
+            outboxes = list(self.outboxes)
+            for ob in outboxes:
                 try:
                     w = ob.service()
                 except Exception:  # never let the sender thread die silently
@@ -310,6 +314,14 @@ class Sender(threading.Thread):
                     w = 0.01
                 if w is not None:
                     wait = w if wait is None else min(wait, w)
+            # one ray.wait per tick across every output stream of the actor
+            refs = [r for ob in outboxes for r in ob.inflight_refs()]
+            if refs:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                if ready:
+                    ready = set(ready)
+                    for ob in outboxes:
+                        ob.collect(ready)
             # idle: sleep until emit() wakes us (bounded, to notice stop); busy: until the next deadline
             self.wake.wait(0.25 if wait is None else max(0.0005, wait))
             self.wake.clear()
