@@ -7,8 +7,7 @@ holds one output stream of one actor:
 * ``emit(items)`` appends the operator's outputs to a pending packet;
 * the packet is flushed at a size bound (``max_batch`` tuples), a time bound
   (``flush_ms``), and before every punctuation (DESIGN.md decision 3). A flush
-  serialises the packet once (``ray.put``) and queues the reference on every
-  link;
+  queues the packet on every link;
 * each link delivers packets in order, no earlier than
   ``sent + latency(a, b, sent)`` of the emulated network (decision 5);
 * a link with more than ``max_inflight`` packets sent but not yet processed
@@ -53,7 +52,7 @@ class Link:
     port: int
     channel: int  # index of this stream replica at the receiver's port
     alive: bool = True
-    queue: deque = field(default_factory=deque)  # (due wall time, packet ref, sent wall time, tuples)
+    queue: deque = field(default_factory=deque)  # (due wall time, packet, sent wall time, tuples)
     inflight: deque = field(default_factory=deque)  # (ObjectRef of push, sent time, tuples)
     last_due: float = 0.0
     acked: int = NO_ACK
@@ -147,11 +146,10 @@ class Outbox:
         # the object store is owned by this actor, and a receiver that still has
         # calls carrying objects of a dead owner stalls about a second per object
         # (measured on Ray 2.60). Inlined arguments (see RAY_SYSTEM_CONFIG) do not.
-        ref = packet
         for link in live:
             due = self._due(link, now)
             link.last_due = due
-            link.queue.append((due, ref, now, tuples))
+            link.queue.append((due, packet, now, tuples))
             if len(link.queue) > self.max_queued:
                 self._drop_locked(link, f"network queue over {self.max_queued} packets (link cut or far too slow)")
         self.lock.notify_all()
@@ -201,9 +199,9 @@ class Outbox:
                 if not link.alive:
                     continue
                 while link.queue and link.queue[0][0] <= now and len(link.inflight) < self.max_inflight:
-                    due, ref, sent, tuples = link.queue.popleft()
+                    due, packet, sent, tuples = link.queue.popleft()
                     try:
-                        call = link.handle.push.remote(link.port, link.channel, ref)
+                        call = link.handle.push.remote(link.port, link.channel, packet)
                     except Exception as e:  # handle of a dead actor
                         self._drop_locked(link, f"send failed: {type(e).__name__}")
                         break
