@@ -65,14 +65,9 @@ def _demo_inprocess(args) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        from rich.table import Table
-
-        table = Table(title="Fig. 1 query: replicated run vs. ideal run")
-        table.add_column("what")
-        table.add_column("value", justify="right")
-        for key in ("inputs", "reference_outputs", "outputs", "lost", "duplicates", "unexpected",
-                    "matches_reference", "complete", "dead_letters", "delivery_steps", "seconds"):
-            table.add_row(key, str(summary[key]))
+        table = _summary_table("Fig. 1 query: replicated run vs. ideal run", summary,
+                               ("inputs", "reference_outputs", "outputs", "lost", "duplicates", "unexpected",
+                                "matches_reference", "complete", "dead_letters", "delivery_steps", "seconds"))
         table.add_row("crashed replicas", ", ".join(summary["crashed_replicas"]) or "none")
         table.add_row("filter weights at 'alerts'", " ".join(f"{w:g}" for w in summary["stream_replica_weights"]))
         progress.print(table)
@@ -80,6 +75,18 @@ def _demo_inprocess(args) -> int:
             first = got[np.argsort(got["ts"])][:3]
             progress.print("first alerts (ts in µs):", first[["ts", "server", "cpu", "dst", "rtt_ms"]].tolist())
     return 0 if summary["matches_reference"] and summary["complete"] else 1
+
+
+def _summary_table(title: str, summary: dict, keys: tuple):
+    """A two-column rich table of ``summary[key]`` for ``keys``; callers add further rows."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for key in keys:
+        table.add_row(key, str(summary[key]))
+    return table
 
 
 def _compare(expected: np.ndarray, got: np.ndarray) -> dict:
@@ -176,14 +183,10 @@ def _demo_ray(args) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        from rich.table import Table
-
-        table = Table(title="Fig. 1 query on Ray: replicated run vs. ideal run")
-        table.add_column("what")
-        table.add_column("value", justify="right")
-        for key in ("reference_outputs", "outputs", "lost", "duplicates", "unexpected", "matches_reference",
-                    "complete", "dead_letters", "failure_at_s", "dropped_stream_replicas", "seconds"):
-            table.add_row(key, str(summary[key]))
+        table = _summary_table("Fig. 1 query on Ray: replicated run vs. ideal run", summary,
+                               ("reference_outputs", "outputs", "lost", "duplicates", "unexpected",
+                                "matches_reference", "complete", "dead_letters", "failure_at_s",
+                                "dropped_stream_replicas", "seconds"))
         for phase in ("before_failure", "after_failure"):
             p = summary["latency_ms"][phase]
             table.add_row(f"latency {phase.replace('_', ' ')} (ms)",
