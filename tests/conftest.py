@@ -21,3 +21,13 @@ def ray_session():
 @pytest.fixture(scope="session")
 def repo_root():
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def spark(ray_session):
+    """One Spark-on-Ray session (RayDP) shared by every Spark test; started on first use."""
+    from replistream.spark import spark_session, stop_spark
+
+    session = spark_session(app_name="replistream-tests")
+    yield session
+    stop_spark()

@@ -26,6 +26,7 @@ rest of the stream keeps flowing.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -34,6 +35,46 @@ from ..errors import DeadLetter, PunctuationViolation, SchemaError
 from ..ids import mix, stable_hash
 from ..schema import END, ID, TS, Punctuation, Schema
 from .base import NO_PUNCTUATION, Item
+
+
+@dataclass
+class SourceBatch:
+    """A chunk of source rows converted elsewhere (e.g. from a Spark DataFrame).
+
+    ``data`` holds the rows that could be read, in input order, in the
+    source's dtype (``id`` is ignored: the entry point assigns it).
+    ``positions`` gives each good row's position among all ``n`` rows of the
+    chunk (``None``: rows ``0..n-1``, nothing rejected); ``rejected`` lists
+    ``(position, reason, record)`` for the rows that could not be read. The
+    entry point dead-letters those with their reason and counts them, and ids
+    follow positions, so a rejected row still consumes its sequence number:
+    ids do not depend on which rows were bad.
+
+    >>> s = Schema({"x": "i8"})
+    >>> good = s.from_columns({"ts": [5], "x": [7]})
+    >>> e = EntryLogic("src", s)
+    >>> out = e.push(SourceBatch(good, n=2, positions=np.array([1]),
+    ...                          rejected=[(0, "column 'x' is null", {"ts": 4, "x": None})]))
+    >>> len(out[0]), e.malformed_count, e.dead_letters[0].reason
+    (1, 1, "malformed: column 'x' is null")
+    """
+
+    data: np.ndarray
+    n: int | None = None
+    positions: np.ndarray | None = None
+    rejected: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.n is None:
+            self.n = len(self.data)
+        if self.positions is None and len(self.data) != self.n:
+            raise ValueError(f"SourceBatch: {len(self.data)} good rows of {self.n} need their positions")
+        if len(self.data) + len(self.rejected) != self.n:
+            raise ValueError(f"SourceBatch: {len(self.data)} good + {len(self.rejected)} rejected rows "
+                             f"!= n={self.n}")
+
+    def __len__(self) -> int:
+        return self.n
 
 
 class EntryLogic:
@@ -138,6 +179,8 @@ class EntryLogic:
     # -- records -> batch ---------------------------------------------------
     def _to_batch(self, data: Any) -> np.ndarray | None:
         where = f"source {self.name!r}"
+        if isinstance(data, SourceBatch):
+            return self._source_batch(data, where)
         try:
             batch = self._convert(data, where)
         except SchemaError:
@@ -161,6 +204,25 @@ class EntryLogic:
             return self.schema.from_records(data, where)
         raise SchemaError(f"{where}: cannot read {type(data).__name__}; give records (dicts), a mapping of "
                           "columns, a structured array or a Punctuation")
+
+    def _source_batch(self, sb: SourceBatch, where: str) -> np.ndarray:
+        if sb.data.dtype != self.schema.dtype:
+            batch = self._convert(sb.data, where)
+        else:
+            batch = sb.data.copy()  # arrays from Ray's object store are read-only
+        pos = np.arange(len(batch), dtype=np.uint64) if sb.positions is None else \
+            np.asarray(sb.positions, dtype=np.uint64)
+        batch[ID] = mix(self._salt, np.uint64(self.seq) + pos)
+        by_reason: dict[str, list] = {}
+        for _, reason, record in sb.rejected:
+            by_reason.setdefault(reason, []).append(record)
+        for reason, records in by_reason.items():
+            bad = np.empty(len(records), dtype=object)
+            bad[:] = records
+            self.malformed_count += len(records)
+            self.dead_letters.append(DeadLetter(where, f"malformed: {reason}", bad))
+        self.seq += int(sb.n)
+        return batch
 
     def _convert_one_by_one(self, records: list, where: str) -> np.ndarray:
         good, ids = [], []

@@ -15,6 +15,7 @@ for the applications to receive the end of every stream.
 from __future__ import annotations
 
 import heapq
+import math
 import json
 import threading
 import time
@@ -209,6 +210,7 @@ class Deployment:
         self.cluster = cluster
         self.t0 = time.time()
         self.speed: float | None = None
+        self.ts0 = 0.0  # timestamp replayed at t0 when paced
         self.events: list[dict] = []
         self.fed: list[tuple[float, str, int]] = []  # (time since start, source, chunk number) per chunk sent
         self._lock = threading.Lock()
@@ -281,15 +283,27 @@ class Deployment:
         """Start feeding ``inputs`` (``{source: iterable of chunks or records}``) in a background thread.
 
         With ``pace=s`` a tuple with timestamp ``ts`` is released at wall time
-        ``t0 + ts / (1e6 * s)`` (``s=1``: real time); without it, as fast as
-        the entry points take it. Records without ``ts`` are stamped by the
-        feeder's clock (one clock for every entry replica).
+        ``t0 + (ts - ts0) / (1e6 * s)`` (``s=1``: real time), where ``ts0`` is
+        the earliest first timestamp over the sources (so epoch timestamps
+        replay from now); without it, as fast as the entry points take it.
+        Records without ``ts`` are stamped by the feeder's clock (one clock
+        for every entry replica).
+
+        An input may also be a source object with a ``bind(source, schema)``
+        method, e.g. :class:`replistream.spark.SparkSource`: it is checked
+        against the source's schema before anything is sent (a mismatch
+        raises :class:`~replistream.errors.SchemaError` here) and then yields
+        :class:`ChunkRef` s, chunks already in Ray's object store, which go
+        to the entry points without passing through the driver.
         """
         unknown = set(inputs) - set(self.query.sources)
         if unknown:
             raise QueryError(f"inputs given for unknown source(s) {sorted(unknown)}; sources are {self.query.sources}")
         if pace is not None and pace <= 0:
             raise ValueError(f"pace must be > 0, got {pace}")
+        for src, data in inputs.items():
+            if hasattr(data, "bind"):
+                data.bind(src, self.query.schema_of(src))
         self.speed = pace
         self.t0 = time.time() + 0.05
         _get_quietly([h.set_start.remote(self.t0) for l, h in self.handles.items() if self.alive.get(l)])
@@ -324,6 +338,8 @@ class Deployment:
 
         for s in self.query.sources:
             advance(s)
+        firsts = [t for t, *_ in heap if math.isfinite(t)]
+        self.ts0 = min(firsts) if firsts else 0.0
         inflight: dict[int, list] = {i: [] for i in range(len(self.entries))}
         while heap:
             t, is_end, _, src, chunk = heapq.heappop(heap)
@@ -335,7 +351,7 @@ class Deployment:
                 advance(src)
                 continue
             if pace is not None and not is_end and t != float("-inf"):
-                delay = self.t0 + t / (1e6 * pace) - time.time()
+                delay = self.t0 + (t - self.ts0) / (1e6 * pace) - time.time()
                 if delay > 0:
                     time.sleep(delay)
             if chunk is not None and _needs_stamp(chunk):
@@ -350,7 +366,10 @@ class Deployment:
     def _send_chunk(self, src, seq, chunk, inflight) -> None:
         self.fed.append((time.time() - self.t0, src, seq))
         sent = False
-        ref = ray.put(chunk) if chunk is not None else None
+        if isinstance(chunk, ChunkRef):
+            ref = chunk.ref  # already in the object store: the driver never holds the rows
+        else:
+            ref = ray.put(chunk) if chunk is not None else None
         for i, h in enumerate(self.entries):
             label = f"entry#{i}"
             if not self.alive.get(label):
@@ -431,12 +450,12 @@ class Deployment:
         """(arrival time in s since start, end-to-end latency in ms) per delivered tuple.
 
         Latency = arrival time minus the tuple's timestamp mapped to wall time
-        (``t0 + ts / (1e6 * pace)``); meaningful for paced runs.
+        (``t0 + (ts - ts0) / (1e6 * pace)``); meaningful for paced runs.
         """
         data = self.results(app)
         arr = np.concatenate(self._arrivals[app]) if self._arrivals[app] else np.zeros(0)
         speed = self.speed or 1.0
-        lat = (arr - (self.t0 + data[TS] / (1e6 * speed))) * 1000.0
+        lat = (arr - (self.t0 + (data[TS] - self.ts0) / (1e6 * speed))) * 1000.0
         return arr - self.t0, lat
 
     def run(self, inputs: Mapping[str, Iterable], pace: float | None = None, timeout: float = 600.0,
@@ -673,7 +692,29 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
 
 # -- helpers -----------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class ChunkRef:
+    """A source chunk already in Ray's object store, with what the feeder needs to know.
+
+    Sources that produce their data inside the cluster (e.g.
+    :class:`replistream.spark.SparkSource`) yield these: the feeder hands
+    ``ref`` to every entry point replica and uses ``n``/``tmin``/``tmax``
+    (event-time bounds, microseconds) to merge sources and to pace the
+    replay, so the rows never pass through the driver.
+
+    >>> ChunkRef(ref=None, n=3, tmin=10, tmax=42).tmin
+    10
+    """
+
+    ref: Any
+    n: int
+    tmin: int
+    tmax: int
+
+
 def _chunk_time(chunk) -> float:
+    if isinstance(chunk, ChunkRef):
+        return float(chunk.tmin) if chunk.n and chunk.tmin is not None else float("-inf")
     if isinstance(chunk, Punctuation):
         return float(chunk.p)
     try:

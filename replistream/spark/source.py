@@ -1,0 +1,463 @@
+"""Spark DataFrames as replistream sources.
+
+:class:`SparkSource` replays a DataFrame from any reader (Parquet, CSV, JSON,
+a table) into a source's entry points; :class:`SparkStreamSource` feeds them
+continuously from a Structured Streaming DataFrame, one micro-batch at a
+time. Either way the rows go Spark -> RayDP -> Ray's object store -> a Ray
+task that converts them (:mod:`replistream.spark.convert`) -> the entry point
+replicas; the driver only sees object references and per-chunk counts.
+
+The user names the event-time column and the payload columns. Their Spark
+types are checked before the stream starts (a missing column, a string event
+time or a column of the wrong type raises :class:`~replistream.errors.SchemaError`
+naming the column); what can only be seen in the data (a null, an integer
+out of range, a string longer than its declared width) is dead-lettered by
+the entry points with a count per reason.
+
+>>> spark = spark_session()                                         # doctest: +SKIP
+>>> df = spark.read.parquet("readings/")                            # doctest: +SKIP
+>>> src = SparkSource(df, time="event_time", columns=["server", "cpu"])   # doctest: +SKIP
+>>> q = Query("q"); s = src.declare(q, "load", punctuate_every=seconds(1), max_disorder=seconds(2))  # doctest: +SKIP
+>>> dep.run({"load": src})                                          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import re
+import tempfile
+import threading
+import warnings
+from collections import deque
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import SchemaError
+from ..schema import ID, RESERVED, TS, Punctuation, Schema
+from .convert import TIME_UNITS, ConversionPlan, convert_table
+
+_INT_BITS = {"ByteType": 8, "ShortType": 16, "IntegerType": 32, "LongType": 64}
+_DEFAULT_DTYPE = {"ByteType": "i1", "ShortType": "i2", "IntegerType": "i4", "LongType": "i8",
+                  "FloatType": "f4", "DoubleType": "f8", "BooleanType": "?",
+                  "TimestampType": "i8", "TimestampNTZType": "i8", "DateType": "i4"}
+
+
+def _tname(dt) -> str:
+    return type(dt).__name__
+
+
+def _compatible(dt, dtype: np.dtype) -> bool:
+    """Can a Spark column of type ``dt`` fill a field of numpy ``dtype`` (row checks aside)?"""
+    t = _tname(dt)
+    k = dtype.kind
+    if k in "iu":
+        return t in _INT_BITS or (t in ("TimestampType", "TimestampNTZType", "DateType") and dtype.itemsize >= 4)
+    if k == "f":
+        return t in _INT_BITS or t in ("FloatType", "DoubleType")
+    if k == "b":
+        return t == "BooleanType"
+    if k in "US":
+        return t in ("StringType", "VarcharType", "CharType")
+    if k == "O":
+        return t in ("StringType", "VarcharType", "CharType")
+    return False
+
+
+def _convert_block_task():
+    """The Ray task converting one Arrow block (defined lazily so importing needs no Ray)."""
+    import ray
+
+    @ray.remote(num_cpus=0, max_retries=3)
+    def convert_block(table, plan: ConversionPlan, chunk_size: int):
+        for meta, batch in convert_table(table, plan, chunk_size):
+            yield meta
+            yield batch
+
+    return convert_block
+
+
+_TASK = None
+
+
+def _task():
+    global _TASK
+    if _TASK is None:
+        _TASK = _convert_block_task()
+    return _TASK
+
+
+@contextlib.contextmanager
+def _quiet_raydp():
+    """RayDP reads ``DataFrame.sql_ctx``, which PySpark 3.5 warns about on every call."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*sql_ctx.*", category=UserWarning)
+        yield
+
+
+class _SparkInput:
+    """What the batch and the streaming source share: column choice, type checks, conversion."""
+
+    def __init__(self, df, time: str, columns: Sequence[str] | Mapping[str, str] | None, time_unit: str,
+                 chunk_size: int, string_width: int, on_bad_rows: str):
+        if on_bad_rows not in ("dead_letter", "raise"):
+            raise ValueError(f"on_bad_rows must be 'dead_letter' or 'raise', got {on_bad_rows!r}")
+        if time_unit not in TIME_UNITS:
+            raise ValueError(f"time_unit must be one of {sorted(TIME_UNITS)}, got {time_unit!r}")
+        if int(chunk_size) < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if int(string_width) < 1:
+            raise ValueError(f"string_width must be >= 1, got {string_width}")
+        self.df = df
+        self.time = time
+        self.time_unit = time_unit
+        self.chunk_size = int(chunk_size)
+        self.string_width = int(string_width)
+        self.on_bad_rows = on_bad_rows
+        types = {f.name: f.dataType for f in df.schema.fields}
+        self._types = types
+        if time not in types:
+            raise SchemaError(f"event-time column {time!r} is not in the DataFrame; its columns are "
+                              f"{list(types)}")
+        tk = _tname(types[time])
+        if tk in ("TimestampType", "TimestampNTZType"):
+            self.time_kind = "timestamp"
+        elif tk == "DateType":
+            self.time_kind = "date"
+        elif tk in _INT_BITS:
+            self.time_kind = "int"
+        elif tk in ("FloatType", "DoubleType"):
+            self.time_kind = "float"
+        else:
+            raise SchemaError(f"event-time column {time!r} has Spark type {types[time].simpleString()}; it must "
+                              f"be a timestamp, date or numeric column (e.g. F.to_timestamp({time!r}) in Spark)")
+        if columns is None:
+            columns = [c for c in types if c != time]
+        if isinstance(columns, Mapping):
+            pairs = [(str(f), str(c)) for f, c in columns.items()]
+        else:
+            pairs = [(str(c), str(c)) for c in columns]
+        missing = [c for _, c in pairs if c not in types]
+        if missing:
+            raise SchemaError(f"column(s) {missing} not in the DataFrame; its columns are {list(types)}")
+        for f, c in pairs:
+            if f in RESERVED:
+                raise SchemaError(f"column {c!r} would become field {f!r}, which is reserved (every stream has "
+                                  f"'ts' and 'id'); rename it: columns={{'{f}_': '{c}'}}")
+            if not f.isidentifier():
+                raise SchemaError(f"column {c!r}: field name {f!r} is not an identifier; "
+                                  "rename it with columns={field: column}")
+        self.pairs = pairs
+        self._bound: tuple[str, Schema] | None = None
+        self.stats = {"rows": 0, "chunks": 0, "rejected": {}}
+
+    # -- schema ---------------------------------------------------------------------------
+    def schema(self) -> Schema:
+        """The source schema these columns give (Spark type -> numpy dtype; strings get ``string_width``)."""
+        fields = []
+        for f, c in self.pairs:
+            dt = self._types[c]
+            t = _tname(dt)
+            if t in ("StringType", "VarcharType", "CharType"):
+                fields.append((f, f"U{self.string_width}"))
+            elif t in _DEFAULT_DTYPE:
+                fields.append((f, _DEFAULT_DTYPE[t]))
+            else:
+                raise SchemaError(f"column {c!r} has Spark type {dt.simpleString()}, which replistream cannot "
+                                  "carry; cast or drop it in Spark")
+        return Schema(fields)
+
+    def declare(self, query, name: str, punctuate_every: int | None = None, max_disorder: int = 0):
+        """Declare source ``name`` in ``query`` with this DataFrame's schema; returns the stream.
+
+        ``max_disorder`` (microseconds) is the declared bound on disorder:
+        rows later than it are counted and dead-lettered by the entry points.
+        """
+        return query.source(name, self.schema(), punctuate_every=punctuate_every, max_disorder=max_disorder)
+
+    def bind(self, source: str, schema: Schema) -> None:
+        """Check the columns against the schema of ``source`` (called by ``Deployment.feed``)."""
+        names = [f for f, _ in self.pairs]
+        extra = [f for f in names if f not in schema.names]
+        lacking = [f for f in schema.names if f not in names]
+        if lacking:
+            raise SchemaError(f"source {source!r} needs field(s) {lacking} but the Spark source gives {names}; "
+                              "name them with columns=[...] or columns={field: column}")
+        if extra:
+            raise SchemaError(f"source {source!r} has no field(s) {extra}; its schema is {list(schema.names)}")
+        for f, c in self.pairs:
+            dt = self._types[c]
+            if not _compatible(dt, schema[f]):
+                raise SchemaError(f"source {source!r}: column {c!r} has Spark type {dt.simpleString()} but field "
+                                  f"{f!r} is {schema[f]}; cast it in Spark (F.col({c!r}).cast(...))")
+        self._bound = (source, schema)
+
+    def _plan(self) -> ConversionPlan:
+        if self._bound is None:
+            self.bind("<spark>", self.schema())
+        source, schema = self._bound
+        return ConversionPlan(source, TS, self.time_kind, TIME_UNITS[self.time_unit], schema,
+                              tuple((f, f) for f, _ in self.pairs), self.on_bad_rows)
+
+    def _select(self, df):
+        from pyspark.sql import functions as F
+
+        return df.select(F.col(self.time).alias(TS), *[F.col(c).alias(f) for f, c in self.pairs])
+
+    def _account(self, meta: dict) -> None:
+        self.stats["rows"] += meta["n"]
+        self.stats["chunks"] += 1
+        for r, c in meta["rejected"].items():
+            self.stats["rejected"][r] = self.stats["rejected"].get(r, 0) + c
+
+    def _chunks_of(self, prepared, plan: ConversionPlan, prefetch: int) -> Iterator:
+        """ChunkRefs for a prepared DataFrame: RayDP blocks, converted by Ray tasks, in order."""
+        import ray
+        from raydp.spark import from_spark_recoverable, release_spark_recoverable
+
+        from ..runtime.deploy import ChunkRef
+
+        with _quiet_raydp():
+            ds = from_spark_recoverable(prepared)
+        try:
+            blocks = ds.to_arrow_refs()
+            task = _task()
+            pending: deque = deque()
+            it = iter(blocks)
+            for block in it:
+                pending.append(task.options(num_returns="streaming").remote(block, plan, self.chunk_size))
+                if len(pending) >= prefetch:
+                    break
+            while pending:
+                gen = pending.popleft()
+                for meta_ref in gen:
+                    meta = ray.get(meta_ref)
+                    data_ref = next(gen)
+                    self._account(meta)
+                    yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.append(task.options(num_returns="streaming").remote(nxt, plan, self.chunk_size))
+        finally:
+            with _quiet_raydp():
+                release_spark_recoverable(prepared)
+
+    def rows(self) -> list:
+        """The chunks this source delivers, fetched to the driver (for reference runs and tests only)."""
+        import ray
+
+        return [ray.get(c.ref) for c in self]
+
+
+class SparkSource(_SparkInput):
+    """A Spark DataFrame replayed as a replistream source.
+
+    ``time`` names the event-time column (timestamp, date, or a number in
+    ``time_unit``: ``"us"``, ``"ms"``, ``"s"``, ``"min"``, ``"h"``; floating
+    values are rounded to the microsecond). ``columns`` picks the payload: a
+    list of column names, or ``{field: column}`` to rename; by default every
+    other column. With ``sort=True`` (default) Spark sorts the rows by event
+    time first (Spark's file scans do not keep file order, so an unsorted
+    DataFrame replays in an arbitrary order); ``sort=False`` replays the
+    DataFrame's own order, and ``max_disorder`` on the query's source
+    decides which rows are too late. Pace the replay with
+    ``Deployment.run(..., pace=speed)``.
+
+    Rows travel Spark -> RayDP -> object store -> a converting Ray task ->
+    the entry points, ``chunk_size`` rows at a time, at most ``prefetch``
+    Spark partitions converting ahead of the feeder; they are never collected
+    on the driver. ``stats`` counts rows, chunks and rejected rows by reason
+    as the replay goes.
+
+    >>> src = SparkSource(spark.read.parquet("loads/"), time="event_time")   # doctest: +SKIP
+    >>> q = Query("q"); load = src.declare(q, "load", punctuate_every=seconds(1))  # doctest: +SKIP
+    """
+
+    def __init__(self, df, time: str = "ts", columns: Sequence[str] | Mapping[str, str] | None = None, *,
+                 time_unit: str = "us", sort: bool = True, chunk_size: int = 10_000, string_width: int = 64,
+                 on_bad_rows: str = "dead_letter", prefetch: int = 2):
+        if df.isStreaming:
+            raise ValueError("SparkSource takes a batch DataFrame; use SparkStreamSource for a readStream")
+        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows)
+        if int(prefetch) < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        self.sort = sort
+        self.prefetch = int(prefetch)
+
+    def __iter__(self) -> Iterator:
+        plan = self._plan()
+        prepared = self._select(self.df)
+        if self.sort:
+            prepared = prepared.orderBy(TS, *[f for f, _ in self.pairs])
+        yield from self._chunks_of(prepared, plan, self.prefetch)
+
+
+_INTERVAL_US = {"microsecond": 1, "millisecond": 1_000, "second": 1_000_000, "minute": 60_000_000,
+                "hour": 3_600_000_000, "day": 86_400_000_000, "week": 604_800_000_000}
+
+
+def parse_interval(text: str) -> int:
+    """Microseconds in a Spark interval string such as ``"10 seconds"`` or ``"1 minute 30 seconds"``.
+
+    >>> parse_interval("10 seconds"), parse_interval("interval 1 minute 500 milliseconds")
+    (10000000, 60500000)
+    """
+    total, found = 0, False
+    for num, unit in re.findall(r"(-?\d+(?:\.\d+)?)\s*([a-zA-Z]+)", text):
+        u = unit.lower().rstrip("s")
+        if u not in _INTERVAL_US:
+            raise ValueError(f"cannot read the interval {text!r}: unknown unit {unit!r}")
+        total += int(round(float(num) * _INTERVAL_US[u]))
+        found = True
+    if not found:
+        raise ValueError(f"cannot read the interval {text!r}")
+    return total
+
+
+def spark_watermark(df) -> tuple[str, int] | None:
+    """``(column, delay in µs)`` of the event-time watermark declared with ``withWatermark``, or ``None``."""
+    plan = df._jdf.queryExecution().logical().toString()
+    m = re.search(r"EventTimeWatermark\s+([^#\s]+)#\d+:\s*([^\n]+)", plan)
+    if not m:
+        return None
+    return m.group(1), parse_interval(m.group(2))
+
+
+class SparkStreamSource(_SparkInput):
+    """A Structured Streaming DataFrame (e.g. ``spark.readStream.parquet(dir)``) feeding a source continuously.
+
+    Each micro-batch reaches the entry points through ``foreachBatch`` and
+    Ray's object store (as for :class:`SparkSource`), followed by a
+    punctuation that follows Spark's event-time watermark: after micro-batch
+    ``b``, ``watermark = max event time so far - delay`` and the entry points
+    receive ``Punctuation(watermark - 1)``. A later row with ``ts <
+    watermark``, which Spark would drop as late, is counted and dead-lettered.
+    ``delay`` comes from ``withWatermark(time, delay)`` on the DataFrame or
+    from ``watermark_delay`` (µs). Declare the source with
+    ``punctuate_every=None`` so the micro-batch watermark alone decides
+    lateness, as in Spark.
+
+    With ``available_now=True`` (default) the query processes what is there
+    and ends the stream (END); otherwise it runs until :meth:`stop`, polling
+    every ``processing_time`` (a Spark interval string, e.g. ``"1 second"``).
+
+    >>> stream = spark.readStream.schema(schema).parquet("incoming/").withWatermark("event_time", "5 seconds")  # doctest: +SKIP
+    >>> src = SparkStreamSource(stream, time="event_time")                                                     # doctest: +SKIP
+    """
+
+    def __init__(self, df, time: str = "ts", columns: Sequence[str] | Mapping[str, str] | None = None, *,
+                 time_unit: str = "us", watermark_delay: int | None = None, available_now: bool = True,
+                 processing_time: str | None = None, checkpoint_location: str | None = None,
+                 chunk_size: int = 10_000, string_width: int = 64, on_bad_rows: str = "dead_letter",
+                 max_queued: int = 64):
+        if not df.isStreaming:
+            raise ValueError("SparkStreamSource takes a streaming DataFrame (spark.readStream...); "
+                             "use SparkSource for a batch DataFrame")
+        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows)
+        declared = spark_watermark(df)
+        if watermark_delay is None:
+            if declared is None:
+                raise ValueError("declare the event-time watermark: df.withWatermark(time_column, delay) in "
+                                 "Spark, or watermark_delay=<microseconds>")
+            if declared[0] != time:
+                raise ValueError(f"the DataFrame's watermark is on column {declared[0]!r}, not the event-time "
+                                 f"column {time!r}")
+            watermark_delay = declared[1]
+        if int(watermark_delay) < 0:
+            raise ValueError(f"watermark_delay must be >= 0, got {watermark_delay}")
+        self.delay = int(watermark_delay)
+        self.available_now = available_now
+        self.processing_time = processing_time
+        self.checkpoint_location = checkpoint_location
+        self.max_queued = int(max_queued)
+        self.watermark: int | None = None
+        self.batches = 0
+        self._query = None
+        self._stop = threading.Event()
+
+    def _on_batch(self, batch_df, batch_id: int, plan: ConversionPlan, out: "queue.Queue") -> None:
+        tmax = None
+        for ref in self._chunks_of(self._select(batch_df), plan, prefetch=2):
+            if ref.tmax is not None:
+                tmax = ref.tmax if tmax is None else max(tmax, ref.tmax)
+            self._put(out, ref)
+        self.batches += 1
+        if tmax is not None:
+            self._max_seen = tmax if self._max_seen is None else max(self._max_seen, tmax)
+        if self._max_seen is not None:
+            wm = self._max_seen - self.delay
+            if self.watermark is None or wm > self.watermark:
+                self.watermark = wm
+                self._put(out, Punctuation(wm - 1))
+
+    def _put(self, out: "queue.Queue", item) -> None:
+        while not self._stop.is_set():
+            try:
+                out.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator:
+        plan = self._plan()
+        self._max_seen = None
+        self._stop.clear()
+        out: queue.Queue = queue.Queue(maxsize=self.max_queued)
+        done = object()
+        errors: list = []
+
+        def handler(batch_df, batch_id):
+            try:
+                self._on_batch(batch_df, batch_id, plan, out)
+            except BaseException as e:  # surfaced to the feeder; Spark also fails the query
+                errors.append(e)
+                raise
+
+        writer = self.df.writeStream.foreachBatch(handler)
+        writer = writer.option("checkpointLocation",
+                               self.checkpoint_location or tempfile.mkdtemp(prefix="replistream-stream-"))
+        if self.available_now:
+            writer = writer.trigger(availableNow=True)
+        elif self.processing_time:
+            writer = writer.trigger(processingTime=self.processing_time)
+        self._query = writer.start()
+        query = self._query
+
+        def watch():
+            try:
+                query.awaitTermination()
+            except BaseException as e:
+                errors.append(e)
+            finally:
+                while True:
+                    try:
+                        out.put(done, timeout=0.5)
+                        return
+                    except queue.Full:
+                        if self._stop.is_set():
+                            try:
+                                out.get_nowait()
+                            except queue.Empty:
+                                pass
+
+        threading.Thread(target=watch, daemon=True, name="replistream-spark-stream").start()
+        finished = False
+        try:
+            while True:
+                item = out.get()
+                if item is done:
+                    finished = True
+                    break
+                yield item
+        finally:
+            if not finished:  # the consumer went away: unblock the handler and stop the query
+                self._stop.set()
+                query.stop()
+        if errors:
+            raise RuntimeError(f"the Spark streaming query feeding {plan.source!r} failed: {errors[0]}") \
+                from errors[0]
+
+    def stop(self) -> None:
+        """Stop the streaming query; the source then ends (END) once what was handed over is fed."""
+        if self._query is not None:
+            self._query.stop()

@@ -1,0 +1,192 @@
+"""Spark through RayDP: sources from DataFrames and streams, results back to Spark (one shared session)."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import replistream as rs
+from replistream.errors import SchemaError
+from replistream.schema import Punctuation
+from replistream.spark import SparkSink, SparkSource, SparkStreamSource, spark_session, to_spark
+from replistream.testing import assert_same_output
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+EPOCH = dt.datetime(2026, 11, 22, tzinfo=dt.timezone.utc)
+EPOCH_US = int(EPOCH.timestamp() * 1_000_000)
+
+
+def readings(n: int, seed: int = 0, start_us: int = 0, step_us: int = 1_000):
+    """n load readings with unique, increasing event times (so every order agrees) and random payloads."""
+    rng = np.random.default_rng(seed)
+    t = start_us + step_us * np.arange(n, dtype=np.int64) + rng.integers(0, step_us // 2, n)
+    return {"t": t, "server": rng.integers(0, 4, n).astype(np.int32), "cpu": np.round(rng.random(n), 4)}
+
+
+def load_query(window_us: int = 200_000):
+    q = rs.Query("spark_load")
+    load = q.source("load", {"server": "i4", "cpu": "f8"}, punctuate_every=window_us, max_disorder=0)
+    load.window(size=window_us, by="server", aggs={"n": "count", "avg": ("cpu", "mean")}, name="per_server").sink("avg")
+    load.filter(lambda b: b["cpu"] > 0.9, name="busy").sink("hot")
+    return q.build()
+
+
+def records(cols):
+    return [{"ts": int(t), "server": int(s), "cpu": float(c)} for t, s, c in zip(cols["t"], cols["server"], cols["cpu"])]
+
+
+def test_one_session_is_shared(spark):
+    assert spark_session() is spark
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in spark.sparkContext.getConf().get(
+        "spark.ray.raydp_app_master.extraJavaOptions")
+
+
+def test_parquet_timestamps_paced_replay_with_a_crash_equals_the_reference(spark, tmp_path):
+    cols = readings(3000, seed=1, start_us=EPOCH_US)
+    table = pa.table({"event_time": pa.array(cols["t"], pa.timestamp("us", tz="UTC")),
+                      "server": cols["server"], "cpu": cols["cpu"], "note": ["x"] * len(cols["t"])})
+    for i, part in enumerate(range(0, 3000, 1000)):  # three files: Spark's scan order is not file order
+        pq.write_table(table.slice(part, 1000), tmp_path / f"part-{i}.parquet")
+    df = spark.read.parquet(str(tmp_path))
+    src = SparkSource(df, time="event_time", columns=["server", "cpu"], chunk_size=500)
+    q = load_query()
+    killed = []
+
+    def crash_after_first_output(counts):
+        if counts["avg"] and not killed:
+            dep.kill_replica("per_server", 0)  # a crash mid-run
+            killed.append(sum(counts.values()))
+
+    with rs.deploy(q, servers=3, k=2) as dep:
+        dep.feed({"load": src}, pace=2.0)  # 3 s of epoch-stamped event time, replayed in about 1.5 s
+        assert dep.wait(300, progress=crash_after_first_output)
+        res = dep.collect()
+        lat = dep.latencies_ms("avg")[1]
+    ref = rs.run_reference(q, {"load": records(cols)})
+    assert res.complete and len(ref.outputs["avg"]) > 20
+    assert killed and killed[0] < len(ref.outputs["avg"]) + len(ref.outputs["hot"])  # it was mid-run
+    for app in ("avg", "hot"):
+        assert_same_output(ref.outputs[app], res.outputs[app])
+    assert src.stats == {"rows": 3000, "chunks": src.stats["chunks"], "rejected": {}}
+    assert np.isfinite(lat).all()  # paced from the first epoch timestamp, not from 1970
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_csv_and_json_sources_deliver_the_rows_in_event_time_order(spark, tmp_path, fmt):
+    cols = readings(400, seed=2)
+    order = np.random.default_rng(3).permutation(400)  # files hold the rows shuffled
+    rows = [{"t": int(cols["t"][i]), "server": int(cols["server"][i]), "cpu": float(cols["cpu"][i])} for i in order]
+    path = str(tmp_path / fmt)
+    sdf = spark.createDataFrame(rows, "t long, server int, cpu double")
+    getattr(sdf.write.option("header", True), fmt)(path)
+    reader = spark.read.schema("t long, server int, cpu double")
+    df = reader.option("header", True).csv(path) if fmt == "csv" else reader.json(path)
+    src = SparkSource(df, time="t", time_unit="us")
+    src.bind("load", rs.Schema({"server": "i4", "cpu": "f8"}))
+    got = np.concatenate([c.data for c in src.rows()])
+    assert got["ts"].tolist() == cols["t"].tolist()
+    assert got["server"].tolist() == cols["server"].tolist() and got["cpu"].tolist() == cols["cpu"].tolist()
+
+
+def test_bad_columns_are_refused_before_the_stream_starts(spark):
+    df = spark.createDataFrame([("1", 1, "0.5", "a")], "t string, server int, cpu string, s string")
+    with pytest.raises(SchemaError, match="event-time column 't' has Spark type string"):
+        SparkSource(df, time="t")
+    with pytest.raises(SchemaError, match=r"event-time column 'when' is not in the DataFrame"):
+        SparkSource(df, time="when")
+    good_time = df.selectExpr("cast(t as long) as t", "server", "cpu", "s")
+    with pytest.raises(SchemaError, match=r"column\(s\) \['cpux'\] not in the DataFrame"):
+        SparkSource(good_time, time="t", columns=["server", "cpux"])
+    with pytest.raises(SchemaError, match="would become field 'id'"):
+        SparkSource(good_time.withColumnRenamed("s", "id"), time="t")
+    src = SparkSource(good_time, time="t", columns=["server", "cpu"])
+    q = load_query()
+    with rs.deploy(q, servers=2, k=2) as dep:
+        with pytest.raises(SchemaError, match="column 'cpu' has Spark type string but field 'cpu' is float64"):
+            dep.feed({"load": src})
+        with pytest.raises(SchemaError, match=r"needs field\(s\) \['cpu'\]"):
+            dep.feed({"load": SparkSource(good_time, time="t", columns=["server"])})
+        assert not dep.fed  # nothing was sent
+
+
+def test_nulls_and_late_rows_are_dead_lettered_and_counted(spark):
+    q = rs.Query("late")
+    load = q.source("load", {"server": "i4", "cpu": "f8"}, punctuate_every=100, max_disorder=50)
+    load.window(size=100, by="server", aggs={"n": "count"}).sink("counts")
+    q.build()
+    rows = [(t, t % 3, t / 1000) for t in range(0, 1000, 7)]
+    rows.insert(40, (150, 1, 0.3))  # after ts 273 the punctuation in force is 199: late
+    rows.insert(10, (None, 2, 0.5))  # null event time
+    rows.insert(20, (150, None, 0.5))  # null payload
+    df = spark.createDataFrame(rows, "t long, server int, cpu double").coalesce(1)
+    src = SparkSource(df, time="t", sort=False, chunk_size=64)
+    with rs.deploy(q, servers=2, k=2) as dep:
+        res = dep.run({"load": src}, timeout=300)
+    ref = rs.run_reference(q, {"load": [{"ts": t, "server": s, "cpu": c} for t, s, c in rows]},
+                           on_malformed="dead_letter")
+    assert res.complete
+    assert_same_output(ref.outputs["counts"], res.outputs["counts"])
+    assert src.stats["rejected"] == {"event time 'ts' is null": 1, "column 'server' is null": 1}
+    reasons = sorted((d.reason, d.count) for d in res.dead_letters)
+    assert reasons == [("late: ts <= punctuation in force", 1), ("malformed: column 'server' is null", 1),
+                       ("malformed: event time 'ts' is null", 1)]
+    assert res.dead_letter_count() == sum(d.count for d in ref.dead_letters) == 3
+
+
+def test_streaming_micro_batches_follow_the_spark_watermark(spark, tmp_path):
+    """Three files, one per micro-batch; the third holds a row Spark would drop as late."""
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    batches = [[(t, t % 2, 0.1) for t in range(0, 1000, 50)],
+               [(t, t % 2, 0.2) for t in range(1000, 2000, 50)],
+               [(1500, 1, 0.9)] + [(t, t % 2, 0.3) for t in range(2000, 3000, 50)]]
+    for i, b in enumerate(batches):
+        p = incoming / f"batch-{i}.parquet"
+        pq.write_table(pa.table({"t": [r[0] for r in b], "server": pa.array([r[1] for r in b], pa.int32()),
+                                 "cpu": [r[2] for r in b]}), p)
+        os.utime(p, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source takes files by age
+    q = rs.Query("stream")
+    load = q.source("load", {"server": "i4", "cpu": "f8"}, punctuate_every=None, max_disorder=0)
+    load.window(size=500, by="server", aggs={"n": "count", "avg": ("cpu", "mean")}).sink("avg")
+    q.build()
+    stream = (spark.readStream.schema("t long, server int, cpu double").option("maxFilesPerTrigger", 1)
+              .parquet(str(incoming)))
+    src = SparkStreamSource(stream, time="t", watermark_delay=200)
+    with rs.deploy(q, servers=2, k=2) as dep:
+        res = dep.run({"load": src}, timeout=300)
+    # Spark's rule: after batch b, watermark = max event time so far - delay; rows below it are late
+    expected_input = [batches[0], Punctuation(950 - 200 - 1), batches[1], Punctuation(1950 - 200 - 1),
+                      batches[2], Punctuation(2950 - 200 - 1)]
+    ref = rs.run_reference(q, {"load": [[{"ts": t, "server": s, "cpu": c} for t, s, c in b]
+                                        if isinstance(b, list) else b for b in expected_input]})
+    assert res.complete and src.batches == 3 and src.watermark == 2750
+    assert_same_output(ref.outputs["avg"], res.outputs["avg"])
+    assert [(d.reason, d.batch["ts"].tolist()) for d in res.dead_letters] == [
+        ("late: ts <= punctuation in force", [1500])]
+
+
+def test_results_return_to_spark_and_parquet(spark, tmp_path):
+    cols = readings(500, seed=4)
+    q = load_query()
+    df = spark.createDataFrame([(int(t), int(s), float(c)) for t, s, c in zip(cols["t"], cols["server"], cols["cpu"])],
+                               "t long, server int, cpu double")
+    with rs.deploy(q, servers=2, k=2) as dep:
+        sink = SparkSink(dep, "avg")
+        res = dep.run({"load": SparkSource(df, time="t")})
+        out = sink.write_parquet(str(tmp_path / "avg"))
+    assert sink.count == len(res.outputs["avg"]) > 0
+    back = spark.read.parquet(out)
+    assert dict(back.dtypes)["ts"] == "timestamp" and dict(back.dtypes)["id"] == "bigint"
+    got = sorted(back.selectExpr("unix_micros(ts) as ts", "id", "server", "window_start", "n", "avg").collect())
+    exp = res.outputs["avg"]
+    want = sorted(zip(exp["ts"].tolist(), exp["id"].view(np.int64).tolist(), exp["server"].tolist(),
+                      exp["window_start"].tolist(), exp["n"].tolist(), exp["avg"].tolist()))
+    assert [tuple(r) for r in got] == want
+    empty = to_spark(q.schema_of("hot").empty())
+    assert empty.count() == 0 and "cpu" in empty.columns
