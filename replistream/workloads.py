@@ -74,3 +74,35 @@ def fig1_inputs(n_servers: int = 10, duration_s: float = 60.0, period_s: float =
         out[f"ping_{i}"] = [{"ts": ts[a:a + chunk] + 1, "src": src[a:a + chunk], "dst": dst[a:a + chunk],
                              "rtt_ms": rtt[a:a + chunk]} for a in range(0, steps, chunk)]
     return out
+
+
+#: Start of the readings :func:`fig1_tables` writes (2026-11-22T00:00:00Z, in µs since the epoch).
+FIG1_EPOCH_US = 1_795_305_600_000_000
+
+
+def fig1_tables(n_servers: int = 10, duration_s: float = 60.0, period_s: float = 10.0, seed: int = 0,
+                start_us: int = FIG1_EPOCH_US) -> dict:
+    """The readings of :func:`fig1_inputs` as two Arrow tables, as a monitoring system would store them.
+
+    ``loads`` has ``event_time`` (UTC timestamp), ``server``, ``cpu``;
+    ``pings`` has ``event_time``, ``src``, ``dst``, ``rtt_ms``. Event times are
+    ``start_us`` plus the offsets of :func:`fig1_inputs`, so feeding either
+    form gives the same tuples, shifted in time.
+
+    >>> t = fig1_tables(n_servers=2, duration_s=2, period_s=1, seed=1)
+    >>> t["loads"].column_names, t["pings"].num_rows
+    (['event_time', 'server', 'cpu'], 4)
+    """
+    import pyarrow as pa
+
+    data = fig1_inputs(n_servers, duration_s, period_s, seed, chunk=1 << 62)
+    ts_type = pa.timestamp("us", tz="UTC")
+    out = {}
+    for kind, fields in (("loads", ("server", "cpu")), ("pings", ("src", "dst", "rtt_ms"))):
+        prefix = "load" if kind == "loads" else "ping"
+        parts = [c for i in range(n_servers) for c in data[f"{prefix}_{i}"]]
+        cols = {"event_time": pa.array(np.concatenate([c["ts"] for c in parts]) + start_us, ts_type)}
+        for f in fields:
+            cols[f] = pa.array(np.concatenate([c[f] for c in parts]))
+        out[kind] = pa.table(cols)
+    return out

@@ -190,3 +190,18 @@ def test_results_return_to_spark_and_parquet(spark, tmp_path):
     assert [tuple(r) for r in got] == want
     empty = to_spark(q.schema_of("hot").empty())
     assert empty.count() == 0 and "cpu" in empty.columns
+
+
+def test_spark_pipeline_example_matches_spark_sql(spark, tmp_path, repo_root):
+    """examples/spark_pipeline.py at small scale, in this process (shared Ray and Spark)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("spark_pipeline", os.path.join(repo_root, "examples",
+                                                                                 "spark_pipeline.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    report = mod.main(["--servers", "3", "--duration", "20", "--pace", "10", "--out", str(tmp_path)])
+    assert report["exact_match"] and report["lost"] == 0 and report["extra"] == 0
+    assert report["alerts_replicated"] == report["alerts_spark_sql"] > 0
+    assert report["crash"] is not None and report["crash"]["alerts_before"] < report["alerts_replicated"]
+    assert report["readings_after_cleaning"]["loads"] < report["readings_written"]["loads"]

@@ -45,12 +45,16 @@ RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 8 * 1024 * 1024}
 def init_ray(address: str | None = None, **kwargs) -> None:
     """Start (or join) Ray the way replistream expects, if it is not running yet.
 
+    Without ``address`` a new local instance starts even when another Ray
+    cluster runs on the machine (``address="local"``); give ``address`` to join one.
+
     >>> init_ray(num_cpus=2)  # doctest: +SKIP
     """
     if ray.is_initialized():
         return
     opts = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
-    if address is None:
+    if address is None or address == "local":
+        opts["address"] = "local"
         opts["_system_config"] = dict(RAY_SYSTEM_CONFIG)
     else:
         opts["address"] = address
