@@ -16,6 +16,7 @@ True
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 
 __all__ = ["network_coordinates", "embedding_error", "coordinate_latency"]
 
@@ -38,13 +39,15 @@ def network_coordinates(latency, dim: int = 3) -> np.ndarray:
         raise ValueError(f"dim must be >= 1, got {dim}")
     D = 0.5 * (L + L.T)
     np.fill_diagonal(D, 0.0)
-    J = np.eye(n) - 1.0 / n
-    B = -0.5 * J @ (D * D) @ J
-    vals, vecs = np.linalg.eigh(0.5 * (B + B.T))
-    order = np.argsort(-vals, kind="stable")[:dim]
+    D2 = D * D
+    row = D2.mean(axis=1)
+    B = -0.5 * (D2 - row[:, None] - row[None, :] + row.mean())  # double centring, J D2 J, without matmuls
+    m = min(dim, n)
+    vals, vecs = scipy.linalg.eigh(B, subset_by_index=[n - m, n - 1], driver="evr")  # the largest m eigenpairs
+    order = np.argsort(-vals, kind="stable")
     vals, vecs = vals[order], vecs[:, order]
     X = np.zeros((n, dim))
-    for a in range(len(order)):
+    for a in range(m):
         if vals[a] <= 1e-12 * max(1.0, abs(vals[0])):
             continue
         v = vecs[:, a]

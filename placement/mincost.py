@@ -5,7 +5,8 @@ Pietzuch et al., as the paper's experiments did, §VI-A), then run ``k - 1``
 deployment phases. In each phase, for every operator ``o`` in topological
 order (the entry points first), the candidates are the servers ``s`` with
 
-* ``load(s) + load(o) < alpha * capacity(s)`` (Algorithm 5 line 6), and
+* ``load(s) + load(o) < alpha * capacity(s)`` (Algorithm 5 line 6; see
+  :func:`fits` for the rounding margin), and
 * ``latency(s, s') > d_min`` for every server ``s'`` already holding a
   replica of ``o`` (line 7; the smaller of the two directions is used),
 
@@ -35,12 +36,30 @@ import numpy as np
 from .model import PlacementError, PlacementProblem
 from .result import Alternative, Decision, Placement
 
-__all__ = ["min_cost", "ALPHA", "D_MIN", "Placer"]
+__all__ = ["min_cost", "ALPHA", "D_MIN", "Placer", "fits"]
 
 #: Default load threshold: a server takes a replica only while its load stays below ALPHA x capacity.
 ALPHA = 0.8
 #: Default minimum latency (ms) between servers holding replicas of one operator (the paper: 30-70 ms worked well).
 D_MIN = 30.0
+
+
+def fits(loads, load: float, alpha: float, capacity):
+    """Algorithm 5's load test ``load(s) + load(o) < alpha * capacity(s)``, elementwise.
+
+    A margin of 1e-9 (relative) is kept below the bound, so that the answer
+    does not depend on the order in which loads were added up in floating
+    point (0.2 + 0.1 + 0.5 and 0.2 + 0.5 + 0.1 differ in the last bit).
+
+    >>> fits(np.array([0.2 + 0.5]), 0.1, 0.8, np.array([1.0])).tolist()   # 0.8 is not below 0.8
+    [False]
+    >>> fits(np.array([0.5]), 0.1, 0.8, np.array([1.0])).tolist()
+    [True]
+    """
+    bound = alpha * np.asarray(capacity, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        margin = np.where(np.isfinite(bound), 1e-9 * np.maximum(1.0, np.abs(bound)), 0.0)
+    return np.asarray(loads) + load < bound - margin
 
 
 class Placer:
@@ -87,7 +106,7 @@ class Placer:
         holds = np.zeros(n, dtype=bool)
         held = self.where.get(node, [])
         holds[held] = True
-        load_ok = self.loads + self.problem.load.get(node, 0.0) < self.alpha * self.problem.capacity
+        load_ok = fits(self.loads, self.problem.load.get(node, 0.0), self.alpha, self.problem.capacity)
         if held:
             dmin_ok = self._sym[:, held].min(axis=1) > self.d_min
         else:

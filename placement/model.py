@@ -551,29 +551,34 @@ def problem_from_query(query, servers: Sequence, latency=None, stats: QueryStats
     stats = stats or QueryStats.estimate(query)
     sources = dict(sources or {})
     apps = dict(apps or {})
+    topo = query.topological()
+    kind = {x: query.spec(x).kind for x in topo}
+    q_sources = [x for x in topo if kind[x] == "source"]
+    q_operators = [x for x in topo if kind[x] == "operator"]
+    q_sinks = [x for x in topo if kind[x] == "sink"]
     for s in sources:
-        if s not in query.sources:
-            raise ValueError(f"sources names {s!r}, not a source of query {query.name!r} (sources: {query.sources})")
+        if s not in q_sources:
+            raise ValueError(f"sources names {s!r}, not a source of query {query.name!r} (sources: {q_sources})")
     for a in apps:
-        if a not in query.sinks:
-            raise ValueError(f"apps names {a!r}, not an application of query {query.name!r} (apps: {query.sinks})")
-    missing = [x for x in query.sources + query.operators if x not in stats.rates]
+        if a not in q_sinks:
+            raise ValueError(f"apps names {a!r}, not an application of query {query.name!r} (apps: {q_sinks})")
+    missing = [x for x in q_sources + q_operators if x not in stats.rates]
     if missing:
         raise ValueError(f"stats have no rate for {missing}")
     flows = []
-    for s in query.sources:
+    for s in q_sources:
         if s in sources:
             flows.append((s, ENTRY, stats.rates[s]))
-    for u in query.topological():
-        kind = query.spec(u).kind
-        if kind == "sink":
+    for u in topo:
+        if kind[u] == "sink":
             continue
         for v, _port in query.outputs_of(u):
-            flows.append((ENTRY if kind == "source" else u, v, stats.rates[u]))
-    nodes = [ENTRY] + query.operators + [a for a in query.sinks if a not in apps]
+            flows.append((ENTRY if kind[u] == "source" else u, v, stats.rates[u]))
+    single = [a for a in q_sinks if a not in apps]
+    nodes = [ENTRY] + q_operators + single
     fixed = {**{s: sources[s] for s in sources}, **apps}
     load = {x: stats.loads.get(x, 0.0) for x in nodes}
     if capacity is None and all(isinstance(s, Server) for s in servers):
         capacity = [s.capacity for s in servers]
-    return PlacementProblem(names, lat, flows, nodes, fixed=fixed, single=[a for a in query.sinks if a not in apps],
-                            load=load, capacity=capacity, server_load=server_load)
+    return PlacementProblem(names, lat, flows, nodes, fixed=fixed, single=single, load=load, capacity=capacity,
+                            server_load=server_load)

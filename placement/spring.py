@@ -121,7 +121,7 @@ def spring_relaxation(problem: PlacementProblem, alpha: float | None = None, dim
     >>> spring_relaxation(p, alpha=1.0).replicas     # c lacks capacity for x (0.6 >= 0.5)
     {'x': ['b'], 'y': ['b']}
     """
-    from .mincost import ALPHA, Placer
+    from .mincost import ALPHA, Placer, fits
 
     alpha = ALPHA if alpha is None else alpha
     own = placer is None
@@ -137,7 +137,7 @@ def spring_relaxation(problem: PlacementProblem, alpha: float | None = None, dim
     chosen: dict[str, int] = {}
     for i, node in enumerate(problem.nodes):
         lo = problem.load.get(node, 0.0)
-        ok = loads + lo < alpha * problem.capacity
+        ok = fits(loads, lo, alpha, problem.capacity)
         if not ok.any():
             s = int(np.argmin(problem.capacity * alpha - loads))
             raise PlacementError(
@@ -163,6 +163,8 @@ def spring_relaxation(problem: PlacementProblem, alpha: float | None = None, dim
 def _refine(problem: PlacementProblem, chosen: dict[str, int], loads: np.ndarray, alpha: float,
             max_passes: int) -> set[str]:
     """Move single nodes to their cheapest eligible server until no move lowers the cost."""
+    from .mincost import fits
+
     names = problem.servers
     moved: set[str] = set()
     for _ in range(int(max_passes)):
@@ -173,7 +175,7 @@ def _refine(problem: PlacementProblem, chosen: dict[str, int], loads: np.ndarray
             loads[cur] -= lo
             others = {x: [names[s]] for x, s in chosen.items() if x != node}
             cost = problem.cost_vector(node, others)
-            ok = loads + lo < alpha * problem.capacity
+            ok = fits(loads, lo, alpha, problem.capacity)
             ok[cur] = True  # staying is always allowed
             c = np.where(ok, cost, np.inf)
             best = int(np.argmin(c))

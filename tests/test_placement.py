@@ -51,13 +51,19 @@ def loads_of(problem: PlacementProblem, replicas: dict[str, list[str]]) -> dict[
     return out
 
 
+def below(total: float, alpha: float, capacity: float) -> bool:
+    """total < alpha x capacity, with the documented 1e-9 relative margin (placement.mincost.fits)."""
+    bound = alpha * capacity
+    return total < bound - (1e-9 * max(1.0, abs(bound)) if math.isfinite(bound) else 0.0)
+
+
 def feasible_step(problem, replicas, node, server, alpha, d_min) -> bool:
     """Algorithm 5 lines 6-7 for one more replica of ``node`` on ``server`` (plus distinct servers)."""
     held = replicas.get(node, [])
     if server in held:
         return False
     i = problem.index[server]
-    if not loads_of(problem, replicas)[server] + problem.load.get(node, 0.0) < alpha * problem.capacity[i]:
+    if not below(loads_of(problem, replicas)[server] + problem.load.get(node, 0.0), alpha, problem.capacity[i]):
         return False
     for h in held:
         j = problem.index[h]
@@ -71,7 +77,7 @@ def feasible_placement(problem, replicas, alpha, d_min) -> bool:
     loads = loads_of(problem, replicas)
     used = {s for where in replicas.values() for s in where}
     for s in used:
-        if not loads[s] < alpha * problem.capacity[problem.index[s]]:
+        if not below(loads[s], alpha, problem.capacity[problem.index[s]]):
             return False
     for where in replicas.values():
         if len(set(where)) != len(where):

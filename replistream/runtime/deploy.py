@@ -31,6 +31,8 @@ from ..engine import iter_chunks
 from ..query import Query
 from ..schema import END, TS, Punctuation
 from ..testing import Sentinel
+from ..placement.nodes import ray_options
+from ..placement.policy import STRATEGIES, PlacementPolicy
 from .actors import CoordinatorActor, EntryActor, ReplicaActor, SinkActor
 
 ENTRY = "entry"  # placement key of the entry points
@@ -65,11 +67,22 @@ def init_ray(address: str | None = None, **kwargs) -> None:
 # -- servers and placement ---------------------------------------------------------
 
 def resolve_servers(servers) -> list:
-    """Servers from a count, names of known cities, or :class:`~replistream.network.Server` objects."""
+    """Servers from a count, names of known cities, :class:`~replistream.network.Server` objects,
+    a :class:`~replistream.placement.ServerSet`, or the path of a server file (``.csv``/``.toml``)."""
+    import os
+
     from ..network import CITIES, Server, default_servers
+    from ..placement.servers import ServerSet, load_servers
 
     if servers is None:
         return default_servers(6)
+    if isinstance(servers, (str, os.PathLike)):
+        if not str(servers).endswith((".csv", ".toml")):
+            raise ValueError(f"servers={servers!r}: give a count, a list of servers or city names, or the path "
+                             f"of a .csv/.toml server file")
+        servers = load_servers(servers)
+    if isinstance(servers, ServerSet):
+        return list(servers.servers)
     if isinstance(servers, int):
         if servers < 1:
             raise ValueError(f"servers must be >= 1, got {servers}")
@@ -98,8 +111,10 @@ def spread_placement(query: Query, servers: list, k: int) -> dict[str, list[str]
     """A simple deterministic spread: replicas of each operator on ``k`` distinct servers,
     rotating the starting server per operator so load spreads evenly.
 
-    The min-cost Algorithm 5 (placement issue) plugs in through the same
-    signature: ``(query, servers, k) -> {node: [server names]}``.
+    Every strategy has this signature: ``(query, servers, k) -> {node: [server
+    names]}``; the placement strategies (``"min-cost"``, ``"random"``,
+    ``"non-replicated"``) are :class:`~replistream.placement.PlacementPolicy`
+    objects, which also take the deployment's network.
     """
     names = [s.name for s in servers]
     out: dict[str, list[str]] = {}
@@ -111,17 +126,34 @@ def spread_placement(query: Query, servers: list, k: int) -> dict[str, list[str]
     return out
 
 
-PLACEMENTS: dict[str, Callable] = {"spread": spread_placement}
+#: Placement strategies ``deploy(..., placement=name)`` knows: ``"spread"`` and those of
+#: :data:`replistream.placement.STRATEGIES` (``"min-cost"`` is Algorithm 5, Hwang §V-A).
+PLACEMENTS: dict[str, Callable] = {"spread": spread_placement,
+                                   **{name: PlacementPolicy(name) for name in STRATEGIES}}
 
 
-def resolve_placement(query: Query, servers: list, k: int, placement) -> dict[str, list[str]]:
+def resolve_placement(query: Query, servers: list, k: int, placement, network=None) -> dict[str, list[str]]:
+    """The validated plan ``{node: [server, ...]}`` of ``placement`` (a name, mapping or callable).
+
+    ``network`` (a latency model or matrix) is what placement policies cost
+    latencies with.
+    """
+    return _resolve_placement(query, servers, k, placement, network)[0]
+
+
+def _resolve_placement(query: Query, servers: list, k: int, placement, network=None):
+    """(validated plan, the :class:`~replistream.placement.Placement` when a placement policy made it)."""
     names = {s.name for s in servers}
+    placed = None
     if placement is None:
         placement = "spread"
     if isinstance(placement, str):
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement strategy {placement!r}; known: {sorted(PLACEMENTS)}")
-        plan = PLACEMENTS[placement](query, servers, k)
+        placement = PLACEMENTS[placement]
+    if isinstance(placement, PlacementPolicy):
+        placed = placement.placement(query, servers, k, network)
+        plan = placed.plan()
     elif callable(placement):
         plan = placement(query, servers, k)
     elif isinstance(placement, Mapping):
@@ -148,7 +180,7 @@ def resolve_placement(query: Query, servers: list, k: int, placement) -> dict[st
     for node in query.sinks:
         if node not in plan or len(plan[node]) != 1:
             raise ValueError(f"placement must give application {node!r} exactly one server, got {plan.get(node)}")
-    return {n: list(v) for n, v in plan.items()}
+    return {n: list(v) for n, v in plan.items()}, placed
 
 
 def resolve_network(network, servers: list, seed: int):
@@ -171,11 +203,8 @@ def resolve_network(network, servers: list, seed: int):
 
 
 def _ray_options(server) -> dict:
-    if getattr(server, "node", None):
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=server.node, soft=False)}
-    return {}
+    """Actor options pinning a replica to its server's Ray node (see :mod:`replistream.placement.nodes`)."""
+    return ray_options(server)
 
 
 # -- results ----------------------------------------------------------------------
@@ -659,10 +688,18 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            on_output: Mapping[str, Callable] | None = None) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
-    ``servers``: a count, city names, or :class:`~replistream.network.Server`
-    objects (``Server.node`` pins it to a Ray node). ``placement``: ``"spread"``
-    (default), a mapping ``{node: [server, ...]}`` (``"entry"`` for the entry
-    points), or a callable ``(query, servers, k) -> mapping``. ``network``:
+    ``servers``: a count, city names, :class:`~replistream.network.Server`
+    objects (``Server.node`` pins it to a Ray node: a node id, ``label:K=V``
+    or ``resource:NAME``), a :class:`~replistream.placement.ServerSet` or a
+    server file. ``placement``: ``"spread"`` (default), ``"min-cost"``
+    (Algorithm 5, Hwang §V-A), ``"random"``, ``"non-replicated"`` (k=1), a
+    :class:`~replistream.placement.PlacementPolicy` (strategy with its
+    parameters, rates, source locations), a mapping ``{node: [server, ...]}``
+    (``"entry"`` for the entry points), or a callable ``(query, servers, k)
+    -> mapping``. Placement policies cost latencies with ``network`` (with
+    ``"zero"``: the servers' network coordinates or geography). The
+    coordinator actor holds the plan and its network cost
+    (``dep.placement``, ``dep.coordinator.network_cost.remote()``). ``network``:
     ``"zero"`` (no emulated delay), ``"geo"`` (the built-in wide-area model),
     ``"geo-static"``, a trace CSV path, or a latency model. Starts Ray if it
     is not running (``address=`` joins an existing cluster). Applications
@@ -674,11 +711,17 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     query.build()
     if int(k) < 1:
         raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
+    given_servers = servers
     servers = resolve_servers(servers)
     if k > len(servers):
         raise ValueError(f"k={k} replicas need at least {k} distinct servers; {len(servers)} given")
-    plan = resolve_placement(query, servers, k, placement)
     conditions = resolve_network(network, servers, seed)
+    placement_net = _placement_network(conditions, given_servers)
+    plan, placed = _resolve_placement(query, servers, k, placement, placement_net)
+    if placed is None:
+        placed = _evaluate_plan(query, servers, plan, placement_net)
+    for s in servers:
+        _ray_options(s)  # a malformed Server.node fails here, before any actor starts
     if on_malformed not in ("raise", "dead_letter"):
         raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
     init_ray(address, **(ray_init or {}))
@@ -689,12 +732,37 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
                     "drop_after_s": drop_after_s}
     dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
                      parquet_dir, cluster)
+    dep.placement = placed
+    ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server))
     for app, cb in (on_output or {}).items():
         dep.on_output(app, cb)
     return dep
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+def _placement_network(conditions, given_servers):
+    """What placement policies cost latencies with: the emulated network, unless it is
+    zero and the servers came with network coordinates (a ServerSet / server file)."""
+    from ..network import ZeroLatency
+    from ..placement.servers import ServerSet, load_servers
+
+    if isinstance(conditions.base, ZeroLatency):
+        ss = given_servers
+        if isinstance(ss, str) and ss.endswith((".csv", ".toml")):
+            ss = load_servers(ss)
+        if isinstance(ss, ServerSet) and ss.coords is not None:
+            return ss.latency()
+    return conditions
+
+
+def _evaluate_plan(query, servers, plan, network):
+    """A plan made without a placement policy, costed with the default cost model (None if it cannot be)."""
+    try:
+        return PlacementPolicy().evaluate(query, servers, plan, network)
+    except ValueError:
+        return None
+
 
 @dataclass(frozen=True)
 class ChunkRef:
