@@ -15,6 +15,15 @@ clock, random crashes, a few seconds.
 ... # doctest: +ELLIPSIS
 {"engine": "in-process", ...}
 0
+
+``replistream place`` computes a replica placement (Algorithm 5, Hwang §V-A,
+or a baseline) for a query over a set of servers and prints it with its
+network cost and its bandwidth and cost relative to the non-replicated
+placement (k=1); ``--plot`` draws it on a world map.
+
+>>> main(["place", "--servers", "8", "--k", "2", "--json"])  # doctest: +ELLIPSIS
+{"query": "fig1", "servers": 8, "strategy": "min-cost", "k": 2, ...}
+0
 """
 from __future__ import annotations
 
@@ -203,6 +212,119 @@ def dep_summary(dep) -> str:
     return "\n".join(lines)
 
 
+def _place_inputs(args):
+    """(servers, ServerSet, query, stats, source locations, description of the rates) for ``place``."""
+    from .placement import QueryStats, ServerSet, fig1_sources, load_servers
+
+    spec = args.server_spec
+    if spec.isdigit():
+        n = int(spec)
+        if n < 1:
+            raise ValueError(f"--servers must be >= 1, got {n}")
+        ss = ServerSet.builtin(n)
+    else:
+        ss = load_servers(spec)
+    servers = list(ss.servers)
+    if args.query == "fig1":
+        from .testing import run_reference
+        from .workloads import fig1_inputs, fig1_query
+
+        monitored = args.monitored or len(servers)
+        if monitored < 1:
+            raise ValueError(f"--monitored must be >= 1, got {monitored}")
+        query = fig1_query(n_servers=monitored)
+        duration, period = 600.0, 10.0
+        run = run_reference(query, fig1_inputs(monitored, duration_s=duration, period_s=period, seed=args.seed))
+        stats = QueryStats.from_run(query, run, duration)
+        rates = (f"measured in a {duration:g} s test run of the reference engine, one reading per source every "
+                 f"{period:g} s (bytes/s)")
+        sources = fig1_sources(query, servers)
+    else:
+        import importlib
+
+        mod, _, fn = args.query.partition(":")
+        if not fn:
+            raise ValueError(f"--query must be fig1 or MODULE:FUNCTION, got {args.query!r}")
+        query = getattr(importlib.import_module(mod), fn)()
+        query.build()
+        stats = QueryStats.estimate(query)
+        rates = "estimated: 1 tuple/s per source, selectivity 1 (bytes/s)"
+        sources = {}
+    return servers, ss, query, stats, sources, rates
+
+
+def _place(args) -> int:
+    from .placement import D_MIN, ALPHA, PlacementError, place, problem_from_query
+
+    try:
+        servers, ss, query, stats, sources, rates = _place_inputs(args)
+        problem = problem_from_query(query, servers, ss.latency(seed=args.seed), stats, sources=sources)
+        params: dict = {}
+        alpha = ALPHA if args.alpha is None else args.alpha
+        d_min = D_MIN if args.d_min is None else args.d_min
+        if args.strategy == "min-cost":
+            params = {"alpha": alpha, "d_min": d_min, "initial": args.initial}
+        elif args.strategy == "random":
+            params = {"seed": args.seed}
+            if args.alpha is not None:
+                params["alpha"] = args.alpha
+            if args.d_min is not None:
+                params["d_min"] = args.d_min
+        else:
+            params = {"alpha": alpha}
+        placed = place(problem, args.k, args.strategy, **params)
+        base = place(problem, 1, "non-replicated", alpha=alpha)
+    except (PlacementError, ValueError, ImportError, AttributeError) as e:
+        print(f"replistream place: {e}", file=sys.stderr)
+        return 2
+    rel = placed.relative_to(base)
+    summary = {
+        "query": args.query, "servers": len(servers), "strategy": args.strategy, "k": args.k,
+        "params": {k: v for k, v in placed.params.items() if k != "k"},
+        "network_cost": placed.network_cost, "bandwidth": placed.bandwidth,
+        "relative_bandwidth": rel["bandwidth"], "relative_network_cost": rel["network_cost"],
+        "baseline": {"strategy": "non-replicated", "k": 1, "network_cost": base.network_cost,
+                     "bandwidth": base.bandwidth},
+        "units": {"rate": stats.unit, "latency": "ms", "network_cost": f"{stats.unit} x ms"},
+        "rates": rates,
+        "placement": placed.plan(),
+        "replicas": [{"node": d.node, "replica": d.replica, "phase": d.phase, "server": d.server, "cost": d.cost,
+                      "how": d.how, "rejected": [vars(a) for a in d.alternatives]} for d in placed.decisions],
+    }
+    if args.plot:
+        from .placement.plot import plot_placement
+
+        try:
+            plot_placement(placed, servers, args.plot)
+        except ValueError as e:
+            print(f"replistream place: cannot plot: {e}", file=sys.stderr)
+            return 2
+        summary["plot"] = args.plot
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"{args.strategy} placement of {query.name!r}, k={args.k}, {len(servers)} servers")
+    table.add_column("node")
+    table.add_column("servers (replica 0, 1, ...)")
+    for node, where in summary["placement"].items():
+        table.add_row(node, ", ".join(where))
+    console.print(table)
+    console.print(f"network cost {placed.network_cost:.6g} ({summary['units']['network_cost']}), "
+                  f"bandwidth {placed.bandwidth:.6g} ({stats.unit})")
+    console.print(f"relative to the non-replicated placement (k=1): bandwidth {rel['bandwidth']:.2f}x, "
+                  f"network cost {rel['network_cost']:.2f}x")
+    console.print(f"rates {rates}")
+    if args.explain:
+        console.print(placed.explain(), markup=False, highlight=False)
+    if args.plot:
+        console.print(f"plot written to {args.plot}")
+    return 0
+
+
 def _demo(args) -> int:
     if args.engine == "inprocess":
         return _demo_inprocess(args)
@@ -233,6 +355,33 @@ def build_parser() -> argparse.ArgumentParser:
                       help="ray (default) or the in-process replicated engine (no clock, random crashes)")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     demo.set_defaults(func=_demo)
+
+    place = sub.add_parser("place", help="place k replicas of every operator of a query on servers "
+                                         "(min-cost Algorithm 5 or a baseline) and print the network cost")
+    place.add_argument("--servers", dest="server_spec", metavar="FILE|N", default="30",
+                       help="server file (.csv or .toml: name, lat/lon or x/y/z, capacity, node) or a number of "
+                            "built-in cities (default 30)")
+    place.add_argument("--query", default="fig1", help="fig1 (default: the paper's Fig. 1 query, every server "
+                                                      "running a load and a ping source) or MODULE:FUNCTION "
+                                                      "returning a Query")
+    place.add_argument("--monitored", type=int, default=None,
+                       help="fig1: monitored servers, each with two sources (default: all servers)")
+    place.add_argument("--k", type=int, default=3, help="replicas per operator, kmax (default 3)")
+    place.add_argument("--alpha", type=float, default=None, help="load threshold: a server takes a replica while "
+                                                                 "load + load(o) < alpha x capacity (default 0.8)")
+    place.add_argument("--d-min", dest="d_min", type=float, default=None,
+                       help="minimum latency in ms between servers holding replicas of one operator (default 30)")
+    place.add_argument("--strategy", choices=["min-cost", "random", "non-replicated"], default="min-cost",
+                       help="min-cost (default; Algorithm 5), random, non-replicated (k=1)")
+    place.add_argument("--initial", choices=["spring", "greedy"], default="spring",
+                       help="min-cost's first replicas: spring relaxation (default) or Algorithm 5 itself")
+    place.add_argument("--seed", type=int, default=0, help="seed of the random strategy and of the test run "
+                                                           "that measures fig1's rates (default 0)")
+    place.add_argument("--json", action="store_true", help="print one JSON object")
+    place.add_argument("--explain", action="store_true", help="also print why every replica went where it did")
+    place.add_argument("--plot", metavar="FILE.png", default=None,
+                       help="draw servers, replicas and stream replicas on a world map")
+    place.set_defaults(func=_place)
     return parser
 
 
