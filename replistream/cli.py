@@ -234,7 +234,7 @@ def _place_inputs(args):
             raise ValueError(f"--monitored must be >= 1, got {monitored}")
         query = fig1_query(n_servers=monitored)
         duration, period = 600.0, 10.0
-        run = run_reference(query, fig1_inputs(monitored, duration_s=duration, period_s=period, seed=args.seed))
+        run = run_reference(query, fig1_inputs(monitored, duration_s=duration, period_s=period, seed=0))
         stats = QueryStats.from_run(query, run, duration)
         rates = (f"measured in a {duration:g} s test run of the reference engine, one reading per source every "
                  f"{period:g} s (bytes/s)")
@@ -258,7 +258,7 @@ def _place(args) -> int:
 
     try:
         servers, ss, query, stats, sources, rates = _place_inputs(args)
-        problem = problem_from_query(query, servers, ss.latency(seed=args.seed), stats, sources=sources)
+        problem = problem_from_query(query, servers, ss.latency(), stats, sources=sources)
         params: dict = {}
         alpha = ALPHA if args.alpha is None else args.alpha
         d_min = D_MIN if args.d_min is None else args.d_min
@@ -375,8 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="min-cost (default; Algorithm 5), random, non-replicated (k=1)")
     place.add_argument("--initial", choices=["spring", "greedy"], default="spring",
                        help="min-cost's first replicas: spring relaxation (default) or Algorithm 5 itself")
-    place.add_argument("--seed", type=int, default=0, help="seed of the random strategy and of the test run "
-                                                           "that measures fig1's rates (default 0)")
+    place.add_argument("--seed", type=int, default=0, help="seed of the random strategy (default 0)")
     place.add_argument("--json", action="store_true", help="print one JSON object")
     place.add_argument("--explain", action="store_true", help="also print why every replica went where it did")
     place.add_argument("--plot", metavar="FILE.png", default=None,
