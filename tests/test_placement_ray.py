@@ -111,4 +111,6 @@ def test_min_cost_on_a_three_node_cluster():
     assert result["plan_is_offline_placement"] and result["one_replica_per_node"]
     assert result["coordinator_network_cost"] == pytest.approx(result["offline_network_cost"])
     assert result["matches_reference"] and result["complete"]
+    assert result["cluster_servers"]["by_id_ok"], result["cluster_servers"]["by_id"]
+    assert result["cluster_servers"]["by_label_ok"], result["cluster_servers"]["by_label"]
     assert out.returncode == 0

@@ -18,7 +18,7 @@ from ray.cluster_utils import Cluster
 
 from replistream import Server
 from replistream.network import city
-from replistream.placement import PlacementPolicy, fig1_sources
+from replistream.placement import PlacementPolicy, cluster_servers, fig1_sources
 from replistream.runtime import RAY_SYSTEM_CONFIG, deploy
 from replistream.testing import as_multiset, run_reference
 from replistream.workloads import fig1_inputs, fig1_query
@@ -41,6 +41,16 @@ def main(seed: int = 0) -> int:
     for name in ["boston", "london", "tokyo", "newyork", "paris", "seoul"]:
         c = city(name)
         servers.append(Server(name, c.lat, c.lon, node=pins[name][0]))
+    # servers made from the cluster itself: two per node by node id, or one per labelled node
+    by_id = cluster_servers(per_node=2)
+    by_label = cluster_servers(label="replistream.node")
+    cluster_view = {
+        "by_id": [[s.name, s.node] for s in by_id],
+        "by_id_ok": [s.node for s in by_id] == [head.node_id] * 2 + sorted([labelled.node_id] * 2 +
+                                                                           [resourced.node_id] * 2),
+        "by_label": [[s.name, s.node] for s in by_label],
+        "by_label_ok": any(s.name == "europe" and s.node == "label:replistream.node=europe" for s in by_label),
+    }
     q = fig1_query(n_servers=3, window_s=3.0, punctuate_s=1.0)
     data = fig1_inputs(n_servers=3, duration_s=40, period_s=1.0, seed=seed, chunk=10)
     policy = PlacementPolicy("min-cost", sources=fig1_sources, d_min=30.0)
@@ -61,14 +71,15 @@ def main(seed: int = 0) -> int:
         "one_replica_per_node": all(len(set(v)) == 3 for v in per_node.values()),
         "coordinator_network_cost": coordinator_cost, "offline_network_cost": offline.network_cost,
         "outputs": len(res.outputs["alerts"]), "reference_outputs": len(ref.outputs["alerts"]),
-        "matches_reference": e == g, "complete": res.complete,
+        "matches_reference": e == g, "complete": res.complete, "cluster_servers": cluster_view,
     }
     print(json.dumps(out))
     dep.shutdown()
     ray.shutdown()
     cluster.shutdown()
     ok = (not wrong and out["plan_is_offline_placement"] and out["one_replica_per_node"] and out["matches_reference"]
-          and out["complete"] and abs(coordinator_cost - offline.network_cost) <= 1e-6 * offline.network_cost)
+          and out["complete"] and abs(coordinator_cost - offline.network_cost) <= 1e-6 * offline.network_cost
+          and cluster_view["by_id_ok"] and cluster_view["by_label_ok"])
     return 0 if ok else 1
 
 
