@@ -97,11 +97,25 @@ class Placer:
         return {x: [names[i] for i in v] for x, v in self.where.items()}
 
     def costs(self, node: str) -> np.ndarray:
-        """Cost of a new replica of ``node`` on every server, given the replicas placed so far."""
+        """Cost of a new replica of ``node`` on every server, given the replicas placed so far.
+
+        >>> from replistream.placement.model import PlacementProblem
+        >>> p = PlacementProblem(["a", "b"], [[0, 9], [9, 0]], [("s", "o", 2.0)], fixed={"s": "b"})
+        >>> Placer(p).costs("o").tolist()
+        [18.0, 0.0]
+        """
         return self.problem.cost_vector(node, self.replicas())
 
     def constraints(self, node: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per server: (holds a replica of node, passes the load test, passes the d_min test)."""
+        """Per server: (holds a replica of node, passes the load test, passes the d_min test).
+
+        >>> from replistream.placement.model import PlacementProblem
+        >>> p = PlacementProblem(["a", "b", "c"], [[0, 9, 50], [9, 0, 45], [50, 45, 0]], [("s", "o", 1.0)],
+        ...                      fixed={"s": "a"}, load={"o": 0.5}, server_load=[0, 0, 0.6])
+        >>> pl = Placer(p, alpha=1.0, d_min=30.0); _ = pl.add("o", 0, phase=1, how="given")
+        >>> [c.tolist() for c in pl.constraints("o")]
+        [[True, False, False], [False, True, False], [False, False, True]]
+        """
         n = len(self.problem.servers)
         holds = np.zeros(n, dtype=bool)
         held = self.where.get(node, [])
@@ -171,7 +185,13 @@ class Placer:
         return self.add(node, s, phase, "Algorithm 5", alts, cost=float(cost[s]))
 
     def add(self, node: str, server: int, phase: int, how: str, alternatives=(), cost: float | None = None) -> Decision:
-        """Record a replica of ``node`` on server index ``server``."""
+        """Record a replica of ``node`` on server index ``server`` (chosen some other way).
+
+        >>> from replistream.placement.model import PlacementProblem
+        >>> p = PlacementProblem(["a", "b"], [[0, 9], [9, 0]], [("s", "o", 2.0)], fixed={"s": "a"})
+        >>> Placer(p).add("o", 1, phase=1, how="given")
+        Decision(node='o', replica=0, phase=1, server='b', cost=18.0, how='given', alternatives=())
+        """
         if cost is None:
             cost = float(self.costs(node)[server])
         where = self.where.setdefault(node, [])

@@ -30,7 +30,16 @@ __all__ = ["plot_placement"]
 
 
 def plot_placement(placement: Placement, servers: Sequence[Server], path: str, title: str | None = None) -> str:
-    """Write a PNG of ``placement`` over ``servers`` (which need coordinates) to ``path``; returns ``path``."""
+    """Write a PNG of ``placement`` over ``servers`` (which need coordinates) to ``path``; returns ``path``.
+
+    >>> import tempfile, os
+    >>> from replistream.network import default_servers
+    >>> from replistream.placement import PlacementPolicy
+    >>> from replistream.workloads import fig1_query
+    >>> pl = PlacementPolicy().placement(fig1_query(2), default_servers(4), 2)
+    >>> os.path.getsize(plot_placement(pl, default_servers(4), os.path.join(tempfile.mkdtemp(), "x.png"))) > 0
+    True
+    """
     import matplotlib
 
     matplotlib.use("Agg")

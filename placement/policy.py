@@ -112,7 +112,13 @@ class PlacementPolicy:
         return f"PlacementPolicy({self.strategy!r}{extra})"
 
     def problem(self, query, servers, network=None) -> PlacementProblem:
-        """The placement problem for ``query`` on ``servers`` (``network``: the deployment's model)."""
+        """The placement problem for ``query`` on ``servers`` (``network``: the deployment's model).
+
+        >>> from replistream.network import default_servers
+        >>> from replistream.workloads import fig1_query
+        >>> PlacementPolicy(sources=fig1_sources).problem(fig1_query(2), default_servers(3))
+        PlacementProblem(3 servers, 6 nodes, 4 fixed, 10 flows)
+        """
         latency = self.latency
         if latency is None and network is not None:
             base = network.base if isinstance(network, NetworkConditions) else network

@@ -141,13 +141,25 @@ class Placement:
                 "network_cost": self.network_cost / cost if cost else float("nan")}
 
     def explain(self) -> str:
-        """Every decision, one line each, with the rejected alternatives."""
+        """Every decision, one line each, with the rejected alternatives.
+
+        >>> from replistream.placement.model import PlacementProblem
+        >>> p = PlacementProblem(["a", "b"], [[0, 5], [5, 0]], [("s", "o", 2.0)], fixed={"s": "a"})
+        >>> print(Placement(p, {"o": ["b"]}, "given").explain())
+        given placement, k=1, network cost 10, bandwidth 2
+        """
         head = (f"{self.strategy} placement, k={self.k}, network cost {self.network_cost:.6g}, "
                 f"bandwidth {self.bandwidth:.6g}")
         return "\n".join([head] + [d.describe() for d in self.decisions])
 
     def to_dict(self, stream_replicas: bool = False) -> dict[str, Any]:
-        """A JSON-ready summary: strategy, params, plan, cost, bandwidth, decisions."""
+        """A JSON-ready summary: strategy, params, plan, cost, bandwidth, decisions.
+
+        >>> from replistream.placement.model import PlacementProblem
+        >>> p = PlacementProblem(["a", "b"], [[0, 5], [5, 0]], [("s", "o", 2.0)], fixed={"s": "a"})
+        >>> sorted(Placement(p, {"o": ["b"]}, "given").to_dict())[:4]
+        ['bandwidth', 'decisions', 'k', 'network_cost']
+        """
         out = {"strategy": self.strategy, "params": dict(self.params), "k": self.k,
                "network_cost": self.network_cost, "bandwidth": self.bandwidth,
                "remote_bandwidth": self.problem.bandwidth(self.replicas, remote_only=True),

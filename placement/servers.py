@@ -94,7 +94,11 @@ class ServerSet:
         return [s.name for s in self.servers]
 
     def latency(self, seed: int = 0) -> np.ndarray:
-        """One-way latency matrix (ms): coordinate distances, or the static geographic model."""
+        """One-way latency matrix (ms): coordinate distances, or the static geographic model.
+
+        >>> ServerSet.builtin(2).latency().shape
+        (2, 2)
+        """
         if self.coords is not None:
             m = coordinate_latency(self.coords)
             np.fill_diagonal(m, LOCAL_MS)
@@ -191,7 +195,14 @@ def servers_from_rows(rows: Iterable[Mapping[str, Any]], where: str = "servers")
 
 
 def load_servers(path: str | os.PathLike) -> ServerSet:
-    """Read a server file: ``.csv`` (header row) or ``.toml`` (``[[server]]`` tables)."""
+    """Read a server file: ``.csv`` (header row) or ``.toml`` (``[[server]]`` tables).
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "s.toml")
+    >>> _ = open(path, "w").write('[[server]]\\nname = "a"\\ncoords = [0, 0]\\n[[server]]\\nname = "b"\\ncoords = [0, 9]\\n')
+    >>> load_servers(path).names, float(load_servers(path).latency()[0, 1])
+    (['a', 'b'], 9.0)
+    """
     path = os.fspath(path)
     if path.endswith(".toml"):
         import tomllib
