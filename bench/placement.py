@@ -1,6 +1,6 @@
 """Placement benchmarks: speed of min-cost placement, and min-cost versus random network cost.
 
-    python bench/placement.py              # both parts, about half a minute
+    python bench/placement.py              # both parts, about 5 s on a quiet machine
     python bench/placement.py --json       # one JSON object on stdout
     python bench/placement.py --only speed # or --only ratio
 

@@ -88,6 +88,15 @@ def test_place_cli_agrees_with_the_pure_function():
     assert abs(s["network_cost"] - pl.network_cost) <= 1e-9 * pl.network_cost
 
 
+def test_place_any_query_by_module_and_function():
+    out = place_cli("--query", "replistream.placement.synthetic:random_query", "--servers", "20", "--k", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)
+    assert "estimated" in s["rates"] and len(s["placement"]["op_19"]) == 2
+    bad = place_cli("--query", "nosuchmodule:q")
+    assert bad.returncode == 2 and "nosuchmodule" in bad.stderr
+
+
 def test_placement_tuning_example_small(tmp_path):
     png = tmp_path / "cost.png"
     out = run(sys.executable, str(ROOT / "examples" / "placement_tuning.py"), "--servers", "8", "--kmax", "3",

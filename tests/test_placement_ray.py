@@ -38,6 +38,18 @@ def test_strategies_by_name_through_resolve_placement():
     assert resolve_placement(q, servers, 2, "min-cost") == PlacementPolicy("min-cost")(q, servers, 2)
 
 
+def test_a_plan_that_cannot_be_costed_does_not_stop_a_deployment():
+    from replistream.network import NetworkConditions, TraceLatencyModel
+    from replistream.runtime.deploy import _evaluate_plan
+
+    q = fig1_query(1)
+    servers = default_servers(3)
+    trace = TraceLatencyModel({("boston", "london"): [(0.0, 40.0)]}, servers=[s.name for s in servers])
+    plan = resolve_placement(q, servers, 2, "spread")
+    assert _evaluate_plan(q, servers, plan, NetworkConditions(trace)) is None  # no samples for tokyo
+    assert _evaluate_plan(q, servers, plan, None).network_cost > 0
+
+
 def test_servers_from_a_file(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text('[[server]]\nname = "a"\ncoords = [0.0, 0.0]\n[[server]]\nname = "b"\ncoords = [0.0, 80.0]\n'

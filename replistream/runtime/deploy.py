@@ -760,7 +760,7 @@ def _evaluate_plan(query, servers, plan, network):
     """A plan made without a placement policy, costed with the default cost model (None if it cannot be)."""
     try:
         return PlacementPolicy().evaluate(query, servers, plan, network)
-    except ValueError:
+    except (ValueError, KeyError):  # e.g. a trace without samples for some pair of servers
         return None
 
 
