@@ -6,11 +6,17 @@ import pkgutil
 import pytest
 
 import replistream
+import replistream.gc
+import replistream.placement
+import replistream.sim
 
-MODULES = sorted(m.name for m in pkgutil.walk_packages(replistream.__path__, "replistream."))
+# placement/, gc/ and sim/ live outside replistream/ (pyproject maps them), so walk each package
+PACKAGES = [replistream, replistream.placement, replistream.gc, replistream.sim]
+MODULES = sorted({p.__name__ for p in PACKAGES} |
+                 {m.name for p in PACKAGES for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")})
 
 
-@pytest.mark.parametrize("name", ["replistream"] + MODULES)
+@pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
@@ -35,5 +41,9 @@ def test_every_subpackage_is_packaged():
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {"replistream" + "".join("." + p for p in d.relative_to(root / "replistream").parts)
                for d in (root / "replistream").rglob("*") if d.is_dir() and (d / "__init__.py").exists()}
-    on_disk |= {"replistream", "replistream.placement", "replistream.gc", "replistream.sim"}
+    for folder in ("placement", "gc", "sim"):
+        on_disk |= {f"replistream.{folder}" + "".join("." + p for p in d.relative_to(root / folder).parts)
+                    for d in [root / folder, *(root / folder).rglob("*")]
+                    if d.is_dir() and (d / "__init__.py").exists()}
+    on_disk.add("replistream")
     assert on_disk <= listed, f"missing from pyproject.toml packages: {sorted(on_disk - listed)}"

@@ -205,3 +205,20 @@ def test_spark_pipeline_example_matches_spark_sql(spark, tmp_path, repo_root):
     assert report["alerts_replicated"] == report["alerts_spark_sql"] > 0
     assert report["crash"] is not None and report["crash"]["alerts_before"] < report["alerts_replicated"]
     assert report["readings_after_cleaning"]["loads"] < report["readings_written"]["loads"]
+
+
+def test_readme_spark_snippet_runs(spark, tmp_path, repo_root):
+    import re
+
+    readme = open(os.path.join(repo_root, "README.md")).read()
+    [snippet] = [c for c in re.findall(r"```python\n(.*?)```", readme, re.S) if "SparkSource" in c]
+    cols = readings(300, seed=5, start_us=EPOCH_US)
+    (tmp_path / "loads").mkdir()
+    pq.write_table(pa.table({"event_time": pa.array(cols["t"], pa.timestamp("us", tz="UTC")),
+                             "server": cols["server"], "cpu": cols["cpu"]}), tmp_path / "loads" / "a.parquet")
+    # the JVM resolves relative paths against its own working directory, so make them absolute
+    snippet = snippet.replace('"loads/"', repr(str(tmp_path / "loads"))).replace(
+        '"out/counts"', repr(str(tmp_path / "out" / "counts")))
+    exec(compile(snippet, "README.md", "exec"), {"rs": rs})
+    back = spark.read.parquet(str(tmp_path / "out" / "counts"))
+    assert back.count() > 0 and {"ts", "server", "n"} <= set(back.columns)
