@@ -102,6 +102,7 @@ def main(argv=None) -> dict:
         "replistream_rows_per_s": [round(r) for r in unsorted],
         "replistream_sorted_rows_per_s": [round(r) for r in sorted_],
         "ratio_best": round(best_ours / best_raw, 3),
+        "ratio_per_repetition": [round(o / r, 3) for o, r in zip(unsorted, raws)],
     }
     if args.json:
         print(json.dumps(report, indent=2))
