@@ -8,7 +8,12 @@
   random order with per-channel speeds (so replicas see different
   interleavings and delays), splits batches at random, re-sends copies, and can
   crash up to ``k - 1`` replicas of every operator and entry point at random
-  times. No Ray, no clock: a failing seed reproduces exactly.
+  times. No Ray, no clock: a failing seed reproduces exactly. Sentinels in the
+  inputs script events at a point of a source's stream: :class:`KillReplica`,
+  and hand-over of stateful replicas (DESIGN.md decision 7, docs/handover.md):
+  :class:`Revive` and :class:`AddReplica` build a replica from a live peer's
+  checkpoint mid-stream, with upstream replay; ``audit=True`` checks that every
+  replica emits exactly what the ideal run's copy of its operator emits.
 * :func:`as_multiset`, :func:`assert_same_output`: compare outputs as multisets
   of (id, ts, values), bit for bit.
 * :func:`chunked`, :func:`with_punctuations`: shape in-memory source data.
@@ -28,18 +33,21 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .engine import ReplicaCore, RunResult, _Collector, run_reference, source_streams
+from .engine import (OutputLog, ReplicaCheckpoint, ReplicaCore, RunResult, _Collector, _reference_run,
+                     run_reference, source_streams)
+from .errors import QueryError
 from .operators import Item
+from .operators.base import NO_PUNCTUATION, OperatorState
 from .query import Query
-from .schema import TS, Punctuation
+from .schema import END, TS, Punctuation
 
 __all__ = ["run_reference", "run_replicated", "as_multiset", "assert_same_output", "multiset_diff",
            "chunked", "with_punctuations", "HarnessStats", "Sentinel", "KillReplica", "KillServer", "Pause",
-           "Call"]
+           "Call", "Revive", "AddReplica", "ReplicaDivergence"]
 
 
 # -- sentinels: scripted events inside a source's input (for deployments) -------------------
@@ -47,7 +55,10 @@ __all__ = ["run_reference", "run_replicated", "as_multiset", "assert_same_output
 class Sentinel:
     """An event placed among a source's input chunks; a deployment's feeder runs it
     when it reaches that point of the input, so failures happen at a known place in
-    the stream without sleeping. The in-process engines ignore sentinels.
+    the stream without sleeping. The reference engine ignores sentinels;
+    :func:`run_replicated` runs :class:`KillReplica`, :class:`Revive` and
+    :class:`AddReplica` when the first entry-point copy of that source reaches
+    them, and ignores the others.
 
     >>> inputs = {"s": [[{"ts": 1, "x": 1}], KillReplica("f", 0), [{"ts": 2, "x": 2}]]}
     """
@@ -58,7 +69,13 @@ class Sentinel:
 
 @dataclass(frozen=True)
 class KillReplica(Sentinel):
-    """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point)."""
+    """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point).
+
+    In :func:`run_replicated` a kill that would leave an operator without a
+    working replica is skipped (and listed in ``HarnessStats.spared``).
+
+    >>> inputs = {"s": [[{"ts": 1, "k": 1}], KillReplica("join", 0), [{"ts": 2, "k": 1}]]}
+    """
 
     operator: str
     replica: int
@@ -97,6 +114,75 @@ class Call(Sentinel):
 
     def apply(self, deployment) -> None:
         self.fn(deployment)
+
+
+@dataclass(frozen=True)
+class Revive(Sentinel):
+    """Replace replica ``replica`` of ``operator`` (crashed or running) by a new one
+    built by hand-over from a live peer (DESIGN.md decision 7; Hwang §V-C).
+
+    The new replica subscribes to every live upstream replica, which replays its
+    retained output (everything since the last punctuation all its live
+    downstream replicas acknowledged); ``delay`` harness steps later it takes a
+    checkpoint from a live peer (``peer``, or one at random; the replaced replica
+    itself only when no other replica works, which makes the event a move),
+    installs it, kills the replaced replica if it still runs, and starts
+    feeding every downstream replica, first replaying the peer's retained
+    output. ``tamper(checkpoint) -> checkpoint`` edits the checkpoint before it
+    is installed: for negative controls only. A deployment runs it as
+    ``deployment.revive_replica(operator, replica)``.
+
+    >>> from replistream import Query
+    >>> q = Query(); s = q.source("s", {"k": "i8"}, punctuate_every=4)
+    >>> _ = s.window(size=8, by="k", name="w").sink("out")
+    >>> recs = [{"ts": t, "k": t % 3} for t in range(40)]
+    >>> data = {"s": chunked(recs[:20], 5) + [Revive("w", 0)] + chunked(recs[20:], 5)}
+    >>> rep = run_replicated(q, data, k=2, seed=3, audit=True)
+    >>> assert_same_output(run_reference(q, data).outputs["out"], rep.outputs["out"])
+    >>> [h["node"] for h in rep.stats["harness"].handovers]
+    ['w']
+    """
+
+    operator: str
+    replica: int
+    peer: int | None = None
+    delay: int = 0
+    tamper: Callable | None = None
+
+    def apply(self, deployment) -> None:
+        _deployment_call(deployment, "revive_replica", self.operator, self.replica)
+
+
+@dataclass(frozen=True)
+class AddReplica(Sentinel):
+    """Add a replica of ``operator`` by hand-over from a live peer, as :class:`Revive`
+    does, without replacing one (a deployment: ``deployment.add_replica(operator)``).
+
+    >>> AddReplica("join", peer=1).peer
+    1
+    """
+
+    operator: str
+    peer: int | None = None
+    delay: int = 0
+    tamper: Callable | None = None
+
+    def apply(self, deployment) -> None:
+        _deployment_call(deployment, "add_replica", self.operator)
+
+
+def _deployment_call(deployment, method: str, *args) -> None:
+    fn = getattr(deployment, method, None)
+    if fn is None:
+        raise NotImplementedError(f"{type(deployment).__name__} has no {method}(); hand-over of replicas "
+                                  f"runs in replistream.testing.run_replicated")
+    fn(*args)
+
+
+class ReplicaDivergence(AssertionError):
+    """Raised by :func:`run_replicated` with ``audit=True`` when some replica emitted a tuple
+    the ideal run's copy of its operator does not emit (or emitted one twice), or a replica
+    that completed did not emit all of them: a broken hand-over or a replica-inconsistent operator."""
 
 
 # -- comparing outputs ----------------------------------------------------------
@@ -194,15 +280,32 @@ def with_punctuations(records: Sequence[Mapping], every: int, rng: random.Random
 class _Instance:
     node: str
     index: int
-    core: ReplicaCore | None  # None for an entry point copy
+    core: ReplicaCore | None  # None for an entry point copy, or a replica waiting for its checkpoint
     items: list[Item] | None = None  # entry copies: the source stream
     cursor: int = 0
     alive: bool = True
     out: list["_Channel"] = field(default_factory=list)
+    entry_log: OutputLog | None = None  # entry copies: what they emitted, for replay
+    generation: int = 0
+    history: list | None = None  # audit: batches emitted (inherited from the peer at hand-over)
+    # hand-over in progress (subscribed, checkpoint not yet installed)
+    chan_counts: list[int] | None = None
+    ready_at: int = 0
+    event: Any = None
+    replayed: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.node}#{self.index}"
+        return f"{self.node}#{self.index}" + "'" * self.generation
+
+    @property
+    def ready(self) -> bool:
+        """Alive and working (an entry copy, or a replica with its state installed)."""
+        return self.alive and (self.items is not None or self.core is not None)
+
+    @property
+    def log(self) -> OutputLog | None:
+        return self.entry_log if self.items is not None else (self.core.output_log if self.core else None)
 
 
 @dataclass
@@ -218,17 +321,23 @@ class _Channel:
 
 @dataclass
 class HarnessStats:
-    """What the harness did: steps, crashed replicas, batches split and re-sent."""
+    """What the harness did: steps, crashed replicas, batches split and re-sent, kills
+    skipped to keep a working replica (``spared``), and one record per hand-over
+    (``handovers``: node, new replica, peer, the checkpoint's punctuations and those of
+    the other working replicas, applied ids, state rows, tuples replayed, bytes)."""
 
     steps: int = 0
     crashed: list[str] = field(default_factory=list)
     splits: int = 0
     resent: int = 0
+    spared: list[str] = field(default_factory=list)
+    handovers: list[dict] = field(default_factory=list)
 
 
 def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: int = 0, *, crash: bool = False,
                    split: bool = True, resend_prob: float = 0.05, speed_spread: float = 1.0,
-                   strict: bool = False, on_malformed: str = "raise") -> RunResult:
+                   strict: bool = False, on_malformed: str = "raise", audit: bool = False,
+                   checkpoint_bits: int = 0) -> RunResult:
     """Run ``query`` with every operator and entry point replicated ``k`` times, in process.
 
     ``crash=True`` kills up to ``k - 1`` replicas of every operator and of every
@@ -238,23 +347,42 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
     per-channel speeds. The result has the same shape as :func:`run_reference`;
     ``stats["harness"]`` is a :class:`HarnessStats` and ``stats["weights"]`` the
     duplicate-filter contribution weights at each application.
+
+    Sentinels among the inputs (:class:`KillReplica`, :class:`Revive`,
+    :class:`AddReplica`) run when the first entry-point copy of their source
+    reaches them. Hand-over follows DESIGN.md decision 7: every replica keeps
+    its output since the last punctuation all its live downstream replicas
+    acknowledged (acknowledgements are the receivers' duplicate-filter maximum
+    punctuations, read as soon as they change: the most aggressive trimming);
+    checkpoints go through ``to_bytes``/``from_bytes``, and with
+    ``checkpoint_bits > 0`` are split into bins and reassembled in random order.
+    ``audit=True`` compares what every replica emitted (its peer's emissions
+    before the checkpoint included) with the ideal run's output of its operator
+    and raises :class:`ReplicaDivergence` on any difference.
     """
     if int(k) < 1:
         raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
     query.build()
     rng = random.Random(seed)
-    streams, entries = source_streams(query, inputs, strict, on_malformed)
+    erng = random.Random(seed * 1_000_003 + 17)  # hand-over choices: the no-event schedule stays as it was
+    events: list = []
+    streams, entries = source_streams(query, inputs, strict, on_malformed, events=events)
+    for _, _, ev in events:
+        if isinstance(ev, (Revive, AddReplica)) and ev.operator not in query.operators:
+            raise QueryError(f"{type(ev).__name__}: {ev.operator!r} is not an operator of query {query.name!r}")
     inst: dict[str, list[_Instance]] = {}
     for src in query.sources:
-        inst[src] = [_Instance(src, i, None, items=streams[src]) for i in range(k)]
+        inst[src] = [_Instance(src, i, None, items=streams[src], entry_log=OutputLog()) for i in range(k)]
     for node in query.operators:
         chans = [len(inst[u]) for u in query.inputs_of(node)]
-        inst[node] = [_Instance(node, i, ReplicaCore(query, node, chans, strict)) for i in range(k)]
+        inst[node] = [_Instance(node, i, ReplicaCore(query, node, chans, strict, retain=True),
+                                history=[] if audit else None) for i in range(k)]
     collectors = {}
     for node in query.sinks:
         chans = [len(inst[u]) for u in query.inputs_of(node)]
         inst[node] = [_Instance(node, 0, ReplicaCore(query, node, chans, strict))]
         collectors[node] = _Collector(query.schema_of(node))
+    retired: list[_Instance] = []
     channels: list[_Channel] = []
     for node in query.topological():
         for v, port in query.outputs_of(node):
@@ -285,34 +413,175 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
                 ch.queue.append(piece)
                 stats.resent += 1
 
+    def ack(ch: _Channel) -> int:
+        """The receiver's acknowledgement: its duplicate filter's maximum punctuation
+        (a receiver still waiting for its checkpoint pins everything)."""
+        r = ch.receiver
+        return r.core.filters[ch.port].max_punct if r.core is not None else NO_PUNCTUATION
+
+    def trim(sender: _Instance) -> None:
+        acks = [ack(ch) for ch in sender.out if ch.receiver.alive]
+        if acks and sender.log is not None:
+            sender.log.trim(min(acks))
+
     def emit(sender: _Instance, items: list[Item]) -> None:
         for it in items:
             for ch in sender.out:
                 if ch.receiver.alive:
                     push(ch, it)
+        if sender.history is not None:
+            sender.history.extend(it for it in items if not isinstance(it, Punctuation) and len(it))
+        if sender.entry_log is not None:
+            sender.entry_log.append(items)
+        if any(isinstance(it, Punctuation) for it in items):
+            trim(sender)
 
-    def kill(victim: _Instance) -> None:
+    def kill(victim: _Instance, force: bool = False) -> None:
+        if not victim.alive:
+            return
+        if not force and victim.ready and sum(r.ready for r in inst[victim.node]) <= 1:
+            stats.spared.append(victim.label)  # never leave an operator without a working replica
+            return
         victim.alive = False
         stats.crashed.append(victim.label)
         for ch in victim.out:
             ch.queue.clear()
 
+    def connect(up: _Instance, down: _Instance, port: int) -> _Channel:
+        """A new stream replica up -> down."""
+        if down.core is None:
+            idx = down.chan_counts[port]
+            down.chan_counts[port] += 1
+        else:
+            idx = down.core.add_channel(port)
+        ch = _Channel(up, down, port, idx, erng.lognormvariate(0.0, speed_spread))
+        up.out.append(ch)
+        channels.append(ch)
+        return ch
+
+    def replay(up: _Instance, new_channels: list[_Channel]) -> None:
+        """Replay up's retained output on its new stream replicas, once every new receiver
+        counts among the acknowledgements that trim it."""
+        trim(up)
+        items = up.log.items()
+        for ch in new_channels:
+            for it in items:
+                push(ch, it)
+                if not isinstance(it, Punctuation):
+                    ch.receiver.replayed += len(it)
+
+    def subscribe(ev) -> None:
+        node = ev.operator
+        group = inst[node]
+        if isinstance(ev, Revive):
+            if not 0 <= ev.replica < len(group):
+                raise QueryError(f"Revive: {node!r} has replicas 0..{len(group) - 1}, got {ev.replica}")
+            if any(p.alive and p.node == node and p.index == ev.replica for p in pending):
+                return  # that replica is already being revived
+            slot, gen = ev.replica, group[ev.replica].generation + 1
+        else:
+            slot, gen = None, 0
+        new = _Instance(node, -1 if slot is None else slot, None, generation=gen,
+                        chan_counts=[0] * len(query.inputs_of(node)),
+                        ready_at=stats.steps + max(0, int(ev.delay)), event=ev)
+        for port, u_node in enumerate(query.inputs_of(node)):
+            for up in inst[u_node]:
+                if up.ready:  # a replica still waiting for its checkpoint connects when installed
+                    replay(up, [connect(up, new, port)])
+        pending.append(new)
+
+    def install(new: _Instance) -> None:
+        ev, node = new.event, new.node
+        group = inst[node]
+        old = group[new.index] if isinstance(ev, Revive) else None
+        workers = [r for r in group if r.ready]
+        chosen = group[ev.peer] if ev.peer is not None and 0 <= ev.peer < len(group) else None
+        if chosen is None or not chosen.ready:
+            others = [r for r in workers if r is not old]
+            chosen = erng.choice(others) if others else (old if old is not None and old.ready else None)
+        if chosen is None:
+            raise RuntimeError(f"hand-over of {new.label}: no working replica of {node!r} to take a checkpoint from")
+        ck = chosen.core.checkpoint(checkpoint_bits)
+        size = len(ck.to_bytes())
+        ck = ReplicaCheckpoint.from_bytes(ck.to_bytes())
+        if checkpoint_bits:
+            ck.logic = _shuffled_bins(ck.logic, erng)
+            if ck.sorters is not None:
+                ck.sorters = tuple(_shuffled_bins(st, erng) for st in ck.sorters)
+        if ev.tamper is not None:
+            ck = ev.tamper(ck)
+        if old is not None:
+            kill(old, force=True)  # replaced (a no-op when it had crashed)
+            retired.append(old)
+            group[new.index] = new
+        else:
+            new.index = len(group)
+            group.append(new)
+        new.core = ReplicaCore.from_checkpoint(query, ck, new.chan_counts, strict, retain=True)
+        new.chan_counts = None
+        if audit:
+            new.history = list(chosen.history)
+        stats.handovers.append({
+            "node": node, "replica": new.label, "peer": chosen.label,
+            "replaced": old.label if old is not None else None,
+            "punctuation": list(ck.punctuation),
+            "others": {r.label: [f.max_punct for f in r.core.filters] for r in workers if r is not chosen},
+            "applied": sum(f.applied for f in ck.filters), "state_rows": ck.logic.rows(),
+            "replayed": new.replayed, "inherited_output": len(ck.output), "bytes": size,
+            "subscribed_for": stats.steps - (new.ready_at - max(0, int(ev.delay))),
+        })
+        replay(new, [connect(new, down, port) for v, port in query.outputs_of(node)
+                     for down in inst[v] + [p for p in pending if p.node == v] if down.alive])
+
+    def run_event(ev) -> None:
+        if isinstance(ev, KillReplica):
+            nodes = query.sources if ev.operator == "entry" else [ev.operator]
+            for n in nodes:
+                if n not in inst or not 0 <= ev.replica < len(inst[n]):
+                    raise QueryError(f"KillReplica: no replica {ev.replica} of {n!r}")
+                kill(inst[n][ev.replica])
+        elif isinstance(ev, (Revive, AddReplica)):
+            subscribe(ev)
+
+    pending: list[_Instance] = []
+    due: dict[str, deque] = {src: deque() for src in query.sources}
+    for src, pos, ev in sorted(events, key=lambda e: e[1]):
+        due[src].append((pos, ev))
+
+    def fire(src: str, cursor: int) -> None:
+        q = due[src]
+        while q and q[0][0] <= cursor:
+            run_event(q.popleft()[1])
+
+    for src in query.sources:
+        fire(src, 0)
     while True:
         while crashes and crashes[0][0] <= stats.steps:
             kill(crashes.pop(0)[1])
+        for new in [p for p in pending if p.ready_at <= stats.steps]:
+            pending.remove(new)
+            install(new)
         cands: list = [e for src in query.sources for e in inst[src] if e.alive and e.cursor < len(e.items)]
         weights = [1.0] * len(cands)
         for ch in channels:
-            if ch.queue and ch.receiver.alive:
+            if ch.queue and ch.receiver.alive and ch.receiver.core is not None:
                 cands.append(ch)
                 weights.append(ch.speed)
         if not cands:
+            if pending:  # nothing moves until the waiting replicas install their checkpoints
+                stats.steps = min(p.ready_at for p in pending)
+                continue
+            if any(due.values()):  # events placed after the last item of a source
+                for src in query.sources:
+                    fire(src, len(streams[src]))
+                continue
             break
         pick = rng.choices(cands, weights)[0]
         stats.steps += 1
         if isinstance(pick, _Instance):
             emit(pick, [pick.items[pick.cursor]])
             pick.cursor += 1
+            fire(pick.node, pick.cursor)
             continue
         item = pick.queue.popleft()
         pick.delivered += 1
@@ -323,15 +592,50 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
         else:
             emit(recv, out)
 
+    everyone = [i for node in query.operators + query.sinks for i in inst[node]] + retired
     dead = [d for e in entries.values() for d in e.dead_letters]
-    for node in query.operators + query.sinks:
-        for i in inst[node]:
+    for i in everyone:
+        if i.core is not None:
             dead.extend(i.core.dead_letters())
     weights = {n: [f.weights.tolist() for f in inst[n][0].core.filters] for n in query.sinks}
-    return RunResult(
+    result = RunResult(
         outputs={n: c.result() for n, c in collectors.items()},
         punctuation={n: c.punctuation for n, c in collectors.items()},
         dead_letters=dead,
         stats={"harness": stats, "weights": weights,
                "entries": {s: e.stats() for s, e in entries.items()}},
     )
+    if audit:
+        problems = _audit(query, streams, entries, strict, [i for i in everyone if i.history is not None])
+        result.stats["audit"] = problems
+        if problems:
+            raise ReplicaDivergence("replicas diverge from the ideal run:\n  " + "\n  ".join(problems[:10]))
+    return result
+
+
+def _shuffled_bins(state: OperatorState, rng: random.Random) -> OperatorState:
+    """Split a state into its bins and reassemble them in random order (as a binned transfer would)."""
+    bins = list(range(state.n_bins))
+    rng.shuffle(bins)
+    return OperatorState.merge([state.select([b]) for b in bins])
+
+
+def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: list[_Instance]) -> list[str]:
+    """Each replica's emissions against the ideal run's output of its operator (as multisets of rows)."""
+    ideal = _reference_run(query, streams, entries, strict, record_nodes=True).stats["node_outputs"]
+    expected = {n: as_multiset(b) for n, b in ideal.items()}
+    problems = []
+    for i in instances:
+        schema = query.schema_of(i.node)
+        got = as_multiset(np.concatenate(i.history) if i.history else schema.empty())
+        extra = got - expected[i.node]
+        if extra:
+            problems.append(f"{i.label} emitted {sum(extra.values())} tuple(s) the ideal run does not "
+                            f"(or more copies than it does)")
+        complete = i.alive and i.core is not None and i.core.logic.watermark == END
+        if complete:
+            missing = expected[i.node] - got
+            if missing:
+                problems.append(f"{i.label} completed without emitting {sum(missing.values())} tuple(s) "
+                                f"of the ideal run")
+    return problems

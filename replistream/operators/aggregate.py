@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from numpy.lib.recfunctions import repack_fields
 
 from ..errors import QueryError
-from ..exact import ExactSums, exact_row_sums
+from ..exact import LIMBS, ExactSums, exact_row_sums
 from ..ids import hash_columns, mix, stable_hash
 from ..schema import ID, TS, Schema
 from .base import OperatorLogic
@@ -160,6 +161,10 @@ class _GroupedWindows(OperatorLogic):
             return np.zeros(len(batch), dtype=np.uint64)
         return hash_columns(batch, self.by)
 
+    def _state_params(self):
+        aggs = tuple((a.name, a.field, a.how if isinstance(a.how, str) else "summary") for a in self.aggs)
+        return {"size": self.size, "slide": self.slide, "by": self.by, "aggs": aggs}
+
 
 class TimeWindowAggregateLogic(_GroupedWindows):
     """Algorithm 3 (Hwang §IV-F): per group, windows ``[start, start + size)`` every ``slide``.
@@ -181,6 +186,13 @@ class TimeWindowAggregateLogic(_GroupedWindows):
     []
     >>> out = a.process(0, Punctuation(9)); out[0][["ts", "k", "window_start", "n", "m"]].tolist()
     [(9, 1, 0, 2, 1.5)]
+
+    Hand-over: a fresh replica restored from a checkpoint closes the open window
+    exactly as the original would (DESIGN.md decision 7):
+
+    >>> b = TimeWindowAggregateLogic("a", [s], size=10, by="k", aggs={"n": "count", "m": ("x", "mean")})
+    >>> b.restore(a.checkpoint()).process(0, Punctuation(19))[0][["ts", "n", "m"]].tolist()
+    [(19, 1, 9.0)]
     """
 
     def __init__(self, name, in_schemas, size, slide=None, by=None, aggs=None, strict=False):
@@ -360,6 +372,80 @@ class TimeWindowAggregateLogic(_GroupedWindows):
     def open_windows(self) -> int:
         return len(self._index)
 
+    # -- hand-over (DESIGN.md decision 7) ------------------------------------
+    # One row per open (group, window), binned by the group's hash so that all
+    # windows of a group share a bin (Megaphone). Exact float sums travel as a
+    # band of their non-zero limbs per row (a handful of the 70), plus the
+    # special-value counts and the adds since the last renormalisation.
+    def _state_tables(self, keyed):
+        rows = np.flatnonzero(self._alive[: self._n])
+        cols: dict[str, np.ndarray] = {"key": self._key[rows], "start": self._start[rows],
+                                       "count": self._count[rows]}
+        if self._group is not None:
+            cols["group"] = self._group[rows]
+        for (kind, fld), acc in self._acc.items():
+            if isinstance(acc, ExactSums):
+                lo, band = _pack_limbs(acc.limbs[rows])
+                cols[f"fsum:{fld}:lo"], cols[f"fsum:{fld}:band"] = lo, band
+                cols[f"fsum:{fld}:special"] = acc.special[rows]
+                cols[f"fsum:{fld}:adds"] = acc.adds[rows]
+            else:
+                cols[f"{kind}:{fld}"] = acc[rows]
+        ghash = self._group_hash(self._group[rows]) if (keyed and self._group is not None) else (
+            np.zeros(len(rows), dtype=np.uint64) if keyed else None)
+        tables = {"windows": (cols, ghash)}
+        for name, store in self._udf.items():
+            parts, lens, owner = [], [], []
+            for i, r in enumerate(rows.tolist()):
+                ps = store.get(r)
+                if ps:
+                    parts.extend(ps)
+                    lens.extend(map(len, ps))
+                    owner.extend([i] * len(ps))
+            at = np.repeat(np.asarray(owner, dtype=np.int64), lens) if parts else np.zeros(0, np.int64)
+            tables[f"udf:{name}"] = ({"rows": _join_parts(parts) if parts else self._udf_empty(name),
+                                      "key": cols["key"][at]},
+                                     ghash[at] if keyed else None)
+        return tables
+
+    def _udf_empty(self, name: str) -> np.ndarray:
+        schema = self.in_schemas[0]
+        whole = any(a.field == "*" for a in self.aggs if isinstance(a.how, Summary))
+        if whole:
+            return schema.empty()
+        cols = [TS, ID] + sorted({a.field for a in self.aggs if isinstance(a.how, Summary) and a.field != "*"})
+        return repack_fields(schema.empty()[cols])
+
+    def _restore_tables(self, tables):
+        cols = tables["windows"]
+        n = len(cols["key"])
+        rows = self._allocate(n)
+        self._key[rows] = cols["key"]
+        self._start[rows] = cols["start"]
+        self._count[rows] = cols["count"]
+        self._alive[rows] = True
+        if self._group is not None:
+            self._group[rows] = cols["group"]
+        for (kind, fld), acc in self._acc.items():
+            if isinstance(acc, ExactSums):
+                acc.clear(rows)
+                _unpack_limbs(acc.limbs, rows, cols[f"fsum:{fld}:lo"], cols[f"fsum:{fld}:band"])
+                acc.special[rows] = cols[f"fsum:{fld}:special"]
+                acc.adds[rows] = cols[f"fsum:{fld}:adds"]
+            else:
+                acc[rows] = cols[f"{kind}:{fld}"]
+        self._index = dict(zip(cols["key"].tolist(), rows.tolist()))
+        for name, store in self._udf.items():
+            t = tables[f"udf:{name}"]
+            if not len(t["key"]):
+                continue
+            where = np.fromiter(map(self._index.__getitem__, t["key"].tolist()), dtype=np.int64, count=len(t["key"]))
+            order = np.argsort(where, kind="stable")
+            w = where[order]
+            cuts = np.r_[0, np.flatnonzero(w[1:] != w[:-1]) + 1, len(w)]
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                store[int(w[a])] = [t["rows"][order[a:b]]]
+
 
 class CountWindowAggregateLogic(_GroupedWindows):
     """Algorithm 4 (Hwang §IV-F): per group, windows of ``size`` tuples every ``slide`` tuples.
@@ -378,6 +464,13 @@ class CountWindowAggregateLogic(_GroupedWindows):
     >>> _ = c.process(0, s.from_columns({"ts": [3, 1, 2], "x": [30, 10, 20]}, ids=[1, 2, 3]))
     >>> c.process(0, Punctuation(5))[0][["ts", "window", "s"]].tolist()
     [(2, 0, 30)]
+
+    Hand-over restores the unreleased input and each group's count and pending tuples:
+
+    >>> d = CountWindowAggregateLogic("c", [s], size=2, aggs={"s": ("x", "sum")}).restore(c.checkpoint())
+    >>> _ = d.process(0, s.from_columns({"ts": [7], "x": [70]}, ids=[4]))
+    >>> d.process(0, Punctuation(9))[0][["ts", "window", "s"]].tolist()
+    [(7, 1, 100)]
     """
 
     def __init__(self, name, in_schemas, size, slide=None, by=None, aggs=None, strict=False):
@@ -433,6 +526,44 @@ class CountWindowAggregateLogic(_GroupedWindows):
         out = np.concatenate(outs)
         return [out[canonical_order(out)]]
 
+    # -- hand-over (DESIGN.md decision 7) ------------------------------------
+    # The unreleased input (ts > watermark), and per group its tuple count, next
+    # window number and the tuples still pending for open windows (in (ts, id)
+    # order); all binned by group hash.
+    def _state_tables(self, keyed):
+        schema = self.in_schemas[0]
+        buf = self._buffer[0] if len(self._buffer) == 1 else (
+            np.concatenate(self._buffer) if self._buffer else schema.empty())
+        gs = np.fromiter(self._groups.keys(), dtype=np.uint64, count=len(self._groups))
+        st = list(self._groups.values())
+        count = np.fromiter((x[0] for x in st), dtype=np.int64, count=len(st))
+        nxt = np.fromiter((x[1] for x in st), dtype=np.int64, count=len(st))
+        pend = [x[2] for x in st if len(x[2])]
+        pending = np.concatenate(pend) if pend else schema.empty()
+        return {
+            "buffer": ({"rows": buf}, self._group_hash(buf) if keyed else None),
+            "groups": ({"group": gs, "count": count, "next": nxt}, gs if keyed else None),
+            "pending": ({"rows": pending}, self._group_hash(pending) if keyed else None),
+        }
+
+    def _restore_tables(self, tables):
+        schema = self.in_schemas[0]
+        buf = schema.check(tables["buffer"]["rows"], f"{self.name} checkpoint")
+        self._buffer = [buf] if len(buf) else []
+        pending = schema.check(tables["pending"]["rows"], f"{self.name} checkpoint")
+        by_group: dict[int, np.ndarray] = {}
+        if len(pending):
+            gh = self._group_hash(pending)
+            order = np.argsort(gh, kind="stable")  # stable: keeps each group's (ts, id) order
+            gsorted = gh[order]
+            cuts = np.r_[0, np.flatnonzero(gsorted[1:] != gsorted[:-1]) + 1, len(gsorted)]
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                by_group[int(gsorted[a])] = pending[order[a:b]]
+        g = tables["groups"]
+        empty = pending[:0]
+        self._groups = {h: [c, j, by_group.get(h, empty)]
+                        for h, c, j in zip(g["group"].tolist(), g["count"].tolist(), g["next"].tolist())}
+
     def _windows(self, g: int, seq: np.ndarray, idx: np.ndarray, js: np.ndarray) -> np.ndarray:
         n = len(js)
         out = np.empty(n, dtype=self.out_schema.dtype)
@@ -459,3 +590,40 @@ class CountWindowAggregateLogic(_GroupedWindows):
                 else:
                     out[a.name] = _canon(v).max(axis=1)
         return out
+
+
+def _join_parts(parts: list[np.ndarray]) -> np.ndarray:
+    """Concatenate many small row blocks of one dtype quickly, packed (no padding of unused fields)."""
+    dt = parts[0].dtype
+    if any(p.dtype != dt for p in parts):
+        return repack_fields(np.concatenate(parts))
+    return repack_fields(np.frombuffer(b"".join(np.ascontiguousarray(p).tobytes() for p in parts), dtype=dt))
+
+
+def _pack_limbs(limbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the first non-zero limb and the band of limbs from it to the last non-zero one.
+
+    >>> lo, band = _pack_limbs(np.array([[0, 5, 0, 7] + [0] * (LIMBS - 4), [0] * LIMBS]))
+    >>> lo.tolist(), band.tolist()
+    ([1, 0], [[5, 0, 7], [0, 0, 0]])
+    """
+    n = len(limbs)
+    nz = limbs != 0
+    has = nz.any(axis=1)
+    lo = np.where(has, nz.argmax(axis=1), 0)
+    hi = np.where(has, LIMBS - nz[:, ::-1].argmax(axis=1), 0)
+    w = int((hi - lo).max()) if n else 0
+    j = np.arange(w)
+    idx = lo[:, None] + j
+    band = np.take_along_axis(limbs, np.minimum(idx, LIMBS - 1), axis=1) if n else np.zeros((0, 0), np.int64)
+    band = np.where(idx < hi[:, None], band, 0)
+    return lo.astype(np.int8), band.astype(np.int64)
+
+
+def _unpack_limbs(limbs: np.ndarray, rows: np.ndarray, lo: np.ndarray, band: np.ndarray) -> None:
+    """Write bands back into ``limbs[rows]`` (rows already cleared)."""
+    lo = lo.astype(np.int64)
+    for j in range(band.shape[1]):
+        col = lo + j
+        ok = (col < LIMBS) & (band[:, j] != 0)
+        limbs[rows[ok], col[ok]] = band[ok, j]

@@ -21,20 +21,205 @@ they move those items (DESIGN.md decision 2).
 Subclasses implement ``_on_batch(port, batch) -> list[np.ndarray]`` and,
 where they hold state, ``_on_port_punctuation(port, p)`` (purge) and
 ``_on_watermark(wm) -> list[np.ndarray]`` (close windows).
+
+Hand-over (DESIGN.md decision 7): :meth:`OperatorLogic.checkpoint` returns the
+logic's whole state as an :class:`OperatorState`, a plain, versioned, picklable
+object of numpy arrays, and :meth:`OperatorLogic.restore` installs one into a
+freshly built logic, which then behaves exactly as the checkpointed one would.
+Keyed state is laid out in *bins* by the most significant bits of the key hash
+(Megaphone 2019, §3.4), so a later state transfer can ship it bin by bin
+(:meth:`OperatorState.select`, :meth:`OperatorState.merge`). Stateful
+subclasses implement ``_state_tables`` / ``_restore_tables``; stateless ones
+set ``stateless = True``.
 """
 from __future__ import annotations
 
-from typing import Union
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Union
 
 import numpy as np
 
-from ..errors import DeadLetter, PunctuationViolation
+from ..errors import DeadLetter, PunctuationViolation, ReplistreamError
 from ..schema import Punctuation, Schema, TS
 
 Item = Union[np.ndarray, Punctuation]
 
 #: Punctuation value before any punctuation arrived.
 NO_PUNCTUATION = int(np.iinfo(np.int64).min)
+
+#: Version of the state format written by :meth:`OperatorLogic.checkpoint`;
+#: :meth:`OperatorLogic.restore` accepts only this version.
+STATE_VERSION = 1
+
+
+class CheckpointError(ReplistreamError, ValueError):
+    """A checkpoint cannot be installed: wrong version, operator, parameters, or a logic that already ran."""
+
+
+def bin_of(key_hash: np.ndarray, bits: int) -> np.ndarray:
+    """The bin of each 64-bit key hash: its ``bits`` most significant bits (Megaphone §3.4).
+
+    Megaphone takes the high bits because similar keys often differ only in
+    their low bits; with ``bits == 0`` there is one bin, 0.
+
+    >>> bin_of(np.array([0, 2**63, 2**64 - 1], dtype=np.uint64), 2).tolist()
+    [0, 2, 3]
+    >>> bin_of(np.array([5], dtype=np.uint64), 0).tolist()
+    [0]
+    """
+    key_hash = np.asarray(key_hash, dtype=np.uint64)
+    if not 0 <= int(bits) <= 32:
+        raise ValueError(f"bits must be in 0..32, got {bits}")
+    if bits == 0:
+        return np.zeros(len(key_hash), dtype=np.int64)
+    return (key_hash >> np.uint64(64 - bits)).astype(np.int64)
+
+
+Columns = dict  # column name -> numpy array (all of one table's columns have the same length)
+
+
+@dataclass
+class OperatorState:
+    """The state of one operator logic: what hand-over ships (DESIGN.md decision 7).
+
+    * ``kind``, ``name``, ``params``: which logic wrote it (checked on restore);
+    * ``in_punct``, ``watermark``: the punctuation bookkeeping of the base class;
+    * ``tables``: keyed state, ``{table: {column: array}}``; every column of a
+      table has one row per state entry (2-D columns are zero-padded bands);
+    * ``offsets``: ``{table: int64 array of 2**bits + 1}``; rows are sorted by
+      bin, and bin ``b`` of a table is rows ``offsets[b]:offsets[b + 1]``. The
+      bin of a row is the top ``bits`` bits of its key hash (:func:`bin_of`);
+      unkeyed state (an unkeyed Join, a Sorter) lies in bin 0.
+
+    Only numpy arrays, ints and strings: it pickles compactly (one buffer per
+    array) and moves between processes as it is.
+
+    >>> from replistream.operators.aggregate import TimeWindowAggregateLogic
+    >>> s = Schema({"k": "i8"})
+    >>> a = TimeWindowAggregateLogic("a", [s], size=10, by="k")
+    >>> _ = a.process(0, s.from_columns({"ts": [1, 2, 3], "k": [1, 2, 3]}, ids=[1, 2, 3]))
+    >>> st = a.checkpoint(bits=1); st.rows("windows"), st.offsets["windows"].tolist()
+    (3, [0, 1, 3])
+    >>> st.select([1]).rows("windows")
+    2
+    """
+
+    kind: str
+    name: str
+    params: dict
+    in_punct: tuple
+    watermark: int
+    bits: int = 0
+    tables: dict = field(default_factory=dict)
+    offsets: dict = field(default_factory=dict)
+    version: int = STATE_VERSION
+
+    @property
+    def n_bins(self) -> int:
+        return 1 << self.bits
+
+    def rows(self, table: str | None = None) -> int:
+        """Rows in ``table`` (all tables when None)."""
+        names = [table] if table is not None else list(self.tables)
+        return sum(int(self.offsets[t][-1]) for t in names)
+
+    def nbytes(self) -> int:
+        """Bytes of array data held (what pickling ships, give or take a few hundred bytes)."""
+        return sum(a.nbytes for cols in self.tables.values() for a in cols.values()) + \
+            sum(o.nbytes for o in self.offsets.values())
+
+    def bin_rows(self, table: str) -> np.ndarray:
+        """Rows of ``table`` per bin (length ``2**bits``)."""
+        return np.diff(self.offsets[table])
+
+    def select(self, bins: Iterable[int]) -> "OperatorState":
+        """The state restricted to ``bins`` (other bins empty): one step of a binned transfer.
+
+        >>> st = OperatorState("X", "x", {}, (0,), 0, bits=1, tables={"t": {"v": np.arange(3)}},
+        ...                    offsets={"t": np.array([0, 1, 3])})
+        >>> st.select([1]).tables["t"]["v"].tolist()
+        [1, 2]
+        """
+        keep = np.zeros(self.n_bins, dtype=bool)
+        keep[list(bins)] = True
+        tables, offsets = {}, {}
+        for t, cols in self.tables.items():
+            off = self.offsets[t]
+            idx = np.concatenate([np.arange(off[b], off[b + 1]) for b in np.flatnonzero(keep)] or
+                                 [np.zeros(0, dtype=np.int64)])
+            tables[t] = {c: a[idx] for c, a in cols.items()}
+            counts = np.where(keep, np.diff(off), 0)
+            offsets[t] = np.r_[0, np.cumsum(counts)].astype(np.int64)
+        return replace(self, tables=tables, offsets=offsets)
+
+    @staticmethod
+    def merge(parts: list["OperatorState"]) -> "OperatorState":
+        """Reassemble states of disjoint bins (e.g. from :meth:`select`) into one.
+
+        >>> st = OperatorState("X", "x", {}, (0,), 0, bits=1, tables={"t": {"v": np.arange(3)}},
+        ...                    offsets={"t": np.array([0, 1, 3])})
+        >>> OperatorState.merge([st.select([1]), st.select([0])]).tables["t"]["v"].tolist()
+        [0, 1, 2]
+        """
+        if not parts:
+            raise ValueError("merge needs at least one state")
+        first = parts[0]
+        for p in parts[1:]:
+            if (p.kind, p.name, p.bits, p.version, tuple(p.in_punct), p.watermark) != \
+                    (first.kind, first.name, first.bits, first.version, tuple(first.in_punct), first.watermark):
+                raise CheckpointError(f"cannot merge states of {first.name!r}: they differ in kind, bits "
+                                      f"or punctuation")
+        tables, offsets = {}, {}
+        for t in first.tables:
+            pieces: dict[str, list] = {c: [] for c in first.tables[t]}
+            counts = np.zeros(first.n_bins, dtype=np.int64)
+            for b in range(first.n_bins):
+                for p in parts:
+                    lo, hi = int(p.offsets[t][b]), int(p.offsets[t][b + 1])
+                    if hi > lo:
+                        counts[b] += hi - lo
+                        for c, a in p.tables[t].items():
+                            pieces[c].append(a[lo:hi])
+            tables[t] = {c: _concat_rows(pieces[c], first.tables[t][c]) for c in pieces}
+            offsets[t] = np.r_[0, np.cumsum(counts)].astype(np.int64)
+        return replace(first, tables=tables, offsets=offsets)
+
+
+def _concat_rows(pieces: list, like: np.ndarray) -> np.ndarray:
+    """Concatenate row blocks; 2-D bands of different widths are zero-padded on the right."""
+    if not pieces:
+        return like[:0]
+    if like.ndim == 2:
+        w = max(p.shape[1] for p in pieces)
+        pieces = [p if p.shape[1] == w else np.pad(p, ((0, 0), (0, w - p.shape[1]))) for p in pieces]
+    return np.concatenate(pieces)
+
+
+def binned(tables: dict, bits: int) -> tuple[dict, dict]:
+    """Lay out ``{table: (columns, key_hash or None)}`` by bin; returns (tables, offsets).
+
+    ``key_hash`` None means unkeyed (everything in bin 0). With ``bits == 0``
+    nothing is hashed or reordered.
+
+    >>> t, o = binned({"t": ({"v": np.arange(3)}, np.array([2**63, 0, 2**63], dtype=np.uint64))}, 1)
+    >>> t["t"]["v"].tolist(), o["t"].tolist()
+    ([1, 0, 2], [0, 1, 3])
+    """
+    out, offsets = {}, {}
+    nb = 1 << bits
+    for name, (cols, key) in tables.items():
+        n = len(next(iter(cols.values()))) if cols else 0
+        if bits == 0 or key is None or n == 0:
+            out[name] = cols
+            off = np.zeros(nb + 1, dtype=np.int64)
+            off[1:] = n
+            offsets[name] = off
+            continue
+        b = bin_of(key, bits)
+        order = np.argsort(b, kind="stable")
+        out[name] = {c: a[order] for c, a in cols.items()}
+        offsets[name] = np.r_[0, np.cumsum(np.bincount(b, minlength=nb))].astype(np.int64)
+    return out, offsets
 
 
 class OperatorLogic:
@@ -59,6 +244,10 @@ class OperatorLogic:
     #: Order-sensitive operators need their inputs sorted (Hwang §IV-C); the
     #: query builder then inserts a Sorter in front of them.
     order_sensitive: bool = False
+
+    #: True when the only state is the punctuation bookkeeping of this base
+    #: class (Filter, Map, FlatMap, Union): checkpoint and restore need nothing more.
+    stateless: bool = False
 
     def __init__(self, name: str, in_schemas: list[Schema], out_schema: Schema, strict: bool = False):
         self.name = name
@@ -105,6 +294,69 @@ class OperatorLogic:
             self.watermark = wm
             out.append(Punctuation(wm))
         return self._tally(out)
+
+    # -- hand-over (DESIGN.md decision 7) ---------------------------------------
+    def checkpoint(self, bits: int = 0) -> OperatorState:
+        """The whole state of this logic, keyed state split into ``2**bits`` bins.
+
+        Take it between two ``process`` calls; it shares no mutable object with
+        the logic (arrays are copies or never mutated in place afterwards).
+
+        >>> from replistream.operators import FilterLogic
+        >>> s = Schema({"x": "i8"})
+        >>> f = FilterLogic("f", [s], lambda b: b["x"] > 0)
+        >>> _ = f.process(0, Punctuation(5))
+        >>> g = FilterLogic("f", [s], lambda b: b["x"] > 0).restore(f.checkpoint())
+        >>> g.in_punct, g.watermark
+        ([5], 5)
+        """
+        raw = self._state_tables(bits > 0)
+        tables, offsets = binned(raw, int(bits))
+        return OperatorState(type(self).__name__, self.name, self._state_params(), tuple(self.in_punct),
+                             int(self.watermark), int(bits), tables, offsets)
+
+    def restore(self, state: OperatorState) -> "OperatorLogic":
+        """Install ``state`` (from :meth:`checkpoint` of a logic built from the same spec) into
+        this freshly built logic; returns ``self``. Raises :class:`CheckpointError` on a mismatch."""
+        if not isinstance(state, OperatorState):
+            raise CheckpointError(f"{self.name!r}: expected an OperatorState, got {type(state).__name__}")
+        if state.version != STATE_VERSION:
+            raise CheckpointError(f"{self.name!r}: state version {state.version}, this replistream reads "
+                                  f"version {STATE_VERSION}")
+        if state.kind != type(self).__name__ or state.name != self.name:
+            raise CheckpointError(f"state of {state.kind} {state.name!r} cannot be restored into "
+                                  f"{type(self).__name__} {self.name!r}")
+        if state.params != self._state_params():
+            raise CheckpointError(f"{self.name!r}: state was taken with parameters {state.params}, "
+                                  f"this logic has {self._state_params()}")
+        if len(state.in_punct) != self.n_inputs:
+            raise CheckpointError(f"{self.name!r}: state has {len(state.in_punct)} input(s), "
+                                  f"logic has {self.n_inputs}")
+        if self.tuples_in or self.watermark != NO_PUNCTUATION or any(p != NO_PUNCTUATION for p in self.in_punct):
+            raise CheckpointError(f"{self.name!r}: restore needs a freshly built logic; this one already ran")
+        self.in_punct = [int(p) for p in state.in_punct]
+        self.watermark = int(state.watermark)
+        self._restore_tables(state.tables)
+        return self
+
+    def _state_params(self) -> dict:
+        """Parameters a state depends on (checked on restore)."""
+        return {}
+
+    def _state_tables(self, keyed: bool) -> dict:
+        """``{table: (columns, key_hash or None)}``; key hashes are needed only when ``keyed``."""
+        if self.stateless:
+            return {}
+        raise NotImplementedError(
+            f"operator {self.name!r} ({type(self).__name__}) does not support hand-over: set "
+            f"stateless = True or implement _state_tables and _restore_tables")
+
+    def _restore_tables(self, tables: dict) -> None:
+        if self.stateless:
+            return
+        raise NotImplementedError(
+            f"operator {self.name!r} ({type(self).__name__}) does not support hand-over: set "
+            f"stateless = True or implement _state_tables and _restore_tables")
 
     # -- hooks for subclasses -------------------------------------------------
     def _on_batch(self, port: int, batch: np.ndarray) -> list[np.ndarray]:

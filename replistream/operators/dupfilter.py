@@ -23,17 +23,54 @@ A tuple with ``ts <= p`` after punctuation ``p`` *on its own stream replica*
 breaks that replica's punctuation contract: it is dead-lettered (or raises in
 strict mode). A tuple with ``ts <= max punctuation`` from another, slower
 replica is an ordinary late duplicate and is dropped.
+
+Hand-over (DESIGN.md decision 7): a filter's state is exactly what a new
+replica must know to apply "only tuples with ts > p that the checkpoint did not
+contain": the maximum punctuation ``p`` and the (ts, id) of the tuples with
+``ts > p`` it has already passed (:class:`FilterState`). A filter restored from
+it drops every later copy of those tuples and everything at or below ``p``.
 """
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from itertools import repeat
 
 import numpy as np
 
 from ..errors import DeadLetter, PunctuationViolation
 from ..schema import ID, TS, Punctuation, Schema
-from .base import NO_PUNCTUATION
+from .base import NO_PUNCTUATION, STATE_VERSION, CheckpointError
+
+
+@dataclass
+class FilterState:
+    """What a duplicate filter ships at hand-over (DESIGN.md decision 7).
+
+    ``max_punct`` is the filter's maximum punctuation ``p``; ``applied_ts`` and
+    ``applied_ids`` the timestamps and ids of the tuples with ``ts > p`` it has
+    already passed downstream (16 bytes each). Per-channel bookkeeping
+    (weights, channel punctuations) belongs to the old replica's own stream
+    replicas and is not shipped.
+
+    >>> s = Schema({"x": "i8"})
+    >>> f = DuplicateFilter(1, s)
+    >>> _ = f.on_punctuation(0, 1); _ = f.on_batch(0, s.from_columns({"ts": [2, 3], "x": [0, 0]}, ids=[7, 8]))
+    >>> st = f.checkpoint(); st.max_punct, st.applied_ids.tolist()
+    (1, [7, 8])
+    """
+
+    max_punct: int
+    applied_ts: np.ndarray
+    applied_ids: np.ndarray
+    version: int = STATE_VERSION
+
+    @property
+    def applied(self) -> int:
+        return len(self.applied_ids)
+
+    def nbytes(self) -> int:
+        return self.applied_ts.nbytes + self.applied_ids.nbytes
 
 
 class DuplicateFilter:
@@ -83,6 +120,38 @@ class DuplicateFilter:
         self.weights = np.append(self.weights, 0.0)
         self.copies = np.append(self.copies, 0)
         return len(self.chan_punct) - 1
+
+    def checkpoint(self) -> FilterState:
+        """Maximum punctuation and the tuples with ts above it already passed (see :class:`FilterState`)."""
+        if self._pending_ts:
+            ts, ids = np.concatenate(self._pending_ts), np.concatenate(self._pending_id)
+            self._pending_ts, self._pending_id = [ts], [ids]
+        else:
+            ts, ids = np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        return FilterState(int(self.max_punct), ts.copy(), ids.copy())
+
+    def restore(self, state: FilterState) -> "DuplicateFilter":
+        """Install ``state`` into this fresh filter (its own channels keep their fresh bookkeeping).
+
+        >>> s = Schema({"x": "i8"})
+        >>> g = DuplicateFilter(2, s).restore(FilterState(1, np.array([2]), np.array([7], dtype=np.uint64)))
+        >>> b = s.from_columns({"ts": [1, 2, 3], "x": [0, 0, 0]}, ids=[6, 7, 8])
+        >>> g.on_batch(1, b)[0]["id"].tolist()  # ts 1 <= p and id 7 already applied: dropped
+        [8]
+        """
+        if not isinstance(state, FilterState) or state.version != STATE_VERSION:
+            raise CheckpointError(f"{self.name!r}: expected a FilterState of version {STATE_VERSION}, "
+                                  f"got {state!r}")
+        if self.seen or self.max_punct != NO_PUNCTUATION or self.passed:
+            raise CheckpointError(f"{self.name!r}: restore needs a fresh duplicate filter")
+        if len(state.applied_ts) != len(state.applied_ids):
+            raise CheckpointError(f"{self.name!r}: applied_ts and applied_ids differ in length")
+        self.max_punct = int(state.max_punct)
+        ids = np.asarray(state.applied_ids, dtype=np.uint64)
+        ts = np.asarray(state.applied_ts, dtype=np.int64)
+        self.seen = dict.fromkeys(ids.tolist(), 1)
+        self._pending_ts, self._pending_id = ([ts], [ids]) if len(ids) else ([], [])
+        return self
 
     def process(self, channel: int, item) -> list:
         if isinstance(item, Punctuation):

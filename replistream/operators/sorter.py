@@ -35,6 +35,11 @@ class SorterLogic(OperatorLogic):
     []
     >>> out = so.process(0, Punctuation(6)); out[0]["ts"].tolist(), out[1]
     ([3, 5], Punctuation(6))
+
+    Its checkpoint is the buffer (tuples above the watermark), unkeyed:
+
+    >>> SorterLogic("sort", [s]).restore(so.checkpoint()).buffered
+    1
     """
 
     def __init__(self, name: str, in_schemas: list[Schema], strict: bool = False):
@@ -61,6 +66,16 @@ class SorterLogic(OperatorLogic):
 
     def _on_watermark(self, wm):
         return [self.release(wm)]
+
+    # -- hand-over: the buffered tuples (ts > watermark), unkeyed, in bin 0 --
+    def _state_tables(self, keyed):
+        buf = self._buffer[0] if len(self._buffer) == 1 else (
+            np.concatenate(self._buffer) if self._buffer else self.out_schema.empty())
+        return {"buffer": ({"rows": buf}, None)}
+
+    def _restore_tables(self, tables):
+        rows = tables["buffer"]["rows"]
+        self._buffer = [self.in_schemas[0].check(rows, f"{self.name} checkpoint")] if len(rows) else []
 
     @property
     def buffered(self) -> int:

@@ -1,7 +1,9 @@
 """Stateless operators: Filter, Map, FlatMap, Union (Hwang §IV-D).
 
 Each processes every tuple on its own, so it is replica consistent whatever
-the input order. User functions are *vectorised*: they take a whole batch (a
+the input order. Their only state is the punctuation bookkeeping of
+:class:`~replistream.operators.base.OperatorLogic` (``stateless = True``), so a
+hand-over checkpoint of one is a few integers. User functions are *vectorised*: they take a whole batch (a
 numpy structured array) and return arrays, so no Python runs per tuple.
 """
 from __future__ import annotations
@@ -43,6 +45,8 @@ class FilterLogic(OperatorLogic):
     array([2, 4])
     """
 
+    stateless = True  # checkpoint/restore carry only the punctuation bookkeeping
+
     def __init__(self, name: str, in_schemas: list[Schema], predicate: Callable, strict: bool = False):
         super().__init__(name, in_schemas, in_schemas[0], strict)
         self.predicate = predicate
@@ -66,6 +70,8 @@ class MapLogic(OperatorLogic):
     >>> m.process(0, s.from_columns({"ts": [1], "x": [4]}))[0]["y"]
     array([40.])
     """
+
+    stateless = True  # checkpoint/restore carry only the punctuation bookkeeping
 
     def __init__(self, name, in_schemas, fn: Callable, out_schema: Schema, strict: bool = False):
         super().__init__(name, in_schemas, out_schema, strict)
@@ -94,6 +100,8 @@ class FlatMapLogic(OperatorLogic):
     >>> fm.process(0, s.from_columns({"ts": [1, 2], "n": [2, 1]}))[0]["k"]
     array([0, 1, 0])
     """
+
+    stateless = True  # checkpoint/restore carry only the punctuation bookkeeping
 
     def __init__(self, name, in_schemas, fn: Callable, out_schema: Schema, strict: bool = False):
         super().__init__(name, in_schemas, out_schema, strict)
@@ -138,6 +146,8 @@ class UnionLogic(OperatorLogic):
     >>> len(u.process(1, s.from_columns({"ts": [1], "x": [1]}))[0])
     1
     """
+
+    stateless = True  # checkpoint/restore carry only the punctuation bookkeeping
 
     def __init__(self, name, in_schemas, strict: bool = False):
         super().__init__(name, in_schemas, in_schemas[0], strict)
