@@ -1,5 +1,21 @@
-"""Trace-driven discrete-event simulator (imported as ``replistream.sim``).
+"""Trace-driven discrete-event simulator (imported as ``replistream.sim``; Hwang §VI).
 
-It will drive the same operator logic as the runtime (DESIGN.md decision 2);
-filled in by the simulator issue.
+The simulator drives the runtime's own operator objects (``ReplicaCore``,
+``EntryLogic``, ``DuplicateFilter``) over virtual links whose delays come
+from a latency model or trace (DESIGN.md decisions 2 and 5); only
+communication differs from the Ray runtime, as in the paper's simulator.
+
+* :class:`Simulator`, :class:`SimResult`, :data:`MODES` (engine);
+* :class:`CpuModel` (per-server CPU, defaults fitted to the runtime's measured Table I);
+* :mod:`replistream.sim.traces`: month-long latency traces over >= 100 real cities;
+* :mod:`replistream.sim.experiments`: the paper's Fig. 2-5 and Table I;
+* :mod:`replistream.sim.cli`: ``replistream sim <experiment>``.
+
+>>> from replistream.sim import Simulator, MODES
+>>> MODES
+('replication', 'synchronization', 'deterministic')
 """
+from .cpu import CpuModel, MEASURED_CPU_S, PAPER_TABLE1, fit_costs
+from .engine import ENTRY, MODES, SimResult, Simulator
+
+__all__ = ["Simulator", "SimResult", "MODES", "ENTRY", "CpuModel", "MEASURED_CPU_S", "PAPER_TABLE1", "fit_costs"]

@@ -1,0 +1,663 @@
+"""The discrete-event engine: the runtime's operator objects over virtual links (Hwang §VI-A).
+
+"Our prototype and simulator use the same source code except for the
+communication component" (§VI-A). Here too: every operator replica is a
+:class:`~replistream.engine.ReplicaCore` (duplicate filters, sorter, logic),
+every source runs an :class:`~replistream.operators.entry.EntryLogic`, and
+placements and GC decisions come from :mod:`replistream.placement` and
+:mod:`replistream.gc`. Only communication differs: virtual time, and one FIFO
+virtual link per stream replica that delivers a packet sent at ``t`` no
+earlier than :func:`~replistream.network.delivery_time` (latency of the model
+at ``t``, outages waited out as TCP would), never overtaking an earlier packet.
+
+What happens, in virtual seconds (``t = (ts - ts0) / 1e6``, ``ts0`` the
+earliest first timestamp over the sources, as the runtime's paced feeder does):
+
+* a source chunk is released at its first timestamp and reaches every live
+  entry-point replica after the latency from the source's server (no delay
+  when ``sources`` gives no location: the runtime's feeder hands chunks to the
+  entry replicas directly). The entry points of all sources form one replica
+  group (``"entry"`` in the plan), as ``EntryActor`` does. The k entry replicas
+  run identical, deterministic entry logic on identical chunks, so the engine
+  runs one :class:`EntryLogic` per source and gives its output to every entry
+  replica (each replica's server still pays the CPU);
+* a packet delivered to a replica is processed by its ``ReplicaCore`` in
+  arrival order; its server's CPU (:class:`~replistream.sim.cpu.CpuModel`) is
+  busy for the packet's cost, and the outputs leave when the CPU is done, as one
+  packet per downstream stream replica;
+* scenario events (:class:`~replistream.scenario.Scenario`) use the runtime's
+  format: ``kill_server``/``kill_replica`` at their times (what a dead replica
+  had queued or in flight is lost; nothing is delivered to it), and
+  ``delay_link``/``cut_link``/``slow_server``/``restore`` through
+  :class:`~replistream.network.NetworkConditions`.
+
+Modes (Fig. 2 compares them; all produce exactly the reference output):
+
+* ``"replication"`` (this system): every upstream replica feeds every
+  downstream replica; the duplicate filter takes the first copy.
+* ``"synchronization"``: primary/backup with determinants (Hwang [9]). Each
+  replica consumes only from one upstream replica (the primary, replica 0, or
+  after a failure the next live one, chosen ``detect_s`` after the failure);
+  a primary holds its outputs until every live backup has acknowledged the
+  order of its inputs: one round trip to the farthest backup.
+* ``"deterministic"``: replicas fed in identical sorted order (Hwang [12]):
+  the same failover subscription, and each replica merges all its inputs in
+  (ts, id) order up to the minimum punctuation over its inputs before
+  processing them (§IV-C), so it waits for the slowest input.
+
+>>> from replistream.workloads import fig1_query, fig1_inputs
+>>> from replistream.network import GeoLatencyModel, default_servers
+>>> from replistream.engine import run_reference
+>>> q = fig1_query(2, window_s=10)
+>>> data = fig1_inputs(2, duration_s=60, period_s=10, seed=1)
+>>> servers = [s.name for s in default_servers(4)]
+>>> plan = {n: servers[:2] for n in ["entry", *q.operators]} | {"alerts": [servers[3]]}
+>>> sim = Simulator(q, plan, GeoLatencyModel(default_servers(4), seed=0))
+>>> res = sim.run(data)
+>>> res.complete, len(res.outputs["alerts"]) == len(run_reference(q, data).outputs["alerts"])
+(True, True)
+>>> 0 < float(np.median(res.latencies("alerts")[1])) < 1.0
+True
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from replistream.engine import ReplicaCore, iter_chunks
+from replistream.errors import QueryError
+from replistream.network import LatencyModel, NetworkConditions, ZeroLatency, delivery_time
+from replistream.operators.sorter import canonical_order
+from replistream.query import Query
+from replistream.scenario import Scenario
+from replistream.schema import END, TS, Punctuation
+
+from .cpu import CpuModel, operator_kind
+
+__all__ = ["Simulator", "SimResult", "MODES", "ENTRY", "chunk_time"]
+
+ENTRY = "entry"
+MODES = ("replication", "synchronization", "deterministic")
+_NO_P = int(np.iinfo(np.int64).min)
+
+# event kinds (heap entries are (time, seq, kind, payload))
+_FEED, _ENTRY_IN, _ARRIVE, _EMIT, _KILL, _FAILOVER, _CALL = range(7)
+
+
+def chunk_time(chunk: Any) -> int | None:
+    """The first timestamp (µs) of a source chunk, or None for a chunk without one.
+
+    >>> chunk_time({"ts": [30, 10]}), chunk_time([{"ts": 5}]), chunk_time(Punctuation(3))
+    (10, 5, None)
+    """
+    if isinstance(chunk, Punctuation):
+        return None
+    if isinstance(chunk, np.ndarray):
+        return int(chunk[TS].min()) if len(chunk) and TS in (chunk.dtype.names or ()) else None
+    if isinstance(chunk, Mapping):
+        ts = chunk.get(TS)
+        return None if ts is None or not len(ts) else int(np.min(ts))
+    if isinstance(chunk, list):
+        ts = [r.get(TS) for r in chunk if isinstance(r, Mapping) and r.get(TS) is not None]
+        return int(min(ts)) if ts else None
+    return None
+
+
+class _Replica:
+    __slots__ = ("label", "node", "index", "server", "core", "kind", "alive", "out", "is_sink", "merger",
+                 "active", "buffers", "recorder", "sent_tuples", "cpu_s")
+
+    def __init__(self, label, node, index, server, core, kind, is_sink=False):
+        self.label, self.node, self.index, self.server = label, node, index, server
+        self.core, self.kind, self.is_sink = core, kind, is_sink
+        self.alive = True
+        self.out: list[_Link] = []
+        self.merger = None
+        self.active: list[int] | None = None  # failover modes: per port, the upstream replica consumed
+        self.buffers: dict[tuple[int, int], list] = {}  # failover modes: packets of inactive channels
+        self.recorder = None
+        self.sent_tuples = 0
+        self.cpu_s = 0.0
+
+
+class _Link:
+    __slots__ = ("sender", "receiver", "port", "channel", "last", "live", "tuples", "packets")
+
+    def __init__(self, sender, receiver, port, channel):
+        self.sender, self.receiver, self.port, self.channel = sender, receiver, port, channel
+        self.last = -math.inf
+        self.live = True
+        self.tuples = 0
+        self.packets = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.sender.label}->{self.receiver.label}:{self.port}"
+
+
+class _Merger:
+    """Deterministic mode: releases tuples from every input in (ts, id) order up to the minimum
+    punctuation over all inputs (Hwang §IV-C applied to all inputs of a replica)."""
+
+    def __init__(self, n_ports: int):
+        self.buf: list[list] = [[] for _ in range(n_ports)]
+        self.punct = [_NO_P] * n_ports
+        self.released = _NO_P
+
+    def push(self, port: int, item) -> list[tuple[int, Any]]:
+        if isinstance(item, Punctuation):
+            if item.p <= self.punct[port]:
+                return []
+            self.punct[port] = item.p
+            wm = min(self.punct)
+            if wm <= self.released:
+                return []
+            self.released = wm
+            out = []
+            parts = []
+            for p, b in enumerate(self.buf):
+                if not b:
+                    continue
+                batch = b[0] if len(b) == 1 else np.concatenate(b)
+                ready = batch[TS] <= wm
+                if ready.any():
+                    r = batch[ready]
+                    parts.append((p, r))
+                self.buf[p] = [batch[~ready]] if not ready.all() else []
+            if parts:  # one (ts, id) order over all ports
+                keys = np.concatenate([np.stack([r[TS].astype(np.int64), r["id"].astype(np.int64), np.full(len(r), p)])
+                                       for p, r in parts], axis=1)
+                order = np.lexsort((keys[2], keys[1], keys[0]))
+                ports = keys[2][order]
+                # deliver maximal runs of one port, in order
+                bounds = np.flatnonzero(np.diff(ports)) + 1
+                offsets = {p: 0 for p, _ in parts}
+                rows = {p: r[canonical_order(r)] for p, r in parts}
+                for seg in np.split(np.arange(len(ports)), bounds):
+                    p = int(ports[seg[0]])
+                    out.append((p, rows[p][offsets[p]:offsets[p] + len(seg)]))
+                    offsets[p] += len(seg)
+            for p in range(len(self.punct)):  # only wm: a port's own punctuation may pass tuples still held
+                out.append((p, Punctuation(wm)))
+            return out
+        if len(item):
+            self.buf[port].append(item)
+        return []
+
+
+@dataclass
+class SimResult:
+    """What a simulated run delivered.
+
+    ``outputs[app]``: the application's tuples in arrival order (one structured
+    array); ``arrivals[app]``: virtual arrival time (s) of each; ``latencies(app)``
+    gives ``(arrival_s, latency_s)`` where latency = arrival minus the tuple's
+    timestamp in virtual time (the paper's definition, §VI-B). ``links``: per
+    stream replica, tuples and packets carried. ``events``: kills and failovers.
+
+    >>> r = SimResult({"a": np.zeros(0, dtype=[("ts", "i8")])}, {"a": np.zeros(0)}, {"a": END}, 0)
+    >>> r.complete, r.latencies("a")[1].size
+    (True, 0)
+    """
+
+    outputs: dict[str, np.ndarray]
+    arrivals: dict[str, np.ndarray]
+    punctuation: dict[str, int]
+    ts0: int
+    end_time: float = 0.0
+    links: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    dead_letters: list = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """True when every application received the end of every stream."""
+        return all(p == END for p in self.punctuation.values())
+
+    def latencies(self, app: str) -> tuple[np.ndarray, np.ndarray]:
+        """(arrival time s, latency s) of every tuple application ``app`` received."""
+        if app not in self.outputs:
+            raise KeyError(f"{app!r} is not an application of this run; applications: {sorted(self.outputs)}")
+        out = self.outputs[app]
+        arr = self.arrivals[app]
+        return arr, arr - (out[TS] - self.ts0) / 1e6 if len(out) else np.zeros(0)
+
+
+class _Recorder:
+    def __init__(self, schema):
+        self.schema = schema
+        self.batches, self.times = [], []
+        self.punct = _NO_P
+
+    def add(self, items, t):
+        for it in items:
+            if isinstance(it, Punctuation):
+                self.punct = max(self.punct, it.p)
+            elif len(it):
+                self.batches.append(it)
+                self.times.append(np.full(len(it), t))
+
+
+class Simulator:
+    """A replicated query over a simulated wide-area network (see the module docs).
+
+    ``plan``: ``{node: [server, ...]}`` like ``deploy``'s plan (key ``"entry"``
+    for the entry points; one server per application); replica counts may
+    differ between nodes. ``network``: any
+    :class:`~replistream.network.LatencyModel` (a ``NetworkConditions`` is
+    copied before the scenario is installed, so the caller's stays as it
+    was). ``sources``: optional ``{source: server}`` where each source's
+    stream originates. ``cpu``: a :class:`CpuModel` (None: the measured
+    defaults; ``CpuModel(scale=0)``: no CPU delays). ``mode``: one of
+    :data:`MODES`. ``detect_s``: failure detection delay of the failover modes.
+    ``coordinator``: optional ``(period_s, fn)``; ``fn(sim, t)`` runs every
+    ``period_s`` virtual seconds (the GC/revival experiments use it).
+
+    >>> from replistream.workloads import fig1_query
+    >>> Simulator(fig1_query(1), {"entry": ["a"]}, ZeroLatency(["a"]))
+    Traceback (most recent call last):
+    ...
+    ValueError: plan has no servers for ['loads', 'pings', 'correlate', 'hot', 'alerts']
+    """
+
+    def __init__(self, query: Query, plan: Mapping[str, list[str]], network: LatencyModel | None = None, *,
+                 scenario: Scenario | None = None, cpu: CpuModel | None = None,
+                 sources: Mapping[str, str] | None = None, mode: str = "replication", detect_s: float = 2.0,
+                 coordinator: tuple[float, Callable] | None = None, strict: bool = False):
+        query.build()
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        missing = [n for n in [ENTRY, *query.operators, *query.sinks] if not plan.get(n)]
+        if missing:
+            raise ValueError(f"plan has no servers for {missing}")
+        for n in query.sinks:
+            if len(plan[n]) != 1:
+                raise ValueError(f"application {n!r} must have exactly one server, got {plan[n]}")
+        for n, srv in plan.items():
+            if len(set(srv)) != len(srv):
+                raise ValueError(f"replicas of {n!r} must be on distinct servers, got {srv}")
+        self.query = query
+        self.plan = {n: list(v) for n, v in plan.items()}
+        if network is None:
+            network = ZeroLatency(sorted({s for v in plan.values() for s in v}))
+        if isinstance(network, NetworkConditions):
+            net = NetworkConditions(network.base)
+            for kind, a, b, s, e, x in network.overrides():
+                if kind == "slow":
+                    net.slow_server(a, s, e, x)
+                elif kind == "cut":
+                    net.cut(a, b, s, e, both_directions=False)
+                else:
+                    net.add_delay(a, b, s, e, x, both_directions=False)
+        else:
+            net = NetworkConditions(network)
+        known = set(net.names)
+        if known:
+            unknown = sorted({s for v in plan.values() for s in v} - known)
+            if unknown:
+                raise ValueError(f"plan names servers the network does not know: {unknown}")
+        self.net = net
+        self.sources = dict(sources or {})
+        for s, srv in self.sources.items():
+            if s not in query.sources:
+                raise ValueError(f"sources names {s!r}, not a source of query {query.name!r}")
+            if known and srv not in known:
+                raise ValueError(f"source {s!r} is on server {srv!r}, which the network does not know")
+        self.cpu = cpu if cpu is not None else CpuModel()
+        self.mode = mode
+        self.detect_s = float(detect_s)
+        self.coordinator = coordinator
+        self.strict = strict
+        self.kills: list = []
+        if scenario is not None:
+            ops = {n: len(self.plan[n]) for n in query.operators}
+            ops[ENTRY] = len(self.plan[ENTRY])
+            scenario.validate(servers=sorted(known) or None, operators=ops)
+            self.kills = scenario.apply_to(self.net, 0.0)
+        self._has_slow = any(o[0] == "slow" for o in self.net.overrides())
+        self._build()
+
+    # -- construction --------------------------------------------------------------------
+    def _build(self) -> None:
+        q = self.query
+        failover = self.mode != "replication"
+        self.groups: dict[str, list[_Replica]] = {}
+        self.groups[ENTRY] = [_Replica(f"entry#{i}", ENTRY, i, s, None, "entry")
+                              for i, s in enumerate(self.plan[ENTRY])]
+        for node in q.operators + q.sinks:
+            ups = [ENTRY if q.spec(u).kind == "source" else u for u in q.inputs_of(node)]
+            chans = [len(self.plan[u]) for u in ups]
+            sink = node in q.sinks
+            reps = []
+            for i, s in enumerate(self.plan[node]):
+                core = ReplicaCore(q, node, chans, self.strict)
+                r = _Replica(node if sink else f"{node}#{i}", node, i, s, core,
+                             "sink" if sink else operator_kind(q.spec(node)), is_sink=sink)
+                if failover:
+                    r.active = [0] * len(ups)
+                    if self.mode == "deterministic" and not sink:
+                        r.merger = _Merger(len(ups))
+                if sink:
+                    r.recorder = _Recorder(q.schema_of(node))
+                reps.append(r)
+            self.groups[node] = reps
+        # stream replicas: every upstream replica -> every downstream replica, per port
+        self.src_ports: dict[str, list[tuple[str, int]]] = {s: q.outputs_of(s) for s in q.sources}
+        self.entry_links: dict[str, dict[int, list[_Link]]] = {s: {} for s in q.sources}
+        for node in q.operators + q.sinks:
+            for port, u in enumerate(q.inputs_of(node)):
+                ug = ENTRY if q.spec(u).kind == "source" else u
+                for ci, up in enumerate(self.groups[ug]):
+                    for down in self.groups[node]:
+                        lk = _Link(up, down, port, ci)
+                        if ug == ENTRY:
+                            self.entry_links[u].setdefault(ci, []).append(lk)
+                        else:
+                            up.out.append(lk)
+        self.links = [lk for g in self.groups.values() for r in g for lk in r.out]
+        self.links += [lk for d in self.entry_links.values() for ls in d.values() for lk in ls]
+
+    def replicas(self, node: str) -> list[_Replica]:
+        """The replicas of ``node`` (``"entry"`` for the entry points), with ``label``, ``server``, ``alive``."""
+        if node not in self.groups:
+            raise KeyError(f"{node!r} is not a node of query {self.query.name!r}; nodes: {sorted(self.groups)}")
+        return self.groups[node]
+
+    def stream_replicas(self) -> list[_Link]:
+        """Every stream replica (virtual link): ``sender``, ``receiver``, ``port``, ``live``, ``tuples``."""
+        return self.links
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, Any], until: float | None = None, progress: bool = False) -> SimResult:
+        """Feed ``inputs`` (``{source: chunks}``, as for ``run_reference``) and simulate until
+        every event has happened (or virtual time ``until``). ``progress`` shows a progress bar."""
+        q = self.query
+        unknown = set(inputs) - set(q.sources)
+        if unknown:
+            raise QueryError(f"inputs given for unknown source(s) {sorted(unknown)}; sources are {q.sources}")
+        self._heap: list = []
+        self._seq = 0
+        self.now = 0.0
+        self.events: list[dict] = []
+        self.busy: dict[str, float] = {}
+        self.entries = {s: q.build_entry(s, self.strict, "dead_letter") for s in q.sources}
+        self._iters = {s: iter(iter_chunks(inputs.get(s, ()))) for s in q.sources}
+        self._src_last: dict[tuple[str, int], float] = {}
+        # the first chunk of every source fixes ts0 (the runtime's feeder does the same)
+        firsts = {}
+        for s in q.sources:
+            firsts[s] = self._next_chunk(s)
+        times = [chunk_time(c) for c in firsts.values() if c is not None and chunk_time(c) is not None]
+        self.ts0 = min(times) if times else 0
+        self._last_feed = {s: 0.0 for s in q.sources}
+        for s, c in firsts.items():
+            self._schedule_feed(s, c)
+        for ev in self.kills:
+            self._push(ev.at, _KILL, ev)
+        if self.coordinator is not None:
+            self._push(self.coordinator[0], _CALL, None)
+        bar = None
+        if progress:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+            horizon = until if until is not None else self._horizon_hint(inputs)
+            bar = Progress(TextColumn("simulated"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
+                           TimeRemainingColumn(), transient=False)
+            task = bar.add_task("sim", total=max(1.0, horizon))
+            bar.start()
+        heap = self._heap
+        step = 0
+        try:
+            while heap:
+                t, _, kind, payload = heapq.heappop(heap)
+                if until is not None and t > until:
+                    break
+                self.now = t
+                if kind == _ARRIVE:
+                    self._arrive(t, *payload)
+                elif kind == _EMIT:
+                    self._emit(t, *payload)
+                elif kind == _ENTRY_IN:
+                    self._entry_in(t, *payload)
+                elif kind == _FEED:
+                    self._feed(t, *payload)
+                elif kind == _KILL:
+                    self._kill(t, payload)
+                elif kind == _FAILOVER:
+                    self._failover(t, payload)
+                elif kind == _CALL:
+                    self.coordinator[1](self, t)
+                    if self._pending_work():
+                        self._push(t + self.coordinator[0], _CALL, None)
+                step += 1
+                if bar is not None and step % 5000 == 0:
+                    bar.update(task, completed=min(t, bar.tasks[0].total))
+        finally:
+            if bar is not None:
+                bar.update(task, completed=bar.tasks[0].total)
+                bar.stop()
+        return self._result()
+
+    def _horizon_hint(self, inputs) -> float:
+        last = 0
+        for s, data in inputs.items():
+            if isinstance(data, list) and data:
+                t = chunk_time(data[-1])
+                if t is not None:
+                    last = max(last, t)
+        return (last - self.ts0) / 1e6
+
+    def _pending_work(self) -> bool:
+        return any(k != _CALL for _, _, k, _ in self._heap)
+
+    def _push(self, t: float, kind: int, payload) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+
+    # -- sources and entry points ------------------------------------------------------------
+    def _next_chunk(self, src: str):
+        return next(self._iters[src], None)
+
+    def _schedule_feed(self, src: str, chunk) -> None:
+        if chunk is None:
+            self._push(self._last_feed[src], _FEED, (src, None))
+            return
+        ct = chunk_time(chunk)
+        t = self._last_feed[src] if ct is None else max(self._last_feed[src], (ct - self.ts0) / 1e6)
+        self._last_feed[src] = t
+        self._push(t, _FEED, (src, chunk))
+
+    def _feed(self, t: float, src: str, chunk) -> None:
+        entry = self.entries[src]
+        if chunk is None:
+            items = entry.close()
+        else:
+            if hasattr(chunk, "apply") and not isinstance(chunk, (np.ndarray, Mapping, list, Punctuation)):
+                items = []  # a Sentinel: scripted events belong in the scenario here
+            else:
+                items = entry.push(chunk)
+        if items:
+            where = self.sources.get(src)
+            for e in self.groups[ENTRY]:
+                if not e.alive:
+                    continue
+                if where is None:
+                    at = t
+                else:
+                    key = (src, e.index)
+                    at = max(self._src_last.get(key, -math.inf), delivery_time(self.net, where, e.server, t))
+                    if math.isinf(at):
+                        continue
+                    self._src_last[key] = at
+                self._push(at, _ENTRY_IN, (e, src, items))
+        if chunk is not None:
+            self._schedule_feed(src, self._next_chunk(src))
+
+    def _entry_in(self, t: float, e: _Replica, src: str, items: list) -> None:
+        if not e.alive:
+            return
+        n = sum(len(it) for it in items if not isinstance(it, Punctuation))
+        done = self._cpu(e, t, n)
+        if done > t:
+            self._push(done, _EMIT, (e, items, src))
+        else:
+            self._emit(t, e, items, src)
+
+    # -- processing ------------------------------------------------------------------------
+    def _cpu(self, r: _Replica, t: float, tuples: int) -> float:
+        cost = self.cpu.cost(r.kind, tuples, self.net.slowdown(r.server, t) if self._has_slow else 1.0)
+        if cost <= 0:
+            return t
+        start = max(t, self.busy.get(r.server, 0.0))
+        done = start + cost
+        self.busy[r.server] = done
+        r.cpu_s += cost
+        return done
+
+    def _arrive(self, t: float, link: _Link, items: list) -> None:
+        r = link.receiver
+        if not r.alive:
+            return
+        if r.active is not None and r.active[link.port] != link.channel:
+            buf = r.buffers.setdefault((link.port, link.channel), [])
+            buf.append(items)
+            if len(buf) > 64:
+                self._trim_buffer(r, link.port, buf)
+            return
+        self._process(t, r, link.port, link.channel, items)
+
+    def _trim_buffer(self, r: _Replica, port: int, buf: list) -> None:
+        p = r.core.filters[port].max_punct
+        kept = []
+        for items in buf:
+            its = [it for it in items if (it.p > p if isinstance(it, Punctuation) else int(it[TS].max()) > p)]
+            if its:
+                kept.append(its)
+        buf[:] = kept
+
+    def _process(self, t: float, r: _Replica, port: int, channel: int, items: list) -> None:
+        core = r.core
+        out: list = []
+        n = 0
+        for it in items:
+            if not isinstance(it, Punctuation):
+                n += len(it)
+            if r.merger is None:
+                out.extend(core.process(port, channel, it))
+            else:
+                # deterministic: filter duplicates first, then merge every input in (ts, id) order
+                for f in core.filters[port].process(channel, it):
+                    for p2, x in r.merger.push(port, f):
+                        out.extend(self._logic(core, p2, x))
+        done = self._cpu(r, t, n)
+        if r.is_sink:
+            r.recorder.add(out, done)
+            return
+        if not out:
+            return
+        if self.mode == "synchronization":
+            done = self._hold(r, done)
+        if done > t:
+            self._push(done, _EMIT, (r, out, None))
+        else:
+            self._emit(t, r, out, None)
+
+    @staticmethod
+    def _logic(core: ReplicaCore, port: int, item) -> list:
+        items = [item]
+        if core.sorters is not None:
+            items = [y for x in items for y in core.sorters[port].process(0, x)]
+        return [y for x in items for y in core.logic.process(port, x)]
+
+    def _hold(self, r: _Replica, done: float) -> float:
+        """Synchronization: a primary holds outputs until its live backups acknowledged the determinants."""
+        group = self.groups[r.node]
+        live = [x for x in group if x.alive]
+        if len(live) < 2 or live[0] is not r:
+            return done
+        rtt = 0.0
+        for b in live[1:]:
+            there = delivery_time(self.net, r.server, b.server, done)
+            back = delivery_time(self.net, b.server, r.server, there)
+            rtt = max(rtt, back - done)
+        return done + rtt
+
+    def _emit(self, t: float, r: _Replica, items: list, src: str | None) -> None:
+        if not r.alive:
+            return
+        links = self.entry_links[src][r.index] if src is not None else r.out
+        n = sum(len(it) for it in items if not isinstance(it, Punctuation))
+        r.sent_tuples += n
+        net = self.net
+        for lk in links:
+            if not lk.live or not lk.receiver.alive:
+                continue
+            a, b = r.server, lk.receiver.server
+            at = delivery_time(net, a, b, t)
+            if at < lk.last:
+                at = lk.last
+            if math.isinf(at):
+                lk.live = False  # unreachable for the whole horizon: the sender drops the channel
+                self.events.append({"t": t, "event": "link dropped", "link": lk.id})
+                continue
+            lk.last = at
+            lk.tuples += n
+            lk.packets += 1
+            self._seq += 1
+            heapq.heappush(self._heap, (at, self._seq, _ARRIVE, (lk, items)))
+
+    # -- failures ------------------------------------------------------------------------------
+    def _kill(self, t: float, ev) -> None:
+        if ev.action == "kill_server":
+            victims = [r for g in self.groups.values() for r in g if r.server == ev.server and r.alive]
+        else:
+            g = self.groups.get(ev.operator)
+            if g is None or not 0 <= ev.replica < len(g):
+                raise QueryError(f"kill_replica: no replica {ev.replica} of {ev.operator!r}")
+            victims = [g[ev.replica]] if g[ev.replica].alive else []
+        for v in victims:
+            v.alive = False
+            self.events.append({"t": t, "event": "killed", "replica": v.label, "server": v.server})
+        if self.mode != "replication" and victims:
+            self._push(t + self.detect_s, _FAILOVER, victims)
+
+    def _failover(self, t: float, victims: list[_Replica]) -> None:
+        """Failover modes: downstream replicas of a dead replica switch to the next live upstream one."""
+        q = self.query
+        for v in victims:
+            for node in q.operators + q.sinks:
+                for port, u in enumerate(q.inputs_of(node)):
+                    ug = ENTRY if q.spec(u).kind == "source" else u
+                    if ug != v.node:
+                        continue
+                    live = [x for x in self.groups[ug] if x.alive]
+                    for d in self.groups[node]:
+                        if not d.alive or d.active[port] != v.index or not live:
+                            continue
+                        d.active[port] = live[0].index
+                        self.events.append({"t": t, "event": "failover", "replica": d.label, "port": port,
+                                            "from": v.label, "to": live[0].label})
+                        for items in d.buffers.pop((port, live[0].index), []):
+                            self._process(t, d, port, live[0].index, items)
+
+    # -- results ---------------------------------------------------------------------------------
+    def _result(self) -> SimResult:
+        outputs, arrivals, punct = {}, {}, {}
+        dead = []
+        for node in self.query.sinks:
+            rec = self.groups[node][0].recorder
+            outputs[node] = np.concatenate(rec.batches) if rec.batches else self.query.schema_of(node).empty()
+            arrivals[node] = np.concatenate(rec.times) if rec.times else np.zeros(0)
+            punct[node] = rec.punct
+        for e in self.entries.values():
+            dead.extend(e.dead_letters)
+        links = [{"id": lk.id, "sender": lk.sender.label, "receiver": lk.receiver.label, "port": lk.port,
+                  "from": lk.sender.server, "to": lk.receiver.server, "tuples": lk.tuples, "packets": lk.packets,
+                  "live": lk.live} for lk in self.links]
+        stats = {"cpu_s": {r.label: r.cpu_s for g in self.groups.values() for r in g},
+                 "weights": {n: [f.weights.tolist() for f in self.groups[n][0].core.filters] for n in self.query.sinks}}
+        return SimResult(outputs, arrivals, punct, self.ts0, self.now, links, self.events, stats, dead)
