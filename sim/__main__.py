@@ -1,0 +1,7 @@
+"""``python -m replistream.sim <experiment> [--quick] [--seed N] [--json] [--out DIR]``."""
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

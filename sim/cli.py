@@ -1,0 +1,86 @@
+"""``replistream sim <experiment>``: the paper's experiments from the command line (Hwang §VI).
+
+``register(subparsers)`` adds the ``sim`` subcommand to replistream's CLI;
+``run(args)`` runs it. Also runnable alone as ``python -m replistream.sim``.
+
+    replistream sim fig4 --quick --json          # JSON on stdout
+    replistream sim fig2 --out results/          # PNG, JSON and CSV in results/
+    replistream sim trace --out t/ --servers 30  # a CSV latency trace
+
+>>> import argparse
+>>> p = argparse.ArgumentParser(prog="replistream"); sub = p.add_subparsers(dest="command")
+>>> register(sub)
+>>> args = p.parse_args(["sim", "fig4", "--quick", "--seed", "3"])
+>>> args.experiment, args.quick, args.seed, args.json
+('fig4', True, 3, False)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .experiments import EXPERIMENTS, _jsonable, run_experiment, table
+
+__all__ = ["register", "run", "main"]
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the ``sim`` subcommand to an ``argparse`` subparsers object; returns its parser."""
+    p = subparsers.add_parser(
+        "sim", help="run one of the paper's experiments (Fig. 2-5, Table I) in the simulator",
+        description="Run one of Hwang et al. 2008's experiments in the trace-driven simulator; writes a PNG "
+                    "plot and the data (JSON, CSV) to --out and prints a short table (or JSON with --json). "
+                    "'trace' writes a CSV latency trace instead.")
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS) + ["trace"], help="what to run")
+    p.add_argument("--quick", action="store_true", help="reduced scale, under a minute (what the tests run)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the network model, inputs and random placement")
+    p.add_argument("--json", action="store_true", help="print the data as JSON instead of a table")
+    p.add_argument("--out", default=None, metavar="DIR", help="write <experiment>.png/.json/.csv here")
+    p.add_argument("--progress", action="store_true", help="show a progress bar per simulated run (stderr)")
+    p.add_argument("--servers", type=int, default=100, help="trace: number of built-in cities (<= 119)")
+    p.add_argument("--days", type=float, default=30.0, help="trace: length in days")
+    p.add_argument("--step", type=float, default=10.0, help="trace: seconds between samples")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    """Run the parsed ``sim`` command; returns the exit status."""
+    if args.experiment == "trace":
+        return _trace(args)
+    if args.progress and args.json:
+        print("note: --progress draws on stderr; stdout stays JSON", file=sys.stderr)
+    data = run_experiment(args.experiment, quick=args.quick, seed=args.seed, out=args.out, progress=args.progress)
+    if args.json:
+        print(json.dumps(data, default=_jsonable))
+    else:
+        print(table(data))
+        if args.out:
+            print(f"wrote {args.out}/{args.experiment}.png, .json, .csv")
+    return 0
+
+
+def _trace(args) -> int:
+    import os
+
+    from .traces import month_model, write_trace
+
+    if not args.out:
+        print("replistream sim trace: --out DIR is required", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"trace_{args.servers}servers_{args.days:g}days_seed{args.seed}.csv")
+    rows = write_trace(month_model(args.servers, seed=args.seed), path, duration_s=args.days * 86400,
+                       step_s=args.step)
+    print(f"wrote {rows:,} rows to {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m replistream.sim <experiment> ...``: the ``sim`` subcommand on its own."""
+    parser = argparse.ArgumentParser(prog="replistream")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(["sim", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)

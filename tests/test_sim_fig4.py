@@ -1,0 +1,54 @@
+"""Issue #7's "done when": `replistream sim fig4 --quick --json` and min-cost versus random (Hwang Fig. 4)."""
+import argparse
+import json
+
+import pytest
+
+from replistream.sim import cli
+from replistream.sim.experiments import CCDF_POINTS
+
+
+@pytest.fixture(scope="module")
+def fig4_json(tmp_path_factory):
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("fig4")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["fig4", "--quick", "--json", "--out", str(out)]) == 0
+    return json.loads(buf.getvalue()), out
+
+
+def test_prints_ccdf_and_ratios_per_strategy_and_kmax(fig4_json):
+    data, out = fig4_json
+    rows = {(r["strategy"], r["k"]): r for r in data["rows"]}
+    assert set(rows) == {(s, k) for s in ("min-cost", "random") for k in range(1, 6)}
+    for r in rows.values():
+        assert [float(x) for x in r["ccdf"]] == list(CCDF_POINTS)
+        assert all(0.0 <= v <= 1.0 for v in r["ccdf"].values())
+        assert r["bandwidth_ratio"] > 0 and r["cost_ratio"] > 0 and r["tuples"] > 0
+    assert rows[("min-cost", 1)]["bandwidth_ratio"] == rows[("min-cost", 1)]["cost_ratio"] == 1.0
+    assert (out / "fig4.png").stat().st_size > 10_000
+    assert (out / "fig4.csv").read_text().count("\n") == 11
+
+
+def test_min_cost_has_lighter_tail_and_lower_cost(fig4_json):
+    data, _ = fig4_json
+    rows = {(r["strategy"], r["k"]): r for r in data["rows"]}
+    for k in range(2, 6):
+        mc, rnd = rows[("min-cost", k)], rows[("random", k)]
+        assert mc["cost_ratio"] < rnd["cost_ratio"], k
+        assert mc["p99_s"] < rnd["p99_s"] and mc["max_s"] < rnd["max_s"], k
+        assert all(mc["ccdf"][x] <= rnd["ccdf"][x] for x in mc["ccdf"]), k
+        # the same query and inputs: bandwidth depends only on k
+        assert mc["bandwidth_ratio"] == pytest.approx(rnd["bandwidth_ratio"])
+
+
+def test_table_output(capsys):
+    p = argparse.ArgumentParser(prog="replistream")
+    sub = p.add_subparsers(dest="command")
+    cli.register(sub)
+    with pytest.raises(SystemExit):
+        p.parse_args(["sim", "fig7"])
+    assert "invalid choice: 'fig7'" in capsys.readouterr().err
