@@ -9,7 +9,7 @@
 
 >>> import argparse
 >>> p = argparse.ArgumentParser(prog="replistream"); sub = p.add_subparsers(dest="command")
->>> register(sub)
+>>> _ = register(sub)
 >>> args = p.parse_args(["sim", "fig4", "--quick", "--seed", "3"])
 >>> args.experiment, args.quick, args.seed, args.json
 ('fig4', True, 3, False)
