@@ -129,7 +129,7 @@ class RevivalEvent:
         if self.trigger == "delay":
             head = f"{self.replica} hindered (delay {self.delay_s:.6g} s > {self.threshold_s:.6g} s): {self.action}"
         else:
-            head = f"proactive {self.action}"
+            head = f"{self.trigger} {self.action}"
         what = list(self.revive_replicas) + list(self.revive_streams)
         what += [f"new {r.label} on {r.server}" for r in self.new_replicas] + [f"new {s.id}" for s in self.new_streams]
         what += [f"discard {x}" for x in list(self.discard_replicas) + list(self.discard_streams)]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 
 import numpy as np
@@ -142,10 +143,24 @@ def _demo_ray(args) -> int:
                       f"({', '.join(s.name for s in servers)}), k={args.k}, {args.duration:g} s of readings every "
                       f"{args.period:g} s, emulated WAN, seed {args.seed}")
         console.print("starting Ray and the replicas ...")
-    dep = deploy(query, servers=servers, k=args.k, network=args.network, seed=args.seed)
+    gc_cfg = None
+    if args.gc or args.revival:
+        from .runtime import GCConfig
+
+        gc_cfg = GCConfig(utility_period_s=args.utility_period, gc_period_s=args.gc_period,
+                          theta_fraction=args.theta_fraction, gc=args.gc, max_steps=None, kmin=args.kmin,
+                          revival=args.revival, threshold_s=args.threshold, proactive=args.revival)
+    dep = deploy(query, servers=servers, k=args.k, network=args.network, seed=args.seed, gc=gc_cfg)
+    congest = None
     try:
         app_server = dep.plan["alerts"][0]
-        if args.scenario == "none":
+        if gc_cfg is not None and args.scenario is None:
+            scenario = Scenario([])  # with --gc/--revival: no kill; --revival injects congestion instead
+            if args.revival:
+                congest_at = args.duration / 2 if args.congest_at is None else args.congest_at
+                congest = threading.Timer(congest_at / 1.0, lambda: dep.manager.congest_surviving_path(
+                    args.congest_ms))
+        elif args.scenario == "none":
             scenario = Scenario([])
         elif args.scenario:
             scenario = Scenario.from_file(args.scenario)
@@ -159,6 +174,8 @@ def _demo_ray(args) -> int:
                               f"{ev.server or ''}{ev.operator or ''}{'' if ev.replica is None else '#%d' % ev.replica}"
                               f"{ev.a or ''}{'-' + ev.b if ev.b else ''}")
         ref = run_reference(query, inputs)
+        if congest is not None:
+            _start_after_feed(dep, congest)
         if console:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -187,7 +204,11 @@ def _demo_ray(args) -> int:
                    "dropped_stream_replicas": len([e for e in res.metrics["coordinator"]
                                                    if e.get("kind") == "channel_dropped"]),
                    "seconds": round(time.perf_counter() - t0, 2)}
+        if gc_cfg is not None:
+            summary.update(_gc_summary(dep, t_arr, lat, args))
     finally:
+        if congest is not None:
+            congest.cancel()
         dep.shutdown()
     if args.json:
         print(json.dumps(summary))
@@ -201,8 +222,66 @@ def _demo_ray(args) -> int:
             table.add_row(f"latency {phase.replace('_', ' ')} (ms)",
                           f"p50 {p['p50']}  p99 {p['p99']}  (n={p['count']})")
         table.add_row("filter weights at 'alerts'", " ".join(f"{w:.1f}" for w in summary["filter_weights"] or []))
+        if gc_cfg is not None:
+            table.add_row("theta", f"{summary['theta']}")
+            table.add_row("network cost (first, last)", f"{summary['network_cost'][0]['cost'] if summary['network_cost'] else None}"
+                          f" -> {summary['network_cost'][-1]['cost'] if summary['network_cost'] else None}")
+            for phase, p in summary["latency_phases_ms"].items():
+                table.add_row(f"latency {phase.replace('_', ' ')} (ms)", f"p50 {p['p50']}  p99 {p['p99']}  (n={p['count']})")
         console.print(table)
+        if gc_cfg is not None:
+            for e in summary["events"]:
+                console.print(f"{e['t']:7.2f} s  {e['kind']:<10} {e['text']}", markup=False, highlight=False)
     return 0 if summary["matches_reference"] and summary["complete"] else 1
+
+
+def _start_after_feed(dep, timer) -> None:
+    """Start ``timer`` once the deployment's run clock has started (feed() resets ``dep.t0``)."""
+    import threading
+
+    def go():
+        while dep._feeder is None:
+            time.sleep(0.01)
+        delay = timer.interval - (time.time() - dep.t0)
+        timer.interval = max(0.0, delay)
+        timer.start()
+
+    threading.Thread(target=go, daemon=True).start()
+
+
+def _gc_summary(dep, t_arr, lat, args) -> dict:
+    """The --gc/--revival fields: network cost over time, theta, decisions, latency by phase."""
+    events = dep.gc_events()
+    keep = ("t", "kind", "action", "text", "replica", "utility", "cost", "cost_before", "cost_after", "theta",
+            "delay_s", "threshold_s", "applied", "error")
+    hist = dep.network_cost_history()
+    theta = next((h["theta"] for h in reversed(hist) if h["theta"] is not None), None)
+    out = {"network_cost": [{"t": h["t"], "cost": round(h["network_cost"], 1),
+                             "live_stream_replicas": h["live_stream_replicas"]} for h in hist],
+           "theta": None if theta is None else round(theta, 1),
+           "events": [{k: e[k] for k in keep if k in e} for e in events if e["kind"] != "revival" or e.get("applied")
+                      or e.get("action") != "none"],
+           "gc_discards": sum(e["kind"] == "gc" for e in events),
+           "revivals": sum(e["kind"] == "revival" and bool(e.get("applied")) for e in events)}
+    below = [h["t"] for h in hist if theta is not None and h["network_cost"] <= theta]
+    out["cost_below_theta_at_s"] = below[0] if below else None
+    cong = [e["t"] for e in events if e["kind"] == "congestion"]
+    phases = {}
+    if cong:
+        t_c = cong[0]
+        rev = [e["t"] for e in events if e["kind"] == "revival" and e.get("applied") and e["t"] > t_c]
+        t_r = max(rev) if rev else None
+        phases["before_congestion"] = _pcts(lat[t_arr < t_c])
+        phases["congested"] = _pcts(lat[(t_arr >= t_c) & (t_arr < (t_r if t_r is not None else np.inf))])
+        phases["after_revival"] = _pcts(lat[t_arr >= t_r] if t_r is not None else lat[:0])
+        out["congestion_at_s"] = round(t_c, 2)
+        out["last_revival_at_s"] = None if t_r is None else round(t_r, 2)
+    else:
+        t_b = out["cost_below_theta_at_s"]
+        phases["before_cost_below_theta"] = _pcts(lat[t_arr < t_b] if t_b is not None else lat)
+        phases["after_cost_below_theta"] = _pcts(lat[t_arr >= t_b] if t_b is not None else lat[:0])
+    out["latency_phases_ms"] = phases
+    return out
 
 
 def dep_summary(dep) -> str:
@@ -354,6 +433,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--engine", choices=["ray", "inprocess"], default="ray",
                       help="ray (default) or the in-process replicated engine (no clock, random crashes)")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    demo.add_argument("--gc", action="store_true",
+                      help="garbage-collect replicas (Algorithm 6) down to --theta-fraction of the first measured "
+                           "network cost; reports network cost over time and every decision (no server is killed)")
+    demo.add_argument("--revival", action="store_true",
+                      help="revive replicas on input delays over --threshold (Hwang §V-C) and proactively under "
+                           "theta; injects --congest-ms on the surviving path at --congest-at")
+    demo.add_argument("--theta-fraction", type=float, default=0.3, help="--gc: theta as a fraction of the first "
+                                                                       "measured network cost (default 0.3)")
+    demo.add_argument("--kmin", type=int, default=1, help="--gc: fewest live replicas per operator (default 1)")
+    demo.add_argument("--utility-period", type=float, default=1.0, help="seconds between utility/cost/delay "
+                                                                       "measurements (default 1; paper 30)")
+    demo.add_argument("--gc-period", type=float, default=2.0, help="seconds between garbage collections "
+                                                                  "(default 2; paper 300)")
+    demo.add_argument("--threshold", type=float, default=1.5, help="--revival: input delay (s) that makes a replica "
+                                                                  "hindered (default 1.5; paper 10)")
+    demo.add_argument("--congest-at", type=float, default=None, help="--revival: when (s) to add delay on the "
+                                                                    "surviving path (default: half the duration)")
+    demo.add_argument("--congest-ms", type=float, default=3000.0, help="--revival: extra delay in ms (default 3000)")
     demo.set_defaults(func=_demo)
 
     place = sub.add_parser("place", help="place k replicas of every operator of a query on servers "

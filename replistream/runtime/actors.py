@@ -20,7 +20,7 @@ import ray
 from ..engine import ReplicaCore
 from ..operators.entry import EntryLogic
 from ..schema import END, TS, Punctuation
-from .channels import Link, Outbox, Sender
+from .channels import NO_ACK, Link, Outbox, Sender
 
 
 def _cpu_seconds() -> float:
@@ -46,6 +46,12 @@ class _Base:
         self.pushes = 0
         self.busy_s = 0.0  # time spent in operator logic
         self.last_push = None
+        # input delay (Hwang §V-C): per input port, the event time of the freshest tuple or
+        # punctuation received, mapped to wall time with the feeder's clock (set_clock)
+        self.ts0: float | None = None
+        self.pace: float | None = None
+        self.created = time.time()
+        self.fresh: dict[int, int] = {}
 
     def _outbox(self, stream: str) -> Outbox:
         ob = self.outboxes.get(stream)
@@ -65,10 +71,77 @@ class _Base:
             except Exception:
                 pass
 
-    def connect(self, stream: str, label: str, server: str, handle, port: int, channel: int) -> bool:
-        """Add a stream replica from ``stream`` (this actor's output) to ``label``'s input ``port``."""
-        self._outbox(stream).add_link(Link(label, server, handle, port, channel))
+    def connect(self, stream: str, label: str, server: str, handle, port: int, channel: int,
+                replay: bool = False) -> int:
+        """Add a stream replica from ``stream`` (this actor's output) to ``label``'s input ``port``.
+
+        With ``replay`` the new link first carries what this actor retained
+        since its downstream replicas' last common acknowledgement (a new or
+        revived downstream replica, or a revived stream replica; Hwang §V-C).
+        Returns the number of tuples replayed."""
+        return self._outbox(stream).add_link(Link(label, server, handle, port, channel), replay=replay)
+
+    def disconnect(self, label: str, port: int | None = None) -> int:
+        """Stop sending to ``label`` (a discarded stream replica, Algorithm 6); returns links removed."""
+        return sum(ob.remove_link(label, port) for ob in self.outboxes.values())
+
+    def set_floor(self, acked: int) -> bool:
+        """Trim point of the retention logs of outboxes without active links (a dormant entry replica)."""
+        for ob in self.outboxes.values():
+            ob.set_floor(acked)
         return True
+
+    def set_clock(self, t0: float, ts0: float, pace: float | None) -> bool:
+        """The feeder's clock: event time ``ts`` is due at wall time ``t0 + (ts - ts0) / (1e6 * pace)``."""
+        self.t0, self.ts0, self.pace = t0, float(ts0), pace
+        for ob in self.outboxes.values():
+            ob.t0 = t0
+        return True
+
+    def _observe(self, port: int, packet: list) -> None:
+        """Remember the freshest event time received on ``port`` (for :meth:`input_delay`)."""
+        hi = self.fresh.get(port)
+        for it in packet:
+            t = it.p if isinstance(it, Punctuation) else (int(it[TS].max()) if len(it) else None)
+            if t is not None and (hi is None or t > hi):
+                hi = t
+        if hi is not None:
+            self.fresh[port] = hi
+
+    def input_delay(self, ports: int) -> float:
+        """Seconds the freshest input lags behind the feeder's clock, worst port first (Hwang §V-C).
+
+        A port that has received nothing counts from when this actor started
+        (or the run started, if later). 0 for unpaced runs (no clock)."""
+        if self.pace is None or self.ts0 is None:
+            return 0.0
+        now = time.time()
+        start = max(self.created, self.t0)
+        worst = 0.0
+        for p in range(ports):
+            t = self.fresh.get(p)
+            wall = start if t is None or t == END else max(start, self.t0 + (t - self.ts0) / (1e6 * self.pace))
+            if t == END:
+                continue
+            worst = max(worst, now - wall)
+        return worst
+
+    def _weights(self) -> list[list[float]]:
+        core = getattr(self, "core", None)
+        if core is None or core.filters is None:
+            return []
+        return [f.weights.tolist() for f in core.filters]
+
+    def gc_report(self) -> dict:
+        """What the coordinator's utility period needs: duplicate-filter weights per input port and
+        channel (cumulative, §V-B), tuples flushed per output stream, input delay, retention."""
+        return {"label": self.label, "weights": self._weights(), "delay_s": self._delay(),
+                "emitted": {n: ob.emitted for n, ob in self.outboxes.items()},
+                "min_ack": {n: ob.min_ack() for n, ob in self.outboxes.items()},
+                "retained": {n: ob.log_tuples for n, ob in self.outboxes.items()}}
+
+    def _delay(self) -> float:
+        return 0.0
 
     def set_network(self, network) -> bool:
         """Replace the emulated network view (failure injection at run time)."""
@@ -123,45 +196,125 @@ class _Base:
             "blocked_seconds": sum(ob.blocked_s for ob in self.outboxes.values()),
             "last_push_s": self.last_push,
             "dropped": list(self.dropped),
+            "retained_tuples": {n: ob.log_tuples for n, ob in self.outboxes.items()},
         }
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class ReplicaActor(_Base):
-    """One replica of one operator: duplicate filters, optional sorters, the operator logic."""
+    """One replica of one operator: duplicate filters, optional sorters, the operator logic.
+
+    Started with ``pending=True`` (a revived or new replica, Hwang §V-C), it
+    buffers its input until :meth:`install` gives it a checkpoint from a live
+    peer (DESIGN.md decision 7) or a fresh state; its acknowledgements stay
+    at "nothing" meanwhile, so its upstream replicas keep everything it may need.
+    """
 
     def __init__(self, query, node: str, index: int, server: str, channels: list[int], network, t0: float,
-                 channel_opts: dict, coordinator=None, strict: bool = False):
+                 channel_opts: dict, coordinator=None, strict: bool = False, pending: bool = False):
         self._setup(f"{node}#{index}", server, network, t0, channel_opts, coordinator)
         self.node = node
-        self.core = ReplicaCore(query, node, channels, strict)
+        self.query = query
+        self.strict = strict
+        self.n_ports = len(channels)
+        self.channels = list(channels)
+        self.core = None if pending else ReplicaCore(query, node, channels, strict)
+        self.buffered: list[tuple[int, int, list]] = []  # (port, channel, packet) while pending
+        self.installed: dict | None = None  # what install() put in place
         self.out = self._outbox(node)
         self.lock = threading.Lock()
 
     def push(self, port: int, channel: int, packet: list) -> int:
         started = time.time()
-        out: list = []
+        self._observe(port, packet)
+        if self.core is None:
+            self.buffered.append((port, channel, packet))
+            self.last_push = time.time() - self.t0
+            return NO_ACK
         with self.lock:
-            for item in packet:
-                out.extend(self.core.process(port, channel, item))
-        self.busy_s += time.time() - started
-        self.out.emit(out)
+            out = self._process(port, channel, packet)
+            self.busy_s += time.time() - started
+            self.out.emit(out, wait=False)  # queued under the lock: a checkpoint sees it in the log
+        self.out.wait_for_room()
         self._slowdown(started)
         self.pushes += 1
         self.last_push = time.time() - self.t0
         return self.core.filters[port].max_punct
 
+    def _process(self, port: int, channel: int, packet: list) -> list:
+        out: list = []
+        for item in packet:
+            out.extend(self.core.process(port, channel, item))
+        return out
+
     def add_channel(self, port: int) -> int:
         """A new upstream replica will feed ``port``: returns its channel index."""
         with self.lock:
+            if self.core is None:
+                self.channels[port] += 1
+                return self.channels[port] - 1
             return self.core.filters[port].add_channel()
+
+    def checkpoint(self):
+        """This replica's hand-over checkpoint (DESIGN.md decision 7): its core's state, and as
+        ``output`` what its outbox retains (flushed first), so the taker can replay it downstream."""
+        import dataclasses
+
+        if self.core is None:
+            raise RuntimeError(f"{self.label} is waiting for its own checkpoint; it cannot give one")
+        with self.lock:
+            self.out.flush()
+            ck = self.core.checkpoint()
+            return dataclasses.replace(ck, output=self.out.retained(), output_acked=self.out.min_ack())
+
+    def install(self, checkpoint=None) -> dict:
+        """Leave pending mode: build the core from ``checkpoint`` (a peer's, or None for a fresh
+        state), then process the input buffered meanwhile. Returns what was installed."""
+        from ..engine import ReplicaCore as Core
+
+        if self.core is not None:
+            raise RuntimeError(f"{self.label} already runs; install() is for a replica started pending")
+        started = time.time()
+        with self.lock:
+            if checkpoint is None:
+                self.core = Core(self.query, self.node, self.channels, self.strict)
+                info = {"checkpoint": None}
+            else:
+                self.core = Core.from_checkpoint(self.query, checkpoint, self.channels, self.strict, retain=False)
+                info = {"checkpoint": checkpoint.summary()}
+                if checkpoint.output:
+                    # the peer's retained output becomes ours: links added later replay it
+                    self.out.log.extend((_hi(it), it) for it in checkpoint.output)
+                    self.out.log_tuples += sum(len(it) for it in checkpoint.output
+                                               if not isinstance(it, Punctuation))
+            out: list = []
+            for port, channel, packet in self.buffered:
+                out.extend(self._process(port, channel, packet))
+            info["buffered_packets"] = len(self.buffered)
+            self.buffered = []
+            self.out.emit(out, wait=False)
+        self.busy_s += time.time() - started
+        info["seconds"] = time.time() - started
+        self.installed = info
+        return info
+
+    def _delay(self) -> float:
+        return self.input_delay(self.n_ports)
 
     def stats(self) -> dict:
         s = self._common_stats()
         with self.lock:
+            if self.core is None:
+                s.update({"node": self.node, "pending": True, "buffered_packets": len(self.buffered)})
+                return s
             s.update({"node": self.node, "core": self.core.stats(), "watermark": self.core.logic.watermark,
-                      "dead_letters": sum(d.count for d in self.core.dead_letters())})
+                      "dead_letters": sum(d.count for d in self.core.dead_letters()),
+                      "installed": self.installed})
         return s
+
+
+def _hi(it) -> int:
+    return it.p if isinstance(it, Punctuation) else int(it[TS].max())
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
@@ -172,7 +325,8 @@ class EntryActor(_Base):
     out to all live replicas, so each input tuple is held at k entry points),
     runs the same :class:`EntryLogic` (same ids, same punctuations), and keeps
     what it emitted until every live downstream replica has acknowledged a
-    punctuation covering it, so it can replay to a new or revived replica.
+    punctuation covering it (its outboxes' retention logs), so it can replay
+    to a new or revived replica.
     """
 
     def __init__(self, query, index: int, server: str, network, t0: float, channel_opts: dict,
@@ -182,7 +336,6 @@ class EntryActor(_Base):
         self.index = index
         self.entries = {name: query.build_entry(name, strict, on_malformed) for name in sources}
         self.expected = {name: 0 for name in sources}
-        self.buffers: dict[str, list] = {name: [] for name in sources}  # (max ts, item) since the last ack
         for name in sources:
             self._outbox(name)
         self.lock = threading.Lock()
@@ -199,28 +352,17 @@ class EntryActor(_Base):
             self.expected[source] = seq + 1
             entry = self.entries[source]
             items = entry.close() if chunk is None else entry.push(chunk)
-            self._buffer(source, items)
-        self.outboxes[source].emit(items)
+            self.outboxes[source].emit(items, wait=False)
+        self.outboxes[source].wait_for_room()
         self._slowdown(started)
         return self.expected[source]
-
-    def _buffer(self, source: str, items: list) -> None:
-        buf = self.buffers[source]
-        for it in items:
-            if isinstance(it, Punctuation):
-                buf.append((it.p, it))
-            else:
-                buf.append((int(it[TS].max()), it))
-        acked = self.outboxes[source].min_ack()
-        if buf and acked > buf[0][0]:
-            self.buffers[source] = [(t, it) for t, it in buf if t > acked]
 
     def stats(self) -> dict:
         s = self._common_stats()
         with self.lock:
             s.update({
                 "entries": {n: e.stats() for n, e in self.entries.items()},
-                "buffered_items": {n: len(b) for n, b in self.buffers.items()},
+                "buffered_items": {n: len(ob.log) for n, ob in self.outboxes.items()},
                 "dead_letters": sum(d.count for e in self.entries.values() for d in e.dead_letters),
             })
         return s
@@ -256,6 +398,7 @@ class SinkActor(_Base):
 
     def push(self, port: int, channel: int, packet: list) -> int:
         now = time.time()
+        self._observe(port, packet)
         with self.lock:
             for item in packet:
                 for out in self.core.process(port, channel, item):
@@ -302,6 +445,16 @@ class SinkActor(_Base):
 
     def wait_done(self, timeout: float) -> bool:
         return self.done.wait(timeout)
+
+    def add_channel(self, port: int) -> int:
+        """A new upstream replica will feed ``port``: returns its channel index."""
+        with self.lock:
+            return self.core.filters[port].add_channel()
+
+    def _delay(self) -> float:
+        if self.done.is_set():
+            return 0.0
+        return self.input_delay(len(self.core.filters))
 
     def stats(self) -> dict:
         s = self._common_stats()

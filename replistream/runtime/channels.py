@@ -22,7 +22,15 @@ owned by a now dead sender stalls about a second per argument, so a crashed
 upstream replica would slow its live peers' consumers.
 
 The receiver's ``push`` returns its current maximum punctuation on that input:
-the *acknowledgement* entry points use to trim their buffers.
+the *acknowledgement*. Every outbox keeps what it flushed since the smallest
+punctuation all its active links acknowledged (its *retention log*, DESIGN.md
+decision 7), so a link added later (a new or revived downstream replica, or a
+revived stream replica; Hwang §V-C) starts with a replay of that log:
+``add_link(link, replay=True)``. Adding the link and taking the log happen
+under the outbox lock, so nothing emitted around that moment is missed. A
+discarded stream replica (garbage collection, Algorithm 6) is removed with
+:meth:`Outbox.remove_link`: the sender stops sending on it, no drop is
+reported, and it no longer holds back the trimming of the log.
 
 One :class:`Sender` thread per actor services all its outboxes.
 """
@@ -62,6 +70,7 @@ class Link:
     delay_max: float = 0.0
     blocked_since: float | None = None
     drop_reason: str | None = None
+    replayed: int = 0  # tuples replayed from the retention log when the link was added
 
 
 def coalesce(items: list) -> list:
@@ -105,15 +114,79 @@ class Outbox:
         self.closed = False
         self.wake: threading.Event | None = None  # set by emit so an idle sender thread wakes up
         self.blocked_s = 0.0  # time emit() waited for room (backpressure)
+        # retention log: (highest ts or punctuation, item) of every flushed item, in flush order,
+        # until every active link acknowledged a punctuation covering it
+        self.log: deque = deque()
+        self.log_tuples = 0
+        self.floor = NO_ACK  # trim point used while no link is active (set by the coordinator)
+        self.emitted = 0  # tuples flushed since the start (the stream's rate)
 
     # -- setup ------------------------------------------------------------------
-    def add_link(self, link: Link) -> None:
+    def add_link(self, link: Link, replay: bool = False) -> int:
+        """Add a stream replica; with ``replay``, first send it the retention log.
+
+        Returns the number of tuples replayed.
+
+        >>> ob = Outbox("f#0", "a", None, 0.0)
+        >>> ob.emit([Punctuation(3)]); ob.add_link(Link("g#0", "b", None, 0, 0), replay=True)
+        0
+        >>> ob.links[0].queue[0][1]  # the replay packet, queued before anything new
+        [Punctuation(3)]
+        """
         with self.lock:
+            n = 0
+            if replay and self.log:
+                packet = coalesce([it for _, it in self.log])
+                n = self.log_tuples
+                now = time.time()
+                due = self._due(link, now)
+                link.last_due = due
+                link.queue.append((due, packet, now, n))
+                link.replayed = n
             self.links.append(link)
+            self.lock.notify_all()
+            if self.wake is not None:
+                self.wake.set()
+            return n
+
+    def remove_link(self, label: str, port: int | None = None) -> int:
+        """Stop sending to ``label`` (on ``port``, if given): the stream replica is discarded.
+
+        Packets queued on it are forgotten; no drop is reported. Returns the
+        number of links removed.
+
+        >>> ob = Outbox("f#0", "a", None, 0.0); ob.add_link(Link("g#0", "b", None, 0, 0))
+        0
+        >>> ob.remove_link("g#0"), ob.links
+        (1, [])
+        """
+        with self.lock:
+            keep = [l for l in self.links if not (l.label == label and (port is None or l.port == port))]
+            n = len(self.links) - len(keep)
+            self.links = keep
+            self._trim_locked()
+            self.lock.notify_all()
+            return n
+
+    def set_floor(self, acked: int) -> None:
+        """Trim point while no link is active (e.g. a dormant entry replica, still fed)."""
+        with self.lock:
+            self.floor = max(self.floor, int(acked))
+            self._trim_locked()
+
+    def _trim_locked(self) -> None:
+        acks = [l.acked for l in self.links if l.alive]
+        acked = min(acks) if acks else self.floor
+        log = self.log
+        while log and log[0][0] <= acked:
+            _, it = log.popleft()
+            if not isinstance(it, Punctuation):
+                self.log_tuples -= len(it)
 
     # -- producer side -------------------------------------------------------------
-    def emit(self, items: list) -> None:
-        """Queue the operator's outputs; flushes on size and punctuation; waits on backpressure."""
+    def emit(self, items: list, wait: bool = True) -> None:
+        """Queue the operator's outputs; flushes on size and punctuation; waits on backpressure
+        (unless ``wait=False``: then call :meth:`wait_for_room` later)."""
         if not items:
             return
         with self.lock:
@@ -130,6 +203,12 @@ class Outbox:
                 self._flush_locked()
             if self.wake is not None:
                 self.wake.set()
+            if wait:
+                self._wait_for_room_locked()
+
+    def wait_for_room(self) -> None:
+        """Wait (backpressure) until every active link has room, dropping those blocked too long."""
+        with self.lock:
             self._wait_for_room_locked()
 
     def _flush_locked(self) -> None:
@@ -138,6 +217,13 @@ class Outbox:
         packet = coalesce(self.pending)
         tuples = self.pending_tuples
         self.pending, self.pending_tuples, self.pending_since = [], 0, None
+        self.emitted += tuples
+        for it in packet:
+            if isinstance(it, Punctuation):
+                self.log.append((it.p, it))
+            else:
+                self.log.append((int(it["ts"].max()), it))
+                self.log_tuples += len(it)
         live = [l for l in self.links if l.alive]
         if not live:
             return
@@ -239,6 +325,7 @@ class Outbox:
                     if ack is not None:
                         link.acked = max(link.acked, int(ack))
                     link.blocked_since = None
+            self._trim_locked()
             self.lock.notify_all()
 
     def _drop_locked(self, link: Link, reason: str) -> None:
@@ -248,6 +335,7 @@ class Outbox:
         link.drop_reason = reason
         link.queue.clear()
         link.inflight.clear()
+        self._trim_locked()
         self.lock.notify_all()
         if self.on_drop is not None:
             self.on_drop(self.owner, link, reason)
@@ -273,6 +361,11 @@ class Outbox:
             acks = [l.acked for l in self.links if l.alive]
         return min(acks) if acks else NO_ACK
 
+    def retained(self) -> list:
+        """The retention log's items (flushed, not yet acknowledged by every active link), in order."""
+        with self.lock:
+            return [it for _, it in self.log]
+
     def stats(self) -> list[dict]:
         with self.lock:
             return [{
@@ -280,6 +373,7 @@ class Outbox:
                 "dropped": l.drop_reason, "packets": l.packets, "tuples": l.tuples,
                 "mean_delay_ms": 1000.0 * l.delay_sum / l.packets if l.packets else 0.0,
                 "max_delay_ms": 1000.0 * l.delay_max, "queued": len(l.queue), "inflight": len(l.inflight),
+                "acked": l.acked, "replayed": l.replayed,
             } for l in self.links]
 
 

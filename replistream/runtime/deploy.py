@@ -233,8 +233,12 @@ class Deployment:
     """A replicated query running on Ray. Created by :func:`deploy`."""
 
     def __init__(self, query: Query, servers: list, k: int, plan: dict, conditions, seed: int,
-                 channel_opts: dict, strict: bool, on_malformed: str, parquet_dir: str | None, cluster=None):
+                 channel_opts: dict, strict: bool, on_malformed: str, parquet_dir: str | None, cluster=None,
+                 gc=None):
         self.query = query
+        self.channel_opts = dict(channel_opts)
+        self.strict = strict
+        self.manager = None  # the garbage collection / revival loop (runtime/manager.py), if gc= was given
         self.servers = {s.name: s for s in servers}
         self.k = k
         self.plan = plan
@@ -297,11 +301,73 @@ class Deployment:
         self._punct: dict[str, int] = {n: int(np.iinfo(np.int64).min) for n in query.sinks}
         self._callbacks: dict[str, list[Callable]] = {n: [] for n in query.sinks}
         self._poll_lock = threading.Lock()
+        self.dormant: set[str] = set()  # operator replicas whose actors garbage collection stopped
+        if gc is not None:
+            from .manager import GCConfig, ReplicaManager
+
+            if isinstance(gc, Mapping):
+                gc = GCConfig(**gc)
+            if not isinstance(gc, GCConfig):
+                raise ValueError(f"gc must be a GCConfig or a mapping of its fields, got {type(gc).__name__}")
+            self.manager = ReplicaManager(self, gc)
 
     def _register(self, label: str, server: str, handle) -> None:
         self.alive[label] = True
         self.actor_server[label] = server
         self.handles[label] = handle
+
+    def adopt(self, label: str, server: str, handle) -> None:
+        """Take a replica the coordinator loop started (revived or new) into the deployment."""
+        with self._lock:
+            self.dormant.discard(label)
+            self._register(label, server, handle)
+
+    def retire(self, label: str) -> None:
+        """Stop the actor of a replica garbage collection made dormant (not a failure: no drop broadcast)."""
+        with self._lock:
+            if not self.alive.get(label):
+                return
+            self.alive[label] = False
+            self.dormant.add(label)
+        try:
+            ray.kill(self.handles[label], no_restart=True)
+        except Exception:
+            pass
+
+    def _replicas(self):
+        if self.manager is None:
+            from .manager import GCConfig, ReplicaManager
+
+            self.manager = ReplicaManager(self, GCConfig(gc=False))  # not started: applies requests only
+        return self.manager
+
+    def revive_replica(self, operator: str, replica: int) -> dict:
+        """Replace replica ``replica`` of ``operator`` (running or crashed) by a new replica on the same
+        server, built by hand-over from a live peer (DESIGN.md decision 7, Hwang §V-C); returns the event.
+
+        >>> dep.revive_replica("correlate", 0)["new_replicas"][0]["label"]   # doctest: +SKIP
+        'correlate#2'
+        """
+        return self._replicas().replace_replica(f"{operator}#{replica}")
+
+    def add_replica(self, operator: str) -> dict:
+        """Add a replica of ``operator`` (on the server of replica 0) by hand-over from a live peer.
+
+        >>> dep.add_replica("correlate")["action"]   # doctest: +SKIP
+        'create-replica'
+        """
+        first = next((l for l in self.handles if l.rsplit("#", 1)[0] == operator), None)
+        if first is None:
+            raise ValueError(f"{operator!r} is not an operator of query {self.query.name!r}")
+        return self._replicas().replace_replica(first, add=True)
+
+    def gc_events(self) -> list[dict]:
+        """Every garbage-collection and revival decision so far, with reason and figures (JSON-ready)."""
+        return [] if self.manager is None else list(self.manager.events)
+
+    def network_cost_history(self) -> list[dict]:
+        """Network cost (and theta, live stream replicas, worst input delay) per utility period."""
+        return [] if self.manager is None else list(self.manager.history)
 
     def _instances(self, node: str) -> list[tuple[str, Any]]:
         spec = self.query.spec(node)
@@ -373,6 +439,11 @@ class Deployment:
             advance(s)
         firsts = [t for t, *_ in heap if math.isfinite(t)]
         self.ts0 = min(firsts) if firsts else 0.0
+        # the clock replicas measure their input delay with (Hwang §V-C)
+        _get_quietly([h.set_clock.remote(self.t0, self.ts0, pace) for l, h in list(self.handles.items())
+                      if self.alive.get(l)])
+        if self.manager is not None:
+            self.manager.start()
         inflight: dict[int, list] = {i: [] for i in range(len(self.entries))}
         while heap:
             t, is_end, _, src, chunk = heapq.heappop(heap)
@@ -662,6 +733,8 @@ class Deployment:
     # -- teardown ------------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Kill every actor of the deployment (Ray itself keeps running)."""
+        if self.manager is not None:
+            self.manager.stop()
         for l, h in list(self.handles.items()):
             if self.alive.get(l):
                 try:
@@ -685,7 +758,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            seed: int = 0, flush_ms: float = 2.0, max_batch: int = 10_000, max_inflight: int = 16,
            drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
            parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None,
-           on_output: Mapping[str, Callable] | None = None) -> Deployment:
+           on_output: Mapping[str, Callable] | None = None, gc=None) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -705,8 +778,12 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     is not running (``address=`` joins an existing cluster). Applications
     deliver to memory (``Deployment.results``), to callbacks
     (``on_output={app: fn}``, run in the driver) and, with ``parquet_dir``,
-    to Parquet files (``parquet_dir/<app>/*.parquet``). Every error in the
-    request is raised before any actor starts.
+    to Parquet files (``parquet_dir/<app>/*.parquet``). ``gc``: a
+    :class:`~replistream.runtime.manager.GCConfig` (or a mapping of its
+    fields) turns on the coordinator loop of garbage collection (Algorithm 6)
+    and revival (Hwang §V-C); its decisions are in ``dep.gc_events()`` and the
+    network cost over time in ``dep.network_cost_history()``. Every error in
+    the request is raised before any actor starts.
     """
     query.build()
     if int(k) < 1:
@@ -724,6 +801,13 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         _ray_options(s)  # a malformed Server.node fails here, before any actor starts
     if on_malformed not in ("raise", "dead_letter"):
         raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
+    if gc is not None:
+        from .manager import GCConfig
+
+        gc = GCConfig(**gc) if isinstance(gc, Mapping) else gc
+        if not isinstance(gc, GCConfig):
+            raise ValueError(f"gc must be a GCConfig or a mapping of its fields, got {type(gc).__name__}")
+        gc.validate()
     init_ray(address, **(ray_init or {}))
     for app in on_output or {}:
         if app not in query.sinks:
@@ -731,7 +815,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                     "drop_after_s": drop_after_s}
     dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
-                     parquet_dir, cluster)
+                     parquet_dir, cluster, gc)
     dep.placement = placed
     ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server))
     for app, cb in (on_output or {}).items():

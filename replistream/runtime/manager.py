@@ -1,0 +1,690 @@
+"""Garbage collection and revival on Ray: the coordinator's loop (Hwang §V-B, §V-C).
+
+The *decisions* are the pure functions of :mod:`replistream.gc` (utility,
+Algorithm 6, the revival policy). This module measures what they need on a
+running :class:`~replistream.runtime.deploy.Deployment`, calls them, and
+applies what they return to the actors.
+
+**Where the loop runs.** In a thread of the driver, owned by the
+deployment (:class:`ReplicaManager`), not inside the ``CoordinatorActor``:
+the driver already holds every actor handle, the network conditions that
+failure injection edits, and the feeder that must know the live entry
+replicas; a Ray actor that blocks on other actors' calls for seconds (a
+revival starts actors and moves checkpoints) would also stall the
+coordinator's other methods. Every decision is also reported to the
+coordinator actor (``report("gc" | "revival", ...)``), so its log has them.
+
+**Every utility period** (``utility_period_s``; paper 30 s) the loop
+
+1. asks every live actor for its :meth:`gc_report` (duplicate-filter weights
+   per input channel, tuples flushed per output stream, input delay);
+2. builds a :class:`~replistream.gc.Snapshot`: the replicas and stream
+   replicas as the loop last left them, each stream replica with its logical
+   stream's rate (tuples/s since the run started, the largest over the
+   stream's live producers: every replica of a stream carries the same
+   tuples), the emulated latency between the two servers *now* (injected
+   delays included; a cut link counts as 60 s) and the weight ``w(S)`` its
+   destination's filter gave it *during the last period* (so utility follows
+   current conditions);
+3. records the network cost (``Deployment.network_cost_history()``); sets
+   ``theta`` from ``theta_fraction`` of the first positive cost if no
+   absolute ``theta`` was given;
+4. every ``gc_period_s`` (paper 5 min), if the cost exceeds ``theta``, runs
+   Algorithm 6 for up to ``max_steps`` discards (:func:`~replistream.gc.collect_garbage`)
+   and applies them;
+5. with revival on, runs the :class:`~replistream.gc.RevivalPolicy` on the
+   replicas' input delays (threshold ``threshold_s``, paper 10 s; then
+   proactive revival while the cost is below ``theta``) and applies it.
+
+**Applying a discard.** Each discarded stream replica is removed from its
+source's outbox (the sender stops sending; the destination's duplicate
+filter keeps the channel, which never holds back progress: the filter passes
+a punctuation as soon as any channel brings it). A replica left dormant is
+an operator replica: its actor is killed (what is needed to revive it is its
+server, kept in the snapshot, and a live peer's checkpoint plus the
+upstream retention logs); or an entry replica: it keeps running and being
+fed by the feeder (its input cannot be replayed later), without output links,
+its retention trimmed to what the live entry replicas' consumers acknowledged.
+
+**Applying a revival** (revive a stream replica, revive a dormant replica,
+create one, replace one). A replica to start is created *pending* on its
+server; every upstream replica feeding it adds a link and replays its
+retention log; then a live peer gives a checkpoint
+(:meth:`~replistream.engine.ReplicaCore.checkpoint`: state, maximum
+punctuation ``p`` per port, ids with ``ts > p`` already applied, and the
+peer's retained output) which the new replica installs before processing
+what it buffered, so it applies only what the checkpoint does not reflect
+(DESIGN.md decision 7). The subscription comes first and the peer is chosen
+so that on every port one of the new replica's feeders also feeds the peer:
+that feeder's retention log then holds every tuple above the peer's ``p``.
+Then its output links are added (new channels at the destinations, replaying
+the adopted output), then revived stream replicas between running replicas
+get a new channel and a replay, and last what a replacement discards goes.
+Every (re)connection uses a new filter channel, so a replay never breaks a
+channel's punctuation order.
+
+>>> GCConfig(utility_period_s=1, gc_period_s=5, theta_fraction=0.5).validate().cooldown()
+2.0
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import ray
+
+from ..gc import (ENTRY, OperatorReplica, RevivalPolicy, Snapshot, StreamReplica, collect_garbage,
+                  replica_index, snapshot_from_plan)
+
+#: Latency (ms) a cut link counts with in the snapshot (the cost model needs finite figures).
+CUT_MS = 60_000.0
+
+
+@dataclass
+class GCConfig:
+    """Settings of the coordinator's garbage collection and revival loop (Hwang §V-B, §V-C).
+
+    * ``utility_period_s``: how often utilities, cost and delays are measured (paper 30 s);
+    * ``gc_period_s``: how often Algorithm 6 may discard (paper 5 min); ``gc=False`` never;
+    * ``theta`` (absolute, tuples/s x ms) or ``theta_fraction`` (of the first measured
+      cost): the target network cost; neither: no target (nothing is discarded);
+    * ``kmin``: fewest live replicas an operator keeps (Algorithm 6 never goes below);
+    * ``max_steps``: discards per GC period (paper 1; None: until cost <= theta);
+    * ``revival``, ``threshold_s`` (paper 10 s), ``proactive`` (revive while cost < theta),
+      ``max_proactive`` items per period;
+    * ``cooldown_s``: a replica involved in a delay-triggered revival is not judged again
+      for this long (default two utility periods), so it is not escalated before the
+      fix shows;
+    * ``d_min_ms``: Algorithm 5's minimum latency between peers for a new replica;
+    * ``log_path``: also write every event as one JSON line there.
+
+    >>> GCConfig(theta=100.0, revival=True, threshold_s=2).validate().threshold_s
+    2
+    >>> GCConfig(kmin=0).validate()
+    Traceback (most recent call last):
+    ...
+    ValueError: GCConfig.kmin must be an integer >= 1, got 0
+    """
+
+    utility_period_s: float = 30.0
+    gc_period_s: float = 300.0
+    theta: float | None = None
+    theta_fraction: float | None = None
+    kmin: int = 1
+    gc: bool = True
+    max_steps: int | None = 1
+    revival: bool = False
+    threshold_s: float = 10.0
+    proactive: bool = True
+    max_proactive: int | None = 1
+    cooldown_s: float | None = None
+    d_min_ms: float = 0.0
+    log_path: str | None = None
+
+    def validate(self) -> "GCConfig":
+        """Raise ``ValueError`` naming the bad setting; returns self."""
+        for name in ("utility_period_s", "gc_period_s", "threshold_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise ValueError(f"GCConfig.{name} must be a finite number > 0 (seconds), got {v!r}")
+        if not isinstance(self.kmin, int) or isinstance(self.kmin, bool) or self.kmin < 1:
+            raise ValueError(f"GCConfig.kmin must be an integer >= 1, got {self.kmin!r}")
+        if self.theta is not None and not (self.theta >= 0):
+            raise ValueError(f"GCConfig.theta must be >= 0, got {self.theta!r}")
+        if self.theta_fraction is not None and not (self.theta_fraction >= 0):
+            raise ValueError(f"GCConfig.theta_fraction must be >= 0, got {self.theta_fraction!r}")
+        if self.theta is not None and self.theta_fraction is not None:
+            raise ValueError("give GCConfig.theta or GCConfig.theta_fraction, not both")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"GCConfig.max_steps must be >= 1 or None, got {self.max_steps!r}")
+        if self.cooldown_s is not None and self.cooldown_s < 0:
+            raise ValueError(f"GCConfig.cooldown_s must be >= 0, got {self.cooldown_s!r}")
+        return self
+
+    def cooldown(self) -> float:
+        """Seconds a revived replica's delay is ignored (default two utility periods)."""
+        return 2.0 * self.utility_period_s if self.cooldown_s is None else float(self.cooldown_s)
+
+
+class ReplicaManager:
+    """The coordinator loop of one deployment (see the module doc); a driver-side thread.
+
+    Created by ``deploy(..., gc=GCConfig(...))`` and started when feeding
+    starts. Read it through the deployment: ``dep.gc_events()``,
+    ``dep.network_cost_history()``, ``dep.manager.snapshot()``.
+
+    >>> dep = rs.deploy(query, servers=6, k=2, gc=GCConfig(utility_period_s=1, gc_period_s=2,
+    ...                                                   theta_fraction=0.5))   # doctest: +SKIP
+    >>> dep.run(inputs, pace=1.0); dep.gc_events()[0]["action"]                # doctest: +SKIP
+    'discard'
+    """
+
+    def __init__(self, dep, config: GCConfig):
+        self.dep = dep
+        self.cfg = config.validate()
+        q = dep.query
+        base = snapshot_from_plan(q, dep.plan, kmin=config.kmin)
+        self.reps: dict[str, OperatorReplica] = {r.label: r for r in base.replicas}
+        self.streams: dict[str, StreamReplica] = {s.id: s for s in base.streams}
+        # filter channel of each stream replica at its destination (deploy: the source's replica index)
+        self.chan: dict[str, int] = {s.id: replica_index(s.src) or 0 for s in base.streams}
+        self.theta = math.inf if config.theta is None else float(config.theta)
+        self.events: list[dict] = []
+        self.history: list[dict] = []
+        self.weights_prev: dict[tuple[str, int, int], float] = {}
+        self.rates: dict[str, float] = {}
+        self.last_snapshot: Snapshot | None = None
+        self.delays: dict[str, float] = {}
+        self.cooling: dict[str, float] = {}  # label -> time (since t0) until which its delay is ignored
+        self.hold_gc_until = 0.0  # no discard before this time: revived replicas first get measured weights
+        self._last_none: dict[str, str] = {}
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.next_gc = None
+        self.ticks = 0
+        self.errors = 0
+        self.policy = RevivalPolicy(threshold_s=config.threshold_s, proactive=config.proactive,
+                                    place=self._place, latency=self._latency, max_proactive=config.max_proactive)
+
+    # -- the thread ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start (or restart) the loop; the first utility period ends ``utility_period_s`` from now."""
+        self.stop()
+        self._stop.clear()
+        self.next_gc = self.now() + self.cfg.gc_period_s
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="replistream-gc")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop (waits for a period in progress)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=120)
+        self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.cfg.utility_period_s):
+            try:
+                self.tick()
+            except Exception as e:  # recorded, never fatal to the run
+                import traceback
+
+                self.errors += 1
+                self._event({"kind": "error", "action": "error", "error": repr(e),
+                             "traceback": traceback.format_exc(limit=5)})
+
+    def now(self) -> float:
+        """Seconds since the run started (the deployment's ``t0``)."""
+        return time.time() - self.dep.t0
+
+    # -- measuring ---------------------------------------------------------------------------
+    def _latency(self, a: str, b: str) -> float:
+        lat = float(self.dep.conditions.latency_ms(a, b, self.now()))
+        return CUT_MS if not math.isfinite(lat) else lat
+
+    def _reports(self) -> dict[str, dict]:
+        refs = {}
+        for label, r in self.reps.items():
+            if r.state == "failed" or not self.dep.alive.get(label):
+                continue
+            refs[label] = self.dep.handles[label].gc_report.remote()
+        out = {}
+        for label, ref in refs.items():
+            try:
+                out[label] = ray.get(ref, timeout=30)
+            except Exception:
+                continue
+        return out
+
+    def _notice_failures(self) -> None:
+        for label, r in list(self.reps.items()):
+            if r.state == "live" and not self.dep.alive.get(label, False):
+                self.reps[label] = replace(r, state="failed")
+                for sid, s in self.streams.items():
+                    if s.live and label in (s.src, s.dst):
+                        self.streams[sid] = replace(s, live=False)
+                self._event({"kind": "failure", "action": "failed", "replica": label,
+                             "text": f"{label} died (failure, not garbage collection)"})
+
+    def measure(self) -> Snapshot:
+        """Ask the actors and build the current snapshot (rates, latencies, weights of the last period)."""
+        with self.lock:
+            self._notice_failures()
+            reports = self._reports()
+            elapsed = max(self.now(), 1e-3)
+            emitted: dict[str, int] = {}
+            for label, rep in reports.items():
+                for stream, n in rep.get("emitted", {}).items():
+                    emitted[stream] = max(emitted.get(stream, 0), int(n))
+            for stream, n in emitted.items():
+                self.rates[stream] = n / elapsed
+            weights: dict[str, float] = {}
+            for sid, s in self.streams.items():
+                rep = reports.get(s.dst)
+                if rep is None or not rep.get("weights"):
+                    continue
+                ch = self.chan.get(sid)
+                port_w = rep["weights"][s.port] if s.port < len(rep["weights"]) else []
+                if ch is None or ch >= len(port_w):
+                    continue
+                key = (s.dst, s.port, ch)
+                w = float(port_w[ch])
+                weights[sid] = max(0.0, w - self.weights_prev.get(key, 0.0))
+                self.weights_prev[key] = w
+            self.delays = {label: float(rep.get("delay_s", 0.0)) for label, rep in reports.items()
+                           if self.reps[label].kind != "entry" and self.reps[label].live}
+            streams = [replace(s, rate=float(self.rates.get(s.stream, 0.0)),
+                               latency_ms=self._latency(self.reps[s.src].server, self.reps[s.dst].server),
+                               weight=weights.get(s.id, 0.0)) for s in self.streams.values()]
+            snap = Snapshot(list(self.reps.values()), streams, self.cfg.kmin, self.theta)
+            self._floor_dormant_entries(reports)
+            self.last_snapshot = snap
+            return snap
+
+    def _floor_dormant_entries(self, reports: dict) -> None:
+        live = [reports[l] for l, r in self.reps.items() if r.kind == "entry" and r.live and l in reports]
+        dormant = [l for l, r in self.reps.items() if r.kind == "entry" and r.state == "dormant"
+                   and self.dep.alive.get(l)]
+        if not live or not dormant:
+            return
+        acks = [a for rep in live for a in rep.get("min_ack", {}).values()]
+        if acks:
+            floor = min(acks)
+            for l in dormant:
+                self.dep.handles[l].set_floor.remote(floor)
+
+    def snapshot(self) -> Snapshot | None:
+        """The snapshot of the last utility period (None before the first)."""
+        return self.last_snapshot
+
+    # -- one period ----------------------------------------------------------------------------
+    def tick(self) -> None:
+        """One utility period: measure, record the cost, maybe collect garbage, maybe revive."""
+        with self.lock:
+            self.ticks += 1
+            snap = self.measure()
+            cost = snap.total_cost()
+            if math.isinf(self.theta) and self.cfg.theta_fraction is not None and cost > 0:
+                self.theta = self.cfg.theta_fraction * cost
+                snap = snap.evolve(theta=self.theta)
+                self._event({"kind": "theta", "action": "theta", "theta": self.theta, "cost": cost,
+                             "text": f"theta = {self.cfg.theta_fraction:g} x first measured cost {cost:.6g} "
+                                     f"= {self.theta:.6g}"})
+            self.history.append({"t": round(self.now(), 3), "network_cost": cost,
+                                 "theta": None if math.isinf(self.theta) else self.theta,
+                                 "live_stream_replicas": len(snap.live_streams()),
+                                 "live_replicas": sum(r.live for r in snap.replicas),
+                                 "min_live": {op: snap.live_count(op) for op in snap.operators},
+                                 "max_delay_s": max(self.delays.values(), default=0.0)})
+            if self.cfg.gc and self.now() >= self.next_gc:
+                self.next_gc = self.now() + self.cfg.gc_period_s
+                if cost > self.theta and self.now() >= self.hold_gc_until:
+                    snap = self.collect(snap)
+            if self.cfg.revival:
+                self.revive(snap)
+
+    def collect(self, snap: Snapshot) -> Snapshot:
+        """Algorithm 6 (Hwang §V-B) for up to ``max_steps`` discards, applied to the actors."""
+        result = collect_garbage(snap, self.cfg.max_steps)
+        for d in result.decisions:
+            started = time.time()
+            self._apply_discard(d.streams, d.replicas)
+            self._event({"kind": "gc", **d.to_dict(), "text": d.describe(),
+                         "apply_seconds": round(time.time() - started, 3), "live_after": self.live_counts()})
+        return result.snapshot
+
+    def revive(self, snap: Snapshot) -> None:
+        """The revival policy (Hwang §V-C) on the measured delays, applied to the actors."""
+        now = self.now()
+        delays = {l: d for l, d in self.delays.items() if self.cooling.get(l, -1.0) < now}
+        for e in self.policy.decide(snap, delays):
+            if e.action == "none":
+                if self._last_none.get(e.replica) != e.reason:
+                    self._last_none[e.replica] = e.reason
+                    self._event({"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": False})
+                continue
+            if e.replica is not None:
+                self._last_none.pop(e.replica, None)
+            started = time.time()
+            try:
+                info = self._apply_revival(e)
+                applied, err = True, None
+            except Exception as exc:
+                info, applied, err = {}, False, f"{type(exc).__name__}: {exc}"
+            until = self.now() + self.cfg.cooldown()
+            self.hold_gc_until = until
+            for lab in [e.replica] + [r.label for r in e.new_replicas] + list(e.revive_replicas):
+                if lab:
+                    self.cooling[lab] = until
+            if e.replica is not None and applied:
+                for lab in self._downstream(e.replica):  # their delay is the hindered replica's
+                    self.cooling[lab] = until
+            rec = {"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": applied,
+                   "apply_seconds": round(time.time() - started, 3), **info}
+            if err:
+                rec["error"] = err
+            self._event(rec)
+            if not applied:
+                break  # the snapshot the later events were planned on did not come about
+
+    def live_counts(self) -> dict[str, int]:
+        """Live replicas per operator (entry points as ``"entry"``), as the loop last left them."""
+        out: dict[str, int] = {}
+        for r in self.reps.values():
+            out[r.operator] = out.get(r.operator, 0) + (1 if r.live else 0)
+        return out
+
+    def _downstream(self, label: str) -> set:
+        seen, todo = set(), [label]
+        while todo:
+            x = todo.pop()
+            for s in self.streams.values():
+                if s.live and s.src == x and s.dst not in seen:
+                    seen.add(s.dst)
+                    todo.append(s.dst)
+        return seen
+
+    def congest_surviving_path(self, extra_ms: float = 3000.0, duration_s: float | None = None) -> list[str]:
+        """Failure injection for revival experiments: add ``extra_ms`` to every live remote input
+        link of the first replica, walking upstream from the applications, that has one (after
+        garbage collection, the path the applications depend on). Returns the stream ids hit.
+
+        >>> dep.manager.congest_surviving_path(3000)   # doctest: +SKIP
+        ['correlate#1->hot#0:0']
+        """
+        snap = self.last_snapshot or self.measure()
+        todo = list(self.dep.query.sinks)
+        seen = set()
+        while todo:
+            r = todo.pop(0)
+            if r in seen:
+                continue
+            seen.add(r)
+            ins = snap.in_streams(r)
+            remote = [s for s in ins if snap.replica(s.src).server != snap.replica(s.dst).server]
+            if remote:
+                for s in remote:
+                    self.dep.delay_link(snap.replica(s.src).server, snap.replica(s.dst).server, extra_ms, duration_s)
+                self._event({"kind": "congestion", "action": "delay_link", "streams": [s.id for s in remote],
+                             "extra_ms": extra_ms, "text": f"{extra_ms:g} ms added on {', '.join(s.id for s in remote)}"})
+                return [s.id for s in remote]
+            todo += [s.src for s in ins]
+        return []
+
+    # -- by request ------------------------------------------------------------------------------
+    def replace_replica(self, label: str, add: bool = False, checkpoint: bool = True) -> dict:
+        """Start a new replica of ``label``'s operator on its server by hand-over from a live peer,
+        fed by every live upstream replica and feeding every live downstream replica; unless
+        ``add``, then discard ``label`` (kill it if it still runs). Returns the logged event.
+        ``checkpoint=False`` starts it from a fresh state instead (a negative control for
+        tests: a stateful replica then misses what its window held).
+
+        What ``Deployment.revive_replica``/``add_replica`` (and the
+        :class:`~replistream.testing.Revive` sentinel) run.
+        """
+        from ..gc import RevivalEvent
+
+        with self.lock:
+            if label not in self.reps:
+                raise ValueError(f"no replica {label!r}; replicas: {sorted(self.reps)}")
+            old = self.reps[label]
+            if old.kind != "operator":
+                raise ValueError(f"{label!r} is {'an entry point' if old.kind == 'entry' else 'an application'}: "
+                                 f"only operator replicas can be revived or added (an entry point's input "
+                                 f"cannot be replayed; an application has one replica)")
+            if old.live and not self.dep.alive.get(label):
+                self._notice_failures()
+                old = self.reps[label]
+            idx = [replica_index(x) for x in self.reps if self.reps[x].operator == old.operator]
+            new_label = f"{old.operator}#{max(i for i in idx if i is not None) + 1}"
+            server = old.server
+            if add:
+                snap = self.last_snapshot or Snapshot(list(self.reps.values()), list(self.streams.values()),
+                                                      self.cfg.kmin)
+                server = self._place(old.operator, snap, label) or old.server
+            new = OperatorReplica(new_label, old.operator, server, "operator", "live", old.stateful)
+            q = self.dep.query
+            streams = []
+            for p, up in enumerate(q.inputs_of(old.operator)):
+                up_op = ENTRY if q.spec(up).kind == "source" else up
+                for r in self.reps.values():
+                    if r.operator == up_op and r.live:
+                        streams.append(StreamReplica(r.label, new_label, p, 0.0, 0.0, 0.0, True, up))
+            for v, p in q.outputs_of(old.operator):
+                for r in self.reps.values():
+                    if r.operator == v and r.live:
+                        streams.append(StreamReplica(new_label, r.label, p, 0.0, 0.0, 0.0, True, old.operator))
+            drop = [] if add or not old.live else [sid for sid, s in self.streams.items()
+                                                    if s.live and label in (s.src, s.dst)]
+            e = RevivalEvent("create-replica" if add else "replace-replica", "request", label,
+                             f"requested: {'add a replica of' if add else 'replace'} {label} by hand-over",
+                             new_replicas=(new,), new_streams=tuple(streams), discard_streams=tuple(drop),
+                             discard_replicas=() if add or not old.live else (label,),
+                             handover=(new_label,) if new.stateful else ())
+            started = time.time()
+            self._no_checkpoint = not checkpoint
+            try:
+                info = self._apply_revival(e)
+            finally:
+                self._no_checkpoint = False
+            rec = {"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": True,
+                   "apply_seconds": round(time.time() - started, 3), **info}
+            self._event(rec)
+            return rec
+
+    # -- Algorithm 5 for a new replica -------------------------------------------------------
+    def _place(self, operator: str, snap: Snapshot, hindered: str) -> str | None:
+        """Server for a new replica of ``operator``: Algorithm 5 lines 7-9 (Hwang §V-A): among
+        servers without a live replica of it and farther than ``d_min_ms`` from its live
+        replicas (if any such server exists), the one minimising the cost of its input and
+        output stream replicas. None for entry points (their input cannot be replayed)."""
+        if operator == ENTRY or snap.replicas_of(operator)[0].kind != "operator":
+            return None
+        live = snap.replicas_of(operator, "live")
+        taken = {r.server for r in live}
+        cands = [s for s in self.dep.servers if s not in taken]
+        far = [s for s in cands if all(min(self._latency(s, r.server), self._latency(r.server, s)) > self.cfg.d_min_ms
+                                       for r in live)]
+        cands = far or cands
+        if not cands:
+            return None
+        ins = []
+        for p in snap.ports(operator):
+            up = snap.upstream_operator(operator, p)
+            like = [s for r in snap.replicas_of(operator) for s in snap.in_streams(r.label, p, live=None)]
+            rate = like[0].rate if like else 0.0
+            ins += [(rate, u.server) for u in snap.replicas_of(up, "live")]
+        outs = []
+        for r in snap.replicas_of(operator):
+            for s in snap.out_streams(r.label, live=None):
+                outs.append((s.rate, snap.replica(s.dst)))
+        downs = {}
+        for rate, d in outs:
+            if d.live:
+                downs[d.label] = (rate, d.server)
+
+        def cost(srv):
+            return (math.fsum(rate * self._latency(a, srv) for rate, a in ins)
+                    + math.fsum(rate * self._latency(srv, b) for rate, b in downs.values()))
+
+        return min(cands, key=lambda s: (cost(s), list(self.dep.servers).index(s)))
+
+    # -- applying decisions to the actors -----------------------------------------------------
+    def _handle(self, label: str):
+        return self.dep.handles[label]
+
+    def _apply_discard(self, streams, replicas) -> None:
+        calls = []
+        for sid in streams:
+            s = self.streams[sid]
+            self.streams[sid] = replace(s, live=False)
+            if self.dep.alive.get(s.src):
+                calls.append(self._handle(s.src).disconnect.remote(s.dst, s.port))
+        _get_all(calls)
+        for label in replicas:
+            r = self.reps[label]
+            self.reps[label] = replace(r, state="dormant")
+            if r.kind == "operator" and self.dep.alive.get(label):
+                self.dep.retire(label)
+
+    def _stream_name(self, s: StreamReplica) -> str:
+        return s.stream or self.reps[s.src].operator
+
+    def _apply_revival(self, e) -> dict:
+        info: dict[str, Any] = {}
+        new_by_label = {r.label: r for r in e.new_replicas}
+        for r in e.new_replicas:
+            self.reps[r.label] = r
+        wanted = {sid: self.streams[sid] for sid in e.revive_streams}
+        for s in e.new_streams:
+            self.streams[s.id] = replace(s, live=False)
+            wanted[s.id] = s
+        to_start = [lab for lab in list(e.revive_replicas) + list(new_by_label)
+                    if self.reps[lab].kind == "operator"]
+        for lab in e.revive_replicas:
+            self.reps[lab] = replace(self.reps[lab], state="live")
+        started: dict[str, Any] = {}
+        try:
+            # 1. start pending actors, 2. subscribe them to their upstream replicas (with replay)
+            for lab in to_start:
+                ins = [s for s in wanted.values() if s.dst == lab and s.src not in to_start]
+                started[lab] = self._start(self.reps[lab], ins)
+            # 3. hand-over: a checkpoint from a live peer, taken after the subscription
+            handover = {}
+            for lab in to_start:
+                handover[lab] = self._install(lab, started[lab], set(started))
+            info["handover"] = handover
+            # 4. their outputs, 5. revived stream replicas between running replicas
+            for s in wanted.values():
+                if self.streams[s.id].live:
+                    continue  # connected in _start
+                self._connect(s)
+        except Exception:
+            for lab in started:  # a half-started replica must not linger
+                self.reps[lab] = replace(self.reps[lab], state="dormant")
+                self._apply_discard([sid for sid, s in self.streams.items() if s.live and lab in (s.src, s.dst)],
+                                    [lab])
+            raise
+        # 6. what a replacement discards
+        if e.discard_streams or e.discard_replicas:
+            self._apply_discard(e.discard_streams, e.discard_replicas)
+        return info
+
+    def _connect(self, s: StreamReplica) -> int:
+        """Connect ``s`` (both ends running) on a new filter channel, replaying the source's log."""
+        dst, src = self.reps[s.dst], self.reps[s.src]
+        ch = ray.get(self._handle(s.dst).add_channel.remote(s.port), timeout=60)
+        n = ray.get(self._handle(s.src).connect.remote(self._stream_name(s), s.dst, dst.server, self._handle(s.dst),
+                                                       s.port, ch, True), timeout=60)
+        self.chan[s.id] = ch
+        self.streams[s.id] = replace(s, live=True)
+        return n
+
+    def _start(self, rep: OperatorReplica, ins: list[StreamReplica]):
+        """Create the actor of ``rep`` pending, fed by ``ins`` (each replaying its log)."""
+        from .actors import ReplicaActor
+        from .deploy import _ray_options
+
+        dep = self.dep
+        q = dep.query
+        n_ports = len(q.inputs_of(rep.operator))
+        channels = [0] * n_ports
+        chan_of = {}
+        for s in ins:
+            chan_of[s.id] = channels[s.port]
+            channels[s.port] += 1
+        for p in range(n_ports):
+            if channels[p] == 0:
+                raise RuntimeError(f"cannot start {rep.label}: no live upstream replica feeds its port {p}")
+        idx = replica_index(rep.label)
+        h = ReplicaActor.options(**_ray_options(dep.servers[rep.server])).remote(
+            q, rep.operator, idx if idx is not None else 0, rep.server, channels, dep.conditions, dep.t0,
+            dep.channel_opts, dep.coordinator, dep.strict, True)
+        ray.get(h.set_clock.remote(dep.t0, dep.ts0, dep.speed), timeout=120)
+        dep.adopt(rep.label, rep.server, h)
+        calls = []
+        for s in ins:
+            calls.append(self._handle(s.src).connect.remote(self._stream_name(s), rep.label, rep.server, h, s.port,
+                                                           chan_of[s.id], True))
+            self.chan[s.id] = chan_of[s.id]
+            self.streams[s.id] = replace(s, live=True)
+        ray.get(calls, timeout=60)
+        return h
+
+    def _install(self, label: str, handle, pending: set) -> dict:
+        """Hand-over (DESIGN.md decision 7): install a checkpoint from a live peer whose inputs share
+        a feeder with ``label`` on every port; subscribe ``label`` to more feeders if needed."""
+        rep = self.reps[label]
+        peers = [r for r in self.reps.values() if r.operator == rep.operator and r.live and r.label != label
+                 and self.dep.alive.get(r.label) and r.label not in pending]
+        feeders = {(s.src, s.port) for s in self.streams.values() if s.live and s.dst == label}
+
+        def shared(peer):
+            ports = {s.port for s in self.streams.values() if s.live and s.dst == peer.label}
+            return all(any((s.src, p) in feeders for s in self.streams.values()
+                           if s.live and s.dst == peer.label and s.port == p) for p in ports)
+
+        if getattr(self, "_no_checkpoint", False):
+            ray.get(handle.install.remote(None), timeout=120)
+            return {"peer": None, "checkpoint": None}
+        if not peers:
+            if rep.stateful:
+                raise RuntimeError(f"no live peer of {rep.operator!r} can hand its state over to {label}")
+            ray.get(handle.install.remote(None), timeout=120)
+            return {"peer": None}
+        peers.sort(key=lambda r: (not shared(r), r.label))
+        peer = peers[0]
+        added = []
+        if not shared(peer):
+            # subscribe to the peer's own feeders too, so the replay covers everything above its p
+            for s in list(self.streams.values()):
+                if s.live and s.dst == peer.label and (s.src, s.port) not in feeders:
+                    ns = StreamReplica(s.src, label, s.port, s.rate, s.latency_ms, 0.0, True, s.stream)
+                    if ns.id in self.streams and self.streams[ns.id].live:
+                        continue
+                    self._connect(ns)
+                    added.append(ns.id)
+        ck = ray.get(self._handle(peer.label).checkpoint.remote(), timeout=120)
+        got = ray.get(handle.install.remote(ck), timeout=300)
+        return {"peer": peer.label, "extra_streams": added, **got}
+
+    # -- events ------------------------------------------------------------------------------
+    def _event(self, rec: dict) -> None:
+        rec = {"t": round(self.now(), 3), **rec}
+        for k, v in list(rec.items()):
+            if isinstance(v, float) and math.isinf(v):
+                rec[k] = None
+        self.events.append(rec)
+        try:
+            self.dep.coordinator.report.remote(rec.get("kind", "gc"), rec)
+        except Exception:
+            pass
+        if self.cfg.log_path:
+            with open(self.cfg.log_path, "a") as f:
+                f.write(json.dumps(rec, default=_json_default) + "\n")
+
+
+def _get_all(refs) -> None:
+    for r in refs:
+        try:
+            ray.get(r, timeout=60)
+        except Exception:
+            pass
+
+
+def _json_default(o):
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:
+        pass
+    return repr(o)
