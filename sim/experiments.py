@@ -19,7 +19,7 @@ server ``i`` (:func:`~replistream.placement.fig1_sources`) reporting every
 relaxation; alpha 0.8, d_min 30 ms) or random.
 
 >>> sorted(EXPERIMENTS)
-['fig4']
+['fig2', 'fig3', 'fig4', 'table1']
 """
 from __future__ import annotations
 
@@ -204,6 +204,224 @@ def _plot_fig4(data: dict, path: str) -> None:
     plt.close(fig)
 
 
+# -- Fig. 3 --------------------------------------------------------------------------------------
+
+def _binned(t: np.ndarray, lat: np.ndarray, width: float) -> list[dict]:
+    if t.size == 0:
+        return []
+    b = np.floor(t / width).astype(np.int64)
+    out = []
+    for k in np.unique(b):
+        sel = lat[b == k]
+        out.append({"t_s": float(k * width), "mean_s": float(sel.mean()), "max_s": float(sel.max()), "n": int(sel.size)})
+    return out
+
+
+def fig3(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False) -> dict:
+    """Fig. 3: end-to-end latency over time for kmax = 1, 2, 3 (min-cost deployment, Hwang §VI-C).
+
+    The paper ran three engines per server, one per degree of replication, on
+    PlanetLab for about 3 hours; here each kmax is a simulated run over the same
+    network and inputs. Full scale: 30 servers, 10 monitored, 3 simulated hours.
+    Quick: 5 monitored, 20 simulated minutes. Reports mean, standard deviation
+    and tail per kmax, and a per-minute series (mean, max) for the plot.
+    """
+    monitored, hours = (5, 1 / 3) if quick else (10, 3.0)
+    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed)
+    ref = run_reference(st.query, st.inputs)
+    rows = []
+    for k in (1, 2, 3):
+        t0 = time.time()
+        pl = min_cost(st.problem, k)
+        res = _simulate(st, pl.plan(), progress=progress)
+        _check_exact(st, res, ref)
+        arr, lat = res.latencies(st.query.sinks[0])
+        order = np.argsort(arr, kind="stable")
+        arr, lat = arr[order], lat[order]
+        rows.append({"k": k, "tuples": int(lat.size), "mean_s": float(lat.mean()), "std_s": float(lat.std()),
+                     "p50_s": float(np.median(lat)), "p99_s": float(np.percentile(lat, 99)),
+                     "max_s": float(lat.max()), "series": _binned(arr, lat, 60.0), "wall_s": time.time() - t0})
+    data = {"experiment": "fig3", "quick": quick, "seed": seed, "servers": 30, "monitored": monitored,
+            "simulated_hours": hours, "rows": rows,
+            "paper": "the average as well as the variance of latency decrease as more replicas are deployed"}
+    if out:
+        _write(out, "fig3", data, [{k: v for k, v in r.items() if k != "series"} for r in rows])
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(9, 4))
+        for r in rows:
+            ser = r["series"]
+            ax.plot([x["t_s"] / 3600 for x in ser], [x["mean_s"] for x in ser], label=f"kmax={r['k']} (mean per minute)")
+        ax.set_xlabel("time (hour)")
+        ax.set_ylabel("latency (s)")
+        ax.set_title(f"Fig. 3: latency over time, {monitored} monitored of 30 servers, min-cost")
+        ax.legend()
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "fig3.png"), dpi=110)
+        plt.close(fig)
+    return data
+
+
+def _table_fig3(data: dict) -> str:
+    lines = [f"{'kmax':<5} {'tuples':>7} {'mean s':>8} {'std s':>8} {'p99 s':>8} {'max s':>8}"]
+    for r in data["rows"]:
+        lines.append(f"{r['k']:<5} {r['tuples']:>7} {r['mean_s']:>8.4f} {r['std_s']:>8.4f} {r['p99_s']:>8.4f} {r['max_s']:>8.4f}")
+    return "\n".join(lines)
+
+
+# -- Fig. 2 --------------------------------------------------------------------------------------
+
+#: Fig. 2's manual placement (§VI-B): Unions at WISC (Madison) and Purdue (West Lafayette), the Join at OSU.
+FIG2_SITES = {"wisc": "madison", "purdue": "westlafayette", "osu": "columbus"}
+FIG2_MONITORED = ("boston", "berkeley", "seattle", "london")
+
+
+def fig2(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
+         detect_s: float = 2.0) -> dict:
+    """Fig. 2: latency over time at the Join's output around a crash of WISC at t = 60 s (Hwang §VI-B).
+
+    Sources on four servers report every 0.5 s; join window 0.5 s. The
+    strategies: ``no replication`` (Unions at WISC and Purdue, Join at OSU),
+    ``replication`` (this system: second Union replicas at Purdue and WISC),
+    ``synchronization`` (primary/backup with determinants: the primary holds
+    outputs for one round trip to its backup; downstream fails over
+    ``detect_s`` after the crash) and ``deterministic`` (the same failover, each
+    replica merging its inputs in timestamp order up to the minimum
+    punctuation). The entry points run at Boston and Berkeley (Boston alone
+    without replication). Every run's output is checked: complete and equal to
+    the reference except ``no replication``, which stops at the crash. Quick
+    and full scale are the same 90 s run (it is small).
+    """
+    q = fig1_query(len(FIG2_MONITORED), window_s=0.5, punctuate_s=0.5)
+    names = sorted(set(FIG2_MONITORED) | set(FIG2_SITES.values()))
+    from replistream.network import GeoLatencyModel, city
+
+    net = GeoLatencyModel([city(n) for n in names], seed=seed)
+    inputs = fig1_inputs(len(FIG2_MONITORED), duration_s=90.0, period_s=0.5, seed=seed)
+    sources = {s: FIG2_MONITORED[int(s.rpartition("_")[2])] for s in q.sources}
+    wisc, purdue, osu = FIG2_SITES["wisc"], FIG2_SITES["purdue"], FIG2_SITES["osu"]
+    single = {"entry": ["boston"], "loads": [wisc], "pings": [purdue], "correlate": [osu], "hot": [osu], "alerts": [osu]}
+    double = single | {"entry": ["boston", "berkeley"], "loads": [wisc, purdue], "pings": [purdue, wisc]}
+    from replistream.scenario import Scenario
+
+    crash = Scenario.from_dict({"events": [{"at": 60, "action": "kill_server", "server": wisc}]})
+    ref = run_reference(q, inputs)
+    rows = []
+    for label, plan, mode in (("no replication", single, "replication"), ("replication", double, "replication"),
+                              ("synchronization", double, "synchronization"),
+                              ("deterministic", double, "deterministic")):
+        res = Simulator(q, plan, net, sources=sources, scenario=crash, mode=mode, detect_s=detect_s).run(
+            inputs, progress=progress)
+        if label != "no replication":
+            from replistream.testing import assert_same_output
+
+            assert res.complete, label
+            assert_same_output(ref.outputs["alerts"], res.outputs["alerts"])
+        arr, lat = res.latencies("alerts")
+        order = np.argsort(arr, kind="stable")
+        arr, lat = arr[order], lat[order]
+        before = lat[(arr >= 40) & (arr < 60)]
+        after = lat[(arr >= 60) & (arr < 80)]
+        late = lat[(arr >= 65) & (arr < 80)]
+        rows.append({"strategy": label, "complete": res.complete, "tuples": int(lat.size),
+                     "mean_before_s": float(before.mean()) if before.size else None,
+                     "mean_after_s": float(late.mean()) if late.size else None,
+                     "max_around_crash_s": float(after.max()) if after.size else None,
+                     "delivered_after_crash": int(((arr >= 60.5)).sum()),
+                     "series": [[float(a), float(b)] for a, b in zip(arr, lat) if 40 <= a <= 80]})
+    data = {"experiment": "fig2", "quick": quick, "seed": seed, "crash": {"server": wisc, "at_s": 60},
+            "detect_s": detect_s, "rows": rows,
+            "paper": {"no replication": "no output after the crash",
+                      "replication": "lowest latency; rises after the crash (no more benefit from replication)",
+                      "synchronization": "extra delay while primaries wait for backups; failover gap; drops after",
+                      "deterministic": "extra delay from sorting (paced by the slowest input); failover gap"}}
+    if out:
+        _write(out, "fig2", data, [{k: v for k, v in r.items() if k != "series"} for r in rows])
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(9, 4))
+        for r in rows:
+            s = np.array(r["series"]) if r["series"] else np.zeros((0, 2))
+            ax.plot(s[:, 0], s[:, 1], ".-", ms=2, lw=0.8, label=r["strategy"])
+        ax.axvline(60, color="k", ls=":", lw=1)
+        ax.text(60.5, ax.get_ylim()[1] * 0.9, "crash of WISC")
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("latency (s)")
+        ax.set_title("Fig. 2: latency at the Join's output around a server crash")
+        ax.legend()
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "fig2.png"), dpi=110)
+        plt.close(fig)
+    return data
+
+
+def _fmt(x, spec=".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _table_fig2(data: dict) -> str:
+    lines = [f"{'strategy':<16} {'complete':<8} {'mean 40-60 s':>12} {'mean 65-80 s':>12} {'max 60-80 s':>11} "
+             f"{'after crash':>11}"]
+    for r in data["rows"]:
+        lines.append(f"{r['strategy']:<16} {str(r['complete']):<8} {_fmt(r['mean_before_s']):>12} "
+                     f"{_fmt(r['mean_after_s']):>12} {_fmt(r['max_around_crash_s']):>11} {r['delivered_after_crash']:>11}")
+    return "\n".join(lines)
+
+
+# -- Table I -------------------------------------------------------------------------------------
+
+def table1(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False) -> dict:
+    """Table I: per-replica CPU cost by degree of replication (Hwang §VI-D).
+
+    Not simulated: these are the Ray runtime's measured figures
+    (:data:`~replistream.sim.cpu.MEASURED_CPU_S`, from ``bench/runtime.py``,
+    docs/benchmarks.md), quoted beside the paper's Table I, with the per-copy
+    cost fitted from them that the simulator's CPU model uses. ``quick`` and
+    ``seed`` change nothing. To measure afresh: ``python bench/runtime.py --only cpu``.
+    """
+    fit = fit_costs()
+    rows = []
+    for op in ("union", "filter", "aggregate", "join"):
+        ours = MEASURED_CPU_S[op]
+        paper = PAPER_TABLE1[op]
+        rows.append({"operator": op, "ours_cpu_s": list(ours), "ours_ratio": [x / ours[0] for x in ours],
+                     "paper_pct": list(paper), "paper_ratio_vs_k1": [x / paper[1] for x in paper[1:]],
+                     "paper_ratio_vs_none": [x / paper[0] for x in paper[1:]],
+                     "fitted_us_per_copy": fit[op], "tuples_in_per_replica": TABLE1_INPUT_TUPLES[op]})
+    data = {"experiment": "table1", "source": "docs/benchmarks.md, 'Re-run after the runtime fixes (commit b401f25)': "
+            "raw CPU seconds per replica, 20k tuples/s for 10 s, k = 1..4", "rows": rows}
+    if out:
+        _write(out, "table1", data, [{"operator": r["operator"], **{f"ours_k{k + 1}_s": v for k, v in enumerate(r["ours_cpu_s"])},
+                                      **{f"paper_k{k + 1}_pct": v for k, v in enumerate(r["paper_pct"][1:])},
+                                      "paper_none_pct": r["paper_pct"][0], "fitted_us_per_copy": r["fitted_us_per_copy"]}
+                                     for r in rows])
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ks = [1, 2, 3, 4]
+        for r, c in zip(rows, ["C0", "C1", "C2", "C3"]):
+            ax.plot(ks, r["ours_ratio"], "o-", color=c, label=f"{r['operator']} (ours)")
+            ax.plot(ks, r["paper_ratio_vs_k1"], "s--", color=c, alpha=0.6, label=f"{r['operator']} (paper)")
+        ax.set_xlabel("degree of replication k")
+        ax.set_ylabel("CPU per replica relative to k=1")
+        ax.set_xticks(ks)
+        ax.set_title("Table I: CPU per replica by degree of replication")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "table1.png"), dpi=110)
+        plt.close(fig)
+    return data
+
+
+def _table_table1(data: dict) -> str:
+    lines = ["operator   ours CPU s per replica, k=1..4 (ratio to k=1)        paper % CPU, none / k=1..4 (ratio to k=1)"]
+    for r in data["rows"]:
+        ours = "  ".join(f"{v:.2f} ({q:.2f}x)" for v, q in zip(r["ours_cpu_s"], r["ours_ratio"]))
+        paper = f"{r['paper_pct'][0]} / " + "  ".join(f"{v} ({q:.2f}x)" for v, q in zip(r["paper_pct"][1:], r["paper_ratio_vs_k1"]))
+        lines.append(f"{r['operator']:<10} {ours:<52} {paper}")
+    return "\n".join(lines)
+
+
 # -- helpers -----------------------------------------------------------------------------------------
 
 def _pyplot():
@@ -258,9 +476,10 @@ def _table_fig4(data: dict) -> str:
     return "\n".join(lines)
 
 
-_TABLES: dict[str, Callable[[dict], str]] = {"fig4": _table_fig4}
+_TABLES: dict[str, Callable[[dict], str]] = {"fig2": _table_fig2, "fig3": _table_fig3, "fig4": _table_fig4,
+                                             "table1": _table_table1}
 
-EXPERIMENTS: dict[str, Callable[..., dict]] = {"fig4": fig4}
+EXPERIMENTS: dict[str, Callable[..., dict]] = {"fig2": fig2, "fig3": fig3, "fig4": fig4, "table1": table1}
 
 
 def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | None = None,
@@ -270,7 +489,7 @@ def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | Non
     >>> run_experiment("fig9")
     Traceback (most recent call last):
     ...
-    ValueError: unknown experiment 'fig9'; known: fig4
+    ValueError: unknown experiment 'fig9'; known: fig2, fig3, fig4, table1
     """
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")

@@ -1,0 +1,52 @@
+"""The paper's other experiments at quick scale: Fig. 2, Fig. 3, Table I (Hwang §VI-B..D)."""
+import json
+
+import pytest
+
+from replistream.sim import cli
+from replistream.sim.cpu import MEASURED_CPU_S
+from replistream.sim.experiments import fig2, fig3, table, table1
+
+
+@pytest.fixture(scope="module")
+def fig2_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fig2")
+    return fig2(quick=True, out=str(out)), out
+
+
+def test_fig2_shapes(fig2_data):
+    data, out = fig2_data
+    rows = {r["strategy"]: r for r in data["rows"]}
+    none, rep, sync, det = (rows[k] for k in ("no replication", "replication", "synchronization", "deterministic"))
+    assert not none["complete"] and none["delivered_after_crash"] == 0
+    assert rep["complete"] and sync["complete"] and det["complete"]
+    # this system is fastest before the crash; the others pay for identical execution
+    assert rep["mean_before_s"] < sync["mean_before_s"] < det["mean_before_s"]
+    # primaries lose their synchronization partner at the crash: latency drops afterwards
+    assert sync["mean_after_s"] < sync["mean_before_s"]
+    # failover gaps (detection after 2 s) versus none with replication
+    assert sync["max_around_crash_s"] >= data["detect_s"] and det["max_around_crash_s"] >= data["detect_s"]
+    assert rep["max_around_crash_s"] < 0.5
+    assert (out / "fig2.png").stat().st_size > 10_000
+    assert json.loads((out / "fig2.json").read_text())["crash"]["server"] == "madison"
+    assert "synchronization" in table(data)
+
+
+def test_fig3_more_replicas_never_hurt(tmp_path):
+    data = fig3(quick=True, out=str(tmp_path))
+    rows = {r["k"]: r for r in data["rows"]}
+    assert rows[1]["tuples"] == rows[2]["tuples"] == rows[3]["tuples"] > 0
+    assert rows[3]["mean_s"] <= rows[1]["mean_s"] and rows[3]["std_s"] <= rows[1]["std_s"]
+    assert rows[3]["max_s"] <= rows[1]["max_s"]
+    assert (tmp_path / "fig3.png").exists() and (tmp_path / "fig3.csv").exists()
+
+
+def test_table1_quotes_the_measured_runtime_figures(tmp_path, capsys):
+    data = table1(out=str(tmp_path))
+    rows = {r["operator"]: r for r in data["rows"]}
+    assert rows["union"]["ours_cpu_s"] == list(MEASURED_CPU_S["union"])
+    assert rows["join"]["paper_pct"][0] == 9.5 and rows["join"]["paper_ratio_vs_none"][2] == pytest.approx(11.6 / 9.5)
+    assert all(r["fitted_us_per_copy"] > 0 for r in rows.values())
+    assert cli.main(["table1", "--out", str(tmp_path)]) == 0
+    assert "union" in capsys.readouterr().out
+    assert (tmp_path / "table1.png").exists()
