@@ -6,7 +6,8 @@
 2. Spark (on Ray, through RayDP) reads and cleans them.
 3. The Fig. 1 query (Hwang §II-B) runs on Ray with k=2 replicas of every
    operator, fed from the cleaned DataFrames; the server of one Join replica
-   crashes mid-run.
+   crashes halfway through the readings (``inject_at``: after every earlier
+   reading has reached the entry points, whatever the machine's speed).
 4. The alerts come back as a Spark DataFrame, are written as Parquet, and are
    compared in Spark with a Spark SQL batch computation of the same windowed
    join and filter: they must match exactly (as multisets).
@@ -28,7 +29,8 @@ import pyarrow.parquet as pq
 import replistream as rs
 from replistream.schema import seconds
 from replistream.spark import SparkSink, SparkSource, spark_session
-from replistream.workloads import fig1_query, fig1_tables
+from replistream.testing import Call, KillServer, inject_at
+from replistream.workloads import FIG1_EPOCH_US, fig1_query, fig1_tables
 
 
 def write_readings(out: Path, n_servers: int, duration_s: float, period_s: float, seed: int) -> dict:
@@ -86,27 +88,26 @@ def main(argv=None) -> dict:
     # 3. the replicated Fig. 1 query, fed from Spark, with a server crash mid-run
     cpu_thr, rtt_thr = 0.2, 60.0
     q = fig1_query(args.servers, window_s=args.window, cpu_threshold=cpu_thr, rtt_threshold_ms=rtt_thr)
-    inputs = {}
-    for i in range(args.servers):
-        inputs[f"load_{i}"] = SparkSource(loads.where(F.col("server") == i), time="event_time",
-                                          columns=["server", "cpu"])
-        inputs[f"ping_{i}"] = SparkSource(pings.where(F.col("src") == i), time="event_time",
-                                          columns=["src", "dst", "rtt_ms"])
     crashed = []
     t = time.time()
     with rs.deploy(q, servers=6, k=2, network="geo-static", seed=args.seed) as dep:
         victim = dep.plan["correlate"][0]
-
-        def crash(counts):
-            if counts["alerts"] and not crashed:
-                dep.kill_server(victim)
-                crashed.append({"server": victim, "alerts_before": int(counts["alerts"])})
-
+        inputs = {}
+        for i in range(args.servers):
+            inputs[f"load_{i}"] = SparkSource(loads.where(F.col("server") == i), time="event_time",
+                                              columns=["server", "cpu"], chunk_size=8)
+            inputs[f"ping_{i}"] = SparkSource(pings.where(F.col("src") == i), time="event_time",
+                                              columns=["src", "dst", "rtt_ms"], chunk_size=8)
+        # the crash lands halfway through the readings, after all earlier input reached the entry points
+        halfway = FIG1_EPOCH_US + seconds(args.duration / 2)
+        note = Call(lambda d: crashed.append({"server": victim, "at_s": args.duration / 2,
+                                              "alerts_before": len(d.results("alerts"))}))
+        inputs["load_0"] = inject_at(inputs["load_0"], halfway, note, KillServer(victim))
         sink = SparkSink(dep, "alerts")
         phases["deploy"] = time.time() - t
         t = time.time()
         dep.feed(inputs, pace=args.pace)
-        if not dep.wait(timeout=600, progress=crash):
+        if not dep.wait(timeout=600):
             raise SystemExit("the replicated query did not finish within 600 s")
         res = dep.collect()
         phases["run"] = time.time() - t

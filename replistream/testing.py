@@ -171,6 +171,61 @@ class AddReplica(Sentinel):
         _deployment_call(deployment, "add_replica", self.operator)
 
 
+class inject_at:
+    """Wrap a source's input so ``events`` (sentinels) fire just before the first chunk with ``ts >= at``.
+
+    The feeder applies a sentinel only after every earlier chunk has reached
+    the entry points, so the failure lands at a known point of the stream
+    whatever the machine's speed. Works with any input the feeder takes,
+    including sources with ``bind`` (e.g. :class:`replistream.spark.SparkSource`,
+    whose chunks carry ``tmin``); if no chunk reaches ``at`` the events fire at the end.
+
+    >>> chunks = [[{"ts": 1}], [{"ts": 5}], [{"ts": 9}]]
+    >>> [c if isinstance(c, Sentinel) else c[0]["ts"] for c in inject_at(chunks, 5, Pause(0))]
+    [1, Pause(seconds=0), 5, 9]
+    """
+
+    def __init__(self, source: Any, at: int, *events: Sentinel):
+        if not events or not all(isinstance(e, Sentinel) for e in events):
+            raise ValueError("inject_at needs one or more Sentinel events (KillServer, KillReplica, Call, ...)")
+        self.source = source
+        self.at = at
+        self.events = events
+
+    def bind(self, name: str, schema) -> None:
+        if hasattr(self.source, "bind"):
+            self.source.bind(name, schema)
+
+    @staticmethod
+    def _start(chunk) -> float | None:
+        t = getattr(chunk, "tmin", None)
+        if t is not None or hasattr(chunk, "tmin"):
+            return t
+        try:
+            if isinstance(chunk, np.ndarray):
+                return float(chunk["ts"].min()) if len(chunk) else None
+            if isinstance(chunk, Mapping):
+                ts = np.asarray(chunk.get("ts", []))
+                return float(ts.min()) if ts.size else None
+            if isinstance(chunk, (list, tuple)) and chunk and isinstance(chunk[0], Mapping):
+                vals = [r["ts"] for r in chunk if "ts" in r]
+                return float(min(vals)) if vals else None
+        except (TypeError, ValueError):
+            return None
+        return None
+
+    def __iter__(self):
+        fired = False
+        for chunk in self.source:
+            t = None if fired else self._start(chunk)
+            if not fired and t is not None and t >= self.at:
+                fired = True
+                yield from self.events
+            yield chunk
+        if not fired:
+            yield from self.events
+
+
 def _deployment_call(deployment, method: str, *args) -> None:
     fn = getattr(deployment, method, None)
     if fn is None:

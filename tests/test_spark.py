@@ -203,7 +203,8 @@ def test_spark_pipeline_example_matches_spark_sql(spark, tmp_path, repo_root):
     report = mod.main(["--servers", "3", "--duration", "20", "--pace", "10", "--out", str(tmp_path)])
     assert report["exact_match"] and report["lost"] == 0 and report["extra"] == 0
     assert report["alerts_replicated"] == report["alerts_spark_sql"] > 0
-    assert report["crash"] is not None and report["crash"]["alerts_before"] < report["alerts_replicated"]
+    assert report["crash"] is not None and report["crash"]["at_s"] == 10.0
+    assert report["crash"]["alerts_before"] < report["alerts_replicated"]  # alerts after the crash time exist
     assert report["readings_after_cleaning"]["loads"] < report["readings_written"]["loads"]
 
 
