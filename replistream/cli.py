@@ -478,6 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
     place.add_argument("--plot", metavar="FILE.png", default=None,
                        help="draw servers, replicas and stream replicas on a world map")
     place.set_defaults(func=_place)
+
+    from .sim.cli import register as register_sim, run as run_sim  # replistream sim <experiment> (Hwang §VI)
+
+    register_sim(sub).set_defaults(func=run_sim)
     return parser
 
 

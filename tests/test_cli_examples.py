@@ -70,3 +70,9 @@ def test_failure_injection_example_writes_a_plot(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "identical to the ideal run" in out.stdout
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sim_is_a_subcommand():
+    out = run(sys.executable, "-m", "replistream.cli", "sim", "--help")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "fig4" in out.stdout and "--quick" in out.stdout
