@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -229,9 +230,12 @@ class SimResult:
 
 
 class _Recorder:
-    def __init__(self, schema):
+    def __init__(self, schema, keep: bool = True):
         self.schema = schema
+        self.keep = keep
         self.batches, self.times = [], []
+        self.ts = array("q")  # keep=False: only timestamps and arrival times
+        self.at = array("d")
         self.punct = _NO_P
 
     def add(self, items, t):
@@ -239,8 +243,20 @@ class _Recorder:
             if isinstance(it, Punctuation):
                 self.punct = max(self.punct, it.p)
             elif len(it):
-                self.batches.append(it)
-                self.times.append(np.full(len(it), t))
+                if self.keep:
+                    self.batches.append(it)
+                    self.times.append(np.full(len(it), t))
+                else:
+                    self.ts.extend(it[TS].tolist())
+                    self.at.extend([t] * len(it))
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.keep:
+            out = np.zeros(len(self.ts), dtype=[(TS, "i8")])
+            out[TS] = np.frombuffer(self.ts, dtype=np.int64) if len(self.ts) else 0
+            return out, np.frombuffer(self.at, dtype=np.float64).copy() if len(self.at) else np.zeros(0)
+        out = np.concatenate(self.batches) if self.batches else self.schema.empty()
+        return out, (np.concatenate(self.times) if self.times else np.zeros(0))
 
 
 class Simulator:
@@ -257,6 +273,8 @@ class Simulator:
     :data:`MODES`. ``detect_s``: failure detection delay of the failover modes.
     ``coordinator``: optional ``(period_s, fn)``; ``fn(sim, t)`` runs every
     ``period_s`` virtual seconds (the GC/revival experiments use it).
+    ``keep_outputs=False`` keeps only each output's timestamp and arrival time
+    (``SimResult.outputs`` then has just a ``ts`` column): for month-long runs.
 
     >>> from replistream.workloads import fig1_query
     >>> Simulator(fig1_query(1), {"entry": ["a"]}, ZeroLatency(["a"]))
@@ -268,7 +286,8 @@ class Simulator:
     def __init__(self, query: Query, plan: Mapping[str, list[str]], network: LatencyModel | None = None, *,
                  scenario: Scenario | None = None, cpu: CpuModel | None = None,
                  sources: Mapping[str, str] | None = None, mode: str = "replication", detect_s: float = 2.0,
-                 coordinator: tuple[float, Callable] | None = None, strict: bool = False):
+                 coordinator: tuple[float, Callable] | None = None, strict: bool = False,
+                 keep_outputs: bool = True):
         query.build()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -313,6 +332,7 @@ class Simulator:
         self.detect_s = float(detect_s)
         self.coordinator = coordinator
         self.strict = strict
+        self.keep_outputs = keep_outputs
         self.kills: list = []
         if scenario is not None:
             ops = {n: len(self.plan[n]) for n in query.operators}
@@ -343,7 +363,7 @@ class Simulator:
                     if self.mode == "deterministic" and not sink:
                         r.merger = _Merger(len(ups))
                 if sink:
-                    r.recorder = _Recorder(q.schema_of(node))
+                    r.recorder = _Recorder(q.schema_of(node), self.keep_outputs)
                 reps.append(r)
             self.groups[node] = reps
         # stream replicas: every upstream replica -> every downstream replica, per port
@@ -373,9 +393,12 @@ class Simulator:
         return self.links
 
     # -- the run ---------------------------------------------------------------------------
-    def run(self, inputs: Mapping[str, Any], until: float | None = None, progress: bool = False) -> SimResult:
-        """Feed ``inputs`` (``{source: chunks}``, as for ``run_reference``) and simulate until
-        every event has happened (or virtual time ``until``). ``progress`` shows a progress bar."""
+    def run(self, inputs: Mapping[str, Any], until: float | None = None, progress: bool = False,
+            horizon_s: float | None = None) -> SimResult:
+        """Feed ``inputs`` (``{source: chunks}``, as for ``run_reference``; generators are read
+        lazily) and simulate until every event has happened (or virtual time ``until``).
+        ``progress`` shows a progress bar (rich) up to ``horizon_s`` virtual seconds (default:
+        the last chunk's time when the inputs are lists)."""
         q = self.query
         unknown = set(inputs) - set(q.sources)
         if unknown:
@@ -404,7 +427,7 @@ class Simulator:
         bar = None
         if progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-            horizon = until if until is not None else self._horizon_hint(inputs)
+            horizon = horizon_s or (until if until is not None else self._horizon_hint(inputs))
             bar = Progress(TextColumn("simulated"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
                            TimeRemainingColumn(), transient=False)
             task = bar.add_task("sim", total=max(1.0, horizon))
@@ -650,8 +673,7 @@ class Simulator:
         dead = []
         for node in self.query.sinks:
             rec = self.groups[node][0].recorder
-            outputs[node] = np.concatenate(rec.batches) if rec.batches else self.query.schema_of(node).empty()
-            arrivals[node] = np.concatenate(rec.times) if rec.times else np.zeros(0)
+            outputs[node], arrivals[node] = rec.result()
             punct[node] = rec.punct
         for e in self.entries.values():
             dead.extend(e.dead_letters)
