@@ -110,7 +110,7 @@ def chunk_time(chunk: Any) -> int | None:
 
 class _Replica:
     __slots__ = ("label", "node", "index", "server", "core", "kind", "alive", "out", "is_sink", "merger",
-                 "active", "buffers", "recorder", "sent_tuples", "cpu_s")
+                 "active", "buffers", "recorder", "sent_tuples", "cpu_s", "last_in", "lag")
 
     def __init__(self, label, node, index, server, core, kind, is_sink=False):
         self.label, self.node, self.index, self.server = label, node, index, server
@@ -123,6 +123,8 @@ class _Replica:
         self.recorder = None
         self.sent_tuples = 0
         self.cpu_s = 0.0
+        self.last_in: list[float] = []  # per port: virtual time a new (first-copy) tuple last arrived
+        self.lag: list[float] = []  # per port: the largest input latency seen since the last reset
 
 
 class _Link:
@@ -566,16 +568,28 @@ class Simulator:
         core = r.core
         out: list = []
         n = 0
+        if not r.last_in:
+            r.last_in = [t] * len(core.filters)
+            r.lag = [0.0] * len(core.filters)
+        flt = core.filters[port]
+        before = flt.passed
         for it in items:
-            if not isinstance(it, Punctuation):
-                n += len(it)
+            seen = flt.passed
             if r.merger is None:
                 out.extend(core.process(port, channel, it))
             else:
                 # deterministic: filter duplicates first, then merge every input in (ts, id) order
-                for f in core.filters[port].process(channel, it):
+                for f in flt.process(channel, it):
                     for p2, x in r.merger.push(port, f):
                         out.extend(self._logic(core, p2, x))
+            if not isinstance(it, Punctuation):
+                n += len(it)
+                if flt.passed > seen:  # new tuples: the input latency this replica observes (§V-C)
+                    lag = t - (int(it[TS].min()) - self.ts0) / 1e6
+                    if lag > r.lag[port]:
+                        r.lag[port] = lag
+        if flt.passed > before:
+            r.last_in[port] = t
         done = self._cpu(r, t, n)
         if r.is_sink:
             r.recorder.add(out, done)
@@ -666,6 +680,60 @@ class Simulator:
                                             "from": v.label, "to": live[0].label})
                         for items in d.buffers.pop((port, live[0].index), []):
                             self._process(t, d, port, live[0].index, items)
+
+    # -- management (garbage collection and revival, Hwang §V-B, §V-C) ---------------------------------
+    def weights(self) -> dict[str, float]:
+        """The duplicate filters' weights by stream replica id (``src->dst:port``), for replica utility."""
+        return {lk.id: float(lk.receiver.core.filters[lk.port].weights[lk.channel]) for lk in self.links}
+
+    def apply_snapshot(self, snapshot) -> int:
+        """Make the stream replicas live or discarded as in a :class:`replistream.gc.Snapshot`
+        (same labels and ids as the runtime); returns how many are live. A revived replica of a
+        stateful operator is handed over from a live peer first (DESIGN.md decision 7)."""
+        live = {st.id for st in snapshot.streams if st.live}
+        known = {lk.id for lk in self.links}
+        unknown = sorted(live - known)
+        if unknown:
+            raise ValueError(f"the snapshot has stream replicas this simulation does not: {unknown[:3]}")
+        was_fed = {r.label for lk in self.links if lk.live for r in [lk.receiver]}
+        for lk in self.links:
+            lk.live = lk.id in live
+        for g in self.groups.values():
+            for r in g:
+                if r.core is None or r.is_sink or r.label in was_fed:
+                    continue
+                if any(lk.live and lk.receiver is r for lk in self.links):
+                    self._handover(r)
+        return len(live)
+
+    def _handover(self, r: _Replica) -> None:
+        peers = [p for p in self.groups[r.node] if p is not r and p.alive and p.label in
+                 {lk.receiver.label for lk in self.links if lk.live}]
+        if not peers or not r.core.logic.checkpoint(0).rows():
+            return  # stateless or nothing to copy: the replica goes on from its own state
+        chans = [f.n_channels for f in r.core.filters]
+        r.core = ReplicaCore.from_checkpoint(self.query, peers[0].core.checkpoint(), chans, self.strict, retain=False)
+        self.events.append({"t": self.now, "event": "handover", "replica": r.label, "peer": peers[0].label})
+
+    def input_delays(self, t: float, reset: bool = True, silence_s: float = 60.0) -> dict[str, float]:
+        """Per live replica fed by live stream replicas: the largest input latency it observed
+        since the last call (s), or, for a port that received no new tuple for more than
+        ``silence_s``, the silence beyond ``silence_s`` if larger: what a replica "observes"
+        for revival (§V-C)."""
+        fed = {}
+        for lk in self.links:
+            if lk.live and lk.sender.alive:
+                fed.setdefault(lk.receiver.label, set()).add(lk.port)
+        out = {}
+        for g in self.groups.values():
+            for r in g:
+                if r.core is None or not r.alive or r.label not in fed or not r.last_in:
+                    continue
+                quiet = max(t - x for x in r.last_in) - silence_s
+                out[r.label] = max(max(r.lag), quiet)
+                if reset:
+                    r.lag = [0.0] * len(r.lag)
+        return out
 
     # -- results ---------------------------------------------------------------------------------
     def _result(self) -> SimResult:

@@ -19,7 +19,7 @@ server ``i`` (:func:`~replistream.placement.fig1_sources`) reporting every
 relaxation; alpha 0.8, d_min 30 ms) or random.
 
 >>> sorted(EXPERIMENTS)
-['fig2', 'fig3', 'fig4', 'table1']
+['fig2', 'fig3', 'fig4', 'fig5', 'table1']
 """
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ class Setting:
     sources: dict
     problem: Any
     duration_s: float
+    rates: dict  # bytes/s of each node's output stream, from the test run (the placement problem's rates)
 
     def base_placement(self) -> Placement:
         """The non-replicated, minimum-cost placement every strategy starts from (§VI-A)."""
@@ -92,10 +93,12 @@ def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3
     q = fig1_query(monitored, window_s=window_s)
     inputs = fig1_inputs(monitored, duration_s=duration_s, period_s=period_s, seed=seed)
     test = fig1_inputs(monitored, duration_s=600.0, period_s=period_s, seed=seed + 1)
-    stats = QueryStats.from_run(q, run_reference(q, test), 600.0)
+    test_run = run_reference(q, test)
+    stats = QueryStats.from_run(q, test_run, 600.0)
+    rates = dict(stats.rates)
     sources = fig1_sources(q, servers)
     problem = problem_from_query(q, servers, latency_matrix(net, net.names), stats, sources=sources)
-    return Setting(servers, net, q, inputs, sources, problem, duration_s)
+    return Setting(servers, net, q, inputs, sources, problem, duration_s, rates)
 
 
 def random_extension(problem, base: Placement, k: int, seed: int = 0) -> Placement:
@@ -422,6 +425,189 @@ def _table_table1(data: dict) -> str:
     return "\n".join(lines)
 
 
+# -- Fig. 5 --------------------------------------------------------------------------------------
+
+#: Fig. 5's latency guarantee (s): what min-cost achieved in Fig. 4(b) ("always smaller than 1 second").
+FIG5_GUARANTEE_S = 1.0
+#: Targets theta tried, as fractions of the static min-cost network cost, most generous first.
+FIG5_THETAS = (0.8, 0.6, 0.45, 0.35, 0.25, 0.18, 0.12, 0.08)
+
+
+def _snapshot(st: Setting, plan: dict, weights=None, theta=math.inf):
+    from replistream.gc import snapshot_from_plan
+
+    idx = st.problem.index
+    lat = st.problem.latency
+    return snapshot_from_plan(st.query, plan, rates=st.rates, latency=lambda a, b: float(lat[idx[a], idx[b]]),
+                              weights=weights, kmin=1, theta=theta)
+
+
+def _cost(st: Setting, snap) -> float:
+    """Network cost of a snapshot in the placement problem's units (bytes/s x ms): its live
+    stream replicas plus each source's stream to every entry replica that still feeds something."""
+    idx, lat = st.problem.index, st.problem.latency
+    live_entries = {x.src for x in snap.streams if x.live and x.src.startswith("entry#")}
+    servers = {r.label: r.server for r in snap.replicas}
+    src = sum(st.rates[s] * float(lat[idx[a], idx[servers[e]]]) for s, a in st.sources.items() for e in live_entries)
+    return snap.total_cost() + src
+
+
+def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool, period_s: float = 10.0,
+            gc_period_s: float = 300.0, threshold_s: float = 0.5) -> dict:
+    """Simulate ``plan`` with only ``snap``'s live stream replicas; with ``revival``, a coordinator
+    every ``period_s`` revives for replicas observing input delays above ``threshold_s``
+    (:func:`replistream.gc.plan_revival`) and every ``gc_period_s`` runs one Algorithm 6 step
+    when the cost exceeds theta, with the filters' current weights. Returns the latency,
+    the time-averaged network cost and what was done."""
+    from replistream.gc import apply_revival, collect_step, plan_revival
+
+    state = {"snap": snap, "cost_area": 0.0, "last_t": 0.0, "revivals": 0, "discards": 0, "last_gc": 0.0}
+    usable = ("revive-stream", "revive-replica")
+
+    def coordinator(sim, t):
+        s = state["snap"]
+        state["cost_area"] += _cost(st, s) * (t - state["last_t"])
+        state["last_t"] = t
+        delays = sim.input_delays(t)
+        events = [e for e in plan_revival(s, delays, threshold_s=threshold_s) if e.action in usable]
+        if events:
+            s = apply_revival(s, events)
+            state["revivals"] += len(events)
+        if t - state["last_gc"] >= gc_period_s:
+            state["last_gc"] = t
+            s, d = collect_step(s.with_weights(sim.weights()))
+            state["discards"] += d is not None
+        if s is not state["snap"]:
+            state["snap"] = s
+            sim.apply_snapshot(s)
+
+    sim = Simulator(st.query, plan, st.network, sources=st.sources,
+                    coordinator=(period_s, coordinator) if revival else None)
+    sim.apply_snapshot(snap)
+    res = sim.run(st.inputs, progress=progress)
+    ok = res.complete
+    if ok:
+        try:
+            _check_exact(st, res, ref)
+        except AssertionError:
+            ok = False
+    lat = np.concatenate([res.latencies(a)[1] for a in st.query.sinks])
+    if revival:
+        end = res.end_time
+        state["cost_area"] += _cost(st, state["snap"]) * max(0.0, end - state["last_t"])
+        cost = state["cost_area"] / end if end > 0 else _cost(st, snap)
+    else:
+        cost = _cost(st, snap)
+    return {"exact": ok, "max_s": float(lat.max()) if lat.size else math.inf,
+            "p99_s": float(np.percentile(lat, 99)) if lat.size else math.inf, "cost": cost,
+            "live_streams": sum(1 for x in state["snap"].streams if x.live), "revivals": state["revivals"],
+            "discards": state["discards"], "handovers": sum(e["event"] == "handover" for e in res.events)}
+
+
+def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False) -> dict:
+    """Fig. 5: network cost of static min-cost, with garbage collection, and with garbage
+    collection and revival, kmax = 2..5, at the same latency guarantee (Hwang §VI-F).
+
+    For each kmax: (1) static: Algorithm 5's placement, simulated; its duplicate
+    filters' weights give replica utilities (§V-B). (2) GC: Algorithm 6
+    (:func:`replistream.gc.collect_garbage`) to targets theta of decreasing
+    cost (:data:`FIG5_THETAS`); each result is simulated with the discarded stream
+    replicas off, and the cheapest that keeps every latency under
+    :data:`FIG5_GUARANTEE_S` and the output exact is kept. (3) GC + revival: the same
+    search continued to lower targets, simulated with revival (§V-C: replicas observing
+    input delays above 0.5 s revive discarded streams and replicas; stateful ones are
+    handed over from a live peer) and one GC step every 5 minutes; the cost is averaged
+    over time. Costs are the placement model's (rate in bytes/s x latency, every stream
+    replica, the sources' streams to live entry points included), relative to the
+    non-replicated placement's, as in Fig. 4; theta applies to the discardable part.
+    Full scale: 10 monitored servers, 1 simulated hour; quick: 5 monitored, 5 simulated
+    minutes, kmax 2..3.
+    """
+    monitored, hours, kmax = (5, 1 / 12, (2, 3)) if quick else (10, 1.0, (2, 3, 4, 5))
+    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed)
+    ref = run_reference(st.query, st.inputs)
+    base = st.base_placement()
+    base_cost = base.network_cost
+    assert math.isclose(_cost(st, _snapshot(st, base.plan())), base_cost, rel_tol=1e-9)
+    rows = []
+    for k in kmax:
+        t0 = time.time()
+        plan = min_cost(st.problem, k).plan()
+        sim = Simulator(st.query, plan, st.network, sources=st.sources)
+        res = sim.run(st.inputs, progress=progress)
+        _check_exact(st, res, ref)
+        lat = np.concatenate([res.latencies(a)[1] for a in st.query.sinks])
+        snap0 = _snapshot(st, plan, weights=sim.weights())
+        static = snap0.total_cost()  # Algorithm 6's theta is about the streams it can discard
+        row = {"k": k, "static_cost": _cost(st, snap0) / base_cost, "static_max_s": float(lat.max()),
+               "static_streams": len(snap0.streams)}
+        gc_best, gc_theta, tried = None, None, []
+        from replistream.gc import collect_garbage
+
+        i = 0
+        for i, f in enumerate(FIG5_THETAS):
+            g = collect_garbage(snap0.evolve(theta=f * static))
+            r = _gc_run(st, plan, g.snapshot, ref, revival=False, progress=progress)
+            tried.append({"theta": f, "mode": "gc", **r})
+            if not (r["exact"] and r["max_s"] <= FIG5_GUARANTEE_S):
+                break
+            gc_best, gc_theta = (g, r), f
+            if g.cost_after > f * static:  # Algorithm 6 cannot go lower
+                i += 1
+                break
+        rv_best, rv_theta = None, None
+        start = FIG5_THETAS.index(gc_theta) if gc_theta is not None else 0
+        for f in FIG5_THETAS[start:]:
+            g = collect_garbage(snap0.evolve(theta=f * static))
+            r = _gc_run(st, plan, g.snapshot.evolve(theta=f * static), ref, revival=True, progress=progress)
+            tried.append({"theta": f, "mode": "gc+revival", **r})
+            if not (r["exact"] and r["max_s"] <= FIG5_GUARANTEE_S):
+                break
+            rv_best, rv_theta = r, f
+            if g.cost_after > f * static:
+                break
+        row.update({
+            "gc_theta": gc_theta, "gc_cost": (gc_best[1]["cost"] if gc_best else _cost(st, snap0)) / base_cost,
+            "gc_max_s": gc_best[1]["max_s"] if gc_best else row["static_max_s"],
+            "gc_streams": gc_best[1]["live_streams"] if gc_best else len(snap0.streams),
+            "revival_theta": rv_theta, "revival_cost": (rv_best["cost"] if rv_best else
+                                                         (gc_best[1]["cost"] if gc_best else _cost(st, snap0))) / base_cost,
+            "revival_max_s": rv_best["max_s"] if rv_best else None,
+            "revivals": rv_best["revivals"] if rv_best else 0, "tried": tried, "wall_s": time.time() - t0})
+        rows.append(row)
+    data = {"experiment": "fig5", "quick": quick, "seed": seed, "monitored": monitored, "simulated_hours": hours,
+            "guarantee_s": FIG5_GUARANTEE_S, "thetas": list(FIG5_THETAS), "rows": rows,
+            "paper": "GC saves the cost of stream replicas that do not help, a larger share at higher kmax; "
+                     "GC + revival saves more (bars read from Fig. 5, not given as numbers in the text)"}
+    if out:
+        _write(out, "fig5", data, [{k: v for k, v in r.items() if k != "tried"} for r in rows])
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ks = np.array([r["k"] for r in rows], dtype=float)
+        for j, (key, label) in enumerate((("static_cost", "static min-cost"), ("gc_cost", "garbage-collection"),
+                                          ("revival_cost", "garbage-collection / revival"))):
+            ax.bar(ks + (j - 1) * 0.27, [r[key] for r in rows], width=0.27, label=label)
+        ax.set_xticks(ks)
+        ax.set_xlabel("maximum degree of replication (kmax)")
+        ax.set_ylabel("network cost (x non-replicated)")
+        ax.set_title(f"Fig. 5: network cost at latency guarantee {FIG5_GUARANTEE_S:g} s")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "fig5.png"), dpi=110)
+        plt.close(fig)
+    return data
+
+
+def _table_fig5(data: dict) -> str:
+    lines = [f"{'kmax':<5} {'static':>8} {'GC':>8} {'GC+revival':>10}  {'theta GC':>8} {'theta rev':>9} "
+             f"{'max s static/GC/rev':>20}"]
+    for r in data["rows"]:
+        mx = f"{r['static_max_s']:.3f}/{r['gc_max_s']:.3f}/{_fmt(r['revival_max_s'])}"
+        lines.append(f"{r['k']:<5} {r['static_cost']:>7.2f}x {r['gc_cost']:>7.2f}x {r['revival_cost']:>9.2f}x  "
+                     f"{_fmt(r['gc_theta'], '.2f'):>8} {_fmt(r['revival_theta'], '.2f'):>9} {mx:>20}")
+    return "\n".join(lines)
+
+
 # -- helpers -----------------------------------------------------------------------------------------
 
 def _pyplot():
@@ -477,9 +663,10 @@ def _table_fig4(data: dict) -> str:
 
 
 _TABLES: dict[str, Callable[[dict], str]] = {"fig2": _table_fig2, "fig3": _table_fig3, "fig4": _table_fig4,
-                                             "table1": _table_table1}
+                                             "fig5": _table_fig5, "table1": _table_table1}
 
-EXPERIMENTS: dict[str, Callable[..., dict]] = {"fig2": fig2, "fig3": fig3, "fig4": fig4, "table1": table1}
+EXPERIMENTS: dict[str, Callable[..., dict]] = {"fig2": fig2, "fig3": fig3, "fig4": fig4, "fig5": fig5,
+                                               "table1": table1}
 
 
 def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | None = None,
@@ -489,7 +676,7 @@ def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | Non
     >>> run_experiment("fig9")
     Traceback (most recent call last):
     ...
-    ValueError: unknown experiment 'fig9'; known: fig2, fig3, fig4, table1
+    ValueError: unknown experiment 'fig9'; known: fig2, fig3, fig4, fig5, table1
     """
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
