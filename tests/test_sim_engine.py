@@ -150,3 +150,32 @@ def test_runs_are_deterministic():
     b = Simulator(Q, PLAN, net, scenario=FAULTS).run(DATA)
     assert np.array_equal(a.arrivals["alerts"], b.arrivals["alerts"])
     assert math.isclose(a.end_time, b.end_time)
+
+
+def test_discarded_streams_carry_nothing_and_revival_hands_over():
+    """apply_snapshot switches stream replicas off as replistream.gc decides; reviving a dormant
+    Join replica hands its state over from a live peer, and the output stays exact."""
+    from replistream.gc import snapshot_from_plan
+
+    plan = {n: NAMES[:2] for n in ["entry", *Q.operators]} | {"alerts": [NAMES[4]]}
+    snap = snapshot_from_plan(Q, plan)
+    dormant = {s.id: False for s in snap.streams if "correlate#1" in s.id}
+    revived = {}
+
+    def coordinator(sim, t):
+        if t == 100.0:
+            sim.apply_snapshot(snap.evolve(streams_live=dormant))
+        if t == 200.0:
+            revived["n"] = sim.apply_snapshot(snap)
+
+    sim = Simulator(Q, plan, GeoLatencyModel(SERVERS, seed=1), coordinator=(100.0, coordinator))
+    res = sim.run(DATA)
+    assert_same_output(REF.outputs["alerts"], res.outputs["alerts"])
+    assert revived["n"] == len(snap.streams)
+    assert [e["replica"] for e in res.events if e["event"] == "handover"] == ["correlate#1"]
+    by_id = {lk.id: lk for lk in sim.stream_replicas()}
+    assert by_id["correlate#1->hot#0:0"].tuples < by_id["correlate#0->hot#0:0"].tuples
+    delays = sim.input_delays(res.end_time + 1000, silence_s=60)
+    assert delays["hot#0"] > 900  # nothing new for ~1000 s beyond the 60 s allowance
+    with pytest.raises(ValueError, match="does not"):
+        sim.apply_snapshot(snapshot_from_plan(Q, {n: NAMES[:3] for n in plan if n != "alerts"} | {"alerts": [NAMES[4]]}))
