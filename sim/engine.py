@@ -69,7 +69,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from replistream.engine import ReplicaCore, iter_chunks
+from replistream.engine import OutputLog, ReplicaCore, iter_chunks
 from replistream.errors import QueryError
 from replistream.network import LatencyModel, NetworkConditions, ZeroLatency, delivery_time
 from replistream.operators.sorter import canonical_order
@@ -277,6 +277,8 @@ class Simulator:
     ``period_s`` virtual seconds (the GC/revival experiments use it).
     ``keep_outputs=False`` keeps only each output's timestamp and arrival time
     (``SimResult.outputs`` then has just a ``ts`` column): for month-long runs.
+    ``retain=True`` keeps every replica's output since the last punctuation its live
+    receivers acknowledged, replayed to stream replicas :meth:`apply_snapshot` revives.
 
     >>> from replistream.workloads import fig1_query
     >>> Simulator(fig1_query(1), {"entry": ["a"]}, ZeroLatency(["a"]))
@@ -289,7 +291,7 @@ class Simulator:
                  scenario: Scenario | None = None, cpu: CpuModel | None = None,
                  sources: Mapping[str, str] | None = None, mode: str = "replication", detect_s: float = 2.0,
                  coordinator: tuple[float, Callable] | None = None, strict: bool = False,
-                 keep_outputs: bool = True):
+                 keep_outputs: bool = True, retain: bool = False):
         query.build()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -335,6 +337,9 @@ class Simulator:
         self.coordinator = coordinator
         self.strict = strict
         self.keep_outputs = keep_outputs
+        self.retain = retain
+        self.now = 0.0
+        self.events: list[dict] = []
         self.kills: list = []
         if scenario is not None:
             ops = {n: len(self.plan[n]) for n in query.operators}
@@ -359,7 +364,7 @@ class Simulator:
             sink = node in q.sinks
             reps = []
             for i, s in enumerate(self.plan[node]):
-                core = ReplicaCore(q, node, chans, self.strict)
+                core = ReplicaCore(q, node, chans, self.strict, retain=self.retain and not sink)
                 r = _Replica(node if sink else f"{node}#{i}", node, i, s, core,
                              "sink" if sink else operator_kind(q.spec(node)), is_sink=sink)
                 if failover:
@@ -383,6 +388,8 @@ class Simulator:
                             self.entry_links[u].setdefault(ci, []).append(lk)
                         else:
                             up.out.append(lk)
+        self.entry_logs = {(s, i): OutputLog() for s in q.sources for i in range(len(self.groups[ENTRY]))} \
+            if self.retain else {}
         self.links = [lk for g in self.groups.values() for r in g for lk in r.out]
         self.links += [lk for d in self.entry_links.values() for ls in d.values() for lk in ls]
 
@@ -631,26 +638,34 @@ class Simulator:
         links = self.entry_links[src][r.index] if src is not None else r.out
         n = sum(len(it) for it in items if not isinstance(it, Punctuation))
         r.sent_tuples += n
-        net = self._lat
-        latency = net.latency_ms
-        a = r.server
         for lk in links:
-            if not lk.live or not lk.receiver.alive:
-                continue
-            b = lk.receiver.server
-            lat = latency(a, b, t)
-            at = t + lat / 1000.0 if lat != math.inf else delivery_time(net, a, b, t)
-            if at < lk.last:
-                at = lk.last
-            if math.isinf(at):
-                lk.live = False  # unreachable for the whole horizon: the sender drops the channel
-                self.events.append({"t": t, "event": "link dropped", "link": lk.id})
-                continue
-            lk.last = at
-            lk.tuples += n
-            lk.packets += 1
-            self._seq += 1
-            heapq.heappush(self._heap, (at, self._seq, _ARRIVE, (lk, items)))
+            if lk.live and lk.receiver.alive:
+                self._send(lk, items, t, n)
+        if self.retain:
+            log = self.entry_logs[(src, r.index)] if src is not None else r.core.output_log
+            if src is not None:
+                log.append(items)
+            if any(isinstance(it, Punctuation) for it in items):
+                acks = [lk.receiver.core.filters[lk.port].max_punct for lk in links if lk.live and lk.receiver.alive]
+                if acks:
+                    log.trim(min(acks))
+
+    def _send(self, lk: _Link, items: list, t: float, n: int) -> None:
+        net = self._lat
+        a, b = lk.sender.server, lk.receiver.server
+        lat = net.latency_ms(a, b, t)
+        at = t + lat / 1000.0 if lat != math.inf else delivery_time(net, a, b, t)
+        if at < lk.last:
+            at = lk.last
+        if math.isinf(at):
+            lk.live = False  # unreachable for the whole horizon: the sender drops the channel
+            self.events.append({"t": t, "event": "link dropped", "link": lk.id})
+            return
+        lk.last = at
+        lk.tuples += n
+        lk.packets += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, _ARRIVE, (lk, items)))
 
     # -- failures ------------------------------------------------------------------------------
     def _kill(self, t: float, ev) -> None:
@@ -694,13 +709,16 @@ class Simulator:
     def apply_snapshot(self, snapshot) -> int:
         """Make the stream replicas live or discarded as in a :class:`replistream.gc.Snapshot`
         (same labels and ids as the runtime); returns how many are live. A revived replica of a
-        stateful operator is handed over from a live peer first (DESIGN.md decision 7)."""
+        stateful operator is handed over from a live peer first, and with ``retain=True`` every
+        revived stream replica is first replayed what its sender retains since the last
+        punctuation all its live receivers acknowledged (DESIGN.md decision 7)."""
         live = {st.id for st in snapshot.streams if st.live}
         known = {lk.id for lk in self.links}
         unknown = sorted(live - known)
         if unknown:
             raise ValueError(f"the snapshot has stream replicas this simulation does not: {unknown[:3]}")
-        was_fed = {r.label for lk in self.links if lk.live for r in [lk.receiver]}
+        was_fed = {lk.receiver.label for lk in self.links if lk.live}
+        revived = [lk for lk in self.links if not lk.live and lk.id in live]
         for lk in self.links:
             lk.live = lk.id in live
         for g in self.groups.values():
@@ -709,15 +727,29 @@ class Simulator:
                     continue
                 if any(lk.live and lk.receiver is r for lk in self.links):
                     self._handover(r)
+        if self.retain:  # a revived stream replica first replays what its sender retains (decision 7)
+            for lk in revived:
+                if not (lk.sender.alive and lk.receiver.alive):
+                    continue
+                if lk.sender.node == ENTRY:
+                    src = self.query.inputs_of(lk.receiver.node)[lk.port]
+                    items = self.entry_logs[(src, lk.sender.index)].items()
+                else:
+                    items = lk.sender.core.output_log.items()
+                if items:
+                    self._send(lk, items, self.now, sum(len(it) for it in items if not isinstance(it, Punctuation)))
         return len(live)
 
     def _handover(self, r: _Replica) -> None:
         peers = [p for p in self.groups[r.node] if p is not r and p.alive and p.label in
                  {lk.receiver.label for lk in self.links if lk.live}]
-        if not peers or not r.core.logic.checkpoint(0).rows():
-            return  # stateless or nothing to copy: the replica goes on from its own state
+        if not peers:
+            return  # no live peer to copy: the replica goes on from its own state
+        ck = peers[0].core.checkpoint()
+        if not ck.logic.rows():
+            return  # a stateless operator: nothing to hand over
         chans = [f.n_channels for f in r.core.filters]
-        r.core = ReplicaCore.from_checkpoint(self.query, peers[0].core.checkpoint(), chans, self.strict, retain=False)
+        r.core = ReplicaCore.from_checkpoint(self.query, ck, chans, self.strict, retain=self.retain)
         self.events.append({"t": self.now, "event": "handover", "replica": r.label, "peer": peers[0].label})
 
     def input_delays(self, t: float, reset: bool = True, silence_s: float = 60.0) -> dict[str, float]:

@@ -495,7 +495,7 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool, p
             sim.apply_snapshot(s)
 
     sim = Simulator(st.query, plan, st.network, sources=st.sources,
-                    coordinator=(period_s, coordinator) if revival else None)
+                    coordinator=(period_s, coordinator) if revival else None, retain=revival)
     sim.apply_snapshot(snap)
     res = sim.run(st.inputs, progress=progress)
     ok = res.complete
