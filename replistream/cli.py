@@ -121,6 +121,24 @@ def _pcts(lat: np.ndarray) -> dict:
     return {"count": int(len(lat)), "p50": round(float(p50), 1), "p99": round(float(p99), 1)}
 
 
+def _latency_bins(t_arr: np.ndarray, lat: np.ndarray, width: float) -> list[dict]:
+    """Latency percentiles of what arrived in each ``width``-second bin of the run (arrival time).
+
+    >>> _latency_bins(np.array([0.5, 1.0, 6.0]), np.array([100.0, 300.0, 50.0]), 5.0)
+    [{'t': 0.0, 'count': 2, 'p50': 200.0, 'p99': 298.0, 'max': 300.0}, {'t': 5.0, 'count': 1, 'p50': 50.0, 'p99': 50.0, 'max': 50.0}]
+    """
+    out = []
+    if not len(lat) or not width > 0:
+        return out
+    bins = np.floor(np.asarray(t_arr) / width).astype(np.int64)
+    for b in np.unique(bins):
+        sel = lat[bins == b]
+        p = _pcts(sel)
+        out.append({"t": round(float(b * width), 3), "count": p["count"], "p50": p["p50"], "p99": p["p99"],
+                    "max": round(float(sel.max()), 1)})
+    return out
+
+
 def _demo_ray(args) -> int:
     from .network import default_servers
     from .runtime import deploy
@@ -200,6 +218,7 @@ def _demo_ray(args) -> int:
                        "before_failure": _pcts(lat[t_arr < t_fail] if t_fail is not None else lat),
                        "after_failure": _pcts(lat[t_arr >= t_fail] if t_fail is not None else lat[:0]),
                    },
+                   "latency_over_time_ms": _latency_bins(t_arr, lat, args.latency_bin),
                    "filter_weights": res.metrics["applications"]["alerts"]["filter_weights"],
                    "dropped_stream_replicas": len([e for e in res.metrics["coordinator"]
                                                    if e.get("kind") == "channel_dropped"]),
@@ -252,8 +271,8 @@ def _start_after_feed(dep, timer) -> None:
 def _gc_summary(dep, t_arr, lat, args) -> dict:
     """The --gc/--revival fields: network cost over time, theta, decisions, latency by phase."""
     events = dep.gc_events()
-    keep = ("t", "kind", "action", "text", "replica", "utility", "cost", "cost_before", "cost_after", "theta",
-            "delay_s", "threshold_s", "applied", "error")
+    keep = ("t", "kind", "action", "trigger", "text", "replica", "utility", "cost", "cost_before", "cost_after", "theta",
+            "delay_s", "threshold_s", "applied", "apply_seconds", "error")
     hist = dep.network_cost_history()
     theta = next((h["theta"] for h in reversed(hist) if h["theta"] is not None), None)
     out = {"network_cost": [{"t": h["t"], "cost": round(h["network_cost"], 1),
@@ -269,13 +288,19 @@ def _gc_summary(dep, t_arr, lat, args) -> dict:
     phases = {}
     if cong:
         t_c = cong[0]
-        rev = [e["t"] for e in events if e["kind"] == "revival" and e.get("applied") and e["t"] > t_c]
-        t_r = max(rev) if rev else None
+        # the revival that answers the congestion: the first delay-triggered one applied after it;
+        # its effect is read from two utility periods later (the new path catching up)
+        rev = [e["t"] for e in events if e["kind"] == "revival" and e.get("applied") and e["t"] > t_c
+               and e.get("trigger") == "delay"]
+        t_r = min(rev) if rev else None
+        settle = 2 * args.utility_period
         phases["before_congestion"] = _pcts(lat[t_arr < t_c])
         phases["congested"] = _pcts(lat[(t_arr >= t_c) & (t_arr < (t_r if t_r is not None else np.inf))])
-        phases["after_revival"] = _pcts(lat[t_arr >= t_r] if t_r is not None else lat[:0])
+        phases["after_revival"] = _pcts(lat[t_arr >= t_r + settle] if t_r is not None else lat[:0])
         out["congestion_at_s"] = round(t_c, 2)
-        out["last_revival_at_s"] = None if t_r is None else round(t_r, 2)
+        out["first_revival_at_s"] = None if t_r is None else round(t_r, 2)
+        out["last_revival_at_s"] = None if not rev else round(max(rev), 2)
+        out["after_revival_from_s"] = None if t_r is None else round(t_r + settle, 2)
     else:
         t_b = out["cost_below_theta_at_s"]
         phases["before_cost_below_theta"] = _pcts(lat[t_arr < t_b] if t_b is not None else lat)
@@ -433,6 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--engine", choices=["ray", "inprocess"], default="ray",
                       help="ray (default) or the in-process replicated engine (no clock, random crashes)")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    demo.add_argument("--latency-bin", type=float, default=5.0, help="seconds per bin of latency_over_time_ms "
+                      "(Ray engine; default 5)")
     demo.add_argument("--gc", action="store_true",
                       help="garbage-collect replicas (Algorithm 6) down to --theta-fraction of the first measured "
                            "network cost; reports network cost over time and every decision (no server is killed)")

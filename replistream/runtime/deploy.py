@@ -405,6 +405,7 @@ class Deployment:
                 data.bind(src, self.query.schema_of(src))
         self.speed = pace
         self.t0 = time.time() + 0.05
+        self.feed_done_wall = None  # wall time the feeder sent its last chunk (input delays stop growing then)
         _get_quietly([h.set_start.remote(self.t0) for l, h in self.handles.items() if self.alive.get(l)])
         self._broadcast_network()
         self._feeder = threading.Thread(target=self._feed_loop, args=(dict(inputs), pace, chunk_size),
@@ -466,6 +467,7 @@ class Deployment:
                 advance(src)
         for i, refs in inflight.items():
             self._settle(i, refs, 0)
+        self.feed_done_wall = time.time()
 
     def _send_chunk(self, src, seq, chunk, inflight) -> None:
         self.fed.append((time.time() - self.t0, src, seq))

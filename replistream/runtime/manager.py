@@ -32,8 +32,12 @@ coordinator actor (``report("gc" | "revival", ...)``), so its log has them.
 4. every ``gc_period_s`` (paper 5 min), if the cost exceeds ``theta``, runs
    Algorithm 6 for up to ``max_steps`` discards (:func:`~replistream.gc.collect_garbage`)
    and applies them;
-5. with revival on, runs the :class:`~replistream.gc.RevivalPolicy` on the
-   replicas' input delays (threshold ``threshold_s``, paper 10 s; then
+5. with revival on, first replaces at once every *link-bound* hindered
+   replica (:meth:`ReplicaManager.link_bound`: its inputs are functioning but
+   every link into its server is slower than the threshold, so reviving a
+   stream or an upstream replica there cannot help) on a server whose links
+   are all fast; otherwise runs the :class:`~replistream.gc.RevivalPolicy` on
+   the replicas' input delays (threshold ``threshold_s``, paper 10 s; then
    proactive revival while the cost is below ``theta``) and applies it.
 
 **Applying a discard.** Each discarded stream replica is removed from its
@@ -276,7 +280,11 @@ class ReplicaManager:
                 w = float(port_w[ch])
                 weights[sid] = max(0.0, w - self.weights_prev.get(key, 0.0))
                 self.weights_prev[key] = w
-            self.delays = {label: float(rep.get("delay_s", 0.0)) for label, rep in reports.items()
+            # once the feeder has sent everything, nothing newer is due: a replica's input stops
+            # aging then (else every replica looks hindered at the end of a paced run)
+            done = getattr(self.dep, "feed_done_wall", None)
+            idle = max(0.0, time.time() - done) if done is not None else 0.0
+            self.delays = {label: max(0.0, float(rep.get("delay_s", 0.0)) - idle) for label, rep in reports.items()
                            if self.reps[label].kind != "entry" and self.reps[label].live}
             streams = [replace(s, rate=float(self.rates.get(s.stream, 0.0)),
                                latency_ms=self._latency(self.reps[s.src].server, self.reps[s.dst].server),
@@ -339,38 +347,111 @@ class ReplicaManager:
         return result.snapshot
 
     def revive(self, snap: Snapshot) -> None:
-        """The revival policy (Hwang §V-C) on the measured delays, applied to the actors."""
+        """The revival policy (Hwang §V-C) on the measured delays, applied to the actors.
+
+        First, a hindered replica whose inputs are all *link-bound* (see :meth:`link_bound`) is
+        replaced at once on a server Algorithm 5 chooses: reviving a stream or an upstream
+        replica into its server cannot help there, so the paper's "if the problem persists"
+        step is taken without waiting for the earlier steps to fail one period each. The
+        policy then runs on a fresh measurement at the next period."""
         now = self.now()
         delays = {l: d for l, d in self.delays.items() if self.cooling.get(l, -1.0) < now}
+        bound = self.link_bound(snap, delays)
+        if bound:
+            for h, why in bound:
+                fast = [srv for srv in self.dep.servers if not self._slow_links(snap, h, srv)]
+                server = self._place(snap.replica(h).operator, snap, h, among=fast) if fast else None
+                if server is None:
+                    self._none_once(h, f"{why}; no server without a live {snap.replica(h).operator!r} replica "
+                                    f"has every input and output link under the threshold")
+                    continue
+                e = self._replacement(h, server, False, "delay", f"{why}: replaced at once on {server} "
+                                      f"(Algorithm 5)", delay_s=float(delays[h]), threshold_s=self.cfg.threshold_s,
+                                      theta=self.theta)
+                if not self._apply_and_record(e):
+                    return
+            return
         for e in self.policy.decide(snap, delays):
             if e.action == "none":
                 if self._last_none.get(e.replica) != e.reason:
                     self._last_none[e.replica] = e.reason
                     self._event({"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": False})
                 continue
-            if e.replica is not None:
-                self._last_none.pop(e.replica, None)
-            started = time.time()
-            try:
-                info = self._apply_revival(e)
-                applied, err = True, None
-            except Exception as exc:
-                info, applied, err = {}, False, f"{type(exc).__name__}: {exc}"
-            until = self.now() + self.cfg.cooldown()
-            self.hold_gc_until = until
-            for lab in [e.replica] + [r.label for r in e.new_replicas] + list(e.revive_replicas):
-                if lab:
-                    self.cooling[lab] = until
-            if e.replica is not None and applied:
-                for lab in self._downstream(e.replica):  # their delay is the hindered replica's
-                    self.cooling[lab] = until
-            rec = {"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": applied,
-                   "apply_seconds": round(time.time() - started, 3), **info}
-            if err:
-                rec["error"] = err
-            self._event(rec)
-            if not applied:
+            if not self._apply_and_record(e):
                 break  # the snapshot the later events were planned on did not come about
+
+    def _none_once(self, label: str, reason: str) -> None:
+        if self._last_none.get(label) != reason:
+            self._last_none[label] = reason
+            self._event({"kind": "revival", "action": "none", "trigger": "delay", "replica": label,
+                         "reason": reason, "text": f"{label}: none; {reason}", "applied": False})
+
+    def _apply_and_record(self, e) -> bool:
+        """Apply one revival decision, start its cooldown, log it; False if it failed."""
+        if e.replica is not None:
+            self._last_none.pop(e.replica, None)
+        started = time.time()
+        try:
+            info = self._apply_revival(e)
+            applied, err = True, None
+        except Exception as exc:
+            info, applied, err = {}, False, f"{type(exc).__name__}: {exc}"
+        until = self.now() + self.cfg.cooldown()
+        self.hold_gc_until = until
+        new = [r.label for r in e.new_replicas] + list(e.revive_replicas)
+        for lab in [e.replica] + new:
+            if lab:
+                self.cooling[lab] = until
+        if e.replica is not None and applied:
+            for lab in self._downstream(e.replica) | {d for n in new for d in self._downstream(n)}:
+                self.cooling[lab] = until  # their delay is the hindered (or new) replica's
+        rec = {"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": applied,
+               "apply_seconds": round(time.time() - started, 3), **info}
+        if err:
+            rec["error"] = err
+        self._event(rec)
+        return applied
+
+    def link_bound(self, snap: Snapshot, delays: dict[str, float]) -> list[tuple[str, str]]:
+        """Hindered operator replicas (upstream first) whose every input port has a functioning
+        live feeder but whose every input stream replica from a functioning replica, live or
+        discarded, is slower than the threshold by itself: the links into its server are
+        the problem (e.g. congestion on the surviving path), so reviving a stream or an
+        upstream replica into that server cannot bring its delay under the threshold.
+        Returns ``[(label, reason)]``."""
+        thr = self.cfg.threshold_s
+
+        def functioning(label):
+            r = snap.replica(label)
+            return r.live and delays.get(label, 0.0) <= thr
+
+        rank = {op: i for i, op in enumerate(snap.topological())}
+        out = []
+        for label in sorted(delays, key=lambda l: (rank[snap.replica(l).operator], l)):
+            r = snap.replica(label)
+            if delays[label] <= thr or r.kind != "operator" or not r.live:
+                continue
+            ports = snap.ports(label)
+            feeds = {p: [s for s in snap.in_streams(label, p, live=None) if functioning(s.src)] for p in ports}
+            if not ports or not all(any(s.live for s in feeds[p]) for p in ports):
+                continue  # an input is starved: the policy's steps 1-3a apply
+            slow = [s for p in ports for s in feeds[p]]
+            if all(s.latency_ms > 1000.0 * thr for s in slow):
+                out.append((label, f"every input stream replica of {label} from a functioning replica "
+                                   f"({len(slow)}, live or discarded) has latency >= "
+                                   f"{min(s.latency_ms for s in slow):.6g} ms > threshold {thr:g} s"))
+        return out
+
+    def _slow_links(self, snap: Snapshot, label: str, server: str) -> bool:
+        """Whether a replacement of ``label`` on ``server`` would have a link above the threshold:
+        from a live feeder of its operator, or to a live replica ``label`` feeds."""
+        op = snap.replica(label).operator
+        limit = 1000.0 * self.cfg.threshold_s
+        for p in snap.ports(label):
+            up = snap.upstream_operator(op, p)
+            if any(self._latency(u.server, server) > limit for u in snap.replicas_of(up, "live")):
+                return True
+        return any(self._latency(server, snap.replica(s.dst).server) > limit for s in snap.out_streams(label))
 
     def live_counts(self) -> dict[str, int]:
         """Live replicas per operator (entry points as ``"entry"``), as the loop last left them."""
@@ -427,8 +508,6 @@ class ReplicaManager:
         What ``Deployment.revive_replica``/``add_replica`` (and the
         :class:`~replistream.testing.Revive` sentinel) run.
         """
-        from ..gc import RevivalEvent
-
         with self.lock:
             if label not in self.reps:
                 raise ValueError(f"no replica {label!r}; replicas: {sorted(self.reps)}")
@@ -440,32 +519,13 @@ class ReplicaManager:
             if old.live and not self.dep.alive.get(label):
                 self._notice_failures()
                 old = self.reps[label]
-            idx = [replica_index(x) for x in self.reps if self.reps[x].operator == old.operator]
-            new_label = f"{old.operator}#{max(i for i in idx if i is not None) + 1}"
             server = old.server
             if add:
                 snap = self.last_snapshot or Snapshot(list(self.reps.values()), list(self.streams.values()),
                                                       self.cfg.kmin)
                 server = self._place(old.operator, snap, label) or old.server
-            new = OperatorReplica(new_label, old.operator, server, "operator", "live", old.stateful)
-            q = self.dep.query
-            streams = []
-            for p, up in enumerate(q.inputs_of(old.operator)):
-                up_op = ENTRY if q.spec(up).kind == "source" else up
-                for r in self.reps.values():
-                    if r.operator == up_op and r.live:
-                        streams.append(StreamReplica(r.label, new_label, p, 0.0, 0.0, 0.0, True, up))
-            for v, p in q.outputs_of(old.operator):
-                for r in self.reps.values():
-                    if r.operator == v and r.live:
-                        streams.append(StreamReplica(new_label, r.label, p, 0.0, 0.0, 0.0, True, old.operator))
-            drop = [] if add or not old.live else [sid for sid, s in self.streams.items()
-                                                    if s.live and label in (s.src, s.dst)]
-            e = RevivalEvent("create-replica" if add else "replace-replica", "request", label,
-                             f"requested: {'add a replica of' if add else 'replace'} {label} by hand-over",
-                             new_replicas=(new,), new_streams=tuple(streams), discard_streams=tuple(drop),
-                             discard_replicas=() if add or not old.live else (label,),
-                             handover=(new_label,) if new.stateful else ())
+            e = self._replacement(label, server, add, "request",
+                                  f"requested: {'add a replica of' if add else 'replace'} {label} by hand-over")
             started = time.time()
             self._no_checkpoint = not checkpoint
             try:
@@ -477,17 +537,46 @@ class ReplicaManager:
             self._event(rec)
             return rec
 
+    def _replacement(self, label: str, server: str, add: bool, trigger: str, reason: str, **kw):
+        """The RevivalEvent that starts a new replica of ``label``'s operator on ``server``, fed by
+        every live upstream replica and feeding every live downstream replica (and, unless
+        ``add``, discards ``label`` and its stream replicas)."""
+        from ..gc import RevivalEvent
+
+        old = self.reps[label]
+        idx = [replica_index(x) for x in self.reps if self.reps[x].operator == old.operator]
+        new_label = f"{old.operator}#{max(i for i in idx if i is not None) + 1}"
+        new = OperatorReplica(new_label, old.operator, server, "operator", "live", old.stateful)
+        q = self.dep.query
+        streams = []
+        for p, up in enumerate(q.inputs_of(old.operator)):
+            up_op = ENTRY if q.spec(up).kind == "source" else up
+            for r in self.reps.values():
+                if r.operator == up_op and r.live:
+                    streams.append(StreamReplica(r.label, new_label, p, 0.0, 0.0, 0.0, True, up))
+        for v, p in q.outputs_of(old.operator):
+            for r in self.reps.values():
+                if r.operator == v and r.live:
+                    streams.append(StreamReplica(new_label, r.label, p, 0.0, 0.0, 0.0, True, old.operator))
+        drop = [] if add or not old.live else [sid for sid, s in self.streams.items()
+                                                if s.live and label in (s.src, s.dst)]
+        return RevivalEvent("create-replica" if add else "replace-replica", trigger, label, reason,
+                            new_replicas=(new,), new_streams=tuple(streams), discard_streams=tuple(drop),
+                            discard_replicas=() if add or not old.live else (label,),
+                            handover=(new_label,) if new.stateful else (), **kw)
+
     # -- Algorithm 5 for a new replica -------------------------------------------------------
-    def _place(self, operator: str, snap: Snapshot, hindered: str) -> str | None:
+    def _place(self, operator: str, snap: Snapshot, hindered: str, among=None) -> str | None:
         """Server for a new replica of ``operator``: Algorithm 5 lines 7-9 (Hwang §V-A): among
-        servers without a live replica of it and farther than ``d_min_ms`` from its live
-        replicas (if any such server exists), the one minimising the cost of its input and
-        output stream replicas. None for entry points (their input cannot be replayed)."""
+        servers (of ``among``, default all) without a live replica of it and farther than
+        ``d_min_ms`` from its live replicas (if any such server exists), the one minimising the
+        cost of its input and output stream replicas. None for entry points (their input
+        cannot be replayed)."""
         if operator == ENTRY or snap.replicas_of(operator)[0].kind != "operator":
             return None
         live = snap.replicas_of(operator, "live")
         taken = {r.server for r in live}
-        cands = [s for s in self.dep.servers if s not in taken]
+        cands = [s for s in (self.dep.servers if among is None else among) if s not in taken]
         far = [s for s in cands if all(min(self._latency(s, r.server), self._latency(r.server, s)) > self.cfg.d_min_ms
                                        for r in live)]
         cands = far or cands
