@@ -30,6 +30,23 @@ def join_and_window_inputs(n=240, seed=0) -> dict:
             "b": [{"ts": ts[i:i + 10] + 7, "k": rng.integers(0, 4, 10), "y": rng.random(10)} for i in range(0, n, 10)]}
 
 
+def wait_acked(dep, prefix: str, upto: int, timeout: float = 120.0) -> None:
+    """Wait until every live entry replica's links to ``prefix*`` replicas acknowledged punctuation >= upto."""
+    import time
+
+    import ray
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        entries = [h for label, h in dep.handles.items() if label.startswith("entry#") and dep.alive.get(label)]
+        acks = [link["acked"] for st in ray.get([h.stats.remote() for h in entries]) for link in st["links"]
+                if link["to"].startswith(prefix) and link["alive"]]
+        if acks and min(acks) >= upto:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"links to {prefix}* did not acknowledge {upto} within {timeout} s")
+
+
 def run_checked(dep, q, data, **kw):
     ref = run_reference(q, data)
     res = dep.run(data, timeout=180, **kw)
@@ -63,8 +80,12 @@ def test_handover_without_checkpoint_loses_output():
     window held, so the comparison above can fail."""
     q = join_and_window_query()
     data = {k: list(v) for k, v in join_and_window_inputs().items()}
-    data["a"][8:8] = [Call(lambda d: d._replicas().replace_replica("join#0", checkpoint=False))]
-    data["b"][16:16] = [KillReplica("join", 1)]
+    # Deterministic: once the joins have acknowledged punctuation 6 s, the entry points no longer retain
+    # tuples with ts <= 6 s, so a fresh join#0 cannot get a-tuples in (3 s, 6 s] back; join#1 dies before
+    # any b-tuple after 7.9 s is fed, so the pairs of those with b in (7.9 s, 9 s) are made by nobody.
+    data["a"][8:8] = [Call(lambda d: wait_acked(d, "join#", seconds(6))),
+                      Call(lambda d: d._replicas().replace_replica("join#0", checkpoint=False)),
+                      KillReplica("join", 1)]
     with deploy(q, servers=4, k=2) as dep:
         ref, res = run_checked(dep, q, data)
         assert len(res.outputs["pairs"]) < len(ref.outputs["pairs"])
