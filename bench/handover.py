@@ -41,7 +41,6 @@ import argparse
 import datetime as _dt
 import gc
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -162,18 +161,10 @@ def _check(old: ReplicaCore, new: ReplicaCore, name: str) -> None:
 
 
 def machine() -> dict:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"nproc": os.cpu_count(), "cpu": cpu, "mem_gib": round(mem, 1), "python": platform.python_version(),
-            "numpy": np.__version__, "platform": platform.platform(), "load_avg": os.getloadavg()}
+    """bench/core.py's machine description, plus the load average (checkpoint times are noisy under load)."""
+    from core import machine as base  # bench/core.py, next to this script
+
+    return {**base(), "load_avg": os.getloadavg()}
 
 
 def code_version() -> str:

@@ -148,7 +148,7 @@ FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 MORE = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-# -- doctests of the placement package (test_doctests.py walks replistream/ only) --------------
+# -- every placement module has docstring examples (test_doctests.py runs them all) ----------
 
 PLACEMENT_MODULES = ["replistream.placement"] + sorted(
     m.name for m in pkgutil.walk_packages(P.__path__, "replistream.placement."))

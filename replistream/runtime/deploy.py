@@ -914,19 +914,18 @@ def _percentiles(lat: np.ndarray) -> dict:
             "max": float(lat.max()), "mean": float(lat.mean())}
 
 
-def _get_quietly(refs) -> None:
+def _get_quietly(refs, timeout: float = 30) -> None:
+    """Wait for each of ``refs``, ignoring failures (dead actors are noticed elsewhere)."""
     for r in refs:
         try:
-            ray.get(r, timeout=30)
+            ray.get(r, timeout=timeout)
         except Exception:
             pass
 
 
 def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
+    if isinstance(o, np.generic):
+        return o.item()
     if isinstance(o, np.ndarray):
         return o.tolist()
     return repr(o)

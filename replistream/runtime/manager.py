@@ -83,6 +83,7 @@ import ray
 
 from ..gc import (ENTRY, OperatorReplica, RevivalPolicy, Snapshot, StreamReplica, collect_garbage,
                   replica_index, snapshot_from_plan)
+from .deploy import _get_quietly, _json_default
 
 #: Latency (ms) a cut link counts with in the snapshot (the cost model needs finite figures).
 CUT_MS = 60_000.0
@@ -614,7 +615,7 @@ class ReplicaManager:
             self.streams[sid] = replace(s, live=False)
             if self.dep.alive.get(s.src):
                 calls.append(self._handle(s.src).disconnect.remote(s.dst, s.port))
-        _get_all(calls)
+        _get_quietly(calls, timeout=60)
         for label in replicas:
             r = self.reps[label]
             self.reps[label] = replace(r, state="dormant")
@@ -756,24 +757,3 @@ class ReplicaManager:
         if self.cfg.log_path:
             with open(self.cfg.log_path, "a") as f:
                 f.write(json.dumps(rec, default=_json_default) + "\n")
-
-
-def _get_all(refs) -> None:
-    for r in refs:
-        try:
-            ray.get(r, timeout=60)
-        except Exception:
-            pass
-
-
-def _json_default(o):
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-    except ImportError:
-        pass
-    return repr(o)
