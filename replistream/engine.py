@@ -28,11 +28,11 @@ import numpy as np
 
 from .errors import DeadLetter, QueryError
 from .operators import Item, OperatorLogic
-from .operators.base import NO_PUNCTUATION, CheckpointError, OperatorState
+from .operators.base import NO_PUNCTUATION, CheckpointError, OperatorState, bin_of
 from .operators.dupfilter import DuplicateFilter, FilterState
 from .operators.entry import EntryLogic
 from .query import Query
-from .schema import END, TS, Punctuation
+from .schema import END, ID, TS, Punctuation
 
 #: Version of :class:`ReplicaCheckpoint`; :meth:`ReplicaCore.from_checkpoint` reads only this one.
 CHECKPOINT_VERSION = 1
@@ -229,11 +229,14 @@ class ReplicaCore:
         if self.output_log is not None:
             self.output_log.trim(acked)
 
-    def checkpoint(self, bits: int = 0) -> ReplicaCheckpoint:
+    def checkpoint(self, bits: int = 0, bins: Iterable[int] | None = None) -> ReplicaCheckpoint:
         """This replica's state for a new or revived peer (DESIGN.md decision 7).
 
         Take it between two :meth:`process` calls. ``bits`` splits keyed state
         into ``2**bits`` bins (Megaphone); 0 keeps one bin and costs nothing extra.
+        ``bins`` restricts the logic's state to those bins: one step of a binned
+        transfer (Megaphone §3.3, :class:`StagedReplica`); filters, sorters and
+        retained output are shipped whole at every step.
         """
         if self.filters is None:
             raise CheckpointError(f"{self.node!r}: a core without duplicate filters has no applied-id "
@@ -243,7 +246,7 @@ class ReplicaCore:
             node=self.node,
             filters=tuple(f.checkpoint() for f in self.filters),
             sorters=None if self.sorters is None else tuple(s.checkpoint() for s in self.sorters),
-            logic=self.logic.checkpoint(bits),
+            logic=self.logic.checkpoint(bits) if bins is None else self.logic.checkpoint(bits, bins),
             output=log.items() if log is not None else [],
             output_acked=log.acked if log is not None else NO_PUNCTUATION,
         )
@@ -301,6 +304,262 @@ class ReplicaCore:
 
     def stats(self) -> dict:
         return {"logic": self.logic.stats(), "filters": [f.stats() for f in self.filters or ()]}
+
+
+def splittable(query: Query, node: str) -> bool:
+    """Whether ``node``'s state can move in several steps: its logic names the key of every
+    input tuple (:meth:`~replistream.operators.base.OperatorLogic.bin_keys`) and no Sorter
+    (whose buffer is not keyed) sits in front of it.
+
+    >>> from replistream import Query
+    >>> q = Query(); s = q.source("s", {"k": "i8"})
+    >>> _ = s.window(size=10, by="k", name="w").sink("out"); q = q.build()
+    >>> splittable(q, "w")
+    True
+    """
+    if query.sorted_inputs(node):
+        return False
+    logic = query.build_logic(node)
+    return all(logic.bin_keys(i, sch.empty()) is not None for i, sch in enumerate(query.in_schemas(node)))
+
+
+@dataclass
+class _Part:
+    """One partial core of a :class:`StagedReplica`: the bins it holds and, per port, the
+    largest ts among the applied ids its checkpoint brought (ids of other bins among them
+    are forgotten once its filter's punctuation passes that ts)."""
+
+    core: ReplicaCore
+    bins: np.ndarray
+    bound: list[int]
+    steps: int = 1
+
+
+class StagedReplica:
+    """A new replica receiving its state in steps, from live peers, while it runs (Megaphone §3.3
+    fluid and batched migration, on top of the hand-over of DESIGN.md decision 7).
+
+    Each step brings a :class:`ReplicaCheckpoint` of some bins, taken by a live
+    peer at its own logical time: its duplicate filters' ``p`` and applied ids,
+    and its logic restricted to those bins. The receiver builds one *partial
+    core* per step from it and routes every input tuple, by the bin of its key
+    (:meth:`~replistream.operators.base.OperatorLogic.bin_keys`), to the core
+    holding that bin; tuples of bins not yet received wait in a buffer with the
+    punctuations between them and are replayed, in arrival order, to the core
+    of the step that brings their bin. Punctuations go to every core. So each
+    core is, for its bins, exactly a replica built by single-step hand-over at
+    its step (docs/handover.md, A-C), whatever the logical time of the other
+    steps.
+
+    Cores merge (:meth:`OperatorState.merge`, filters' applied ids united) once
+    they agree on their filters' punctuation on every port and that punctuation
+    has passed every applied id their checkpoints brought, so a merged filter
+    never holds the id of a tuple of another core's bin that this core has not
+    applied. Before completion the receiver emits no punctuation and sends
+    nothing (its outputs wait in :attr:`early`); it is :attr:`complete` once it
+    holds every bin in one core whose watermark has reached the largest
+    watermark ``Q`` of the steps' checkpoints. Its output log
+    (:meth:`final_output`) is then the union of the peers' retained outputs
+    at the steps (deduplicated by id), its own outputs above ``Q``, and a
+    punctuation at its watermark: every ideal output up to that is in it or was
+    acknowledged by every live downstream replica (docs/migration.md).
+
+    >>> from replistream import Query, Punctuation
+    >>> q = Query(); s = q.source("s", {"k": "i8"})
+    >>> _ = s.window(size=10, by="k", name="w").sink("out"); q = q.build()
+    >>> peer = ReplicaCore(q, "w", channels=[1], retain=True)
+    >>> b = q.schema_of("s").from_columns({"ts": [1, 2, 3], "k": [1, 2, 3]}, ids=[1, 2, 3])
+    >>> _ = peer.process(0, 0, b)
+    >>> new = StagedReplica(q, "w", channels=[1], bits=1)
+    >>> new.install_step(peer.checkpoint(1, [0]), [0]); new.install_step(peer.checkpoint(1, [1]), [1])
+    >>> _ = new.process(0, 0, b); _ = new.process(0, 0, Punctuation(10))
+    >>> new.complete, sorted(new.core.checkpoint().logic.tables["windows"]["count"].tolist())
+    (True, [])
+    >>> sorted(np.concatenate(new.early)[["k", "count"]].tolist())  # the peer's ids were not re-applied
+    [(1, 1), (2, 1), (3, 1)]
+    """
+
+    def __init__(self, query: Query, node: str, channels: list[int], bits: int, strict: bool = False,
+                 max_parts: int = 8):
+        self.query, self.node, self.bits, self.strict = query, node, int(bits), strict
+        self.channels = list(channels)
+        self._probe = query.build_logic(node, strict)
+        self.max_parts = int(max_parts)
+        self.owner = np.full(1 << self.bits, -1, dtype=np.int64)  # bin -> index in parts (-1: not yet)
+        self.parts: list[_Part | None] = []
+        self.waiting: list[tuple[int, int, Item]] = []  # input of bins not yet received
+        self.logs: list[list[Item]] = []  # the peers' retained output at each step
+        self.acked = NO_PUNCTUATION
+        self.top = NO_PUNCTUATION  # Q: the largest watermark of the steps' checkpoints
+        self.early: list[np.ndarray] = []  # tuples the cores emitted before completion
+        self.steps = 0
+        self.merges = 0
+        self.core: ReplicaCore | None = None
+
+    # -- input -----------------------------------------------------------------------
+    def add_channel(self, port: int) -> int:
+        self.channels[port] += 1
+        for part in self._live():
+            part.core.add_channel(port)
+        return self.channels[port] - 1
+
+    def _live(self) -> list[_Part]:
+        return [p for p in self.parts if p is not None]
+
+    def _bins(self, port: int, batch: np.ndarray) -> np.ndarray:
+        keys = self._probe.bin_keys(port, batch)
+        return np.zeros(len(batch), dtype=np.int64) if keys is None else bin_of(keys, self.bits)
+
+    def process(self, port: int, channel: int, item: Item) -> list[Item]:
+        """Deliver an input item; returns outputs only once complete (before, they wait in :attr:`early`)."""
+        if self.core is not None:
+            return self.core.process(port, channel, item)
+        if not isinstance(item, np.ndarray):  # a punctuation (or a marker): every core sees it
+            if (self.owner < 0).any():
+                self.waiting.append((port, channel, item))
+            for part in self._live():
+                self._collect(part.core.process(port, channel, item))
+        elif len(item):
+            own = self.owner[self._bins(port, item)]
+            lost = own < 0
+            if lost.any():
+                self.waiting.append((port, channel, item[lost]))
+            for idx in np.unique(own[~lost]).tolist():
+                self._collect(self.parts[idx].core.process(port, channel, item[own == idx]))
+        self._settle()
+        return []
+
+    def _collect(self, out: list[Item]) -> None:
+        self.early.extend(it for it in out if isinstance(it, np.ndarray) and len(it))
+
+    # -- steps -----------------------------------------------------------------------
+    @property
+    def missing(self) -> np.ndarray:
+        """Bins not received yet."""
+        return np.flatnonzero(self.owner < 0)
+
+    def install_step(self, checkpoint: ReplicaCheckpoint, bins: Iterable[int]) -> None:
+        """Install one step: ``checkpoint`` (a live peer's, with its logic restricted to at least
+        ``bins`` at this receiver's ``bits``); bins already held are ignored (a re-sent step)."""
+        if self.core is not None:
+            return
+        bins = np.unique(np.asarray(list(bins), dtype=np.int64))
+        bins = bins[self.owner[bins] < 0]
+        if not len(bins):
+            return
+        if checkpoint.logic.bits != self.bits:
+            raise CheckpointError(f"{self.node!r}: step has {checkpoint.logic.bits} bits, receiver {self.bits}")
+        ck = ReplicaCheckpoint(checkpoint.node, checkpoint.filters, checkpoint.sorters,
+                               checkpoint.logic.select(bins), [], checkpoint.output_acked)
+        core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False)
+        bound = [int(f.applied_ts.max()) if len(f.applied_ts) else NO_PUNCTUATION for f in checkpoint.filters]
+        idx = len(self.parts)
+        self.parts.append(_Part(core, bins, bound))
+        self.owner[bins] = idx
+        self.logs.append(list(checkpoint.output))
+        self.acked = max(self.acked, int(checkpoint.output_acked))
+        self.top = max(self.top, int(checkpoint.logic.watermark))
+        self.steps += 1
+        # replay what waited for these bins, in arrival order, punctuations included
+        kept: list[tuple[int, int, Item]] = []
+        done = not (self.owner < 0).any()
+        for port, channel, it in self.waiting:
+            if not isinstance(it, np.ndarray):
+                self._collect(core.process(port, channel, it))
+                if not done:
+                    kept.append((port, channel, it))
+                continue
+            mine = self.owner[self._bins(port, it)] == idx
+            if mine.any():
+                self._collect(core.process(port, channel, it[mine]))
+            if not mine.all():
+                kept.append((port, channel, it[~mine]))
+        self.waiting = kept
+        self._settle()
+
+    # -- merging -----------------------------------------------------------------------
+    def _key(self, part: _Part):
+        """Parts with equal keys may merge; None while a part still holds foreign applied ids."""
+        ps = tuple(f.max_punct for f in part.core.filters)
+        if any(p < b for p, b in zip(ps, part.bound)):
+            return None
+        return ps, part.core.logic.watermark
+
+    def _settle(self) -> None:
+        live = self._live()
+        done = not (self.owner < 0).any()
+        groups: dict = {}
+        for part in live:
+            k = self._key(part)
+            if k is not None:
+                groups.setdefault(k, []).append(part)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            if done or len(live) > self.max_parts:
+                self._merge(members)
+                continue
+            # binary-counter merging: a part merges with one at most twice its size, so the
+            # parts stay few and each bin is copied O(log steps) times
+            members.sort(key=lambda p: p.steps)
+            while len(members) >= 2 and members[1].steps <= 2 * members[0].steps:
+                merged = self._merge(members[:2])
+                members = sorted([merged] + members[2:], key=lambda p: p.steps)
+        live = self._live()
+        if done and len(live) == 1 and self._key(live[0]) is not None and \
+                live[0].core.logic.watermark >= self.top:
+            self.core = live[0].core
+
+    def _merge(self, members: list[_Part]) -> _Part:
+        ports = len(self.channels)
+        filters = []
+        for i in range(ports):
+            sts = [m.core.filters[i].checkpoint() for m in members]
+            ts = np.concatenate([s.applied_ts for s in sts])
+            ids = np.concatenate([s.applied_ids for s in sts])
+            ids, first = np.unique(ids, return_index=True)
+            filters.append(FilterState(sts[0].max_punct, ts[first], ids))
+        logic = OperatorState.merge([m.core.logic.checkpoint(self.bits) for m in members])
+        ck = ReplicaCheckpoint(self.node, tuple(filters), None, logic, [], NO_PUNCTUATION)
+        core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False)
+        part = _Part(core, np.concatenate([m.bins for m in members]),
+                     [max(m.bound[i] for m in members) for i in range(ports)], sum(m.steps for m in members))
+        idx = len(self.parts)
+        self.parts.append(part)
+        for m in members:
+            self.parts[self.parts.index(m)] = None
+        self.owner[part.bins] = idx
+        self.merges += 1
+        return part
+
+    @property
+    def complete(self) -> bool:
+        """Every bin received, merged into one core caught up with every step's watermark."""
+        return self.core is not None
+
+    def final_output(self) -> tuple[list[Item], int]:
+        """(log, acked) the completed replica adopts as its retained output: the peers' retained
+        outputs at the steps (each tuple once), its own outputs above ``Q``, a punctuation at its
+        watermark."""
+        if self.core is None:
+            raise RuntimeError(f"{self.node!r}: the staged transfer is not complete")
+        batches = [it for log in self.logs for it in log if isinstance(it, np.ndarray) and len(it)]
+        out: list[Item] = []
+        if batches:
+            allrows = np.concatenate(batches)
+            _, first = np.unique(allrows[ID], return_index=True)
+            out.append(allrows[np.sort(first)])
+        own = [b[b[TS] > self.top] for b in self.early]
+        out.extend(b for b in own if len(b))
+        wm = self.core.logic.watermark
+        if wm != NO_PUNCTUATION:
+            out.append(Punctuation(wm))
+        return out, self.acked
+
+    def stats(self) -> dict:
+        return {"steps": self.steps, "merges": self.merges, "parts": len(self._live()),
+                "missing_bins": int((self.owner < 0).sum()), "waiting_items": len(self.waiting),
+                "early_tuples": sum(len(b) for b in self.early), "complete": self.complete}
 
 
 @dataclass

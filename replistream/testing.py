@@ -37,13 +37,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .engine import (OutputLog, ReplicaCheckpoint, ReplicaCore, RunResult, _Collector, _reference_run,
-                     run_reference, source_streams)
+from .engine import (OutputLog, ReplicaCheckpoint, ReplicaCore, RunResult, StagedReplica, _Collector,
+                     _reference_run, run_reference, source_streams, splittable)
 from .errors import QueryError
 from .operators import Item
 from .operators.base import NO_PUNCTUATION, OperatorState
 from .query import Query
 from .schema import END, TS, Punctuation
+from .transfer import plan_transfer
 
 __all__ = ["run_reference", "run_replicated", "as_multiset", "assert_same_output", "multiset_diff",
            "chunked", "with_punctuations", "HarnessStats", "Sentinel", "KillReplica", "KillServer", "Pause",
@@ -132,6 +133,14 @@ class Revive(Sentinel):
     is installed: for negative controls only. A deployment runs it as
     ``deployment.revive_replica(operator, replica)``.
 
+    ``strategy`` (``"all-at-once"``, ``"batched"`` with ``bins_per_step``, ``"fluid"``;
+    Megaphone §3.3, :mod:`replistream.transfer`) moves the checkpoint in steps of
+    ``2**bits`` bins (default ``checkpoint_bits`` of the run, or 3), each taken by
+    the peer at one of its punctuations while it keeps running, into a
+    :class:`~replistream.engine.StagedReplica`; if the peer dies mid-transfer, the
+    remaining steps come from another working replica. ``tamper`` then edits
+    every step's checkpoint.
+
     >>> from replistream import Query
     >>> q = Query(); s = q.source("s", {"k": "i8"}, punctuate_every=4)
     >>> _ = s.window(size=8, by="k", name="w").sink("out")
@@ -148,9 +157,16 @@ class Revive(Sentinel):
     peer: int | None = None
     delay: int = 0
     tamper: Callable | None = None
+    strategy: str | None = None
+    bins_per_step: int | None = None
+    bits: int | None = None
 
     def apply(self, deployment) -> None:
-        _deployment_call(deployment, "revive_replica", self.operator, self.replica)
+        if self.strategy is None:
+            _deployment_call(deployment, "revive_replica", self.operator, self.replica)
+        else:
+            _deployment_call(deployment, "revive_replica", self.operator, self.replica, strategy=self.strategy,
+                             bins_per_step=self.bins_per_step, bits=self.bits)
 
 
 @dataclass(frozen=True)
@@ -166,9 +182,16 @@ class AddReplica(Sentinel):
     peer: int | None = None
     delay: int = 0
     tamper: Callable | None = None
+    strategy: str | None = None
+    bins_per_step: int | None = None
+    bits: int | None = None
 
     def apply(self, deployment) -> None:
-        _deployment_call(deployment, "add_replica", self.operator)
+        if self.strategy is None:
+            _deployment_call(deployment, "add_replica", self.operator)
+        else:
+            _deployment_call(deployment, "add_replica", self.operator, strategy=self.strategy,
+                             bins_per_step=self.bins_per_step, bits=self.bits)
 
 
 class inject_at:
@@ -226,12 +249,12 @@ class inject_at:
             yield from self.events
 
 
-def _deployment_call(deployment, method: str, *args) -> None:
+def _deployment_call(deployment, method: str, *args, **kwargs) -> None:
     fn = getattr(deployment, method, None)
     if fn is None:
         raise NotImplementedError(f"{type(deployment).__name__} has no {method}(); hand-over of replicas "
                                   f"runs in replistream.testing.run_replicated")
-    fn(*args)
+    fn(*args, **kwargs)
 
 
 class ReplicaDivergence(AssertionError):
@@ -348,6 +371,10 @@ class _Instance:
     ready_at: int = 0
     event: Any = None
     replayed: int = 0
+    # staged transfer in progress (Megaphone §3.3): the receiver, the plan, the current peer
+    staged: Any = None
+    transfer: dict | None = None
+    inherited: Counter | None = None  # audit: union of the peers' emissions at each step
 
     @property
     def label(self) -> str:
@@ -357,6 +384,11 @@ class _Instance:
     def ready(self) -> bool:
         """Alive and working (an entry copy, or a replica with its state installed)."""
         return self.alive and (self.items is not None or self.core is not None)
+
+    @property
+    def receiving(self) -> bool:
+        """Takes deliveries: installed, or receiving its state in steps."""
+        return self.core is not None or self.staged is not None
 
     @property
     def log(self) -> OutputLog | None:
@@ -387,6 +419,7 @@ class HarnessStats:
     resent: int = 0
     spared: list[str] = field(default_factory=list)
     handovers: list[dict] = field(default_factory=list)
+    transfers: list[dict] = field(default_factory=list)
 
 
 def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: int = 0, *, crash: bool = False,
@@ -504,11 +537,13 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
 
     def connect(up: _Instance, down: _Instance, port: int) -> _Channel:
         """A new stream replica up -> down."""
-        if down.core is None:
+        if down.core is not None:
+            idx = down.core.add_channel(port)
+        elif down.staged is not None:
+            idx = down.staged.add_channel(port)
+        else:
             idx = down.chan_counts[port]
             down.chan_counts[port] += 1
-        else:
-            idx = down.core.add_channel(port)
         ch = _Channel(up, down, port, idx, erng.lognormvariate(0.0, speed_spread))
         up.out.append(ch)
         channels.append(ch)
@@ -545,17 +580,27 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
                     replay(up, [connect(up, new, port)])
         pending.append(new)
 
+    def choose_peer(new: _Instance, wanted: int | None) -> _Instance | None:
+        group = inst[new.node]
+        old = group[new.index] if isinstance(new.event, Revive) else None
+        workers = [r for r in group if r.ready]
+        chosen = group[wanted] if wanted is not None and 0 <= wanted < len(group) else None
+        if chosen is None or not chosen.ready:
+            others = [r for r in workers if r is not old]
+            chosen = erng.choice(others) if others else (old if old is not None and old.ready else None)
+        return chosen
+
     def install(new: _Instance) -> None:
         ev, node = new.event, new.node
         group = inst[node]
         old = group[new.index] if isinstance(ev, Revive) else None
         workers = [r for r in group if r.ready]
-        chosen = group[ev.peer] if ev.peer is not None and 0 <= ev.peer < len(group) else None
-        if chosen is None or not chosen.ready:
-            others = [r for r in workers if r is not old]
-            chosen = erng.choice(others) if others else (old if old is not None and old.ready else None)
+        chosen = choose_peer(new, ev.peer)
         if chosen is None:
             raise RuntimeError(f"hand-over of {new.label}: no working replica of {node!r} to take a checkpoint from")
+        if ev.strategy is not None:
+            start_transfer(new, chosen)
+            return
         ck = chosen.core.checkpoint(checkpoint_bits)
         size = len(ck.to_bytes())
         ck = ReplicaCheckpoint.from_bytes(ck.to_bytes())
@@ -576,6 +621,8 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
         new.chan_counts = None
         if audit:
             new.history = list(chosen.history)
+            if chosen.inherited is not None:
+                new.inherited = Counter(chosen.inherited)
         stats.handovers.append({
             "node": node, "replica": new.label, "peer": chosen.label,
             "replaced": old.label if old is not None else None,
@@ -586,7 +633,90 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
             "subscribed_for": stats.steps - (new.ready_at - max(0, int(ev.delay))),
         })
         replay(new, [connect(new, down, port) for v, port in query.outputs_of(node)
-                     for down in inst[v] + [p for p in pending if p.node == v] if down.alive])
+                     for down in inst[v] + [p for p in pending + transferring if p.node == v] if down.alive])
+
+    def start_transfer(new: _Instance, peer: _Instance) -> None:
+        """Begin a staged transfer (Megaphone §3.3): the steps are taken at the peer's punctuations."""
+        ev = new.event
+        bits = ev.bits if ev.bits is not None else (checkpoint_bits or 3)
+        steps = plan_transfer(ev.strategy, bits, ev.bins_per_step, splittable(query, new.node))
+        new.staged = StagedReplica(query, new.node, new.chan_counts, bits, strict)
+        new.chan_counts = None
+        new.transfer = {"steps": steps, "next": 0, "peer": peer, "bits": bits, "restarts": 0,
+                        "peers": [], "bytes": [], "started": stats.steps}
+        if audit:
+            new.inherited = Counter()
+        transferring.append(new)
+        if peer.core.logic.watermark == END:
+            while new.transfer is not None and new.transfer["next"] < len(new.transfer["steps"]):
+                take_step(new)
+
+    def take_step(new: _Instance) -> None:
+        """The current peer takes the next step's checkpoint now; the receiver installs it."""
+        tr = new.transfer
+        peer = tr["peer"]
+        bins = tr["steps"][tr["next"]]
+        ck = peer.core.checkpoint(tr["bits"], bins)
+        data = ck.to_bytes()
+        ck = ReplicaCheckpoint.from_bytes(data)
+        if new.event.tamper is not None:
+            ck = new.event.tamper(ck)
+        new.staged.install_step(ck, bins)
+        tr["next"] += 1
+        tr["peers"].append(peer.label)
+        tr["bytes"].append(len(data))
+        if audit:
+            emitted = np.concatenate(peer.history) if peer.history else query.schema_of(new.node).empty()
+            new.inherited |= as_multiset(emitted)
+            if peer.inherited is not None:  # the peer was itself built by a staged transfer
+                new.inherited |= peer.inherited
+        if new.staged.complete:
+            finish(new)
+
+    def check_peer(new: _Instance) -> None:
+        """A transfer whose peer died restarts its remaining steps from another working replica."""
+        tr = new.transfer
+        if tr is None or tr["next"] >= len(tr["steps"]) or tr["peer"].ready:
+            return
+        peer = choose_peer(new, None)
+        if peer is None:
+            raise RuntimeError(f"transfer to {new.label}: no working replica of {new.node!r} left")
+        tr["restarts"] += 1
+        tr["peer"] = peer
+        if peer.core.logic.watermark == END:
+            while new.transfer is not None and new.transfer["next"] < len(new.transfer["steps"]):
+                take_step(new)
+
+    def finish(new: _Instance) -> None:
+        """The staged replica holds every bin in one core: it takes its place and feeds downstream."""
+        ev, node, tr = new.event, new.node, new.transfer
+        group = inst[node]
+        staged = new.staged
+        core = staged.core
+        items, acked = staged.final_output()
+        core.output_log = OutputLog(items, acked)
+        old = group[new.index] if isinstance(ev, Revive) else None
+        if old is not None:
+            kill(old, force=True)
+            retired.append(old)
+            group[new.index] = new
+        else:
+            new.index = len(group)
+            group.append(new)
+        new.core = core
+        new.staged = None
+        new.transfer = None
+        transferring.remove(new)
+        if audit:
+            new.history = list(staged.early)
+        stats.transfers.append({
+            "node": node, "replica": new.label, "strategy": ev.strategy, "bits": tr["bits"],
+            "steps": len(tr["steps"]), "peers": tr["peers"], "restarts": tr["restarts"],
+            "bytes": tr["bytes"], "merges": staged.merges, "early_tuples": sum(len(b) for b in staged.early),
+            "replaced": old.label if old is not None else None, "replayed": new.replayed,
+            "harness_steps": stats.steps - tr["started"]})
+        replay(new, [connect(new, down, port) for v, port in query.outputs_of(node)
+                     for down in inst[v] + [p for p in pending + transferring if p.node == v] if down.alive])
 
     def run_event(ev) -> None:
         if isinstance(ev, KillReplica):
@@ -599,6 +729,7 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
             subscribe(ev)
 
     pending: list[_Instance] = []
+    transferring: list[_Instance] = []
     due: dict[str, deque] = {src: deque() for src in query.sources}
     for src, pos, ev in sorted(events, key=lambda e: e[1]):
         due[src].append((pos, ev))
@@ -616,15 +747,22 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
         for new in [p for p in pending if p.ready_at <= stats.steps]:
             pending.remove(new)
             install(new)
+        for new in list(transferring):
+            check_peer(new)
         cands: list = [e for src in query.sources for e in inst[src] if e.alive and e.cursor < len(e.items)]
         weights = [1.0] * len(cands)
         for ch in channels:
-            if ch.queue and ch.receiver.alive and ch.receiver.core is not None:
+            if ch.queue and ch.receiver.alive and ch.receiver.receiving:
                 cands.append(ch)
                 weights.append(ch.speed)
         if not cands:
             if pending:  # nothing moves until the waiting replicas install their checkpoints
                 stats.steps = min(p.ready_at for p in pending)
+                continue
+            stalled = [t for t in transferring if t.transfer["next"] < len(t.transfer["steps"])]
+            if stalled:  # no punctuation will come: the peers take their remaining steps now
+                for t in stalled:
+                    take_step(t)
                 continue
             if any(due.values()):  # events placed after the last item of a source
                 for src in query.sources:
@@ -641,12 +779,24 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
         item = pick.queue.popleft()
         pick.delivered += 1
         recv = pick.receiver
+        if recv.core is None:  # receiving its state in steps: outputs wait until it completes
+            recv.staged.process(pick.port, pick.index, item)
+            if recv.staged.complete:
+                finish(recv)
+            continue
         out = recv.core.process(pick.port, pick.index, item)
         if recv.node in collectors:
             collectors[recv.node].add(out)
         else:
             emit(recv, out)
+            if transferring and any(isinstance(it, Punctuation) for it in out):
+                for t in list(transferring):  # a step at the peer's logical time (its punctuation)
+                    if t.transfer["peer"] is recv and t.transfer["next"] < len(t.transfer["steps"]):
+                        take_step(t)
 
+    if transferring:
+        raise RuntimeError(f"staged transfers did not complete: "
+                           f"{[(t.label, t.staged.stats()) for t in transferring]}")
     everyone = [i for node in query.operators + query.sinks for i in inst[node]] + retired
     dead = [d for e in entries.values() for d in e.dead_letters]
     for i in everyone:
@@ -684,6 +834,8 @@ def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: 
         schema = query.schema_of(i.node)
         got = as_multiset(np.concatenate(i.history) if i.history else schema.empty())
         extra = got - expected[i.node]
+        if i.inherited is not None:  # a staged receiver: its own emissions, and its peers' at each step
+            got = got | i.inherited
         if extra:
             problems.append(f"{i.label} emitted {sum(extra.values())} tuple(s) the ideal run does not "
                             f"(or more copies than it does)")

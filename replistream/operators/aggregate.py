@@ -377,6 +377,10 @@ class TimeWindowAggregateLogic(_GroupedWindows):
     # windows of a group share a bin (Megaphone). Exact float sums travel as a
     # band of their non-zero limbs per row (a handful of the 70), plus the
     # special-value counts and the adds since the last renormalisation.
+    def bin_keys(self, port, batch):
+        """Group hash: all windows of a group share the group's bin (Megaphone §3.2)."""
+        return self._group_hash(batch)
+
     def _state_tables(self, keyed):
         rows = np.flatnonzero(self._alive[: self._n])
         cols: dict[str, np.ndarray] = {"key": self._key[rows], "start": self._start[rows],
@@ -530,6 +534,10 @@ class CountWindowAggregateLogic(_GroupedWindows):
     # The unreleased input (ts > watermark), and per group its tuple count, next
     # window number and the tuples still pending for open windows (in (ts, id)
     # order); all binned by group hash.
+    def bin_keys(self, port, batch):
+        """Group hash: a group's buffered, counted and pending tuples share its bin."""
+        return self._group_hash(batch)
+
     def _state_tables(self, keyed):
         schema = self.in_schemas[0]
         buf = self._buffer[0] if len(self._buffer) == 1 else (

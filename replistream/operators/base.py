@@ -133,7 +133,8 @@ class OperatorState:
         return np.diff(self.offsets[table])
 
     def select(self, bins: Iterable[int]) -> "OperatorState":
-        """The state restricted to ``bins`` (other bins empty): one step of a binned transfer.
+        """The state restricted to ``bins`` (other bins empty): one step of a binned transfer
+        (Megaphone §3.3). Costs in proportion to the rows of ``bins`` (plus ``2**bits`` for the offsets).
 
         >>> st = OperatorState("X", "x", {}, (0,), 0, bits=1, tables={"t": {"v": np.arange(3)}},
         ...                    offsets={"t": np.array([0, 1, 3])})
@@ -141,20 +142,34 @@ class OperatorState:
         [1, 2]
         """
         keep = np.zeros(self.n_bins, dtype=bool)
-        keep[list(bins)] = True
+        keep[np.asarray(list(bins), dtype=np.int64)] = True
+        chosen = np.flatnonzero(keep)
         tables, offsets = {}, {}
         for t, cols in self.tables.items():
             off = self.offsets[t]
-            idx = np.concatenate([np.arange(off[b], off[b + 1]) for b in np.flatnonzero(keep)] or
-                                 [np.zeros(0, dtype=np.int64)])
+            idx = _ranges(off[chosen], off[chosen + 1])
             tables[t] = {c: a[idx] for c, a in cols.items()}
             counts = np.where(keep, np.diff(off), 0)
             offsets[t] = np.r_[0, np.cumsum(counts)].astype(np.int64)
         return replace(self, tables=tables, offsets=offsets)
 
+    def nonempty_bins(self) -> np.ndarray:
+        """Bins holding at least one row of some table (sorted).
+
+        >>> OperatorState("X", "x", {}, (0,), 0, bits=1, tables={"t": {"v": np.arange(2)}},
+        ...               offsets={"t": np.array([0, 0, 2])}).nonempty_bins().tolist()
+        [1]
+        """
+        rows = np.zeros(self.n_bins, dtype=np.int64)
+        for t in self.tables:
+            rows += np.diff(self.offsets[t])
+        return np.flatnonzero(rows)
+
     @staticmethod
     def merge(parts: list["OperatorState"]) -> "OperatorState":
-        """Reassemble states of disjoint bins (e.g. from :meth:`select`) into one.
+        """Reassemble states of disjoint bins (e.g. from :meth:`select`) into one (Megaphone §3.3).
+
+        Vectorised: one stable sort of the rows by bin per table, whatever the number of parts.
 
         >>> st = OperatorState("X", "x", {}, (0,), 0, bits=1, tables={"t": {"v": np.arange(3)}},
         ...                    offsets={"t": np.array([0, 1, 3])})
@@ -169,20 +184,36 @@ class OperatorState:
                     (first.kind, first.name, first.bits, first.version, tuple(first.in_punct), first.watermark):
                 raise CheckpointError(f"cannot merge states of {first.name!r}: they differ in kind, bits "
                                       f"or punctuation")
+        nb = first.n_bins
         tables, offsets = {}, {}
         for t in first.tables:
-            pieces: dict[str, list] = {c: [] for c in first.tables[t]}
-            counts = np.zeros(first.n_bins, dtype=np.int64)
-            for b in range(first.n_bins):
-                for p in parts:
-                    lo, hi = int(p.offsets[t][b]), int(p.offsets[t][b + 1])
-                    if hi > lo:
-                        counts[b] += hi - lo
-                        for c, a in p.tables[t].items():
-                            pieces[c].append(a[lo:hi])
-            tables[t] = {c: _concat_rows(pieces[c], first.tables[t][c]) for c in pieces}
-            offsets[t] = np.r_[0, np.cumsum(counts)].astype(np.int64)
+            live = [p for p in parts if int(p.offsets[t][-1]) > 0]
+            if len(live) <= 1:
+                src = live[0] if live else first
+                tables[t], offsets[t] = src.tables[t], src.offsets[t]
+                continue
+            bins = np.concatenate([np.repeat(np.arange(nb), np.diff(p.offsets[t])) for p in live])
+            order = np.argsort(bins, kind="stable")
+            tables[t] = {c: _concat_rows([p.tables[t][c] for p in live], first.tables[t][c])[order]
+                         for c in first.tables[t]}
+            offsets[t] = np.r_[0, np.cumsum(np.bincount(bins, minlength=nb))].astype(np.int64)
         return replace(first, tables=tables, offsets=offsets)
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(lo[i], hi[i])`` over ``i``, vectorised.
+
+    >>> _ranges(np.array([0, 5]), np.array([2, 7])).tolist()
+    [0, 1, 5, 6]
+    """
+    lo = np.asarray(lo, dtype=np.int64)
+    n = np.asarray(hi, dtype=np.int64) - lo
+    keep = n > 0
+    lo, n = lo[keep], n[keep]
+    if not len(n):
+        return np.zeros(0, dtype=np.int64)
+    starts = np.repeat(lo - np.r_[0, np.cumsum(n)[:-1]], n)
+    return starts + np.arange(int(n.sum()), dtype=np.int64)
 
 
 def _concat_rows(pieces: list, like: np.ndarray) -> np.ndarray:
@@ -296,11 +327,15 @@ class OperatorLogic:
         return self._tally(out)
 
     # -- hand-over (DESIGN.md decision 7) ---------------------------------------
-    def checkpoint(self, bits: int = 0) -> OperatorState:
-        """The whole state of this logic, keyed state split into ``2**bits`` bins.
+    def checkpoint(self, bits: int = 0, bins: Iterable[int] | None = None) -> OperatorState:
+        """The state of this logic, keyed state split into ``2**bits`` bins; with ``bins``, only
+        those bins (one step of a binned transfer, Megaphone §3.3; the rest is empty).
 
         Take it between two ``process`` calls; it shares no mutable object with
-        the logic (arrays are copies or never mutated in place afterwards).
+        the logic (arrays are copies or never mutated in place afterwards). This
+        generic version bins the whole state and then selects; logics that keep
+        their state binned while they run (:class:`~replistream.operators.keyed.KeyedOperatorLogic`)
+        pay only for the bins asked for.
 
         >>> from replistream.operators import FilterLogic
         >>> s = Schema({"x": "i8"})
@@ -312,8 +347,28 @@ class OperatorLogic:
         """
         raw = self._state_tables(bits > 0)
         tables, offsets = binned(raw, int(bits))
-        return OperatorState(type(self).__name__, self.name, self._state_params(), tuple(self.in_punct),
-                             int(self.watermark), int(bits), tables, offsets)
+        st = OperatorState(type(self).__name__, self.name, self._state_params(), tuple(self.in_punct),
+                           int(self.watermark), int(bits), tables, offsets)
+        return st if bins is None else st.select(bins)
+
+    def bin_keys(self, port: int, batch: np.ndarray) -> np.ndarray | None:
+        """The 64-bit key hash of each tuple of ``batch`` (input ``port``) that decides which
+        bin of this logic's state the tuple reads and writes (Megaphone §3.2: the key
+        function of an operator's state); ``None`` when the state does not partition
+        by a key of the input (an unkeyed Join, a logic behind a Sorter): a binned
+        transfer of it then moves in one step.
+
+        A tuple must touch only state rows of its own bin, and the bins of the rows
+        :meth:`checkpoint` writes must be ``bin_of(hash)`` of the same hashes.
+
+        >>> from replistream.operators import FilterLogic
+        >>> s = Schema({"x": "i8"})
+        >>> FilterLogic("f", [s], lambda b: b["x"] > 0).bin_keys(0, s.empty()) is not None
+        True
+        """
+        if self.stateless:
+            return np.zeros(len(batch), dtype=np.uint64)
+        return None
 
     def restore(self, state: OperatorState) -> "OperatorLogic":
         """Install ``state`` (from :meth:`checkpoint` of a logic built from the same spec) into

@@ -214,6 +214,13 @@ class JoinLogic(OperatorLogic):
     def _state_params(self):
         return {"window": self.window, "keys": self.keys}
 
+    def bin_keys(self, port, batch):
+        """Join-key hash (both sides hash alike, so matching tuples share a bin); an unkeyed
+        join's state is all in bin 0 (hash 0)."""
+        if self.keys[port] is None:
+            return np.zeros(len(batch), dtype=np.uint64)
+        return hash_columns(batch, self.keys[port])
+
     def _state_tables(self, keyed):
         tables = {}
         for port, side in enumerate(("left", "right")):

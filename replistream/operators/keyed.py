@@ -1,0 +1,449 @@
+"""Keyed state kept in bins while the operator runs, and keyed operators built on it (Megaphone §3).
+
+Megaphone (Hoffmann et al. 2019, §3.2-3.4) makes an operator's state and its
+pending work explicit, keyed, and split into ``2**b`` *bins* by the top bits
+of the key hash, so that a migration can move a few bins at a logical time
+while the rest keeps running. This module is that interface for replistream.
+
+:class:`KeyedState` is a flat columnar store: one row per key, every column a
+numpy array, rows sorted by the 64-bit key hash. Because a bin is the top bits
+of the hash, sorting by hash also sorts by bin, for *every* number of bins:
+bin ``b`` is the contiguous slice found by two binary searches. So
+
+* per-bin snapshot (:meth:`KeyedState.snapshot`) costs the rows of the chosen
+  bins plus ``O(log n)`` per bin, not the whole state;
+* a batch updates its keys with one ``searchsorted`` (new keys are merged in
+  with one sorted insertion);
+* each bin has a version, bumped when a row of it changes
+  (:meth:`KeyedState.touch`); :meth:`KeyedState.changed_since` lists the bins
+  an incremental checkpoint (Del Monte 2017) must ship, and
+  :meth:`KeyedState.replace_bins` applies one.
+
+Per-bin Python objects (4096 dicts or arrays) would make every batch pay a
+loop over bins; here a batch pays a few vectorised calls whatever ``b`` is
+(``bench/migration.py`` measures the steady-state cost of ``b`` = 0..16).
+
+:class:`KeyedOperatorLogic` is the operator interface (Megaphone §3.2's
+"state + notificator"): a subclass declares its key fields and per-key state
+columns and implements :meth:`KeyedOperatorLogic.update`, which the base class
+calls at each watermark with every input tuple the watermark completes, in
+(ts, id) order, and the state row of each tuple's key. Tuples above the
+watermark are the operator's *pending work*: they wait, binned by key, in the
+``pending`` table, which travels with the state at hand-over. Because update
+sees a complete, canonically ordered set of tuples, even an order-sensitive
+update is replica consistent (Hwang Definition 2). :class:`KeyedCountLogic`
+(a running count per key, emitted for each key that changed) is built on it;
+:class:`KeyedCount` is its factory for :meth:`replistream.query.Stream.apply`.
+
+>>> from replistream import Query, Punctuation
+>>> from replistream.testing import run_reference
+>>> q = Query(); s = q.source("s", {"k": "i8"})
+>>> _ = s.apply(KeyedCount(by="k", bits=4), name="counts").sink("out")
+>>> r = run_reference(q, {"s": [{"ts": 1, "k": 7}, {"ts": 2, "k": 7}, {"ts": 3, "k": 9}]})
+>>> sorted(r.outputs["out"][["k", "count"]].tolist())
+[(7, 2), (9, 1)]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..ids import hash_columns, mix, stable_hash
+from ..schema import TS, Punctuation, Schema
+from .base import CheckpointError, OperatorLogic, OperatorState, _ranges, bin_of
+from .sorter import canonical_order
+
+_U64 = np.uint64
+
+
+def bin_bounds(hashes: np.ndarray, bits: int) -> np.ndarray:
+    """Offsets (length ``2**bits + 1``) of each bin in an array of hashes sorted ascending.
+
+    >>> bin_bounds(np.array([1, 2**63, 2**63 + 5], dtype=np.uint64), 1).tolist()
+    [0, 1, 3]
+    """
+    nb = 1 << bits
+    if bits == 0:
+        return np.array([0, len(hashes)], dtype=np.int64)
+    edges = np.arange(1, nb, dtype=np.uint64) << _U64(64 - bits)
+    return np.r_[0, np.searchsorted(hashes, edges), len(hashes)].astype(np.int64)
+
+
+class KeyedState:
+    """Per-key rows in flat columns sorted by key hash; bins are hash ranges (Megaphone §3.4).
+
+    ``columns`` maps column name to dtype; ``bits`` sets the bins whose
+    versions are tracked (snapshots may use any number of bits). Versions:
+    :attr:`clock` counts changes; ``versions[b]`` is the clock value of bin
+    ``b``'s last change (0: never changed).
+
+    >>> st = KeyedState({"n": "i8"}, bits=2)
+    >>> slots = st.upsert(np.array([5, 2**63], dtype=np.uint64))
+    >>> st.cols["n"][slots] += 1; st.touch(np.array([5, 2**63], dtype=np.uint64))
+    >>> st.changed_since(0).tolist(), len(st)
+    ([0, 2], 2)
+    >>> h, cols, off = st.snapshot([2]); h.tolist(), off.tolist()
+    ([9223372036854775808], [0, 0, 0, 1, 1])
+    """
+
+    def __init__(self, columns: Mapping[str, object], bits: int = 12):
+        if not 0 <= int(bits) <= 24:
+            raise ValueError(f"bits must be in 0..24, got {bits}")
+        self.bits = int(bits)
+        self.dtypes = {c: np.dtype(d) for c, d in columns.items()}
+        self.hash = np.zeros(0, dtype=np.uint64)
+        self.cols = {c: np.zeros(0, dtype=d) for c, d in self.dtypes.items()}
+        self.versions = np.zeros(1 << self.bits, dtype=np.int64)
+        self.clock = 0
+
+    def __len__(self) -> int:
+        return len(self.hash)
+
+    @property
+    def nbytes(self) -> int:
+        return self.hash.nbytes + sum(a.nbytes for a in self.cols.values())
+
+    def locate(self, hashes: np.ndarray) -> np.ndarray:
+        """Row of each hash, -1 where absent."""
+        pos = np.searchsorted(self.hash, hashes)
+        found = pos < len(self.hash)
+        found[found] = self.hash[pos[found]] == hashes[found]
+        return np.where(found, pos, -1)
+
+    def upsert(self, hashes: np.ndarray, init: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        """Rows of ``hashes`` (distinct), inserting absent ones (zeros, or ``init[col][i]`` for the
+        i-th hash); returns the rows, valid until the next insertion."""
+        hashes = np.asarray(hashes, dtype=np.uint64)
+        pos = self.locate(hashes)
+        new = pos < 0
+        if new.any():
+            nh = hashes[new]
+            order = np.argsort(nh)
+            nh = nh[order]
+            at = np.searchsorted(self.hash, nh)
+            self.hash = np.insert(self.hash, at, nh)
+            for c, a in self.cols.items():
+                vals = np.zeros(len(nh), dtype=a.dtype) if init is None or c not in init else \
+                    np.asarray(init[c])[new][order]
+                self.cols[c] = np.insert(a, at, vals)
+            pos = np.searchsorted(self.hash, hashes)
+        return pos
+
+    def touch(self, hashes: np.ndarray) -> None:
+        """Record that the rows of ``hashes`` changed: bump their bins' versions."""
+        if len(hashes):
+            self.clock += 1
+            self.versions[bin_of(hashes, self.bits)] = self.clock
+
+    def changed_since(self, version: int) -> np.ndarray:
+        """Bins changed after clock value ``version`` (what an incremental checkpoint ships)."""
+        return np.flatnonzero(self.versions > int(version))
+
+    def remove(self, rows: np.ndarray) -> None:
+        """Delete rows (their bins count as changed)."""
+        if len(rows):
+            self.touch(self.hash[rows])
+            keep = np.ones(len(self.hash), dtype=bool)
+            keep[rows] = False
+            self.hash = self.hash[keep]
+            self.cols = {c: a[keep] for c, a in self.cols.items()}
+
+    def snapshot(self, bins: Iterable[int] | None = None, bits: int | None = None
+                 ) -> tuple[np.ndarray, dict, np.ndarray]:
+        """(hashes, columns, offsets) of ``bins`` (all when None) at ``2**bits`` bins (default
+        :attr:`bits`), copied; offsets cover every bin, empty for the others. Costs the rows of
+        ``bins`` plus a binary search per bin."""
+        bits = self.bits if bits is None else int(bits)
+        off = bin_bounds(self.hash, bits)
+        if bins is None:
+            return self.hash.copy(), {c: a.copy() for c, a in self.cols.items()}, off
+        chosen = np.unique(np.asarray(list(bins), dtype=np.int64))
+        idx = _ranges(off[chosen], off[chosen + 1])
+        counts = np.zeros(1 << bits, dtype=np.int64)
+        counts[chosen] = off[chosen + 1] - off[chosen]
+        return self.hash[idx], {c: a[idx] for c, a in self.cols.items()}, np.r_[0, np.cumsum(counts)]
+
+    def replace_bins(self, bins: Iterable[int], hashes: np.ndarray, cols: Mapping[str, np.ndarray],
+                     bits: int | None = None) -> None:
+        """Make bins ``bins`` hold exactly the given rows (an incremental checkpoint's delta, or a
+        restore when the state is empty)."""
+        bits = self.bits if bits is None else int(bits)
+        hashes = np.asarray(hashes, dtype=np.uint64)
+        drop = np.isin(bin_of(self.hash, bits), np.asarray(list(bins), dtype=np.int64))
+        h = np.concatenate([self.hash[~drop], hashes])
+        order = np.argsort(h, kind="stable")
+        self.hash = h[order]
+        self.cols = {c: np.concatenate([a[~drop], np.asarray(cols[c], dtype=a.dtype)])[order]
+                     for c, a in self.cols.items()}
+        if len(hashes):
+            self.touch(hashes)
+
+
+class KeyedOperatorLogic(OperatorLogic):
+    """Base class of user-defined keyed stateful operators (Megaphone §3.2's operator interface).
+
+    Declare the key and the per-key state, implement :meth:`update`:
+
+    * ``by``: the key fields of the (single) input;
+    * ``state_columns``: ``{column: dtype}`` of each key's state row (the key fields are
+      kept too, to check 64-bit hash collisions and for output);
+    * ``update(state, rows, batch, wm) -> list[np.ndarray]``: ``batch`` is every input tuple
+      with ts <= ``wm`` not yet applied, in (ts, id) order, ``rows[i]`` the state row of
+      ``batch[i]``'s key (new keys start zeroed); change ``state.cols[...]`` in place and
+      return what to emit (tuples with ts > the previous watermark).
+
+    The state lives in a :class:`KeyedState` with ``2**bits`` versioned bins; tuples above
+    the watermark are pending work, binned by key too. Checkpoints of a few bins cost those
+    bins (:meth:`checkpoint` with ``bins``), and :meth:`delta` ships the bins changed since a
+    version (Del Monte 2017's incremental checkpoint).
+
+    >>> class Latest(KeyedOperatorLogic):   # the largest x seen per key, emitted when it grows
+    ...     def __init__(self, name, in_schemas, strict=False):
+    ...         out = Schema({"k": "i8", "top": "i8"})
+    ...         super().__init__(name, in_schemas, out, by=("k",), state_columns={"top": "i8"}, bits=2,
+    ...                          strict=strict)
+    ...     def update(self, state, rows, batch, wm):
+    ...         old = state.cols["top"][rows].copy()
+    ...         np.maximum.at(state.cols["top"], rows, batch["x"])
+    ...         grew = np.unique(rows[state.cols["top"][rows] > old])
+    ...         ts = np.full(len(grew), wm)
+    ...         return [self.out_schema.from_columns({"ts": ts, "k": state.cols["k"][grew],
+    ...                 "top": state.cols["top"][grew]}, ids=self.ids(state.hash[grew], ts))]
+    >>> from replistream import Punctuation
+    >>> s = Schema({"k": "i8", "x": "i8"})
+    >>> op = Latest("top", [s])
+    >>> op.process(0, s.from_columns({"ts": [1, 2], "k": [1, 1], "x": [5, 3]}, ids=[1, 2]))
+    []
+    >>> op.process(0, Punctuation(4))[0][["k", "top"]].tolist()
+    [(1, 5)]
+    """
+
+    def __init__(self, name: str, in_schemas: list[Schema], out_schema: Schema, by: Sequence[str],
+                 state_columns: Mapping[str, object], bits: int = 12, strict: bool = False):
+        super().__init__(name, in_schemas, out_schema, strict)
+        if len(in_schemas) != 1:
+            raise ValueError(f"keyed operator {name!r} takes one input, got {len(in_schemas)}")
+        self.by = (by,) if isinstance(by, str) else tuple(by)
+        if not self.by:
+            raise ValueError(f"keyed operator {name!r} needs key fields (by=...)")
+        for f in self.by:
+            if f not in in_schemas[0]:
+                raise ValueError(f"keyed operator {name!r}: key field {f!r} is not in its input {in_schemas[0]}")
+        cols = {f: in_schemas[0][f] for f in self.by}
+        for c, d in state_columns.items():
+            if c in cols:
+                raise ValueError(f"keyed operator {name!r}: state column {c!r} clashes with a key field")
+            cols[c] = d
+        self.bits = int(bits)
+        self.state = KeyedState(cols, self.bits)
+        self._salt = stable_hash(name)
+        self._pending: list[np.ndarray] = []  # input tuples above the watermark (pending work)
+        self._pending_hash: list[np.ndarray] = []
+
+    # -- what subclasses implement --------------------------------------------------
+    def update(self, state: KeyedState, rows: np.ndarray, batch: np.ndarray, wm: int) -> list[np.ndarray]:
+        raise NotImplementedError(f"{type(self).__name__} must implement update(state, rows, batch, wm)")
+
+    def ids(self, key_hash: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """Deterministic output ids for (key, ts) (DESIGN.md decision 1)."""
+        return mix(self._salt, key_hash, np.asarray(ts, dtype=np.int64).view(np.uint64))
+
+    # -- the engine-facing part ------------------------------------------------------
+    def key_hash(self, batch: np.ndarray) -> np.ndarray:
+        return hash_columns(batch, self.by)
+
+    def bin_keys(self, port, batch):
+        return self.key_hash(batch)
+
+    def _on_batch(self, port, batch):
+        self._pending.append(batch)
+        self._pending_hash.append(self.key_hash(batch))
+        return []
+
+    def _take_pending(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self._pending:
+            return self.in_schemas[0].empty(), np.zeros(0, dtype=np.uint64)
+        if len(self._pending) > 1:
+            self._pending = [np.concatenate(self._pending)]
+            self._pending_hash = [np.concatenate(self._pending_hash)]
+        return self._pending[0], self._pending_hash[0]
+
+    def _on_watermark(self, wm):
+        rows, hashes = self._take_pending()
+        if not len(rows):
+            return []
+        ready = rows[TS] <= wm
+        if not ready.any():
+            return []
+        batch, bh = rows[ready], hashes[ready]
+        keep = ~ready
+        self._pending = [rows[keep]] if keep.any() else []
+        self._pending_hash = [hashes[keep]] if keep.any() else []
+        order = canonical_order(batch)
+        batch, bh = batch[order], bh[order]
+        uniq, first, inv = np.unique(bh, return_index=True, return_inverse=True)
+        init = {f: batch[f][first] for f in self.by}
+        slots = self.state.upsert(uniq, init)
+        for f in self.by:  # a 64-bit hash collision would merge two keys: check, never ignore
+            if not _same_keys(self.state.cols[f][slots], init[f]):
+                raise RuntimeError(f"keyed operator {self.name!r}: 64-bit key hash collision")
+        self.state.touch(uniq)
+        return self.update(self.state, slots[inv], batch, wm)
+
+    # -- state (hand-over, transfer, incremental checkpoints) --------------------------
+    def _state_params(self):
+        return {"by": self.by, "columns": tuple((c, str(d)) for c, d in self.state.dtypes.items())}
+
+    def checkpoint(self, bits: int = 0, bins: Iterable[int] | None = None) -> OperatorState:
+        """The state at ``2**bits`` bins, only ``bins`` if given: the cost is the rows of those bins
+        (plus the pending tuples, which are few: those above the watermark)."""
+        bits = int(bits)
+        h, cols, off = self.state.snapshot(bins, bits)
+        cols = dict(cols)
+        cols["hash"] = h
+        prow, phash = self._take_pending()
+        pb = bin_of(phash, bits)
+        if bins is not None:
+            keep = np.isin(pb, np.asarray(list(bins), dtype=np.int64))
+            prow, phash, pb = prow[keep], phash[keep], pb[keep]
+        order = np.argsort(pb, kind="stable")
+        poff = np.r_[0, np.cumsum(np.bincount(pb, minlength=1 << bits))].astype(np.int64)
+        return OperatorState(type(self).__name__, self.name, self._state_params(), tuple(self.in_punct),
+                             int(self.watermark), bits,
+                             {"state": cols, "pending": {"rows": prow[order].copy(), "hash": phash[order].copy()}},
+                             {"state": off, "pending": poff})
+
+    def _restore_tables(self, tables):
+        st = tables["state"]
+        h = np.asarray(st["hash"], dtype=np.uint64)
+        order = None if np.all(h[1:] >= h[:-1]) else np.argsort(h, kind="stable")
+        self.state.hash = h if order is None else h[order]
+        self.state.cols = {c: np.asarray(st[c], dtype=d) if order is None else np.asarray(st[c], dtype=d)[order]
+                           for c, d in self.state.dtypes.items()}
+        if len(h):
+            self.state.touch(h)
+        p = tables["pending"]
+        rows = self.in_schemas[0].check(p["rows"], f"{self.name} checkpoint (pending)")
+        self._pending = [rows] if len(rows) else []
+        self._pending_hash = [np.asarray(p["hash"], dtype=np.uint64)] if len(rows) else []
+
+    def version(self) -> int:
+        """The state's version: the clock of its last change."""
+        return self.state.clock
+
+    def delta(self, since: int) -> tuple[OperatorState, np.ndarray]:
+        """Incremental checkpoint (Del Monte 2017): the bins (at the state's own ``bits``) changed
+        after version ``since``, and all pending work; returns (state, bins).
+
+        >>> s = Schema({"k": "i8"})
+        >>> a = KeyedCountLogic("c", [s], by="k", bits=2)
+        >>> _ = a.process(0, s.from_columns({"ts": [1], "k": [3]}, ids=[1])); _ = a.process(0, Punctuation(1))
+        >>> v = a.version(); _ = a.process(0, s.from_columns({"ts": [2], "k": [4]}, ids=[2]))
+        >>> _ = a.process(0, Punctuation(2)); d, bins = a.delta(v); d.rows("state"), len(bins)
+        (1, 1)
+        """
+        bits = self.state.bits
+        changed = self.state.changed_since(since)
+        st = self.checkpoint(bits, changed)
+        # pending work travels whole: it is small (above the watermark) and replaced by apply_delta
+        rows, h = self._take_pending()
+        pb = bin_of(h, bits)
+        order = np.argsort(pb, kind="stable")
+        st.tables["pending"] = {"rows": rows[order].copy(), "hash": h[order].copy()}
+        st.offsets["pending"] = np.r_[0, np.cumsum(np.bincount(pb, minlength=1 << bits))].astype(np.int64)
+        return st, changed
+
+    def apply_delta(self, state: OperatorState, bins: Iterable[int]) -> "KeyedOperatorLogic":
+        """Bring this logic (restored from an earlier checkpoint or delta of the same operator) up to
+        ``state``, a :meth:`delta` of bins ``bins``: those bins are replaced, pending work and
+        punctuation bookkeeping taken over."""
+        if state.kind != type(self).__name__ or state.name != self.name or state.params != self._state_params():
+            raise CheckpointError(f"delta of {state.kind} {state.name!r} cannot apply to {self.name!r}")
+        st = state.tables["state"]
+        self.state.replace_bins(bins, st["hash"], {c: st[c] for c in self.state.dtypes}, bits=state.bits)
+        p = state.tables["pending"]
+        self._pending = [p["rows"]] if len(p["rows"]) else []
+        self._pending_hash = [np.asarray(p["hash"], dtype=np.uint64)] if len(p["rows"]) else []
+        self.in_punct = [int(x) for x in state.in_punct]
+        self.watermark = int(state.watermark)
+        return self
+
+    def stats(self) -> dict:
+        s = super().stats()
+        s.update({"keys": len(self.state), "state_bytes": self.state.nbytes, "bits": self.bits,
+                  "pending": sum(len(p) for p in self._pending)})
+        return s
+
+
+def _same_keys(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equality that treats NaN as equal to NaN (floats hash NaNs alike)."""
+    if a.dtype.kind == "f":
+        return bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
+    return bool(np.array_equal(a, b))
+
+
+class KeyedCountLogic(KeyedOperatorLogic):
+    """A running count per key (Megaphone §5.3's keyed count), on binned live state.
+
+    At each watermark ``wm`` it applies the tuples with ts <= ``wm`` and emits,
+    for every key they touched, one tuple: the key fields, ``count`` (all tuples
+    of that key so far) and the ``keep`` fields of the key's latest tuple in
+    (ts, id) order, with ``ts`` = that tuple's ts and id ``mix(hash(operator),
+    hash(key), ts)``. Replica consistent: the output depends only on the set of
+    tuples up to each watermark.
+
+    >>> from replistream import Punctuation
+    >>> s = Schema({"k": "i8", "tag": "S4"})
+    >>> c = KeyedCountLogic("c", [s], by="k", keep=("tag",), bits=2)
+    >>> _ = c.process(0, s.from_columns({"ts": [1, 2, 3], "k": [1, 1, 2], "tag": [b"a", b"b", b"c"]}, ids=[1, 2, 3]))
+    >>> c.process(0, Punctuation(2))[0][["ts", "k", "count", "tag"]].tolist()
+    [(2, 1, 2, b'b')]
+    """
+
+    def __init__(self, name, in_schemas, by, keep: Sequence[str] = (), bits: int = 12, strict: bool = False):
+        by = (by,) if isinstance(by, str) else tuple(by)
+        keep = (keep,) if isinstance(keep, str) else tuple(keep)
+        schema = in_schemas[0]
+        for f in keep:
+            if f not in schema:
+                raise ValueError(f"keyed count {name!r}: keep field {f!r} is not in its input {schema}")
+        out = Schema([(f, schema[f]) for f in by] + [("count", "i8")] + [(f, schema[f]) for f in keep])
+        super().__init__(name, in_schemas, out, by, {"count": "i8", **{f: schema[f] for f in keep}}, bits, strict)
+        self.keep = keep
+
+    def update(self, state, rows, batch, wm):
+        u, last_rev, n = np.unique(rows[::-1], return_index=True, return_counts=True)
+        last = len(rows) - 1 - last_rev  # each key's latest tuple (batch is in (ts, id) order)
+        state.cols["count"][u] += n
+        for f in self.keep:
+            state.cols[f][u] = batch[f][last]
+        ts = batch[TS][last]
+        cols = {"ts": ts, "count": state.cols["count"][u]}
+        for f in self.by + self.keep:
+            cols[f] = state.cols[f][u]
+        return [self.out_schema.from_columns(cols, ids=self.ids(state.hash[u], ts))]
+
+    def _state_params(self):
+        return {**super()._state_params(), "keep": self.keep}
+
+
+@dataclass(frozen=True)
+class KeyedCount:
+    """Factory of :class:`KeyedCountLogic` for :meth:`replistream.query.Stream.apply`.
+
+    >>> from replistream import Query
+    >>> q = Query(); s = q.source("s", {"k": "i8"})
+    >>> _ = s.apply(KeyedCount(by="k", bits=12), name="counts").sink("out")
+    >>> q.build().schema_of("counts").names
+    ('k', 'count')
+    """
+
+    by: tuple | str
+    keep: tuple | str = ()
+    bits: int = 12
+
+    def __call__(self, name, in_schemas, strict=False):
+        return KeyedCountLogic(name, in_schemas, self.by, self.keep, self.bits, strict)
+
