@@ -35,8 +35,10 @@ from replistream.sim.experiments import fig1_setting
 MONTH_S = 30 * 86400
 
 
-def lazy_inputs(n: int, duration_s: float, period_s: float, seed: int) -> dict:
-    """{source: generator of single-reading column chunks}: fig1_inputs' shape, generated lazily.
+def lazy_inputs(n: int, duration_s: float, period_s: float, seed: int, chunk_s: float = 3600.0) -> dict:
+    """{source: generator of column chunks}: fig1_inputs' shape, generated lazily, ``chunk_s`` of
+    readings per chunk (the batched engine releases each reading at its own timestamp; the
+    per-packet engine needs ``chunk_s <= period_s``, one reading per chunk).
 
     Per server i: a fixed phase, then a reading every period_s; the ping follows the load
     reading by 1 µs (so each load reading joins with its ping), as in fig1_inputs.
@@ -44,18 +46,20 @@ def lazy_inputs(n: int, duration_s: float, period_s: float, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     period = int(period_s * 1e6)
     steps = int(duration_s / period_s)
+    per = max(1, int(chunk_s / period_s))
     phases = rng.integers(0, period, n)
 
     def gen(i: int, kind: str):
-        r = np.random.default_rng((seed, i, kind == "ping"))
-        for j in range(steps):
+        for c, a in enumerate(range(0, steps, per)):
+            j = np.arange(a, min(steps, a + per))
+            r = np.random.default_rng((seed, i, kind == "ping", c))
             ts = int(phases[i]) + period * j
             if kind == "load":
-                yield {"ts": np.array([ts]), "server": np.array([i], dtype=np.int32),
-                       "cpu": np.array([max(0.0001, round(float(r.beta(2, 5)), 4))])}
+                yield {"ts": ts, "server": np.full(len(j), i, dtype=np.int32),
+                       "cpu": np.maximum(0.0001, np.round(r.beta(2, 5, len(j)), 4))}
             else:
-                yield {"ts": np.array([ts + 1]), "src": np.array([i], dtype=np.int32),
-                       "dst": np.array([(i + 1 + j) % n], dtype=np.int32), "rtt_ms": np.array([float(r.gamma(4.0, 20.0))])}
+                yield {"ts": ts + 1, "src": np.full(len(j), i, dtype=np.int32),
+                       "dst": ((i + 1 + j) % n).astype(np.int32), "rtt_ms": r.gamma(4.0, 20.0, len(j))}
 
     return {f"{kind}_{i}": gen(i, kind) for i in range(n) for kind in ("load", "ping")}
 
@@ -67,6 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--period", type=float, default=10.0, help="seconds between readings per source")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=float, default=3600.0,
+                    help="epoch of the batched engine, virtual s (0: the per-packet engine, one reading per chunk)")
     ap.add_argument("--check", action="store_true", help="also run the reference and compare outputs")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
@@ -75,8 +81,10 @@ def main(argv=None) -> int:
     duration = args.hours * 3600.0
     st = fig1_setting(args.servers, args.servers, duration_s=60.0, seed=args.seed)  # the problem; inputs lazily below
     pl = min_cost(st.problem, args.k)
-    inputs = lazy_inputs(args.servers, duration, args.period, args.seed)
-    sim = Simulator(st.query, pl.plan(), st.network, sources=st.sources, keep_outputs=args.check)
+    chunk_s = 3600.0 if args.batch else args.period
+    inputs = lazy_inputs(args.servers, duration, args.period, args.seed, chunk_s)
+    sim = Simulator(st.query, pl.plan(), st.network, sources=st.sources, keep_outputs=args.check,
+                    batch_s=args.batch or None)
     t0, c0 = time.time(), time.process_time()
     res = sim.run(inputs, progress=not args.no_progress, horizon_s=duration)
     wall, cpu = time.time() - t0, time.process_time() - c0
@@ -86,6 +94,7 @@ def main(argv=None) -> int:
     out = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "loadavg": os.getloadavg(),
         "servers": args.servers, "sources": 2 * args.servers, "k": args.k, "period_s": args.period,
+        "engine": f"batched, epoch {args.batch:g} s" if args.batch else "per-packet", "command": " ".join(sys.argv),
         "simulated_s": duration, "wall_s": wall, "process_cpu_s": cpu, "ratio": duration / wall,
         "month_wall_estimate_s": MONTH_S / (duration / wall),
         "outputs": int(len(lat)), "expected_outputs": readings, "complete": res.complete,
@@ -98,7 +107,7 @@ def main(argv=None) -> int:
         from replistream.engine import run_reference
         from replistream.testing import assert_same_output
 
-        ref = run_reference(st.query, lazy_inputs(args.servers, duration, args.period, args.seed))
+        ref = run_reference(st.query, lazy_inputs(args.servers, duration, args.period, args.seed, chunk_s))
         assert_same_output(ref.outputs["alerts"], res.outputs["alerts"])
         out["checked_against_reference"] = True
     if args.json:

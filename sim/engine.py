@@ -252,6 +252,15 @@ class _Recorder:
                     self.ts.extend(it[TS].tolist())
                     self.at.extend([t] * len(it))
 
+    def add_rows(self, rows: np.ndarray, times: np.ndarray) -> None:
+        """Tuples ``rows`` arriving at ``times`` (one per row): the batched engine's path."""
+        if self.keep:
+            self.batches.append(rows)
+            self.times.append(times)
+        else:
+            self.ts.frombytes(np.ascontiguousarray(rows[TS], dtype=np.int64).tobytes())
+            self.at.frombytes(np.ascontiguousarray(times, dtype=np.float64).tobytes())
+
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.keep:
             out = np.zeros(len(self.ts), dtype=[(TS, "i8")])
@@ -291,10 +300,15 @@ class Simulator:
                  scenario: Scenario | None = None, cpu: CpuModel | None = None,
                  sources: Mapping[str, str] | None = None, mode: str = "replication", detect_s: float = 2.0,
                  coordinator: tuple[float, Callable] | None = None, strict: bool = False,
-                 keep_outputs: bool = True, retain: bool = False):
+                 keep_outputs: bool = True, retain: bool = False, batch_s: float | None = None):
         query.build()
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if batch_s is not None:
+            if not (isinstance(batch_s, (int, float)) and batch_s > 0 and math.isfinite(batch_s)):
+                raise ValueError(f"batch_s must be a number of seconds > 0, got {batch_s!r}")
+            if mode != "replication":
+                raise ValueError(f"batch_s (batched execution) supports mode 'replication' only, got {mode!r}")
         missing = [n for n in [ENTRY, *query.operators, *query.sinks] if not plan.get(n)]
         if missing:
             raise ValueError(f"plan has no servers for {missing}")
@@ -338,6 +352,8 @@ class Simulator:
         self.strict = strict
         self.keep_outputs = keep_outputs
         self.retain = retain
+        self.batch_s = None if batch_s is None else float(batch_s)
+        self._batch = None
         self.now = 0.0
         self.events: list[dict] = []
         self.kills: list = []
@@ -429,6 +445,8 @@ class Simulator:
         times = [chunk_time(c) for c in firsts.values() if c is not None and chunk_time(c) is not None]
         self.ts0 = min(times) if times else 0
         self._last_feed = {s: 0.0 for s in q.sources}
+        if self.batch_s is not None:
+            return self._run_batched(firsts, until, progress, horizon_s, inputs)
         for s, c in firsts.items():
             self._schedule_feed(s, c)
         for ev in self.kills:
@@ -470,6 +488,31 @@ class Simulator:
                 step += 1
                 if bar is not None and step % 5000 == 0:
                     bar.update(task, completed=min(t, bar.tasks[0].total))
+        finally:
+            if bar is not None:
+                bar.update(task, completed=bar.tasks[0].total)
+                bar.stop()
+        return self._result()
+
+    def _run_batched(self, firsts, until, progress, horizon_s, inputs) -> SimResult:
+        from itertools import chain
+
+        from .batch import BatchRun
+
+        for s, c in firsts.items():
+            if c is not None:
+                self._iters[s] = chain([c], self._iters[s])
+        self._batch = BatchRun(self, inputs, self.batch_s, until)
+        bar = task = None
+        if progress:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+            horizon = horizon_s or (until if until is not None else self._horizon_hint(inputs))
+            bar = Progress(TextColumn("simulated"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
+                           TimeRemainingColumn(), transient=False)
+            task = bar.add_task("sim", total=max(1.0, horizon))
+            bar.start()
+        try:
+            self._batch.run(bar, task)
         finally:
             if bar is not None:
                 bar.update(task, completed=bar.tasks[0].total)
@@ -736,7 +779,11 @@ class Simulator:
                     items = self.entry_logs[(src, lk.sender.index)].items()
                 else:
                     items = lk.sender.core.output_log.items()
-                if items:
+                if items and self._batch is not None:
+                    from .batch import _flow_from_items
+
+                    self._batch.transmit(lk, _flow_from_items(self.now, items))
+                elif items:
                     self._send(lk, items, self.now, sum(len(it) for it in items if not isinstance(it, Punctuation)))
         return len(live)
 
@@ -750,6 +797,10 @@ class Simulator:
             return  # a stateless operator: nothing to hand over
         chans = [f.n_channels for f in r.core.filters]
         r.core = ReplicaCore.from_checkpoint(self.query, ck, chans, self.strict, retain=self.retain)
+        if self._batch is not None:
+            from .batch import handover
+
+            handover(self._batch, r)
         self.events.append({"t": self.now, "event": "handover", "replica": r.label, "peer": peers[0].label})
 
     def input_delays(self, t: float, reset: bool = True, silence_s: float = 60.0) -> dict[str, float]:

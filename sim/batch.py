@@ -1,0 +1,933 @@
+"""Batched execution of the simulator: one call per replica and port per epoch, times kept per tuple.
+
+The per-packet engine (:class:`~replistream.sim.engine.Simulator` without ``batch_s``)
+pops one event per packet: every reading crosses every stream replica as its own
+packet, so a month of the 30-server Fig. 1 scenario is ~4e8 events. With
+``Simulator(..., batch_s=E)`` the same run advances in epochs of ``E`` virtual
+seconds, and within an epoch each replica hands *all* the packets that reached it
+to the shared operator objects in a few calls, while every tuple keeps its own
+virtual time:
+
+* **Epochs in query order.** The query is acyclic, so in epoch ``[T, T+E)`` the
+  replicas are processed in topological order: when a replica's turn comes,
+  every packet that can reach it before ``T+E`` has been sent. Packets arriving
+  later wait for the next epoch. ``E`` changes nothing but speed and memory:
+  kills, the coordinator and ``until`` fall on epoch boundaries.
+* **Links** carry packets (``_Flow``): arrival time, tuple count and punctuation
+  per packet, plus the rows. A link's arrivals are computed for all its packets of
+  an epoch at once: the latency model is evaluated vectorised over the send times
+  (:func:`latencies_ms`, equal to ``latency_ms`` point by point), outages are waited
+  out by :func:`~replistream.network.delivery_time` as before, and FIFO order is a
+  running maximum.
+* **CPU.** A replica serves its packets in arrival order; the finishing times of
+  a FIFO queue (Lindley's recursion ``done_i = max(arrival_i, done_{i-1}) + cost_i``)
+  are computed with a cumulative sum and a running maximum. Difference from the
+  per-packet engine: each replica has its own queue; replicas on one server do not
+  delay each other.
+* **Duplicate filters** (Algorithm 1) are the replicas' own
+  :class:`~replistream.operators.dupfilter.DuplicateFilter` objects, fed in *rounds*:
+  round ``j`` holds the ``j``-th copy (in arrival order within the epoch) of every
+  tuple, one ``on_batch`` call per channel. Each copy therefore meets the filter
+  with exactly the count of earlier copies it would have met packet by packet, so
+  the passed tuples and the contribution weights (§V-B) are the same; a copy arriving
+  after a punctuation that covers it is dropped before the filter, as it would be.
+  Punctuations go to the filter after the epoch's tuples, each channel's maximum.
+* **Logic** gets each port's new tuples in one call, then each port's punctuation.
+  Union, Filter, Map and applications keep their rows' times (one to one, or by id);
+  an equi-Join's output ``l ⊗ r`` leaves at the later of the two tuples' times at this
+  replica (Algorithm 2 emits a pair when its second tuple arrives): the engine finds
+  each output's pair by its id ``mix(l.id, r.id)`` among the candidate pairs (same key,
+  timestamps within the window) of a table of the tuples the Join may still hold.
+  Other operators (aggregates, flat maps, sorted inputs) are driven packet by packet,
+  as in the per-packet engine. The forwarded punctuation (the minimum over inputs) is
+  emitted at the time each input's punctuation raised it.
+* **Sources.** Each tuple is released at its own timestamp (a chunk of one reading
+  behaves as in the per-packet engine, which releases a chunk at its first
+  timestamp), with the punctuation the entry point emits after that tuple
+  (``floor((max ts - max_disorder) / E) * E - 1``, :mod:`replistream.operators.entry`).
+
+What this changes: nothing in the outputs (the tests compare them with the reference
+and with the per-packet engine). Latencies agree with the per-packet engine's up to
+floating-point rounding (the CPU queue's cumulative sums, numpy's transcendental
+functions) except where two replicas on one server compete for its CPU or two packets
+arrive at the same instant (ties are broken by link, not by send order).
+
+>>> from replistream.workloads import fig1_query, fig1_inputs
+>>> from replistream.network import GeoLatencyModel, default_servers
+>>> from replistream.sim import Simulator
+>>> q = fig1_query(2, window_s=10)
+>>> data = fig1_inputs(2, duration_s=120, period_s=10, seed=1)
+>>> servers = [s.name for s in default_servers(10)]
+>>> plan = {n: servers[2 * i:2 * i + 2] for i, n in enumerate(["entry", *q.operators])} | {"alerts": [servers[0]]}
+>>> net = GeoLatencyModel(default_servers(10), seed=0)
+>>> a = Simulator(q, plan, net).run(data)
+>>> b = Simulator(q, plan, net, batch_s=60).run(data)
+>>> bool(np.allclose(np.sort(a.latencies("alerts")[1]), np.sort(b.latencies("alerts")[1]), atol=1e-9))
+True
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from replistream import network as _nw
+from replistream.ids import hash_columns, mix
+from replistream.network import GeoLatencyModel, NetworkConditions, ZeroLatency, delivery_time
+from replistream.operators.join import JoinLogic
+from replistream.operators.stateless import FilterLogic, MapLogic, UnionLogic
+from replistream.query import ApplicationLogic
+from replistream.schema import END, ID, TS, Punctuation
+
+__all__ = ["latencies_ms", "arrivals", "fifo_done"]
+
+NO_P = int(np.iinfo(np.int64).min)
+
+
+# -- the network, vectorised over send times ---------------------------------------------------------
+
+def _draws(prefix: int, index: np.ndarray, j: int) -> np.ndarray:
+    # network._draw for an array of time indices
+    h = _nw._sm_np(_nw._sm_np(np.uint64(prefix) ^ index.astype(np.uint64)) ^ np.uint64(j))
+    return (h >> np.uint64(11)).astype(np.float64) * _nw._INV53
+
+
+def _events(prefix: int, t: np.ndarray, window: float, p: float, dur: tuple, log_dur: bool):
+    # GeoLatencyModel._event for an array of times: (covered, u_size)
+    w0 = np.floor(t / window).astype(np.int64)
+    covered = np.zeros(len(t), dtype=bool)
+    usize = np.zeros(len(t))
+    for w in (w0, w0 - 1):
+        occurs = _draws(prefix, w, 0) < p
+        if not occurs.any():
+            continue
+        start = w * window + _draws(prefix, w, 1) * window
+        u = _draws(prefix, w, 2)
+        if log_dur:
+            d = np.exp(math.log(dur[0]) + u * (math.log(dur[1]) - math.log(dur[0])))
+        else:
+            d = dur[0] + u * (dur[1] - dur[0])
+        hit = occurs & (start <= t) & (t < start + d) & ~covered
+        if hit.any():
+            usize = np.where(hit, _draws(prefix, w, 3), usize)
+            covered |= hit
+    return covered, usize
+
+
+def _geo(m: GeoLatencyModel, a: str, b: str, t: np.ndarray) -> np.ndarray:
+    i, j = m._index.get(a), m._index.get(b)
+    if i is None or j is None:
+        m._check(a, b)
+    if i == j:
+        return np.full(len(t), m.local_ms)
+    base = m._base_list[i][j]
+    lat = np.full(len(t), base)
+    if m.jitter > 0:
+        u = _draws(m._plist[_nw._TAG_JITTER][i][j], np.floor(t / m.step_s).astype(np.int64), 0)
+        lat += max(m.jitter_min_ms, m.jitter * base) * -np.log1p(-u)
+    if m.congestion > 0:
+        def diurnal(lon):
+            hour = (m.start_utc_hour + t / 3600.0 + lon / 15.0) % 24.0
+            return 0.5 * (1.0 + np.cos(2.0 * math.pi * (hour - m.busy_hour) / 24.0))
+        lat += m.congestion * base * (0.5 * (diurnal(m._lon[i]) + diurnal(m._lon[j])))
+    if m.spike_p > 0:
+        hit, us = _events(m._plist[_nw._TAG_SPIKE][i][j], t, m.spike_window_s, m.spike_p, m.spike_duration, False)
+        if hit.any():
+            size = np.minimum(m.spike_max_ms, m.spike_scale_ms * (1.0 - us[hit]) ** (-1.0 / m.spike_alpha))
+            lat[hit] += size
+    if m.outage_p > 0:
+        down, _ = _events(m._plist[_nw._TAG_OUTAGE][i][j], t, m.outage_window_s, m.outage_p,
+                          m.outage_duration, True)
+        lat[down] = math.inf
+    return lat
+
+
+def latencies_ms(model, a: str, b: str, t) -> np.ndarray:
+    """``model.latency_ms(a, b, t)`` for every send time in ``t`` (ms; ``inf`` when down).
+
+    Vectorised for :class:`~replistream.network.GeoLatencyModel` (equal to the scalar
+    method up to the rounding of numpy's transcendental functions) and
+    :class:`~replistream.network.ZeroLatency`; other models are asked point by point.
+
+    >>> from replistream.network import default_servers
+    >>> m = GeoLatencyModel(default_servers(3), seed=2)
+    >>> a, b = m.names[:2]
+    >>> t = np.array([0.0, 3600.5, 86400.25])
+    >>> bool(np.allclose(latencies_ms(m, a, b, t), [m.latency_ms(a, b, x) for x in t], rtol=1e-12))
+    True
+    """
+    t = np.asarray(t, dtype=np.float64)
+    if isinstance(model, NetworkConditions) and not model.overrides():
+        model = model.base
+    if type(model) is GeoLatencyModel:
+        return _geo(model, a, b, t)
+    if type(model) is ZeroLatency:
+        return np.zeros(len(t))
+    return np.fromiter((model.latency_ms(a, b, float(x)) for x in t), dtype=np.float64, count=len(t))
+
+
+def arrivals(model, a: str, b: str, t, last: float = -math.inf) -> np.ndarray:
+    """Arrival times on one FIFO link of packets sent at ``t`` (sorted), after a packet
+    that arrived at ``last``: ``max(previous arrival, delivery_time(model, a, b, t))``
+    for each, as the per-packet engine computes them one by one. ``inf`` marks a
+    packet that cannot be delivered within the one-hour horizon (and every later one).
+
+    >>> from replistream.network import NetworkConditions, ZeroLatency
+    >>> net = NetworkConditions(ZeroLatency(["a", "b"])); net.add_delay("a", "b", 0, None, 50.0)
+    >>> net.cut("a", "b", 10, 12.5)
+    >>> arrivals(net, "a", "b", np.array([1.0, 10.2, 11.0, 13.0])).round(3).tolist()
+    [1.05, 12.55, 12.55, 13.05]
+    """
+    t = np.asarray(t, dtype=np.float64)
+    if not len(t):
+        return t.copy()
+    at = t + latencies_ms(model, a, b, t) / 1000.0
+    bad = ~np.isfinite(at)
+    if bad.any():
+        at[bad] = [delivery_time(model, a, b, float(x)) for x in t[bad]]
+    at = np.maximum.accumulate(np.maximum(at, last))
+    return at
+
+
+def fifo_done(arrival: np.ndarray, cost: np.ndarray, busy: float = -math.inf) -> np.ndarray:
+    """Finishing times of a FIFO server (jobs sorted by arrival): Lindley's recursion
+    ``done_i = max(arrival_i, done_{i-1}) + cost_i``, vectorised; ``busy`` is when the
+    server finishes its earlier work.
+
+    >>> fifo_done(np.array([0.0, 0.5, 0.6, 5.0]), np.array([1.0, 1.0, 0.0, 1.0])).tolist()
+    [1.0, 2.0, 2.0, 6.0]
+    """
+    if not len(arrival):
+        return arrival.copy()
+    if not cost.any():
+        return np.maximum(np.maximum.accumulate(arrival), busy)
+    s = np.cumsum(cost)
+    lead = np.maximum.accumulate(arrival - (s - cost))
+    return s + np.maximum(lead, busy)
+
+
+# -- packets -----------------------------------------------------------------------------------------
+
+class _Flow:
+    """Packets in time order: ``at`` (time), ``punct`` (NO_P: none), ``n`` (rows), and the rows."""
+
+    __slots__ = ("at", "punct", "n", "rows")
+
+    def __init__(self, at, punct, n, rows):
+        self.at, self.punct, self.n, self.rows = at, punct, n, rows
+
+    def __len__(self):
+        return len(self.at)
+
+    @staticmethod
+    def concat(flows: list["_Flow"]) -> "_Flow":
+        if len(flows) == 1:
+            return flows[0]
+        rows = [f.rows for f in flows if f.rows is not None and len(f.rows)]
+        return _Flow(np.concatenate([f.at for f in flows]), np.concatenate([f.punct for f in flows]),
+                     np.concatenate([f.n for f in flows]),
+                     (rows[0] if len(rows) == 1 else np.concatenate(rows)) if rows else flows[0].rows)
+
+    def split(self, limit: float) -> tuple["_Flow | None", "_Flow | None"]:
+        """(packets before ``limit``, the rest)."""
+        k = int(np.searchsorted(self.at, limit, "left"))
+        if k == len(self.at):
+            return self, None
+        if k == 0:
+            return None, self
+        r = int(self.n[:k].sum())
+        rows = self.rows
+        return (_Flow(self.at[:k], self.punct[:k], self.n[:k], rows[:r] if rows is not None else None),
+                _Flow(self.at[k:], self.punct[k:], self.n[k:], rows[r:] if rows is not None else None))
+
+
+def _flow_from_items(t: float, items: list) -> _Flow:
+    """One packet at ``t`` holding ``items`` (batches and punctuations)."""
+    batches = [it for it in items if not isinstance(it, Punctuation) and len(it)]
+    ps = [it.p for it in items if isinstance(it, Punctuation)]
+    rows = batches[0] if len(batches) == 1 else (np.concatenate(batches) if batches else None)
+    return _Flow(np.array([t]), np.array([max(ps) if ps else NO_P], dtype=np.int64),
+                 np.array([0 if rows is None else len(rows)], dtype=np.int64), rows)
+
+
+def _ranks(ids: np.ndarray) -> np.ndarray:
+    """0 for the first occurrence of each id, 1 for the second, ... (in array order)."""
+    o = np.argsort(ids, kind="stable")
+    s = ids[o]
+    start = np.r_[True, s[1:] != s[:-1]] if len(s) else np.zeros(0, bool)
+    first = np.maximum.accumulate(np.where(start, np.arange(len(s)), 0))
+    rank = np.empty(len(ids), dtype=np.int64)
+    rank[o] = np.arange(len(s)) - first
+    return rank
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, what: str) -> np.ndarray:
+    """values[i] where keys[i] == query (every query must be found)."""
+    o = np.argsort(keys, kind="stable")
+    k = keys[o]
+    i = np.searchsorted(k, query)
+    i = np.minimum(i, len(k) - 1)
+    if len(query) and (not len(k) or not (k[i] == query).all()):
+        raise RuntimeError(f"batched simulator: cannot attribute a time to every output of {what}")
+    return values[o][i]
+
+
+class _JoinTimes:
+    """Per join replica: the tuples it may still hold (key, ts, id, time), per input, to give each
+    output the later of its two input tuples' times."""
+
+    def __init__(self, logic: JoinLogic):
+        self.window = logic.window
+        self.keys = logic.keys
+        self.tab = [None, None]  # per port: (key, ts, id, t)
+
+    def key(self, port: int, rows: np.ndarray) -> np.ndarray:
+        keys = self.keys[port]
+        if keys is None:
+            return np.zeros(len(rows), dtype=np.int64)
+        if len(keys) == 1 and rows[keys[0]].dtype.kind in "iub":
+            return rows[keys[0]].astype(np.int64)
+        return hash_columns(rows, keys).view(np.int64)
+
+    def add(self, port: int, rows: np.ndarray, t: np.ndarray) -> None:
+        new = (self.key(port, rows), rows[TS].astype(np.int64), rows[ID], t)
+        old = self.tab[port]
+        self.tab[port] = new if old is None else tuple(np.concatenate([a, b]) for a, b in zip(old, new))
+
+    def purge(self, in_punct: list[int]) -> None:
+        for port in (0, 1):
+            tab, p = self.tab[port], in_punct[1 - port]
+            if tab is None or p == NO_P:
+                continue
+            keep = tab[1] > p + 1 - self.window
+            if not keep.all():
+                self.tab[port] = tuple(a[keep] for a in tab)
+
+    def pair_times(self, probe_port: int, rows: np.ndarray, t: np.ndarray):
+        """(ids, times) of every candidate pair of ``rows`` (new on ``probe_port``) with the other table."""
+        other = self.tab[1 - probe_port]
+        if other is None or not len(rows) or not len(other[0]):
+            return np.zeros(0, np.uint64), np.zeros(0)
+        pk, pts = self.key(probe_port, rows), rows[TS].astype(np.int64)
+        ok, ots, oid, ot = other
+        w = self.window
+        allk = np.concatenate([pk, ok])
+        uniq, inv = np.unique(allk, return_inverse=True)
+        lo_ts = min(int(pts.min()), int(ots.min())) - w
+        span = max(int(pts.max()), int(ots.max())) + w - lo_ts + 1
+        if len(uniq) * span >= 2 ** 62:
+            raise RuntimeError("batched simulator: join keys and timestamps too spread to index")
+        comp_o = inv[len(pk):] * span + (ots - lo_ts)
+        order = np.argsort(comp_o, kind="stable")
+        comp_o = comp_o[order]
+        base = inv[:len(pk)] * span - lo_ts
+        lo = np.searchsorted(comp_o, base + pts - (w - 1), "left")
+        hi = np.searchsorted(comp_o, base + pts + (w - 1), "right")
+        cnt = hi - lo
+        total = int(cnt.sum())
+        if not total:
+            return np.zeros(0, np.uint64), np.zeros(0)
+        pi = np.repeat(np.arange(len(pk)), cnt)
+        oi = order[np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(total)]
+        pid, qid = rows[ID][pi], oid[oi]
+        ids = mix(pid, qid) if probe_port == 0 else mix(qid, pid)
+        return ids, np.maximum(t[pi], ot[oi])
+
+
+# -- the batched run ---------------------------------------------------------------------------------
+
+class BatchRun:
+    """Runs a :class:`~replistream.sim.engine.Simulator` in epochs of ``batch_s`` virtual seconds
+    (see the module docs). Internal: use ``Simulator(..., batch_s=...)``."""
+
+    def __init__(self, sim, inputs, batch_s: float, until: float | None):
+        self.sim = sim
+        self.E = float(batch_s)
+        self.until = until
+        q = sim.query
+        self.order = [n for n in q.topological() if n in sim.groups]
+        self.pending: dict[int, list] = {}  # id(link) -> [_Flow, ...] in arrival order
+        self.src_pending: dict[tuple, list] = {}  # (source, entry index) -> [_Flow]
+        self.src_last: dict[tuple, float] = {}
+        self.in_links: dict[int, list] = {}
+        for lk in sim.links:
+            self.in_links.setdefault(id(lk.receiver), []).append(lk)
+        self.busy: dict[int, float] = {}
+        self.outbox: dict[tuple, _Flow] = {}  # (id(replica), key) -> packets emitted at/after the epoch end
+        self.out_links: dict[tuple, list] = {}
+        self.death: dict[int, float] = {}
+        for ev in sim.kills:
+            if ev.action == "kill_server":
+                vs = [r for g in sim.groups.values() for r in g if r.server == ev.server]
+            else:
+                vs = [sim.groups[ev.operator][ev.replica]] if ev.operator in sim.groups and \
+                    0 <= ev.replica < len(sim.groups[ev.operator]) else []
+            for v in vs:
+                self.death[id(v)] = min(self.death.get(id(v), math.inf), float(ev.at))
+        self.joins: dict[int, _JoinTimes] = {}
+        # sources
+        self.inputs = inputs
+        self.sched: dict[str, list] = {s: [] for s in q.sources}  # released packets not yet delivered
+        self.done_src: dict[str, bool] = {s: False for s in q.sources}
+        self.last_feed: dict[str, float] = {s: 0.0 for s in q.sources}
+        self.max_t = 0.0
+
+    # -- helpers ---------------------------------------------------------------------------
+    def death_of(self, r) -> float:
+        return self.death.get(id(r), math.inf)
+
+    def _cpu(self, r, at: np.ndarray, n: np.ndarray) -> np.ndarray:
+        sim = self.sim
+        cpu = sim.cpu
+        if not cpu.scale:
+            cost = np.zeros(len(at))
+        else:
+            us = cpu.per_packet_us + cpu.per_copy_us.get(r.kind, cpu.default_us) * n
+            cost = us * 1e-6 * cpu.scale
+            if sim._has_slow:
+                cost = cost * np.array([sim.net.slowdown(r.server, float(x)) for x in at])
+        done = fifo_done(at, cost, self.busy.get(id(r), -math.inf))
+        if len(done) and cost.any():
+            self.busy[id(r)] = float(done[-1])
+            r.cpu_s += float(cost.sum())
+        return done
+
+    def _send(self, r, key, links: list, flow: _Flow | None, t_end: float) -> None:
+        """Packets ``flow`` (``at`` = emission time) of replica ``r`` on ``links``; those at or after
+        ``t_end`` wait in the outbox (GC may change the links before they leave)."""
+        k = (id(r), key)
+        held = self.outbox.pop(k, None)
+        if held is not None:
+            flow = held if flow is None else _Flow.concat([held, flow])
+        if flow is None or not len(flow):
+            return
+        now, later = flow.split(t_end)
+        if later is not None:
+            self.outbox[k] = later
+        if now is None:
+            return
+        d = self.death_of(r)
+        if now.at[-1] >= d:  # a dead replica sends nothing from its death on
+            now, _ = now.split(d)
+            if now is None:
+                return
+        self.max_t = max(self.max_t, float(now.at[-1]))
+        sim = self.sim
+        for lk in links:
+            if not lk.live or not lk.receiver.alive:
+                continue
+            self.transmit(lk, now)
+        if sim.retain:
+            items = ([now.rows] if now.rows is not None and len(now.rows) else []) + \
+                    ([Punctuation(int(now.punct.max()))] if (now.punct != NO_P).any() else [])
+            if r.node == sim_entry(sim):
+                log = sim.entry_logs[(key, r.index)]
+                log.append(items)
+            else:
+                log = r.core.output_log
+            acks = [lk.receiver.core.filters[lk.port].max_punct for lk in links if lk.live and lk.receiver.alive]
+            if acks:
+                log.trim(min(acks))
+
+    def transmit(self, lk, flow: _Flow) -> None:
+        """Send ``flow`` (``at`` = send times) on link ``lk``: FIFO arrivals from the latency model."""
+        sim = self.sim
+        at = arrivals(sim._lat, lk.sender.server, lk.receiver.server, flow.at, lk.last)
+        if not np.isfinite(at[-1]):
+            k = int(np.argmax(~np.isfinite(at)))
+            lk.live = False
+            sim.events.append({"t": float(flow.at[k]), "event": "link dropped", "link": lk.id})
+            if k == 0:
+                return
+            flow, _ = flow.split(float(flow.at[k]))
+            at = at[:k]
+        lk.last = float(at[-1])
+        lk.tuples += int(flow.n.sum())
+        lk.packets += len(at)
+        self.pending.setdefault(id(lk), []).append(_Flow(at, flow.punct, flow.n, flow.rows))
+
+    # -- sources -------------------------------------------------------------------------------
+    def _read(self, src: str, t_end: float) -> None:
+        """Push the source's chunks through its entry point until a packet at or after ``t_end``."""
+        sim = self.sim
+        entry = sim.entries[src]
+        sched = self.sched[src]
+        while not self.done_src[src] and (not sched or sched[-1].at[-1] < t_end):
+            chunk = sim._next_chunk(src)
+            if chunk is None:
+                self.done_src[src] = True
+                items = entry.close()
+                if items:
+                    sched.append(_flow_from_items(self.last_feed[src], items))
+                continue
+            if hasattr(chunk, "apply") and not isinstance(chunk, (np.ndarray, dict, list, Punctuation)):
+                continue  # a Sentinel: scripted events belong in the scenario here
+            ct = _chunk_time(chunk)
+            if ct is not None:
+                self.last_feed[src] = max(self.last_feed[src], (ct - sim.ts0) / 1e6)
+            prev_max, prev_p = entry.max_ts, entry.punct
+            items = entry.push(chunk)
+            rows = [it for it in items if not isinstance(it, Punctuation)]
+            ps = [it.p for it in items if isinstance(it, Punctuation)]
+            if not rows:
+                if ps:
+                    sched.append(_flow_from_items(self.last_feed[src], items))
+                continue
+            rows = rows[0]
+            ts = rows[TS].astype(np.int64)
+            t = np.maximum.accumulate(np.maximum((ts - sim.ts0) / 1e6, self.last_feed[src]))
+            self.last_feed[src] = float(t[-1])
+            # the punctuation the entry point emits after each tuple (operators/entry.py)
+            m = np.maximum.accumulate(np.maximum(ts, prev_max))
+            if entry.every is not None:
+                p = np.floor_divide(m - entry.max_disorder, entry.every) * entry.every - 1
+            else:
+                p = np.full(len(ts), NO_P, dtype=np.int64)
+            p = np.maximum.accumulate(np.maximum(p, max(prev_p, entry.explicit)))
+            if int(p[-1]) != entry.punct:  # not the entry point's rule: put its punctuation on the last tuple
+                p[-1] = max(int(p[-1]), entry.punct)
+            emitted = np.where(p > np.r_[prev_p, p[:-1]], p, NO_P)
+            # one packet per release time
+            last = np.r_[t[1:] != t[:-1], True]
+            ends = np.flatnonzero(last)
+            n = np.diff(np.r_[-1, ends])
+            pk = np.maximum.reduceat(emitted, np.r_[0, ends[:-1] + 1]) if len(ends) > 1 else \
+                np.array([emitted.max()])
+            sched.append(_Flow(t[ends], pk.astype(np.int64), n.astype(np.int64), rows))
+
+    def _release(self, t_end: float) -> None:
+        sim = self.sim
+        entries = sim.groups[sim_entry(sim)]
+        for src in sim.query.sources:
+            self._read(src, t_end)
+            sched = self.sched[src]
+            if not sched:
+                continue
+            flow = _Flow.concat(sched)
+            now, later = flow.split(t_end)
+            self.sched[src] = [later] if later is not None else []
+            if now is None:
+                continue
+            where = sim.sources.get(src)
+            for e in entries:
+                if not e.alive:
+                    continue
+                key = (src, e.index)
+                if where is None:
+                    f = now
+                else:
+                    at = arrivals(sim._lat, where, e.server, now.at, self.src_last.get(key, -math.inf))
+                    ok = np.isfinite(at)
+                    if not ok.all():  # undeliverable within the horizon: that packet is lost
+                        sel = np.flatnonzero(ok)
+                        f = _sub(now, sel, at[sel]) if len(sel) else None
+                    else:
+                        f = _Flow(at, now.punct, now.n, now.rows)
+                    if f is None:
+                        continue
+                self.src_last[key] = float(f.at[-1])
+                self.src_pending.setdefault(key, []).append(f)
+
+    def _entry(self, e, t_end: float) -> None:
+        sim = self.sim
+        limit = min(t_end, self.death_of(e))
+        parts, srcs = [], []
+        for src in sim.query.sources:
+            key = (src, e.index)
+            q = self.src_pending.get(key)
+            if not q:
+                continue
+            f = _Flow.concat(q)
+            now, later = f.split(limit)
+            self.src_pending[key] = [later] if later is not None else []
+            if now is not None:
+                parts.append(now)
+                srcs.append(src)
+        if not parts:
+            for src in sim.query.sources:
+                if (id(e), src) in self.outbox:
+                    self._send(e, src, sim.entry_links[src].get(e.index, []), None, t_end)
+            return
+        at = np.concatenate([p.at for p in parts])
+        n = np.concatenate([p.n for p in parts])
+        which = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+        order = np.lexsort((which, at))
+        done = np.empty(len(at))
+        done[order] = self._cpu(e, at[order], n[order])
+        self.max_t = max(self.max_t, float(at.max()))
+        off = 0
+        sent = set()
+        for p, src in zip(parts, srcs):
+            d = done[off:off + len(p)]
+            off += len(p)
+            self._send(e, src, sim.entry_links[src].get(e.index, []), _Flow(d, p.punct, p.n, p.rows), t_end)
+            sent.add(src)
+        for src in sim.query.sources:
+            if src not in sent and (id(e), src) in self.outbox:
+                self._send(e, src, sim.entry_links[src].get(e.index, []), None, t_end)
+
+    # -- operators and applications ----------------------------------------------------------
+    def _gather(self, r, limit: float):
+        links, flows = [], []
+        for lk in self.in_links.get(id(r), ()):
+            q = self.pending.get(id(lk))
+            if not q:
+                continue
+            f = _Flow.concat(q)
+            now, later = f.split(limit)
+            self.pending[id(lk)] = [later] if later is not None else []
+            if now is not None:
+                links.append(lk)
+                flows.append(now)
+        return links, flows
+
+    def _replica(self, r, t_end: float) -> None:
+        limit = min(t_end, self.death_of(r))
+        links, flows = self._gather(r, limit)
+        if not links:
+            if not r.is_sink:
+                self._send(r, None, r.out, None, t_end)
+            return
+        # packets in arrival order (ties: by link), through the replica's CPU
+        at = np.concatenate([f.at for f in flows])
+        n = np.concatenate([f.n for f in flows])
+        li = np.repeat(np.arange(len(flows)), [len(f) for f in flows])
+        order = np.lexsort((li, at))
+        pos = np.empty(len(at), dtype=np.int64)
+        pos[order] = np.arange(len(at))
+        done = np.empty(len(at))
+        done[order] = self._cpu(r, at[order], n[order])
+        self.max_t = max(self.max_t, float(at.max()))
+        core = r.core
+        if not r.last_in:
+            r.last_in = [float(at.min())] * len(core.filters)
+            r.lag = [0.0] * len(core.filters)
+        logic = core.logic
+        fast = core.sorters is None and type(logic) in _FAST
+        if not fast:
+            out_rows, out_t, pe_t, pe_v = self._slow(r, links, flows, at, done, order)
+        else:
+            out_rows, out_t, pe_t, pe_v = self._fast(r, links, flows, at, done, pos)
+        self._emit(r, out_rows, out_t, pe_t, pe_v, t_end)
+
+    def _emit(self, r, out_rows, out_t, pe_t, pe_v, t_end) -> None:
+        """Group the outputs (rows with times, punctuations with times) into packets and send them."""
+        rows = None
+        if out_rows:
+            rows = out_rows[0] if len(out_rows) == 1 else np.concatenate(out_rows)
+            t = out_t[0] if len(out_t) == 1 else np.concatenate(out_t)
+            o = np.argsort(t, kind="stable")
+            rows, t = rows[o], t[o]
+        else:
+            t = np.zeros(0)
+        if r.is_sink:
+            if rows is not None and len(rows):
+                r.recorder.add_rows(rows, t)
+            if len(pe_v):
+                r.recorder.punct = max(r.recorder.punct, int(pe_v.max()))
+            return
+        if not len(t) and not len(pe_t):
+            self._send(r, None, r.out, None, t_end)
+            return
+        times = np.unique(np.concatenate([t, pe_t]))
+        cnt = np.bincount(np.searchsorted(times, t), minlength=len(times)) if len(t) else \
+            np.zeros(len(times), dtype=np.int64)
+        punct = np.full(len(times), NO_P, dtype=np.int64)
+        if len(pe_t):
+            np.maximum.at(punct, np.searchsorted(times, pe_t), pe_v)
+        self._send(r, None, r.out, _Flow(times, punct, cnt.astype(np.int64), rows), t_end)
+
+    def _fast(self, r, links, flows, at, done, pos):
+        core, logic = r.core, r.core.logic
+        sim = self.sim
+        ts0 = sim.ts0
+        n_ports = len(core.filters)
+        new_rows: list = [None] * n_ports
+        new_t: list = [None] * n_ports
+        pev_t, pev_port, pev_v, pev_pos = [], [], [], []
+        pk_off = np.cumsum([0] + [len(f) for f in flows])
+        by_port: dict[int, list[int]] = {}
+        for i, lk in enumerate(links):
+            by_port.setdefault(lk.port, []).append(i)
+        for port, idx in sorted(by_port.items()):
+            flt = core.filters[port]
+            # packets of this port, in processing order
+            pk = np.concatenate([np.arange(pk_off[i], pk_off[i + 1]) for i in idx])
+            ppos = pos[pk]
+            pun = np.concatenate([flows[i].punct for i in idx])
+            pchan = np.concatenate([np.full(len(flows[i]), links[i].channel) for i in idx])
+            po = np.argsort(ppos, kind="stable")
+            pk, ppos, pun, pchan = pk[po], ppos[po], pun[po], pchan[po]
+            # punctuation in force before each packet (a packet's own punctuation follows its tuples)
+            run = np.maximum.accumulate(np.maximum(pun, flt.max_punct))
+            before = np.r_[flt.max_punct, run[:-1]]
+            rows_l = [flows[i].rows for i in idx if flows[i].rows is not None and len(flows[i].rows)]
+            if rows_l:
+                rows = rows_l[0] if len(rows_l) == 1 else np.concatenate(rows_l)
+                # packet (index into pk, sorted) of each row
+                rpk_unsorted = np.repeat(np.arange(len(po)), np.concatenate([flows[i].n for i in idx]))
+                inv = np.empty(len(po), dtype=np.int64)
+                inv[po] = np.arange(len(po))
+                rp = inv[rpk_unsorted]  # sorted-packet index of each row
+                ro = np.argsort(rp, kind="stable")
+                rows, rp = rows[ro], rp[ro]
+                ts = rows[TS]
+                chan = pchan[rp]
+                late = ts <= before[rp]
+                if late.any():
+                    for c in np.unique(chan[late]).tolist():
+                        flt.copies[c] += int((late & (chan == c)).sum())
+                    flt.duplicates += int(late.sum())
+                    keep = ~late
+                    rows_k, rp_k, chan_k = rows[keep], rp[keep], chan[keep]
+                else:
+                    rows_k, rp_k, chan_k = rows, rp, chan
+                rank = _ranks(rows_k[ID])
+                passed = []
+                for j in range(int(rank.max()) + 1 if len(rank) else 0):
+                    rj = rank == j
+                    for c in np.unique(chan_k[rj]).tolist():
+                        sel = np.flatnonzero(rj & (chan_k == c))
+                        out = flt.on_batch(c, rows_k[sel])
+                        if j == 0 and out:
+                            got = out[0]
+                            passed.append(sel if len(got) == len(sel) else sel[np.isin(rows_k[ID][sel], got[ID])])
+                if passed:
+                    sel = np.sort(np.concatenate(passed))
+                    nr, nrp = rows_k[sel], rp_k[sel]
+                    tarr = at[pk[nrp]]
+                    new_rows[port], new_t[port] = nr, done[pk[nrp]]
+                    # input delay observed (§V-C): arrival minus the packet's first timestamp
+                    pmin = np.full(len(pk), np.iinfo(np.int64).max, dtype=np.int64)
+                    np.minimum.at(pmin, rp, ts.astype(np.int64))
+                    upk = np.unique(nrp)
+                    lag = float((at[pk[upk]] - (pmin[upk] - ts0) / 1e6).max())
+                    if lag > r.lag[port]:
+                        r.lag[port] = lag
+                    r.last_in[port] = max(r.last_in[port], float(tarr.max()))
+            # punctuations: the new maxima, at their packets' times
+            newmax = pun > before
+            if newmax.any():
+                pev_t.append(done[pk[newmax]])
+                pev_v.append(pun[newmax])
+                pev_pos.append(ppos[newmax])
+                pev_port.append(np.full(int(newmax.sum()), port))
+                has = pun != NO_P
+                chans = np.unique(pchan[has])
+                best = [(int(pun[has & (pchan == c)].max()), int(c)) for c in chans.tolist()]
+                for v, c in sorted(best):
+                    flt.on_punctuation(c, v)
+        # the logic: every port's new tuples, then every port's punctuation
+        out_rows, out_t = [], []
+        kind = type(logic)
+        jt = None
+        if kind is JoinLogic:
+            jt = self.joins.get(id(r))
+            if jt is None or jt.window != logic.window:
+                jt = self.joins[id(r)] = _JoinTimes(logic)
+            for port in range(n_ports):
+                if new_rows[port] is not None:
+                    jt.add(port, new_rows[port], new_t[port])
+        outs = []
+        for port in range(n_ports):
+            nr = new_rows[port]
+            if nr is None:
+                continue
+            got = [b for b in logic.process(port, nr) if not isinstance(b, Punctuation) and len(b)]
+            if not got:
+                continue
+            o = got[0] if len(got) == 1 else np.concatenate(got)
+            outs.append(o)
+            if kind is JoinLogic:
+                ids, times = jt.pair_times(port, nr, new_t[port])
+                out_t.append(_lookup(ids, times, o[ID], logic.name))
+            elif kind is FilterLogic:
+                out_t.append(_lookup(nr[ID], new_t[port], o[ID], logic.name))
+            else:
+                if len(o) != len(nr):
+                    raise RuntimeError(f"batched simulator: {logic.name!r} changed the number of rows")
+                out_t.append(new_t[port])
+            out_rows.append(o)
+        wm0 = logic.watermark
+        in0 = list(logic.in_punct)
+        pe_t, pe_v = np.zeros(0), np.zeros(0, dtype=np.int64)
+        if pev_t:
+            et, ev, ep, eport = (np.concatenate(x) for x in (pev_t, pev_v, pev_pos, pev_port))
+            for port in np.unique(eport).tolist():
+                extra = logic.process(port, Punctuation(int(ev[eport == port].max())))
+                if any(not isinstance(x, Punctuation) and len(x) for x in extra):
+                    raise RuntimeError(f"batched simulator: {logic.name!r} emitted tuples on a punctuation")
+            o = np.argsort(ep, kind="stable")
+            et, ev, eport = et[o], ev[o], eport[o]
+            m = np.full((len(et), n_ports), NO_P, dtype=np.int64)
+            m[np.arange(len(et)), eport] = ev
+            m = np.maximum(np.maximum.accumulate(m, axis=0), np.array(in0, dtype=np.int64)[None, :])
+            wm = m.min(axis=1)
+            prev = np.maximum.accumulate(np.r_[wm0, wm[:-1]])
+            up = wm > prev
+            pe_t, pe_v = et[up], wm[up]
+            if len(pe_v) and int(pe_v[-1]) != logic.watermark:
+                raise RuntimeError(f"batched simulator: {logic.name!r} watermark {logic.watermark} != {int(pe_v[-1])}")
+        if core.output_log is not None and (outs or len(pe_v)):
+            core.output_log.append(outs + ([Punctuation(int(pe_v[-1]))] if len(pe_v) else []))
+        if jt is not None:
+            jt.purge(logic.in_punct)
+        return out_rows, out_t, pe_t, pe_v
+
+    def _slow(self, r, links, flows, at, done, order):
+        """Packet by packet, as the per-packet engine (operators the fast path does not know)."""
+        sim = self.sim
+        core = r.core
+        pk_link = np.repeat(np.arange(len(flows)), [len(f) for f in flows])
+        pk_local = np.concatenate([np.arange(len(f)) for f in flows])
+        row_off = [np.r_[0, np.cumsum(f.n)] for f in flows]
+        out_rows, out_t, pe_t, pe_v = [], [], [], []
+        for g in order.tolist():
+            i, j = int(pk_link[g]), int(pk_local[g])
+            f, lk = flows[i], links[i]
+            items = []
+            if f.n[j]:
+                items.append(f.rows[row_off[i][j]:row_off[i][j + 1]])
+            if f.punct[j] != NO_P:
+                items.append(Punctuation(int(f.punct[j])))
+            flt = core.filters[lk.port]
+            before = flt.passed
+            out = []
+            for it in items:
+                seen = flt.passed
+                out.extend(core.process(lk.port, lk.channel, it))
+                if not isinstance(it, Punctuation) and flt.passed > seen:
+                    lag = float(at[g]) - (int(it[TS].min()) - sim.ts0) / 1e6
+                    if lag > r.lag[lk.port]:
+                        r.lag[lk.port] = lag
+            if flt.passed > before:
+                r.last_in[lk.port] = float(at[g])
+            d = float(done[g])
+            for it in out:
+                if isinstance(it, Punctuation):
+                    pe_t.append(d)
+                    pe_v.append(it.p)
+                elif len(it):
+                    out_rows.append(it)
+                    out_t.append(np.full(len(it), d))
+        return out_rows, out_t, np.array(pe_t), np.array(pe_v, dtype=np.int64)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def pending_work(self) -> bool:
+        if not all(self.done_src.values()) or any(self.sched.values()):
+            return True
+        if any(self.outbox.values()) or any(q for q in self.src_pending.values()):
+            return True
+        return any(q for q in self.pending.values())
+
+    def next_time(self) -> float:
+        """The earliest time anything can happen (a released chunk, an arrival, an emission)."""
+        ts = [f[0].at[0] for f in self.sched.values() if f]
+        ts += [q[0].at[0] for q in self.src_pending.values() if q]
+        ts += [q[0].at[0] for q in self.pending.values() if q]
+        ts += [f.at[0] for f in self.outbox.values()]
+        return min(ts) if ts else math.inf
+
+    def epoch(self, t_end: float) -> None:
+        sim = self.sim
+        self._release(t_end)
+        entry = sim_entry(sim)
+        for node in [entry] + self.order:
+            for r in sim.groups[node]:
+                if not r.alive:
+                    for lk in self.in_links.get(id(r), ()):
+                        self.pending.pop(id(lk), None)
+                    for k in [k for k in self.outbox if k[0] == id(r)]:
+                        del self.outbox[k]
+                    if node == entry:
+                        for src in sim.query.sources:
+                            self.src_pending.pop((src, r.index), None)
+                    continue
+                if node == entry:
+                    self._entry(r, t_end)
+                else:
+                    self._replica(r, t_end)
+
+    def run(self, bar=None, task=None) -> None:
+        sim = self.sim
+        kills = sorted({float(ev.at) for ev in sim.kills})
+        period = sim.coordinator[0] if sim.coordinator is not None else None
+        next_call = period if period is not None else math.inf
+        t = 0.0
+        while True:
+            if not self.pending_work() and next_call == math.inf:
+                break
+            if not self.pending_work():
+                t_end = next_call
+            else:
+                start = max(t, self.next_time())
+                if not math.isfinite(start):
+                    start = t
+                t_end = start + self.E
+                t_end = min([t_end, next_call] + [k for k in kills if k > t])
+                if t_end <= t:
+                    t_end = t + self.E
+            if self.until is not None and t_end > self.until:
+                t_end = self.until
+                if t_end <= t:
+                    break
+            self.epoch(t_end)
+            t = t_end
+            for k in kills:  # kills at t: replicas die (their in-flight work was cut at t above)
+                if k == t:
+                    sim.now = t
+                    for ev in sim.kills:
+                        if float(ev.at) == t:
+                            sim._kill(t, ev)
+            if t == next_call:
+                sim.now = t
+                self.max_t = max(self.max_t, t)
+                sim.coordinator[1](sim, t)
+                next_call = t + period if self.pending_work() else math.inf
+            if bar is not None:
+                bar.update(task, completed=min(t, bar.tasks[0].total))
+            if self.until is not None and t >= self.until:
+                break
+        sim.now = self.max_t
+
+
+_FAST = {UnionLogic, MapLogic, FilterLogic, ApplicationLogic, JoinLogic}
+
+
+def sim_entry(sim) -> str:
+    from .engine import ENTRY
+
+    return ENTRY
+
+
+def _sub(flow: _Flow, sel: np.ndarray, at: np.ndarray) -> _Flow:
+    """The packets ``sel`` of ``flow`` with arrival times ``at``."""
+    off = np.r_[0, np.cumsum(flow.n)]
+    rows = None
+    if flow.rows is not None:
+        idx = np.concatenate([np.arange(off[i], off[i + 1]) for i in sel.tolist()]) if len(sel) else np.zeros(0, int)
+        rows = flow.rows[idx]
+    return _Flow(at, flow.punct[sel], flow.n[sel], rows)
+
+
+def _chunk_time(chunk: Any):
+    from .engine import chunk_time
+
+    return chunk_time(chunk)
+
+
+def handover(run: "BatchRun", r) -> None:
+    """A replica's core was replaced by a peer's checkpoint: its join table starts from the
+    tuples the checkpoint holds (their times lie in the past, so an output pairing one of
+    them leaves at its other tuple's time)."""
+    run.joins.pop(id(r), None)
+    logic = r.core.logic
+    if type(logic) is not JoinLogic:
+        return
+    jt = run.joins[id(r)] = _JoinTimes(logic)
+    tables = logic.checkpoint().tables
+    for port, side in enumerate(("left", "right")):
+        rows = tables.get(side, {}).get("rows")
+        if rows is not None and len(rows):
+            jt.add(port, rows, np.full(len(rows), -math.inf))
