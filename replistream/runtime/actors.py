@@ -221,12 +221,20 @@ class ReplicaActor(_Base):
         self.core = None if pending else ReplicaCore(query, node, channels, strict)
         self.buffered: list[tuple[int, int, list]] = []  # (port, channel, packet) while pending
         self.installed: dict | None = None  # what install() put in place
+        # staged transfer (Megaphone §3.3, runtime/transfer.py): as receiver, the StagedReplica
+        # and the steps it installed; as sender, the steps asked for, taken at our next punctuation
+        self.staged = None
+        self.steps_installed: dict[int, float] = {}
+        self.step_requests: dict[tuple[str, int], tuple] = {}
+        self.steps_taken: list[dict] = []
         self.out = self._outbox(node)
         self.lock = threading.Lock()
 
     def push(self, port: int, channel: int, packet: list) -> int:
         started = time.time()
         self._observe(port, packet)
+        if self.core is None and self.staged is not None:
+            return self._push_staged(port, channel, packet)
         if self.core is None:
             self.buffered.append((port, channel, packet))
             self.last_push = time.time() - self.t0
@@ -235,6 +243,8 @@ class ReplicaActor(_Base):
             out = self._process(port, channel, packet)
             self.busy_s += time.time() - started
             self.out.emit(out, wait=False)  # queued under the lock: a checkpoint sees it in the log
+            if self.step_requests and any(isinstance(it, Punctuation) for it in out):
+                self._take_steps()  # a transfer step at this logical time (our punctuation)
         self.out.wait_for_room()
         self._slowdown(started)
         self.pushes += 1
@@ -250,6 +260,9 @@ class ReplicaActor(_Base):
     def add_channel(self, port: int) -> int:
         """A new upstream replica will feed ``port``: returns its channel index."""
         with self.lock:
+            if self.core is None and self.staged is not None:
+                self.channels[port] += 1
+                return self.staged.add_channel(port)
             if self.core is None:
                 self.channels[port] += 1
                 return self.channels[port] - 1
@@ -297,6 +310,107 @@ class ReplicaActor(_Base):
         info["seconds"] = time.time() - started
         self.installed = info
         return info
+
+    # -- staged transfer (Megaphone §3.3; docs/migration.md) ----------------------------------
+    def begin_transfer(self, bits: int) -> dict:
+        """Receiver: leave plain pending mode for a staged transfer of ``2**bits`` bins; the input
+        buffered so far goes through the :class:`~replistream.engine.StagedReplica` (held back
+        until the step with its bins arrives)."""
+        from ..engine import StagedReplica
+
+        if self.core is not None or self.staged is not None:
+            raise RuntimeError(f"{self.label} is not waiting for a checkpoint")
+        with self.lock:
+            self.staged = StagedReplica(self.query, self.node, self.channels, bits, self.strict)
+            self.started_transfer = time.time()
+            for port, channel, packet in self.buffered:
+                for item in packet:
+                    self.staged.process(port, channel, item)
+            n = len(self.buffered)
+            self.buffered = []
+        return {"buffered_packets": n}
+
+    def _push_staged(self, port: int, channel: int, packet: list) -> int:
+        started = time.time()
+        with self.lock:
+            if self.staged is None:  # completed meanwhile
+                return self.push(port, channel, packet)
+            for item in packet:
+                self.staged.process(port, channel, item)
+            if self.staged.complete:
+                self._complete_transfer()
+            self.busy_s += time.time() - started
+        self.pushes += 1
+        self.last_push = time.time() - self.t0
+        return NO_ACK
+
+    def install_step(self, checkpoint, bins, step: int) -> dict:
+        """Receiver: install one step's checkpoint (a peer's, restricted to ``bins``); a step or
+        bins already installed are ignored (a step re-sent after its first sender died)."""
+        started = time.time()
+        with self.lock:
+            if self.staged is not None and step not in self.steps_installed:
+                self.staged.install_step(checkpoint, bins)
+                self.steps_installed[step] = time.time() - self.t0
+                if self.staged.complete:
+                    self._complete_transfer()
+            self.busy_s += time.time() - started
+            return self._transfer_status_locked()
+
+    def _complete_transfer(self) -> None:
+        staged = self.staged
+        items, acked = staged.final_output()
+        self.core = staged.core
+        self.staged = None
+        # the peers' retained output and ours become our log: links added later replay it
+        self.out.log.extend((_hi(it), it) for it in items)
+        self.out.log_tuples += sum(len(it) for it in items if not isinstance(it, Punctuation))
+        self.installed = {"checkpoint": "staged", **staged.stats(),
+                          "seconds": time.time() - getattr(self, "started_transfer", time.time())}
+
+    def transfer_status(self) -> dict:
+        """Receiver: steps installed (step -> seconds since t0), bins missing, complete."""
+        with self.lock:
+            return self._transfer_status_locked()
+
+    def _transfer_status_locked(self) -> dict:
+        st = self.staged.stats() if self.staged is not None else dict(self.installed or {})
+        return {"installed": dict(self.steps_installed), "complete": self.core is not None, **st}
+
+    def request_step(self, receiver, step: int, bins, bits: int, now: bool = False) -> bool:
+        """Sender: take step ``step`` (the logic's ``bins`` at ``2**bits`` bins) at this replica's
+        next punctuation, or at once with ``now`` or when the stream has ended, and send it to
+        ``receiver.install_step``. Returns at once: this replica keeps processing meanwhile."""
+        if self.core is None:
+            raise RuntimeError(f"{self.label} has no state to send (it is waiting for its own)")
+        with self.lock:
+            self.step_requests[(repr(receiver), step)] = (receiver, step, np.asarray(bins, dtype=np.int64),
+                                                          int(bits), time.time())
+            if now or self.core.logic.watermark == END:
+                self._take_steps()
+        return True
+
+    def _take_steps(self) -> None:
+        """Take every requested step now (under the lock, between two deliveries)."""
+        import dataclasses
+
+        requests, self.step_requests = self.step_requests, {}
+        for receiver, step, bins, bits, asked in requests.values():
+            t = time.time()
+            self.out.flush()
+            ck = self.core.checkpoint(bits, bins)
+            ck = dataclasses.replace(ck, output=self.out.retained(), output_acked=self.out.min_ack())
+            taken = time.time()
+            receiver.install_step.remote(ck, bins, step)
+            self.steps_taken.append({"step": step, "bins": len(bins), "waited_s": t - asked,
+                                     "checkpoint_s": taken - t, "send_s": time.time() - taken,
+                                     "rows": ck.logic.rows(), "bytes": ck.nbytes(),
+                                     "watermark": int(self.core.logic.watermark)})
+
+    def transfer_report(self) -> list[dict]:
+        """Sender: the steps this replica took (wait for its punctuation, checkpoint and send times)."""
+        with self.lock:
+            return list(self.steps_taken)
 
     def _delay(self) -> float:
         return self.input_delay(self.n_ports)

@@ -341,17 +341,24 @@ class Deployment:
             self.manager = ReplicaManager(self, GCConfig(gc=False))  # not started: applies requests only
         return self.manager
 
-    def revive_replica(self, operator: str, replica: int) -> dict:
+    def revive_replica(self, operator: str, replica: int, strategy: str | None = None,
+                       bins_per_step: int | None = None, bits: int | None = None) -> dict:
         """Replace replica ``replica`` of ``operator`` (running or crashed) by a new replica on the same
         server, built by hand-over from a live peer (DESIGN.md decision 7, Hwang §V-C); returns the event.
+
+        ``strategy`` (``"all-at-once"``, ``"batched"``, ``"fluid"``) moves the checkpoint in steps of
+        ``2**bits`` bins at the peer's punctuations (Megaphone §3.3; docs/migration.md).
 
         >>> dep.revive_replica("correlate", 0)["new_replicas"][0]["label"]   # doctest: +SKIP
         'correlate#2'
         """
-        return self._replicas().replace_replica(f"{operator}#{replica}")
+        return self._replicas().replace_replica(f"{operator}#{replica}", strategy=strategy,
+                                                bins_per_step=bins_per_step, bits=bits)
 
-    def add_replica(self, operator: str) -> dict:
-        """Add a replica of ``operator`` (on the server of replica 0) by hand-over from a live peer.
+    def add_replica(self, operator: str, strategy: str | None = None, bins_per_step: int | None = None,
+                    bits: int | None = None) -> dict:
+        """Add a replica of ``operator`` (on the server of replica 0) by hand-over from a live peer
+        (``strategy`` as for :meth:`revive_replica`).
 
         >>> dep.add_replica("correlate")["action"]   # doctest: +SKIP
         'create-replica'
@@ -359,7 +366,32 @@ class Deployment:
         first = next((l for l in self.handles if l.rsplit("#", 1)[0] == operator), None)
         if first is None:
             raise ValueError(f"{operator!r} is not an operator of query {self.query.name!r}")
-        return self._replicas().replace_replica(first, add=True)
+        return self._replicas().replace_replica(first, add=True, strategy=strategy, bins_per_step=bins_per_step,
+                                                bits=bits)
+
+    def move_replica(self, operator: str, replica: int, server: str, strategy: str = "all-at-once",
+                     bins_per_step: int | None = None, bits: int | None = None) -> dict:
+        """Move replica ``replica`` of ``operator`` to ``server`` while the query runs: a new replica
+        there takes the state in steps (Megaphone §3.3: ``"all-at-once"``, ``"batched"`` with
+        ``bins_per_step``, ``"fluid"``; ``2**bits`` bins, default 256) from a live peer (the
+        replica itself if it is the only one) that keeps serving between steps; then the old
+        replica retires. Returns the logged event (``handover`` has the transfer's figures).
+
+        >>> ev = dep.move_replica("counts", 0, "s3", strategy="fluid", bits=6)   # doctest: +SKIP
+        >>> ev["new_replicas"][0]["server"], ev["handover"]["counts#1"]["steps"]   # doctest: +SKIP
+        ('s3', 64)
+        """
+        label = f"{operator}#{replica}"
+        if label not in self.handles:
+            raise ValueError(f"no replica {label!r}")
+        if not self.alive.get(label):
+            raise ValueError(f"{label} is not running; revive it with revive_replica")
+        return self._replicas().replace_replica(label, server=server, strategy=strategy or "all-at-once",
+                                                bins_per_step=bins_per_step, bits=bits)
+
+    def transfers(self) -> list[dict]:
+        """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""
+        return [] if self.manager is None else [dict(t) for t in self.manager.transfers]
 
     def gc_events(self) -> list[dict]:
         """Every garbage-collection and revival decision so far, with reason and figures (JSON-ready)."""

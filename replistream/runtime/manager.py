@@ -187,6 +187,7 @@ class ReplicaManager:
         self.cooling: dict[str, float] = {}  # label -> time (since t0) until which its delay is ignored
         self.hold_gc_until = 0.0  # no discard before this time: revived replicas first get measured weights
         self._last_none: dict[str, str] = {}
+        self.transfers: list[dict] = []  # staged transfers (runtime/transfer.py): progress, one dict each
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -499,12 +500,22 @@ class ReplicaManager:
         return []
 
     # -- by request ------------------------------------------------------------------------------
-    def replace_replica(self, label: str, add: bool = False, checkpoint: bool = True) -> dict:
+    def replace_replica(self, label: str, add: bool = False, checkpoint: bool = True, server: str | None = None,
+                        strategy: str | None = None, bins_per_step: int | None = None,
+                        bits: int | None = None) -> dict:
         """Start a new replica of ``label``'s operator on its server by hand-over from a live peer,
         fed by every live upstream replica and feeding every live downstream replica; unless
         ``add``, then discard ``label`` (kill it if it still runs). Returns the logged event.
         ``checkpoint=False`` starts it from a fresh state instead (a negative control for
         tests: a stateful replica then misses what its window held).
+
+        ``server`` places the new replica there (default: ``label``'s server, or Algorithm 5's
+        choice with ``add``); with ``label`` still running that is a *move*. ``strategy``
+        (``"all-at-once"``, ``"batched"`` with ``bins_per_step``, ``"fluid"``; Megaphone §3.3)
+        moves the checkpoint in steps of ``2**bits`` bins (default 8 bits), each taken at a
+        punctuation of the sending peer while it keeps serving
+        (:func:`replistream.runtime.transfer.staged_install`); progress is in :attr:`transfers`.
+        ``strategy=None`` is the single-step hand-over of docs/handover.md.
 
         What ``Deployment.revive_replica``/``add_replica`` (and the
         :class:`~replistream.testing.Revive` sentinel) run.
@@ -520,8 +531,16 @@ class ReplicaManager:
             if old.live and not self.dep.alive.get(label):
                 self._notice_failures()
                 old = self.reps[label]
-            server = old.server
-            if add:
+            if server is not None and server not in self.dep.servers:
+                raise ValueError(f"no server {server!r}; servers: {sorted(self.dep.servers)}")
+            if strategy is not None:
+                from ..transfer import STRATEGIES
+
+                if strategy not in STRATEGIES:
+                    raise ValueError(f"unknown transfer strategy {strategy!r}; choose one of {STRATEGIES}")
+            given = server
+            server = old.server if given is None else given
+            if add and given is None:
                 snap = self.last_snapshot or Snapshot(list(self.reps.values()), list(self.streams.values()),
                                                       self.cfg.kmin)
                 server = self._place(old.operator, snap, label) or old.server
@@ -529,10 +548,13 @@ class ReplicaManager:
                                   f"requested: {'add a replica of' if add else 'replace'} {label} by hand-over")
             started = time.time()
             self._no_checkpoint = not checkpoint
+            self._strategy = None if strategy is None else {"strategy": strategy, "bins_per_step": bins_per_step,
+                                                            "bits": 8 if bits is None else int(bits)}
             try:
                 info = self._apply_revival(e)
             finally:
                 self._no_checkpoint = False
+                self._strategy = None
             rec = {"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": True,
                    "apply_seconds": round(time.time() - started, 3), **info}
             self._event(rec)
@@ -706,39 +728,60 @@ class ReplicaManager:
         ray.get(calls, timeout=60)
         return h
 
-    def _install(self, label: str, handle, pending: set) -> dict:
-        """Hand-over (DESIGN.md decision 7): install a checkpoint from a live peer whose inputs share
-        a feeder with ``label`` on every port; subscribe ``label`` to more feeders if needed."""
+    def _peers(self, label: str, pending: set) -> list:
+        """Live peers of ``label``'s operator that can give it a checkpoint, those whose inputs
+        share a feeder with ``label`` on every port first."""
         rep = self.reps[label]
         peers = [r for r in self.reps.values() if r.operator == rep.operator and r.live and r.label != label
                  and self.dep.alive.get(r.label) and r.label not in pending]
+        peers.sort(key=lambda r: (not self._shares_feeders(label, r.label), r.label))
+        return peers
+
+    def _shares_feeders(self, label: str, peer: str) -> bool:
         feeders = {(s.src, s.port) for s in self.streams.values() if s.live and s.dst == label}
+        ports = {s.port for s in self.streams.values() if s.live and s.dst == peer}
+        return all(any((s.src, p) in feeders for s in self.streams.values()
+                       if s.live and s.dst == peer and s.port == p) for p in ports)
 
-        def shared(peer):
-            ports = {s.port for s in self.streams.values() if s.live and s.dst == peer.label}
-            return all(any((s.src, p) in feeders for s in self.streams.values()
-                           if s.live and s.dst == peer.label and s.port == p) for p in ports)
+    def _subscribe_like(self, label: str, peer: str) -> list[str]:
+        """Subscribe ``label`` to ``peer``'s feeders it lacks, so the replay covers everything above
+        the peer's ``p``; returns the stream ids added."""
+        feeders = {(s.src, s.port) for s in self.streams.values() if s.live and s.dst == label}
+        added = []
+        for s in list(self.streams.values()):
+            if s.live and s.dst == peer and (s.src, s.port) not in feeders:
+                ns = StreamReplica(s.src, label, s.port, s.rate, s.latency_ms, 0.0, True, s.stream)
+                if ns.id in self.streams and self.streams[ns.id].live:
+                    continue
+                self._connect(ns)
+                added.append(ns.id)
+        return added
 
+    def _install(self, label: str, handle, pending: set) -> dict:
+        """Hand-over (DESIGN.md decision 7): install a checkpoint from a live peer whose inputs share
+        a feeder with ``label`` on every port; subscribe ``label`` to more feeders if needed.
+        With a transfer strategy (``replace_replica(strategy=...)``), the checkpoint moves in
+        steps of bins instead (Megaphone §3.3, :mod:`replistream.runtime.transfer`)."""
+        rep = self.reps[label]
         if getattr(self, "_no_checkpoint", False):
             ray.get(handle.install.remote(None), timeout=120)
             return {"peer": None, "checkpoint": None}
+        peers = self._peers(label, pending)
         if not peers:
             if rep.stateful:
                 raise RuntimeError(f"no live peer of {rep.operator!r} can hand its state over to {label}")
             ray.get(handle.install.remote(None), timeout=120)
             return {"peer": None}
-        peers.sort(key=lambda r: (not shared(r), r.label))
+        strategy = getattr(self, "_strategy", None)
+        if strategy is not None:
+            from .transfer import staged_install
+
+            return staged_install(self, label, handle, pending, **strategy)
         peer = peers[0]
         added = []
-        if not shared(peer):
+        if not self._shares_feeders(label, peer.label):
             # subscribe to the peer's own feeders too, so the replay covers everything above its p
-            for s in list(self.streams.values()):
-                if s.live and s.dst == peer.label and (s.src, s.port) not in feeders:
-                    ns = StreamReplica(s.src, label, s.port, s.rate, s.latency_ms, 0.0, True, s.stream)
-                    if ns.id in self.streams and self.streams[ns.id].live:
-                        continue
-                    self._connect(ns)
-                    added.append(ns.id)
+            added = self._subscribe_like(label, peer.label)
         ck = ray.get(self._handle(peer.label).checkpoint.remote(), timeout=120)
         got = ray.get(handle.install.remote(ck), timeout=300)
         return {"peer": peer.label, "extra_streams": added, **got}
