@@ -276,10 +276,10 @@ def _gc_summary(dep, t_arr, lat, args) -> dict:
     hist = dep.network_cost_history()
     theta = next((h["theta"] for h in reversed(hist) if h["theta"] is not None), None)
     out = {"network_cost": [{"t": h["t"], "cost": round(h["network_cost"], 1),
-                             "live_stream_replicas": h["live_stream_replicas"]} for h in hist],
+                             "live_stream_replicas": h["live_stream_replicas"],
+                             "max_delay_s": round(h["max_delay_s"], 3)} for h in hist],
            "theta": None if theta is None else round(theta, 1),
-           "events": [{k: e[k] for k in keep if k in e} for e in events if e["kind"] != "revival" or e.get("applied")
-                      or e.get("action") != "none"],
+           "events": [{k: e[k] for k in keep if k in e} for e in events],  # "none" decisions too, with why
            "gc_discards": sum(e["kind"] == "gc" for e in events),
            "revivals": sum(e["kind"] == "revival" and bool(e.get("applied")) for e in events)}
     below = [h["t"] for h in hist if theta is not None and h["network_cost"] <= theta]

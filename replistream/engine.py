@@ -32,7 +32,7 @@ from .operators.base import NO_PUNCTUATION, CheckpointError, OperatorState, bin_
 from .operators.dupfilter import DuplicateFilter, FilterState
 from .operators.entry import EntryLogic
 from .query import Query
-from .schema import END, ID, TS, Punctuation
+from .schema import END, ID, TS, Marker, Punctuation
 
 #: Version of :class:`ReplicaCheckpoint`; :meth:`ReplicaCore.from_checkpoint` reads only this one.
 CHECKPOINT_VERSION = 1
@@ -199,7 +199,15 @@ class ReplicaCore:
         self.sorters = [query.build_sorter(node, i, strict) for i in range(n)] if query.sorted_inputs(node) else None
 
     def process(self, port: int, channel: int, item: Item) -> list[Item]:
-        """Deliver ``item`` from stream replica ``channel`` of input ``port``; returns the outputs."""
+        """Deliver ``item`` from stream replica ``channel`` of input ``port``; returns the outputs.
+
+        A :class:`~replistream.schema.Marker` (a change at a logical time,
+        :mod:`replistream.reconfig`) is applied on its first copy and returned
+        to be forwarded; later copies return nothing."""
+        if isinstance(item, Marker):
+            from .reconfig import on_marker
+
+            return [item] if on_marker(self, item) else []
         if not 0 <= port < self.logic.n_inputs:
             raise ValueError(f"{self.node!r} has {self.logic.n_inputs} input(s); got input {port}")
         if self.filters is not None and not 0 <= channel < self.filters[port].n_channels:

@@ -75,6 +75,28 @@ class Punctuation:
         return "Punctuation(END)" if self.p == END else f"Punctuation({self.p})"
 
 
+@dataclass(frozen=True, eq=False)
+class Marker:
+    """A change to the running query, in the stream at logical time ``p`` (Bartnik §3).
+
+    Every tuple before a marker has ``ts <= p``; the change applies to tuples with
+    ``ts > p``. Markers travel like punctuations but are not promises: tuples with
+    ``ts <= p`` may still follow. Operators never see them; the replica that
+    receives the first copy applies the change and forwards it
+    (:mod:`replistream.reconfig`).
+
+    >>> Marker(5, 1, None).p
+    5
+    """
+
+    p: int
+    id: int
+    change: Any
+
+    def __repr__(self) -> str:
+        return f"Marker({self.p}, #{self.id})"
+
+
 class Schema:
     """The payload fields of a stream, in order, with their numpy dtypes.
 

@@ -19,7 +19,7 @@ import ray
 
 from ..engine import ReplicaCore
 from ..operators.entry import EntryLogic
-from ..schema import END, TS, Punctuation
+from ..schema import END, TS, Marker, Punctuation
 from .channels import NO_ACK, Link, Outbox, Sender
 
 
@@ -81,6 +81,23 @@ class _Base:
         Returns the number of tuples replayed."""
         return self._outbox(stream).add_link(Link(label, server, handle, port, channel), replay=replay)
 
+    def _emit(self, outbox: Outbox, out: list) -> None:
+        """Queue ``out`` on ``outbox``; a marker that opens stream replicas from this actor
+        (an operator added at run time, :class:`~replistream.reconfig.AddOperator`) opens
+        them just before it is queued, so each new link starts with the marker and then
+        carries everything emitted after it (call under the actor's lock)."""
+        start = 0
+        for i, it in enumerate(out):
+            if isinstance(it, Marker):
+                links = [l for l in it.change.links_from(self.label) if self.outboxes.get(l[0]) is outbox]
+                if links:
+                    outbox.emit(out[start:i], wait=False)
+                    outbox.flush()
+                    for stream, label, server, handle, port, channel in links:
+                        self.connect(stream, label, server, handle, port, channel)
+                    start = i
+        outbox.emit(out[start:] if start else out, wait=False)
+
     def disconnect(self, label: str, port: int | None = None) -> int:
         """Stop sending to ``label`` (a discarded stream replica, Algorithm 6); returns links removed."""
         return sum(ob.remove_link(label, port) for ob in self.outboxes.values())
@@ -102,6 +119,8 @@ class _Base:
         """Remember the freshest event time received on ``port`` (for :meth:`input_delay`)."""
         hi = self.fresh.get(port)
         for it in packet:
+            if isinstance(it, Marker):
+                continue
             t = it.p if isinstance(it, Punctuation) else (int(it[TS].max()) if len(it) else None)
             if t is not None and (hi is None or t > hi):
                 hi = t
@@ -134,8 +153,10 @@ class _Base:
 
     def gc_report(self) -> dict:
         """What the coordinator's utility period needs: duplicate-filter weights per input port and
-        channel (cumulative, §V-B), tuples flushed per output stream, input delay, retention."""
+        channel (cumulative, §V-B), tuples flushed per output stream since this actor started (and
+        ``age_s``, seconds since then, or since the run started if later), input delay, retention."""
         return {"label": self.label, "weights": self._weights(), "delay_s": self._delay(),
+                "age_s": time.time() - max(self.created, self.t0),
                 "emitted": {n: ob.emitted for n, ob in self.outboxes.items()},
                 "min_ack": {n: ob.min_ack() for n, ob in self.outboxes.items()},
                 "retained": {n: ob.log_tuples for n, ob in self.outboxes.items()}}
@@ -242,7 +263,7 @@ class ReplicaActor(_Base):
         with self.lock:
             out = self._process(port, channel, packet)
             self.busy_s += time.time() - started
-            self.out.emit(out, wait=False)  # queued under the lock: a checkpoint sees it in the log
+            self._emit(self.out, out)  # queued under the lock: a checkpoint sees it in the log
             if self.step_requests and any(isinstance(it, Punctuation) for it in out):
                 self._take_steps()  # a transfer step at this logical time (our punctuation)
         self.out.wait_for_room()
@@ -465,8 +486,11 @@ class EntryActor(_Base):
                                    f"{self.expected[source]}")
             self.expected[source] = seq + 1
             entry = self.entries[source]
-            items = entry.close() if chunk is None else entry.push(chunk)
-            self.outboxes[source].emit(items, wait=False)
+            if isinstance(chunk, Marker):  # a change to the running query (replistream.reconfig)
+                self._emit(self.outboxes[source], [chunk])
+            else:
+                items = entry.close() if chunk is None else entry.push(chunk)
+                self.outboxes[source].emit(items, wait=False)
         self.outboxes[source].wait_for_room()
         self._slowdown(started)
         return self.expected[source]
@@ -515,6 +539,8 @@ class SinkActor(_Base):
         self._observe(port, packet)
         with self.lock:
             for item in packet:
+                if isinstance(item, Marker):
+                    continue  # the change concerns operators; nothing changes for an application
                 for out in self.core.process(port, channel, item):
                     if isinstance(out, Punctuation):
                         self.punctuation = max(self.punctuation, out.p)

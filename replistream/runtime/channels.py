@@ -45,7 +45,10 @@ from typing import Any, Callable
 import numpy as np
 import ray
 
-from ..schema import Punctuation
+from ..schema import Marker, Punctuation
+
+#: Items that carry no tuples: flushed at once, never merged into batches.
+CONTROL = (Punctuation, Marker)
 
 NO_ACK = int(np.iinfo(np.int64).min)
 
@@ -78,7 +81,7 @@ def coalesce(items: list) -> list:
     out: list = []
     run: list[np.ndarray] = []
     for it in items:
-        if isinstance(it, Punctuation):
+        if isinstance(it, CONTROL):
             if run:
                 out.append(run[0] if len(run) == 1 else np.concatenate(run))
                 run = []
@@ -192,7 +195,7 @@ class Outbox:
         with self.lock:
             punct = False
             for it in items:
-                if isinstance(it, Punctuation):
+                if isinstance(it, CONTROL):
                     punct = True
                 else:
                     self.pending_tuples += len(it)
@@ -221,6 +224,8 @@ class Outbox:
         for it in packet:
             if isinstance(it, Punctuation):
                 self.log.append((it.p, it))
+            elif isinstance(it, Marker):
+                pass  # not replayed: replicas started later are built from the changed query
             else:
                 self.log.append((int(it["ts"].max()), it))
                 self.log_tuples += len(it)

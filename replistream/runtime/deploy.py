@@ -29,6 +29,7 @@ import ray
 from ..errors import DeadLetter, QueryError
 from ..engine import iter_chunks
 from ..query import Query
+from ..operators.base import NO_PUNCTUATION
 from ..schema import END, TS, Punctuation
 from ..testing import Sentinel
 from ..placement.nodes import ray_options
@@ -253,6 +254,16 @@ class Deployment:
         self._lock = threading.Lock()
         self._feeder: threading.Thread | None = None
         self._feed_error: BaseException | None = None
+        # what the feeder has sent, under _feed_lock: markers of query changes go in between chunks
+        self._feed_lock = threading.RLock()
+        self._seqs: dict[str, int] = {}
+        self._open_sources: set[str] = set()
+        self._inflight: dict[int, list] = {}
+        self._max_fed: int | None = None  # largest timestamp or punctuation sent (None: nothing yet)
+        self._tmax_unknown = False
+        self._feeding = False
+        self.changes: list[dict] = []  # every change made to the running query (replistream.reconfig)
+        self.removed: set[str] = set()  # replicas of operators removed from the running query
         self._scenario_thread: threading.Thread | None = None
         self.alive: dict[str, bool] = {}
         self.actor_server: dict[str, str] = {}
@@ -393,6 +404,59 @@ class Deployment:
         """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""
         return [] if self.manager is None else [dict(t) for t in self.manager.transfers]
 
+    # -- changing the running query (Bartnik §3; replistream.reconfig) ---------------------------
+    def replace_function(self, operator: str, fn: Callable) -> dict:
+        """Give Filter/Map/FlatMap ``operator`` a new function for every tuple with ``ts > p``,
+        where ``p`` is the largest timestamp fed so far; returns the change's record (with ``p``).
+
+        A marker carries the change through the running replicas (Bartnik §3); the
+        output equals a reference run of ``dep.query``, which now holds both
+        functions (:class:`~replistream.reconfig.TimeSwitch`).
+
+        >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
+        15000000
+        """
+        from .reconfigure import replace_function
+
+        return replace_function(self, operator, fn)
+
+    def add_operator(self, upstream: str, build: Callable, servers=None) -> dict:
+        """Add operators and their application(s) reading stream ``upstream``; they see its
+        tuples with ``ts > p`` (``p``: the largest timestamp fed so far). ``build(stream)``
+        adds them with the usual :class:`~replistream.query.Stream` methods. Each new
+        operator gets ``k`` replicas, by default on the servers of ``upstream``'s replicas.
+
+        >>> dep.add_operator("load", lambda s: s.filter(lambda b: b["cpu"] > 0.9, name="very_hot")
+        ...                  .sink("very_hot_alerts"))["added"]                      # doctest: +SKIP
+        ['very_hot', 'very_hot_alerts']
+        """
+        from .reconfigure import add_operator
+
+        return add_operator(self, upstream, build, servers)
+
+    def remove_operator(self, operator: str) -> dict:
+        """Remove ``operator`` and the part of the query only it feeds: it sees its input up to
+        ``p`` (the largest timestamp fed so far), then its inputs close, its windows flush and
+        its applications complete; its replicas are then stopped (``changes[-1]["retired"]``).
+
+        >>> dep.remove_operator("load_per_minute")["removed"]      # doctest: +SKIP
+        ['load_per_minute', 'load_stats']
+        """
+        from .reconfigure import remove_operator
+
+        return remove_operator(self, operator)
+
+    def set_replication(self, operator: str, k: int) -> dict:
+        """Run ``k`` live replicas of ``operator``: new ones by hand-over from a live peer,
+        surplus ones discarded (their stream replicas first).
+
+        >>> dep.set_replication("correlate", 3)["added"]      # doctest: +SKIP
+        ['correlate#2']
+        """
+        from .reconfigure import set_replication
+
+        return set_replication(self, operator, k)
+
     def gc_events(self) -> list[dict]:
         """Every garbage-collection and revival decision so far, with reason and figures (JSON-ready)."""
         return [] if self.manager is None else list(self.manager.events)
@@ -452,7 +516,11 @@ class Deployment:
 
     def _feed(self, inputs, pace, chunk_size):
         iters = {s: iter(iter_chunks(inputs.get(s, ()), chunk_size)) for s in self.query.sources}
-        seqs = {s: 0 for s in self.query.sources}
+        with self._feed_lock:
+            self._seqs = {s: 0 for s in self.query.sources}
+            self._open_sources = set(self.query.sources)
+            self._inflight = {i: [] for i in range(len(self.entries))}
+            self._max_fed, self._tmax_unknown = None, False
         heap: list = []
 
         last_t = {s: float("-inf") for s in self.query.sources}
@@ -477,7 +545,8 @@ class Deployment:
                       if self.alive.get(l)])
         if self.manager is not None:
             self.manager.start()
-        inflight: dict[int, list] = {i: [] for i in range(len(self.entries))}
+        inflight = self._inflight
+        self._feeding = True
         while heap:
             t, is_end, _, src, chunk = heapq.heappop(heap)
             if isinstance(chunk, Sentinel):
@@ -493,10 +562,20 @@ class Deployment:
                     time.sleep(delay)
             if chunk is not None and _needs_stamp(chunk):
                 chunk = _stamp(chunk, int((time.time() - self.t0) * 1e6))
-            self._send_chunk(src, seqs[src], chunk, inflight)
-            seqs[src] += 1
+            with self._feed_lock:
+                self._send_chunk(src, self._seqs[src], chunk, inflight)
+                self._seqs[src] += 1
+                if chunk is None:
+                    self._open_sources.discard(src)
+                else:
+                    hi = _chunk_tmax(chunk)
+                    if hi is None:
+                        self._tmax_unknown = True
+                    elif self._max_fed is None or hi > self._max_fed:
+                        self._max_fed = hi
             if not is_end:
                 advance(src)
+        self._feeding = False
         for i, refs in inflight.items():
             self._settle(i, refs, 0)
         self.feed_done_wall = time.time()
@@ -920,6 +999,28 @@ def _chunk_time(chunk) -> float:
     except Exception:
         pass
     return float("-inf")
+
+
+def _chunk_tmax(chunk) -> int | None:
+    """Largest timestamp (or punctuation) in a chunk; None if it cannot be told."""
+    try:
+        if isinstance(chunk, ChunkRef):
+            return int(chunk.tmax) if chunk.n and chunk.tmax is not None else NO_PUNCTUATION
+        if isinstance(chunk, Punctuation):
+            return NO_PUNCTUATION if chunk.p == END else int(chunk.p)
+        if isinstance(chunk, np.ndarray):
+            return int(chunk[TS].max()) if len(chunk) else NO_PUNCTUATION
+        if isinstance(chunk, Mapping):
+            ts = np.asarray(chunk.get(TS, []))
+            return int(ts.max()) if ts.size else NO_PUNCTUATION
+        if isinstance(chunk, list):
+            vals = [r.get(TS) for r in chunk if isinstance(r, Mapping)]
+            vals = [int(v) for v in vals if isinstance(v, (int, float, np.integer, np.floating))]
+            if len(vals) == len(chunk):
+                return max(vals) if vals else NO_PUNCTUATION
+    except (TypeError, ValueError, KeyError, IndexError):
+        return None
+    return None
 
 
 def _needs_stamp(chunk) -> bool:

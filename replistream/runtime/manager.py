@@ -76,6 +76,7 @@ import json
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -105,6 +106,10 @@ class GCConfig:
       for this long (default two utility periods), so it is not escalated before the
       fix shows;
     * ``d_min_ms``: Algorithm 5's minimum latency between peers for a new replica;
+    * ``rate_window_s``: a stream's rate is what its busiest producer flushed over the
+      last this many seconds (default ten utility periods); a producer started later
+      (revived, new) is measured from its own start, and a stream whose producers are all
+      new keeps its last rate until one of them has been measured;
     * ``log_path``: also write every event as one JSON line there.
 
     >>> GCConfig(theta=100.0, revival=True, threshold_s=2).validate().threshold_s
@@ -128,6 +133,7 @@ class GCConfig:
     max_proactive: int | None = 1
     cooldown_s: float | None = None
     d_min_ms: float = 0.0
+    rate_window_s: float | None = None
     log_path: str | None = None
 
     def validate(self) -> "GCConfig":
@@ -148,7 +154,14 @@ class GCConfig:
             raise ValueError(f"GCConfig.max_steps must be >= 1 or None, got {self.max_steps!r}")
         if self.cooldown_s is not None and self.cooldown_s < 0:
             raise ValueError(f"GCConfig.cooldown_s must be >= 0, got {self.cooldown_s!r}")
+        if self.rate_window_s is not None and not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
+            raise ValueError(f"GCConfig.rate_window_s must be a finite number > 0 (seconds), got "
+                             f"{self.rate_window_s!r}")
         return self
+
+    def rate_window(self) -> float:
+        """Seconds over which stream rates are measured (default ten utility periods)."""
+        return 10.0 * self.utility_period_s if self.rate_window_s is None else float(self.rate_window_s)
 
     def cooldown(self) -> float:
         """Seconds a revived replica's delay is ignored (default two utility periods)."""
@@ -182,6 +195,8 @@ class ReplicaManager:
         self.history: list[dict] = []
         self.weights_prev: dict[tuple[str, int, int], float] = {}
         self.rates: dict[str, float] = {}
+        # (producer label, stream) -> samples (seconds since t0, tuples flushed), the rate window's
+        self.flushed: dict[tuple[str, str], deque] = {}
         self.last_snapshot: Snapshot | None = None
         self.delays: dict[str, float] = {}
         self.cooling: dict[str, float] = {}  # label -> time (since t0) until which its delay is ignored
@@ -262,13 +277,7 @@ class ReplicaManager:
         with self.lock:
             self._notice_failures()
             reports = self._reports()
-            elapsed = max(self.now(), 1e-3)
-            emitted: dict[str, int] = {}
-            for label, rep in reports.items():
-                for stream, n in rep.get("emitted", {}).items():
-                    emitted[stream] = max(emitted.get(stream, 0), int(n))
-            for stream, n in emitted.items():
-                self.rates[stream] = n / elapsed
+            self._measure_rates(reports)
             weights: dict[str, float] = {}
             for sid, s in self.streams.items():
                 rep = reports.get(s.dst)
@@ -295,6 +304,30 @@ class ReplicaManager:
             self._floor_dormant_entries(reports)
             self.last_snapshot = snap
             return snap
+
+    def _measure_rates(self, reports: dict) -> None:
+        """Stream rates (tuples/s) over the rate window: per stream, its busiest producer's.
+
+        Each producer is measured from its own start (``age_s`` of its report), so a
+        replacement does not restart the stream's rate from zero; a stream none of whose
+        producers has two samples yet keeps its previous rate."""
+        now = self.now()
+        window = self.cfg.rate_window()
+        best: dict[str, float] = {}
+        for label, rep in reports.items():
+            for stream, n in rep.get("emitted", {}).items():
+                key = (label, stream)
+                hist = self.flushed.get(key)
+                if hist is None:
+                    born = max(0.0, now - float(rep.get("age_s", now)))
+                    hist = self.flushed[key] = deque([(born, 0)])
+                hist.append((now, int(n)))
+                while len(hist) > 2 and now - hist[1][0] >= window:
+                    hist.popleft()
+                (t_a, n_a), (t_b, n_b) = hist[0], hist[-1]
+                if t_b - t_a > 1e-3:
+                    best[stream] = max(best.get(stream, 0.0), (n_b - n_a) / (t_b - t_a))
+        self.rates.update(best)
 
     def _floor_dormant_entries(self, reports: dict) -> None:
         live = [reports[l] for l, r in self.reps.items() if r.kind == "entry" and r.live and l in reports]
