@@ -40,8 +40,8 @@ update is replica consistent (Hwang Definition 2). :class:`KeyedCountLogic`
 >>> q = Query(); s = q.source("s", {"k": "i8"})
 >>> _ = s.apply(KeyedCount(by="k", bits=4), name="counts").sink("out")
 >>> r = run_reference(q, {"s": [{"ts": 1, "k": 7}, {"ts": 2, "k": 7}, {"ts": 3, "k": 9}]})
->>> sorted(r.outputs["out"][["k", "count"]].tolist())
-[(7, 2), (9, 1)]
+>>> sorted(r.outputs["out"][["ts", "k", "count"]].tolist())   # one output per key and epoch (here: timestamp)
+[(1, 7, 1), (2, 7, 2), (3, 9, 1)]
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from ..ids import hash_columns, mix, stable_hash
-from ..schema import TS, Punctuation, Schema
+from ..schema import END, TS, Punctuation, Schema
 from .base import CheckpointError, OperatorLogic, OperatorState, _ranges, bin_of
 from .sorter import canonical_order
 
@@ -189,10 +189,19 @@ class KeyedOperatorLogic(OperatorLogic):
     * ``by``: the key fields of the (single) input;
     * ``state_columns``: ``{column: dtype}`` of each key's state row (the key fields are
       kept too, to check 64-bit hash collisions and for output);
-    * ``update(state, rows, batch, wm) -> list[np.ndarray]``: ``batch`` is every input tuple
-      with ts <= ``wm`` not yet applied, in (ts, id) order, ``rows[i]`` the state row of
-      ``batch[i]``'s key (new keys start zeroed); change ``state.cols[...]`` in place and
-      return what to emit (tuples with ts > the previous watermark).
+    * ``every``: the length of an *epoch* of event time (epoch ``e`` is the timestamps
+      ``e*every .. (e+1)*every - 1``; default 1: every timestamp its own epoch);
+    * ``update(state, rows, batch) -> list[np.ndarray]``: called once per complete epoch
+      (every epoch up to the watermark), in epoch order; ``batch`` is the epoch's input
+      tuples in (ts, id) order, ``rows[i]`` the state row of ``batch[i]``'s key (new keys
+      start zeroed); change ``state.cols[...]`` in place and return what to emit, with
+      timestamps taken from ``batch`` (they are then above every punctuation already
+      emitted).
+
+    Epochs, not watermarks, delimit what ``update`` sees: replicas receive different
+    punctuations (a replica built by a staged transfer skips some), so output that
+    depended on which watermarks came would differ between replicas; per epoch it is
+    the same everywhere (replica consistency, Hwang Definition 2).
 
     The state lives in a :class:`KeyedState` with ``2**bits`` versioned bins; tuples above
     the watermark are pending work, binned by key too. Checkpoints of a few bins cost those
@@ -204,11 +213,11 @@ class KeyedOperatorLogic(OperatorLogic):
     ...         out = Schema({"k": "i8", "top": "i8"})
     ...         super().__init__(name, in_schemas, out, by=("k",), state_columns={"top": "i8"}, bits=2,
     ...                          strict=strict)
-    ...     def update(self, state, rows, batch, wm):
+    ...     def update(self, state, rows, batch):
     ...         old = state.cols["top"][rows].copy()
     ...         np.maximum.at(state.cols["top"], rows, batch["x"])
     ...         grew = np.unique(rows[state.cols["top"][rows] > old])
-    ...         ts = np.full(len(grew), wm)
+    ...         ts = np.full(len(grew), batch["ts"].max())
     ...         return [self.out_schema.from_columns({"ts": ts, "k": state.cols["k"][grew],
     ...                 "top": state.cols["top"][grew]}, ids=self.ids(state.hash[grew], ts))]
     >>> from replistream import Punctuation
@@ -221,8 +230,11 @@ class KeyedOperatorLogic(OperatorLogic):
     """
 
     def __init__(self, name: str, in_schemas: list[Schema], out_schema: Schema, by: Sequence[str],
-                 state_columns: Mapping[str, object], bits: int = 12, strict: bool = False):
+                 state_columns: Mapping[str, object], bits: int = 12, strict: bool = False, every: int = 1):
         super().__init__(name, in_schemas, out_schema, strict)
+        if int(every) < 1:
+            raise ValueError(f"keyed operator {name!r}: every must be >= 1, got {every}")
+        self.every = int(every)
         if len(in_schemas) != 1:
             raise ValueError(f"keyed operator {name!r} takes one input, got {len(in_schemas)}")
         self.by = (by,) if isinstance(by, str) else tuple(by)
@@ -243,8 +255,8 @@ class KeyedOperatorLogic(OperatorLogic):
         self._pending_hash: list[np.ndarray] = []
 
     # -- what subclasses implement --------------------------------------------------
-    def update(self, state: KeyedState, rows: np.ndarray, batch: np.ndarray, wm: int) -> list[np.ndarray]:
-        raise NotImplementedError(f"{type(self).__name__} must implement update(state, rows, batch, wm)")
+    def update(self, state: KeyedState, rows: np.ndarray, batch: np.ndarray) -> list[np.ndarray]:
+        raise NotImplementedError(f"{type(self).__name__} must implement update(state, rows, batch)")
 
     def ids(self, key_hash: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """Deterministic output ids for (key, ts) (DESIGN.md decision 1)."""
@@ -274,7 +286,10 @@ class KeyedOperatorLogic(OperatorLogic):
         rows, hashes = self._take_pending()
         if not len(rows):
             return []
-        ready = rows[TS] <= wm
+        if wm == END:
+            ready = np.ones(len(rows), dtype=bool)
+        else:  # complete epochs only: what update sees must not depend on which punctuations came
+            ready = rows[TS] <= (wm + 1) // self.every * self.every - 1
         if not ready.any():
             return []
         batch, bh = rows[ready], hashes[ready]
@@ -290,11 +305,18 @@ class KeyedOperatorLogic(OperatorLogic):
             if not _same_keys(self.state.cols[f][slots], init[f]):
                 raise RuntimeError(f"keyed operator {self.name!r}: 64-bit key hash collision")
         self.state.touch(uniq)
-        return self.update(self.state, slots[inv], batch, wm)
+        rows_of = slots[inv]
+        epoch = batch[TS] // self.every
+        cuts = np.r_[0, np.flatnonzero(epoch[1:] != epoch[:-1]) + 1, len(batch)]
+        out: list[np.ndarray] = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            out.extend(self.update(self.state, rows_of[a:b], batch[a:b]))
+        return out
 
     # -- state (hand-over, transfer, incremental checkpoints) --------------------------
     def _state_params(self):
-        return {"by": self.by, "columns": tuple((c, str(d)) for c, d in self.state.dtypes.items())}
+        return {"by": self.by, "every": self.every,
+                "columns": tuple((c, str(d)) for c, d in self.state.dtypes.items())}
 
     def checkpoint(self, bits: int = 0, bins: Iterable[int] | None = None) -> OperatorState:
         """The state at ``2**bits`` bins, only ``bins`` if given: the cost is the rows of those bins
@@ -387,22 +409,25 @@ def _same_keys(a: np.ndarray, b: np.ndarray) -> bool:
 class KeyedCountLogic(KeyedOperatorLogic):
     """A running count per key (Megaphone §5.3's keyed count), on binned live state.
 
-    At each watermark ``wm`` it applies the tuples with ts <= ``wm`` and emits,
-    for every key they touched, one tuple: the key fields, ``count`` (all tuples
-    of that key so far) and the ``keep`` fields of the key's latest tuple in
-    (ts, id) order, with ``ts`` = that tuple's ts and id ``mix(hash(operator),
-    hash(key), ts)``. Replica consistent: the output depends only on the set of
-    tuples up to each watermark.
+    Per epoch of ``every`` event-time units (default 1), once the watermark
+    passes it, it emits for every key the epoch touched one tuple: the key
+    fields, ``count`` (all tuples of that key up to the end of the epoch) and the
+    ``keep`` fields of the key's latest tuple in (ts, id) order, with ``ts`` =
+    that tuple's ts and id ``mix(hash(operator), hash(key), ts)``. Replica
+    consistent: the output depends only on the tuples of each epoch.
 
     >>> from replistream import Punctuation
     >>> s = Schema({"k": "i8", "tag": "S4"})
-    >>> c = KeyedCountLogic("c", [s], by="k", keep=("tag",), bits=2)
+    >>> c = KeyedCountLogic("c", [s], by="k", keep=("tag",), bits=2, every=10)
     >>> _ = c.process(0, s.from_columns({"ts": [1, 2, 3], "k": [1, 1, 2], "tag": [b"a", b"b", b"c"]}, ids=[1, 2, 3]))
-    >>> c.process(0, Punctuation(2))[0][["ts", "k", "count", "tag"]].tolist()
-    [(2, 1, 2, b'b')]
+    >>> c.process(0, Punctuation(8))   # epoch 0 (ts 0..9) is not complete yet
+    [Punctuation(8)]
+    >>> sorted(c.process(0, Punctuation(9))[0][["ts", "k", "count", "tag"]].tolist())
+    [(2, 1, 2, b'b'), (3, 2, 1, b'c')]
     """
 
-    def __init__(self, name, in_schemas, by, keep: Sequence[str] = (), bits: int = 12, strict: bool = False):
+    def __init__(self, name, in_schemas, by, keep: Sequence[str] = (), bits: int = 12, strict: bool = False,
+                 every: int = 1):
         by = (by,) if isinstance(by, str) else tuple(by)
         keep = (keep,) if isinstance(keep, str) else tuple(keep)
         schema = in_schemas[0]
@@ -410,10 +435,11 @@ class KeyedCountLogic(KeyedOperatorLogic):
             if f not in schema:
                 raise ValueError(f"keyed count {name!r}: keep field {f!r} is not in its input {schema}")
         out = Schema([(f, schema[f]) for f in by] + [("count", "i8")] + [(f, schema[f]) for f in keep])
-        super().__init__(name, in_schemas, out, by, {"count": "i8", **{f: schema[f] for f in keep}}, bits, strict)
+        super().__init__(name, in_schemas, out, by, {"count": "i8", **{f: schema[f] for f in keep}}, bits, strict,
+                         every)
         self.keep = keep
 
-    def update(self, state, rows, batch, wm):
+    def update(self, state, rows, batch):
         u, last_rev, n = np.unique(rows[::-1], return_index=True, return_counts=True)
         last = len(rows) - 1 - last_rev  # each key's latest tuple (batch is in (ts, id) order)
         state.cols["count"][u] += n
@@ -443,7 +469,8 @@ class KeyedCount:
     by: tuple | str
     keep: tuple | str = ()
     bits: int = 12
+    every: int = 1
 
     def __call__(self, name, in_schemas, strict=False):
-        return KeyedCountLogic(name, in_schemas, self.by, self.keep, self.bits, strict)
+        return KeyedCountLogic(name, in_schemas, self.by, self.keep, self.bits, strict, self.every)
 

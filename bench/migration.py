@@ -1,0 +1,254 @@
+"""Live state migration, as in Megaphone §5.3 (issue #8 item 5; a benchmark, not a test).
+
+    python bench/migration.py                       # the full run (1M keys, ~10 minutes)
+    python bench/migration.py --keys 100000 --quick # a small check
+    python bench/migration.py --json out.json       # also write every figure as JSON
+
+Two parts.
+
+**Binning overhead** (in process, no Ray). A keyed count
+(:class:`~replistream.operators.keyed.KeyedCountLogic`, ``by="k"``, keeping an
+88-byte ``tag`` per key, so 112 bytes of state per key: >= 100 MB at 1M keys)
+is loaded with ``--keys`` distinct keys, then fed ``--batches`` batches of
+10,000 tuples with uniformly random keys, each followed by a punctuation (so
+every batch is applied and emitted). Tuples/s for state kept with
+``bits`` = 0 (one bin: no per-bin versions) and 4, 8, 12, 16; runs of the
+different ``bits`` are interleaved, in alternating order, best of ``--reps``. Also the cost of a
+per-bin snapshot of 1, 16, 256 and all 4096 bins of the loaded state (what a
+step of a transfer costs the sender).
+
+**Migration under load** (Ray, one replica per operator, so the moving
+replica is the only one serving: its pauses are the application's). The
+query ``s -> KeyedCount(bits=12) -> sink`` is loaded with ``--keys`` keys
+(4 s of event time), then fed ``--rate`` tuples/s of random keys, paced in real
+time, punctuations every 20 ms of event time. ``--move-at`` seconds into the
+steady phase, ``Deployment.move_replica`` moves the counting replica to another
+server with each strategy (all-at-once; batched with 16 steps; fluid, one bin
+per step) at several transfer bin counts. Reported per run: the transfer's
+duration (first step asked to merged receiver), the largest time the sender
+spent taking and sending one step, the maximum and 99th percentile
+application latency (output arrival minus its timestamp's due time) over the
+outputs that arrived during the transfer and in the 2 s after it
+(``transfer_*``), during the whole move including the start of the new
+actor (``move_*``), and before the move (``before_*``, steady state), and the
+exact match with the reference.
+"""
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse
+import datetime as _dt
+import gc
+import json
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.core import code_version, machine  # noqa: E402
+from replistream import Punctuation, Query, Schema, seconds  # noqa: E402
+from replistream.operators.keyed import KeyedCount, KeyedCountLogic  # noqa: E402
+from replistream.testing import Call  # noqa: E402
+
+SCHEMA = Schema({"k": "i8", "tag": "S88"})
+BATCH = 10_000
+
+
+def _tags(keys: np.ndarray) -> np.ndarray:
+    return np.char.add(b"tag-", keys.astype("S20")).astype("S88")
+
+
+def _batch(keys: np.ndarray, ts: np.ndarray, id0: int) -> np.ndarray:
+    b = SCHEMA.empty(len(keys))
+    b["ts"], b["id"], b["k"], b["tag"] = ts, np.arange(id0, id0 + len(keys), dtype=np.uint64), keys, _tags(keys)
+    return b
+
+
+# -- part 1: binning overhead --------------------------------------------------------------
+def overhead(keys: int, batches: int, reps: int, bits_list=(0, 4, 8, 12, 16)) -> dict:
+    rng = np.random.default_rng(1)
+    load = _batch(np.arange(keys, dtype=np.int64), np.zeros(keys, dtype=np.int64), 0)
+    feed = [_batch(rng.integers(0, keys, BATCH), np.full(BATCH, i + 1, dtype=np.int64), keys + i * BATCH)
+            for i in range(batches)]
+    best: dict[int, float] = {}
+    snap: dict = {}
+    state_mb = None
+    for rep in range(reps):
+        for bits in (bits_list if rep % 2 == 0 else bits_list[::-1]):  # alternate the order: drift cancels
+            op = KeyedCountLogic("c", [SCHEMA], by="k", keep=("tag",), bits=bits)
+            op.process(0, load)
+            op.process(0, Punctuation(0))
+            gc.collect()
+            t = time.perf_counter()
+            for i, b in enumerate(feed):
+                op.process(0, b)
+                op.process(0, Punctuation(i + 1))
+            dt = time.perf_counter() - t
+            best[bits] = min(best.get(bits, float("inf")), dt)
+            if bits == 12 and rep == 0:
+                state_mb = op.state.nbytes / 1e6
+                for n in (1, 16, 256, 4096):
+                    chosen = np.sort(rng.choice(4096, n, replace=False))
+                    ts = []
+                    for _ in range(5):
+                        t1 = time.perf_counter()
+                        op.checkpoint(12, chosen)
+                        ts.append(time.perf_counter() - t1)
+                    snap[n] = min(ts) * 1e3
+            del op
+            gc.collect()
+    tput = {bits: batches * BATCH / dt for bits, dt in best.items()}
+    base = tput[0]
+    return {"keys": keys, "state_mb": state_mb, "batches": batches, "reps": reps,
+            "tuples_per_s": tput, "overhead_pct": {b: 100.0 * (base / v - 1.0) for b, v in tput.items()},
+            "snapshot_ms_at_12_bits": snap}
+
+
+# -- part 2: migration under load -------------------------------------------------------------
+def inputs(keys: int, rate: int, steady_s: float, load_s: float = 4.0, chunk_ms: int = 20, seed: int = 2):
+    """Load phase (every key once over ``load_s`` s), then ``rate`` tuples/s of random keys."""
+    rng = np.random.default_rng(seed)
+    chunks = []
+    per = int(keys / (load_s * 1000 / chunk_ms))
+    order = rng.permutation(keys)
+    t = 0
+    for i in range(0, keys, per):
+        k = order[i:i + per]
+        chunks.append({"ts": np.full(len(k), t, dtype=np.int64) + np.arange(len(k)) % (chunk_ms * 1000),
+                       "k": k, "tag": _tags(k)})
+        t += chunk_ms * 1000
+    n = int(rate * chunk_ms / 1000)
+    steady_start = t
+    for _ in range(int(steady_s * 1000 / chunk_ms)):
+        k = rng.integers(0, keys, n)
+        chunks.append({"ts": t + np.sort(rng.integers(0, chunk_ms * 1000, n)), "k": k, "tag": _tags(k)})
+        t += chunk_ms * 1000
+    return chunks, steady_start
+
+
+def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail_s: float, steady_s: float,
+            check: bool) -> dict:
+    from replistream.runtime import deploy
+    from replistream.testing import assert_same_output, run_reference
+
+    q = Query("migration")
+    s = q.source("s", SCHEMA, punctuate_every=seconds(0.02))
+    s.apply(KeyedCount(by="k", keep=("tag",), bits=12), name="counts").sink("out")
+    q = q.build()
+    chunks, steady_start = inputs(keys, rate, steady_s)
+    move_ts = steady_start + seconds(move_at)
+    box: dict = {}
+
+    def start_move(dep):
+        def run():
+            try:
+                target = [srv for srv in dep.servers if srv != dep.actor_server["counts#0"]][0]
+                box["t"] = time.time() - dep.t0
+                box["event"] = dep.move_replica("counts", 0, target, strategy=strategy, bits=bits)
+                box["t_end"] = time.time() - dep.t0
+            except Exception as e:  # reported, not hidden
+                box["error"] = repr(e)
+
+        th = threading.Thread(target=run, daemon=True)
+        box["thread"] = th
+        th.start()
+
+    at = next(i for i, c in enumerate(chunks) if c["ts"][0] >= move_ts)
+    data = {"s": chunks[:at] + [Call(start_move)] + chunks[at:]}
+    out: dict = {"strategy": strategy, "bits": bits, "keys": keys, "rate": rate}
+    with deploy(q, servers=3, k=1, flush_ms=2.0) as dep:
+        res = dep.run(data, pace=1.0, timeout=600)
+        if "thread" in box:
+            box["thread"].join(timeout=600)
+        arrival, lat = dep.latencies_ms("out")
+        out["complete"] = bool(res.complete)
+        if "error" in box:
+            out["error"] = box["error"]
+            return out
+        tr = dep.transfers()[-1]
+        h = next(iter(box["event"]["handover"].values()))
+        t_start, t_end = box["t"], box["t_end"]
+        x0 = tr["started_s"]  # the transfer proper: first step asked .. receiver merged
+        x1 = x0 + tr["seconds"]
+        steady0 = (steady_start / 1e6) + 2.0  # after the load phase has drained
+
+        def stats(mask, name):
+            out[f"{name}_max_ms"] = float(lat[mask].max()) if mask.any() else None
+            out[f"{name}_p99_ms"] = float(np.percentile(lat[mask], 99)) if mask.any() else None
+
+        stats((arrival >= steady0) & (arrival < t_start), "before")
+        stats((arrival >= x0) & (arrival <= x1 + 2.0), "transfer")
+        stats((arrival >= t_start) & (arrival <= t_end + 2.0), "move")
+        out.update({
+            "steps": tr["steps"], "transfer_s": tr["seconds"], "restarts": tr["restarts"],
+            "sender_max_step_ms": None if h.get("max_checkpoint_s") is None else 1e3 * h["max_checkpoint_s"],
+            "bytes_moved": h.get("bytes"), "move_started_s": t_start, "transfer_started_s": x0,
+            "move_ended_s": t_end, "outputs": int(len(lat)),
+        })
+        if check:
+            ref = run_reference(q, data)
+            try:
+                assert_same_output(ref.outputs["out"], res.outputs["out"])
+                out["exact"] = True
+            except AssertionError as e:
+                out["exact"] = False
+                out["diff"] = str(e)[:300]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--batches", type=int, default=100)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rate", type=int, default=20_000)
+    ap.add_argument("--move-at", type=float, default=6.0)
+    ap.add_argument("--tail", type=float, default=6.0, help="steady seconds after the longest transfer")
+    ap.add_argument("--bits", type=int, nargs="*", default=[6, 8, 10])
+    ap.add_argument("--strategies", nargs="*", default=["all-at-once", "batched", "fluid"])
+    ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--skip-migration", action="store_true")
+    ap.add_argument("--no-check", action="store_true", help="skip the comparison with the reference run")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    report = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+              "code": code_version(), "args": vars(a), "loadavg_start": os.getloadavg()}
+    if not a.skip_overhead:
+        ov = overhead(a.keys, a.batches if not a.quick else 20, a.reps if not a.quick else 1)
+        report["overhead"] = ov
+        print(f"binning overhead, {ov['keys']:,} keys ({ov['state_mb']:.0f} MB of state), tuples/s:", flush=True)
+        for b, v in ov["tuples_per_s"].items():
+            print(f"  bits={b:2d}: {v / 1e6:.3f}M/s  overhead {ov['overhead_pct'][b]:+.1f}%", flush=True)
+        print("  snapshot of n bins at 12 bits (ms):", {k: round(v, 2) for k, v in ov["snapshot_ms_at_12_bits"].items()},
+              flush=True)
+    if not a.skip_migration:
+        from replistream.runtime import init_ray
+
+        init_ray(num_cpus=2, object_store_memory=1024 * 1024 * 1024)
+        runs = []
+        for strategy in a.strategies:
+            for bits in ([a.bits[-1]] if strategy == "all-at-once" else a.bits):
+                # fluid moves one bin per punctuation (20 ms): leave it time to finish
+                steady = a.move_at + a.tail + (0.03 * (1 << bits) if strategy == "fluid" else 2.0)
+                r = migrate(a.keys, a.rate, strategy, bits, a.move_at, a.tail, steady, not a.no_check)
+                runs.append(r)
+                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
+                      flush=True)
+                gc.collect()
+        report["migration"] = runs
+    report["loadavg_end"] = os.getloadavg()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
