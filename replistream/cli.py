@@ -435,6 +435,35 @@ def _demo(args) -> int:
     return _demo_ray(args)
 
 
+def _reconfigure(args) -> int:
+    from .runtime.reconfigure import live_reconfiguration
+
+    rep = live_reconfiguration(n_servers=args.servers, duration_s=args.duration, k=args.k, strategy=args.strategy,
+                               pace=args.pace, seed=args.seed)
+    if args.json:
+        from .runtime.deploy import _json_default
+
+        print(json.dumps(rep, default=_json_default))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console()
+        for c in rep["changes"]:
+            console.print(f"[bold]{c['change']}[/bold] at p={c['p']}: {c['text']}")
+        mv = rep["move"]
+        console.print(f"[bold]move_replica[/bold] correlate#0 -> {mv['new_replicas']} on {mv['server']} "
+                      f"({mv['strategy']}, {mv['apply_seconds']} s){' ERROR ' + mv['error'] if mv['error'] else ''}")
+        table = Table(title="applications against the reference run of the changed query")
+        for col in ("application", "outputs", "reference", "lost", "duplicates"):
+            table.add_column(col)
+        for app, a in rep["applications"].items():
+            table.add_row(app, str(a["outputs"]), str(a["reference_outputs"]), str(a["lost"]), str(a["duplicates"]))
+        console.print(table)
+        console.print("[green]exact match[/green]" if rep["matches_reference"] else "[red]MISMATCH[/red]")
+    return 0 if rep["matches_reference"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="replistream",
@@ -505,6 +534,20 @@ def build_parser() -> argparse.ArgumentParser:
     place.add_argument("--plot", metavar="FILE.png", default=None,
                        help="draw servers, replicas and stream replicas on a world map")
     place.set_defaults(func=_place)
+
+    rec = sub.add_parser("reconfigure", help="change a running Fig. 1 query (replace a filter's function, add "
+                                             "an operator, move a stateful replica) and compare with the "
+                                             "reference run of the changed query")
+    rec.add_argument("--servers", type=int, default=4, help="servers (default 4)")
+    rec.add_argument("--k", type=int, default=2, help="replicas per operator (default 2)")
+    rec.add_argument("--duration", type=float, default=16.0, help="seconds of readings (default 16)")
+    rec.add_argument("--strategy", choices=["all-at-once", "batched", "fluid"], default="fluid",
+                     help="how the moved Join replica's state moves (default fluid: one bin per step)")
+    rec.add_argument("--pace", type=float, default=None, help="replay speed (1 = real time; default: as fast "
+                                                             "as the entry points take it)")
+    rec.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    rec.add_argument("--json", action="store_true", help="print one JSON object")
+    rec.set_defaults(func=_reconfigure)
 
     from .sim.cli import register as register_sim, run as run_sim  # replistream sim <experiment> (Hwang §VI)
 

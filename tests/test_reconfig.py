@@ -132,3 +132,22 @@ def test_a_change_needs_a_running_feed():
     with deploy(q, servers=2, k=1, network="zero") as dep:
         with pytest.raises(RuntimeError, match="feed"):
             dep.replace_function("hot", lambda t: t["x"] > 0.1)
+
+
+def test_cli_reconfigure_json(capsys):
+    """`replistream reconfigure --json`: the scripted example (replace a function, add an operator, move a
+    Join replica with the fluid strategy) ends with every application equal to the changed query's reference."""
+    import json
+
+    from replistream.cli import main
+
+    assert main(["reconfigure", "--json", "--duration", "6", "--strategy", "batched"]) == 0
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # Ray may log warnings to stdout first
+    assert rep["matches_reference"] and rep["complete"]
+    assert [c["change"] for c in rep["changes"]] == ["replace_function", "add_operator"]
+    assert rep["move"]["error"] is None and rep["move"]["new_replicas"] == ["correlate#2"]
+    assert rep["move"]["transfers"] and rep["move"]["transfers"][0]["strategy"] == "batched"
+    assert set(rep["applications"]) == {"alerts", "load_per_server"}
+    assert all(a["lost"] == 0 and a["duplicates"] == 0 and a["outputs"] > 0 for a in rep["applications"].values())
+    # the changed function made a difference: fewer alerts than the unchanged query gives
+    assert rep["applications"]["alerts"]["outputs"] < rep["reference_unchanged_outputs"]["alerts"]

@@ -645,7 +645,7 @@ class Deployment:
     def poll(self) -> None:
         """Fetch newly delivered tuples from the applications (and run output callbacks)."""
         with self._poll_lock:
-            for node, h in self.sinks.items():
+            for node, h in list(self.sinks.items()):  # add_operator may add applications meanwhile
                 if not self.alive.get(node):
                     continue
                 data, arr, count, punct = ray.get(h.fetch.remote(self._fetched[node]))
