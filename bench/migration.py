@@ -177,7 +177,7 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
         t_start, t_end = box["t"], box["t_end"]
         x0 = tr["started_s"]  # the transfer proper: first step asked .. receiver merged
         x1 = x0 + tr["seconds"]
-        steady0 = (steady_start / 1e6) + 2.0  # after the load phase has drained
+        steady0 = t_start - 4.0  # the last 4 s before the move (the load phase has drained by then)
 
         def stats(mask, name):
             out[f"{name}_max_ms"] = float(lat[mask].max()) if mask.any() else None
@@ -209,7 +209,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rate", type=int, default=20_000)
-    ap.add_argument("--move-at", type=float, default=6.0)
+    ap.add_argument("--move-at", type=float, default=8.0)
     ap.add_argument("--tail", type=float, default=6.0, help="steady seconds after the longest transfer")
     ap.add_argument("--bits", type=int, nargs="*", default=[6, 8, 10])
     ap.add_argument("--strategies", nargs="*", default=["all-at-once", "batched", "fluid"])
