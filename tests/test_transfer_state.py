@@ -163,3 +163,18 @@ def test_a_dormant_replica_revived_from_its_last_delta_continues_like_the_active
     b = [x for it in rest for x in revived.process(0, 0, it) if not isinstance(x, Punctuation)]
     cat = lambda xs: np.concatenate(xs) if xs else SCHEMA.empty()[:0]
     assert np.array_equal(cat(a), cat(b))
+
+
+@PROPS
+@given(seed=st.integers(0, 2**31 - 1), keys=st.integers(1, 50), every=st.integers(1, 7))
+def test_the_vectorised_count_equals_one_update_per_epoch(seed, keys, every):
+    class PerEpoch(KeyedCountLogic):
+        def update_epochs(self, state, rows, batch, epoch):
+            return KeyedCountLogic.__mro__[1].update_epochs(self, state, rows, batch, epoch)
+
+    items = batches(seed, 200, keys)
+    a = KeyedCountLogic("c", [SCHEMA], by="k", keep=("v",), bits=3, every=every)
+    b = PerEpoch("c", [SCHEMA], by="k", keep=("v",), bits=3, every=every)
+    x, y = feed(a, items), feed(b, items)
+    key = lambda arr: sorted(map(tuple, arr.tolist()))
+    assert key(x) == key(y) and len(x) > 0

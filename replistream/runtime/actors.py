@@ -354,8 +354,10 @@ class ReplicaActor(_Base):
     def _push_staged(self, port: int, channel: int, packet: list) -> int:
         started = time.time()
         with self.lock:
-            if self.staged is None:  # completed meanwhile
-                return self.push(port, channel, packet)
+            staged = self.staged is not None
+        if not staged:  # completed meanwhile
+            return self.push(port, channel, packet)
+        with self.lock:
             for item in packet:
                 self.staged.process(port, channel, item)
             if self.staged.complete:
