@@ -87,60 +87,113 @@ NO_P = int(np.iinfo(np.int64).min)
 
 # -- the network, vectorised over send times ---------------------------------------------------------
 
-def _draws(prefix: int, index: np.ndarray, j: int) -> np.ndarray:
-    # network._draw for an array of time indices
-    h = _nw._sm_np(_nw._sm_np(np.uint64(prefix) ^ index.astype(np.uint64)) ^ np.uint64(j))
+def _draws(prefix, index: np.ndarray, j: int) -> np.ndarray:
+    # network._draw for arrays of time indices (and of pair prefixes, or one prefix)
+    h = _nw._sm_np(_nw._sm_np(np.asarray(prefix, dtype=np.uint64) ^ index.astype(np.uint64)) ^ np.uint64(j))
     return (h >> np.uint64(11)).astype(np.float64) * _nw._INV53
 
 
-def _events(prefix: int, t: np.ndarray, window: float, p: float, dur: tuple, log_dur: bool):
-    # GeoLatencyModel._event for an array of times: (covered, u_size)
+def _events(prefix, t: np.ndarray, window: float, p: float, dur: tuple, log_dur: bool):
+    # GeoLatencyModel._event for arrays of times (and pairs): (covered, u_size). The draws
+    # depend on (pair, window) only: they are made once per run of equal (pair, window)
+    # (times come grouped by pair and sorted), and beyond "does an event occur" only where one does.
+    prefix = np.broadcast_to(np.asarray(prefix, dtype=np.uint64), t.shape)
     w0 = np.floor(t / window).astype(np.int64)
-    covered = np.zeros(len(t), dtype=bool)
-    usize = np.zeros(len(t))
-    for w in (w0, w0 - 1):
-        occurs = _draws(prefix, w, 0) < p
-        if not occurs.any():
+    n = len(t)
+    covered = np.zeros(n, dtype=bool)
+    usize = np.zeros(n)
+    if not n:
+        return covered, usize
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(w0[1:], w0[:-1], out=first[1:])
+    first[1:] |= prefix[1:] != prefix[:-1]
+    heads = np.flatnonzero(first)
+    grp = np.cumsum(first) - 1
+    hp, hw0 = prefix[heads], w0[heads]
+    for hw in (hw0, hw0 - 1):
+        occ = np.flatnonzero(_draws(hp, hw, 0) < p)  # groups whose window holds an event
+        if not len(occ):
             continue
-        start = w * window + _draws(prefix, w, 1) * window
-        u = _draws(prefix, w, 2)
+        gp, gw = hp[occ], hw[occ]
+        start = gw * window + _draws(gp, gw, 1) * window
+        u = _draws(gp, gw, 2)
         if log_dur:
             d = np.exp(math.log(dur[0]) + u * (math.log(dur[1]) - math.log(dur[0])))
         else:
             d = dur[0] + u * (dur[1] - dur[0])
-        hit = occurs & (start <= t) & (t < start + d) & ~covered
+        gi = np.full(len(heads), -1)
+        gi[occ] = np.arange(len(occ))
+        el = np.flatnonzero(gi[grp] >= 0)  # elements in such windows
+        k = gi[grp[el]]
+        te = t[el]
+        hit = (start[k] <= te) & (te < start[k] + d[k]) & ~covered[el]
         if hit.any():
-            usize = np.where(hit, _draws(prefix, w, 3), usize)
-            covered |= hit
+            eh = el[hit]
+            usize[eh] = _draws(gp, gw, 3)[k[hit]]
+            covered[eh] = True
     return covered, usize
+
+
+def _geo_pairs(m: GeoLatencyModel, i: np.ndarray, j: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """GeoLatencyModel.latency_ms for arrays of (sender index, receiver index, time)."""
+    base = m._base[i, j]
+    lat = base.copy()
+    if m.jitter > 0:
+        u = _draws(m._prefix[_nw._TAG_JITTER][i, j], np.floor(t / m.step_s).astype(np.int64), 0)
+        lat += np.maximum(m.jitter_min_ms, m.jitter * base) * -np.log1p(-u)
+    if m.congestion > 0:
+        def diurnal(lon):
+            hour = (m.start_utc_hour + t / 3600.0 + lon / 15.0) % 24.0
+            return 0.5 * (1.0 + np.cos(2.0 * math.pi * (hour - m.busy_hour) / 24.0))
+        lat += m.congestion * base * (0.5 * (diurnal(m._lon_arr[i]) + diurnal(m._lon_arr[j])))
+    if m.spike_p > 0:
+        hit, us = _events(m._prefix[_nw._TAG_SPIKE][i, j], t, m.spike_window_s, m.spike_p, m.spike_duration, False)
+        if hit.any():
+            lat[hit] += np.minimum(m.spike_max_ms, m.spike_scale_ms * (1.0 - us[hit]) ** (-1.0 / m.spike_alpha))
+    if m.outage_p > 0:
+        down, _ = _events(m._prefix[_nw._TAG_OUTAGE][i, j], t, m.outage_window_s, m.outage_p,
+                          m.outage_duration, True)
+        lat[down] = math.inf
+    lat[i == j] = m.local_ms
+    return lat
 
 
 def _geo(m: GeoLatencyModel, a: str, b: str, t: np.ndarray) -> np.ndarray:
     i, j = m._index.get(a), m._index.get(b)
     if i is None or j is None:
         m._check(a, b)
-    if i == j:
-        return np.full(len(t), m.local_ms)
-    base = m._base_list[i][j]
-    lat = np.full(len(t), base)
-    if m.jitter > 0:
-        u = _draws(m._plist[_nw._TAG_JITTER][i][j], np.floor(t / m.step_s).astype(np.int64), 0)
-        lat += max(m.jitter_min_ms, m.jitter * base) * -np.log1p(-u)
-    if m.congestion > 0:
-        def diurnal(lon):
-            hour = (m.start_utc_hour + t / 3600.0 + lon / 15.0) % 24.0
-            return 0.5 * (1.0 + np.cos(2.0 * math.pi * (hour - m.busy_hour) / 24.0))
-        lat += m.congestion * base * (0.5 * (diurnal(m._lon[i]) + diurnal(m._lon[j])))
-    if m.spike_p > 0:
-        hit, us = _events(m._plist[_nw._TAG_SPIKE][i][j], t, m.spike_window_s, m.spike_p, m.spike_duration, False)
-        if hit.any():
-            size = np.minimum(m.spike_max_ms, m.spike_scale_ms * (1.0 - us[hit]) ** (-1.0 / m.spike_alpha))
-            lat[hit] += size
-    if m.outage_p > 0:
-        down, _ = _events(m._plist[_nw._TAG_OUTAGE][i][j], t, m.outage_window_s, m.outage_p,
-                          m.outage_duration, True)
-        lat[down] = math.inf
-    return lat
+    n = len(t)
+    return _geo_pairs(m, np.full(n, i), np.full(n, j), t)
+
+
+def _vector_model(model):
+    """The model to evaluate in bulk (GeoLatencyModel, ZeroLatency), or None."""
+    if isinstance(model, NetworkConditions) and not model.overrides():
+        model = model.base
+    return model if type(model) in (GeoLatencyModel, ZeroLatency) else None
+
+
+def raw_arrivals(model, pairs: list[tuple[str, str]], times: list[np.ndarray]) -> list[np.ndarray]:
+    """``t + latency_ms(a, b, t) / 1000`` for several links at once (one model evaluation):
+    ``inf`` where the link is down. Used by :meth:`BatchRun.transmit_many`."""
+    vm = _vector_model(model)
+    if vm is None or not times:
+        return [t + latencies_ms(model, a, b, t) / 1000.0 for (a, b), t in zip(pairs, times)]
+    t = np.concatenate(times)
+    if type(vm) is ZeroLatency:
+        lat = np.zeros(len(t))
+    else:
+        idx = vm._index
+        for a, b in pairs:
+            if a not in idx or b not in idx:
+                vm._check(a, b)
+        n = [len(x) for x in times]
+        i = np.repeat(np.array([idx[a] for a, _ in pairs], dtype=np.intp), n)
+        j = np.repeat(np.array([idx[b] for _, b in pairs], dtype=np.intp), n)
+        lat = _geo_pairs(vm, i, j, t)
+    at = t + lat / 1000.0
+    return np.split(at, np.cumsum([len(x) for x in times])[:-1])
 
 
 def latencies_ms(model, a: str, b: str, t) -> np.ndarray:
@@ -185,9 +238,50 @@ def arrivals(model, a: str, b: str, t, last: float = -math.inf) -> np.ndarray:
     at = t + latencies_ms(model, a, b, t) / 1000.0
     bad = ~np.isfinite(at)
     if bad.any():
-        at[bad] = [delivery_time(model, a, b, float(x)) for x in t[bad]]
+        at[bad] = _after_outage(model, a, b, t[bad])
     at = np.maximum.accumulate(np.maximum(at, last))
     return at
+
+
+def _after_outage(model, a: str, b: str, t: np.ndarray, resolution: float = 1.0, horizon: float = 3600.0,
+                  tol: float = 1e-4) -> np.ndarray:
+    """:func:`~replistream.network.delivery_time` for packets sent while the link is down.
+
+    For a :class:`GeoLatencyModel` the first probe at which the link is up again comes from
+    the outage's end (``model.outage``) instead of probing every second, and the bisection
+    runs on all packets at once, taking the link to be up from the outage's end on (a
+    second outage starting less than a probe interval later would be missed); the probes
+    and midpoints are those of ``delivery_time``, so the times are the same. Other models, or a link down again at the probe, go
+    through ``delivery_time`` one packet at a time."""
+    if isinstance(model, NetworkConditions) and not model.overrides():
+        model = model.base
+    if type(model) is not GeoLatencyModel:
+        return np.array([delivery_time(model, a, b, float(x), resolution=resolution, horizon=horizon, tol=tol)
+                         for x in t])
+    out = np.empty(len(t))
+    end = np.empty(len(t))
+    for i, x in enumerate(t.tolist()):
+        ev = model.outage(a, b, x)
+        end[i] = math.inf if ev is None else ev[1]
+    k = np.maximum(1, np.ceil((end - t) / resolution))
+    k = np.where(t + np.minimum(k * resolution, horizon) < end, k + 1, k)
+    k = np.where((k > 1) & (t + np.minimum((k - 1) * resolution, horizon) >= end), k - 1, k)
+    hi = t + np.minimum(k * resolution, horizon)
+    lo = np.where(k > 1, t + np.minimum((k - 1) * resolution, horizon), t)
+    ok = np.isfinite(end) & (k * resolution <= horizon + resolution) & np.isfinite(latencies_ms(model, a, b, hi))
+    ok &= (k == 1) | ~np.isfinite(latencies_ms(model, a, b, lo))
+    while True:  # delivery_time's bisection; between lo (down) and hi (up) the link is up from ``end`` on
+        act = ok & (hi - lo > tol)
+        if not act.any():
+            break
+        mid = 0.5 * (lo + hi)
+        up = mid >= end
+        hi = np.where(act & up, mid, hi)
+        lo = np.where(act & ~up, mid, lo)
+    out[ok] = hi[ok] + latencies_ms(model, a, b, hi[ok]) / 1000.0
+    for i in np.flatnonzero(~ok).tolist():
+        out[i] = delivery_time(model, a, b, float(t[i]), resolution=resolution, horizon=horizon, tol=tol)
+    return out
 
 
 def fifo_done(arrival: np.ndarray, cost: np.ndarray, busy: float = -math.inf) -> np.ndarray:
@@ -313,7 +407,11 @@ class _JoinTimes:
         ok, ots, oid, ot = other
         w = self.window
         allk = np.concatenate([pk, ok])
-        uniq, inv = np.unique(allk, return_inverse=True)
+        kmin, kmax = int(allk.min()), int(allk.max())
+        if 0 <= kmax - kmin < 1 << 20:  # small integer keys: their offset is the index
+            uniq, inv = range(kmax - kmin + 1), allk - kmin
+        else:
+            uniq, inv = np.unique(allk, return_inverse=True)
         lo_ts = min(int(pts.min()), int(ots.min())) - w
         span = max(int(pts.max()), int(ots.max())) + w - lo_ts + 1
         if len(uniq) * span >= 2 ** 62:
@@ -366,6 +464,7 @@ class BatchRun:
             for v in vs:
                 self.death[id(v)] = min(self.death.get(id(v), math.inf), float(ev.at))
         self.joins: dict[int, _JoinTimes] = {}
+        self._collect: list | None = None  # sends gathered for one model evaluation
         # sources
         self.inputs = inputs
         self.sched: dict[str, list] = {s: [] for s in q.sources}  # released packets not yet delivered
@@ -414,10 +513,11 @@ class BatchRun:
                 return
         self.max_t = max(self.max_t, float(now.at[-1]))
         sim = self.sim
-        for lk in links:
-            if not lk.live or not lk.receiver.alive:
-                continue
-            self.transmit(lk, now)
+        sends = [(lk, now) for lk in links if lk.live and lk.receiver.alive]
+        if self._collect is not None:
+            self._collect.extend(sends)
+        else:
+            self.transmit_many(sends)
         if sim.retain:
             items = ([now.rows] if now.rows is not None and len(now.rows) else []) + \
                     ([Punctuation(int(now.punct.max()))] if (now.punct != NO_P).any() else [])
@@ -430,10 +530,26 @@ class BatchRun:
             if acks:
                 log.trim(min(acks))
 
-    def transmit(self, lk, flow: _Flow) -> None:
+    def transmit_many(self, sends: list) -> None:
+        """``[(link, flow), ...]``: each :meth:`transmit`, with one evaluation of the latency model."""
+        if not sends:
+            return
+        raws = raw_arrivals(self.sim._lat, [(lk.sender.server, lk.receiver.server) for lk, _ in sends],
+                            [f.at for _, f in sends])
+        for (lk, f), raw in zip(sends, raws):
+            self.transmit(lk, f, raw)
+
+    def transmit(self, lk, flow: _Flow, raw: np.ndarray | None = None) -> None:
         """Send ``flow`` (``at`` = send times) on link ``lk``: FIFO arrivals from the latency model."""
         sim = self.sim
-        at = arrivals(sim._lat, lk.sender.server, lk.receiver.server, flow.at, lk.last)
+        if raw is None:
+            at = arrivals(sim._lat, lk.sender.server, lk.receiver.server, flow.at, lk.last)
+        else:
+            at = raw.copy()
+            bad = ~np.isfinite(at)
+            if bad.any():
+                at[bad] = _after_outage(sim._lat, lk.sender.server, lk.receiver.server, flow.at[bad])
+            at = np.maximum.accumulate(np.maximum(at, lk.last))
         if not np.isfinite(at[-1]):
             k = int(np.argmax(~np.isfinite(at)))
             lk.live = False
@@ -499,6 +615,7 @@ class BatchRun:
     def _release(self, t_end: float) -> None:
         sim = self.sim
         entries = sim.groups[sim_entry(sim)]
+        released = []
         for src in sim.query.sources:
             self._read(src, t_end)
             sched = self.sched[src]
@@ -509,20 +626,31 @@ class BatchRun:
             self.sched[src] = [later] if later is not None else []
             if now is None:
                 continue
-            where = sim.sources.get(src)
-            for e in entries:
-                if not e.alive:
-                    continue
+            released.append((src, now))
+        for e in entries:
+            if not e.alive:
+                continue
+            located = [(src, now) for src, now in released if sim.sources.get(src) is not None]
+            raws = dict(zip([s for s, _ in located], raw_arrivals(
+                sim._lat, [(sim.sources[s], e.server) for s, _ in located], [f.at for _, f in located])))
+            for src, now in released:
+                where = sim.sources.get(src)
                 key = (src, e.index)
                 if where is None:
                     f = now
                 else:
-                    at = arrivals(sim._lat, where, e.server, now.at, self.src_last.get(key, -math.inf))
+                    at = raws[src]
+                    bad = ~np.isfinite(at)
+                    if bad.any():
+                        at = at.copy()
+                        at[bad] = _after_outage(sim._lat, where, e.server, now.at[bad])
                     ok = np.isfinite(at)
                     if not ok.all():  # undeliverable within the horizon: that packet is lost
                         sel = np.flatnonzero(ok)
-                        f = _sub(now, sel, at[sel]) if len(sel) else None
+                        at = np.maximum.accumulate(np.maximum(at[sel], self.src_last.get(key, -math.inf)))
+                        f = _sub(now, sel, at) if len(sel) else None
                     else:
+                        at = np.maximum.accumulate(np.maximum(at, self.src_last.get(key, -math.inf)))
                         f = _Flow(at, now.punct, now.n, now.rows)
                     if f is None:
                         continue
@@ -558,6 +686,7 @@ class BatchRun:
         self.max_t = max(self.max_t, float(at.max()))
         off = 0
         sent = set()
+        self._collect = []
         for p, src in zip(parts, srcs):
             d = done[off:off + len(p)]
             off += len(p)
@@ -566,6 +695,8 @@ class BatchRun:
         for src in sim.query.sources:
             if src not in sent and (id(e), src) in self.outbox:
                 self._send(e, src, sim.entry_links[src].get(e.index, []), None, t_end)
+        sends, self._collect = self._collect, None
+        self.transmit_many(sends)
 
     # -- operators and applications ----------------------------------------------------------
     def _gather(self, r, limit: float):
@@ -617,8 +748,9 @@ class BatchRun:
         if out_rows:
             rows = out_rows[0] if len(out_rows) == 1 else np.concatenate(out_rows)
             t = out_t[0] if len(out_t) == 1 else np.concatenate(out_t)
-            o = np.argsort(t, kind="stable")
-            rows, t = rows[o], t[o]
+            if len(t) > 1 and not (t[1:] >= t[:-1]).all():
+                o = np.argsort(t, kind="stable")
+                rows, t = rows[o], t[o]
         else:
             t = np.zeros(0)
         if r.is_sink:
@@ -665,44 +797,50 @@ class BatchRun:
             rows_l = [flows[i].rows for i in idx if flows[i].rows is not None and len(flows[i].rows)]
             if rows_l:
                 rows = rows_l[0] if len(rows_l) == 1 else np.concatenate(rows_l)
-                # packet (index into pk, sorted) of each row
-                rpk_unsorted = np.repeat(np.arange(len(po)), np.concatenate([flows[i].n for i in idx]))
+                # rows stay where they are; ``ro`` lists them in processing order
                 inv = np.empty(len(po), dtype=np.int64)
                 inv[po] = np.arange(len(po))
-                rp = inv[rpk_unsorted]  # sorted-packet index of each row
+                rp = np.repeat(inv, np.concatenate([flows[i].n for i in idx]))  # sorted-packet index of each row
                 ro = np.argsort(rp, kind="stable")
-                rows, rp = rows[ro], rp[ro]
-                ts = rows[TS]
+                rp = rp[ro]
+                ts = rows[TS][ro]
                 chan = pchan[rp]
                 late = ts <= before[rp]
                 if late.any():
                     for c in np.unique(chan[late]).tolist():
                         flt.copies[c] += int((late & (chan == c)).sum())
                     flt.duplicates += int(late.sum())
-                    keep = ~late
-                    rows_k, rp_k, chan_k = rows[keep], rp[keep], chan[keep]
+                    kk = np.flatnonzero(~late)
+                    ro_k, rp_k, chan_k = ro[kk], rp[kk], chan[kk]
                 else:
-                    rows_k, rp_k, chan_k = rows, rp, chan
-                rank = _ranks(rows_k[ID])
+                    ro_k, rp_k, chan_k = ro, rp, chan
+                ids_k = rows[ID][ro_k]
+                rank = _ranks(ids_k)
                 passed = []
                 for j in range(int(rank.max()) + 1 if len(rank) else 0):
-                    rj = rank == j
-                    for c in np.unique(chan_k[rj]).tolist():
-                        sel = np.flatnonzero(rj & (chan_k == c))
-                        out = flt.on_batch(c, rows_k[sel])
+                    rj = np.flatnonzero(rank == j)
+                    cj = chan_k[rj]
+                    for c in np.unique(cj).tolist():
+                        sel = rj[cj == c]
+                        out = flt.on_batch(c, rows[ro_k[sel]])
                         if j == 0 and out:
                             got = out[0]
-                            passed.append(sel if len(got) == len(sel) else sel[np.isin(rows_k[ID][sel], got[ID])])
+                            passed.append(sel if len(got) == len(sel) else sel[np.isin(ids_k[sel], got[ID])])
                 if passed:
-                    sel = np.sort(np.concatenate(passed))
-                    nr, nrp = rows_k[sel], rp_k[sel]
+                    sel = np.sort(np.concatenate(passed)) if len(passed) > 1 else passed[0]
+                    nrp = rp_k[sel]
+                    nr = rows[ro_k[sel]]
                     tarr = at[pk[nrp]]
                     new_rows[port], new_t[port] = nr, done[pk[nrp]]
                     # input delay observed (§V-C): arrival minus the packet's first timestamp
-                    pmin = np.full(len(pk), np.iinfo(np.int64).max, dtype=np.int64)
-                    np.minimum.at(pmin, rp, ts.astype(np.int64))
-                    upk = np.unique(nrp)
-                    lag = float((at[pk[upk]] - (pmin[upk] - ts0) / 1e6).max())
+                    starts = np.flatnonzero(np.r_[True, rp[1:] != rp[:-1]])
+                    if len(starts) == len(rp):  # one row per packet
+                        lag = float((tarr - (ts[sel if len(ro_k) == len(ro) else kk[sel]] - ts0) / 1e6).max())
+                    else:
+                        pmin = np.minimum.reduceat(ts, starts)
+                        upk = nrp[np.r_[True, nrp[1:] != nrp[:-1]]]
+                        k = np.searchsorted(rp[starts], upk)
+                        lag = float((at[pk[upk]] - (pmin[k] - ts0) / 1e6).max())
                     if lag > r.lag[port]:
                         r.lag[port] = lag
                     r.last_in[port] = max(r.last_in[port], float(tarr.max()))
@@ -718,46 +856,13 @@ class BatchRun:
                 best = [(int(pun[has & (pchan == c)].max()), int(c)) for c in chans.tolist()]
                 for v, c in sorted(best):
                     flt.on_punctuation(c, v)
-        # the logic: every port's new tuples, then every port's punctuation
-        out_rows, out_t = [], []
-        kind = type(logic)
-        jt = None
-        if kind is JoinLogic:
-            jt = self.joins.get(id(r))
-            if jt is None or jt.window != logic.window:
-                jt = self.joins[id(r)] = _JoinTimes(logic)
-            for port in range(n_ports):
-                if new_rows[port] is not None:
-                    jt.add(port, new_rows[port], new_t[port])
-        outs = []
-        for port in range(n_ports):
-            nr = new_rows[port]
-            if nr is None:
-                continue
-            got = [b for b in logic.process(port, nr) if not isinstance(b, Punctuation) and len(b)]
-            if not got:
-                continue
-            o = got[0] if len(got) == 1 else np.concatenate(got)
-            outs.append(o)
-            if kind is JoinLogic:
-                ids, times = jt.pair_times(port, nr, new_t[port])
-                out_t.append(_lookup(ids, times, o[ID], logic.name))
-            elif kind is FilterLogic:
-                out_t.append(_lookup(nr[ID], new_t[port], o[ID], logic.name))
-            else:
-                if len(o) != len(nr):
-                    raise RuntimeError(f"batched simulator: {logic.name!r} changed the number of rows")
-                out_t.append(new_t[port])
-            out_rows.append(o)
+        # the forwarded punctuation (the minimum over inputs), at the time each input raised it
         wm0 = logic.watermark
         in0 = list(logic.in_punct)
         pe_t, pe_v = np.zeros(0), np.zeros(0, dtype=np.int64)
+        et = ev = eport = None
         if pev_t:
             et, ev, ep, eport = (np.concatenate(x) for x in (pev_t, pev_v, pev_pos, pev_port))
-            for port in np.unique(eport).tolist():
-                extra = logic.process(port, Punctuation(int(ev[eport == port].max())))
-                if any(not isinstance(x, Punctuation) and len(x) for x in extra):
-                    raise RuntimeError(f"batched simulator: {logic.name!r} emitted tuples on a punctuation")
             o = np.argsort(ep, kind="stable")
             et, ev, eport = et[o], ev[o], eport[o]
             m = np.full((len(et), n_ports), NO_P, dtype=np.int64)
@@ -767,12 +872,72 @@ class BatchRun:
             prev = np.maximum.accumulate(np.r_[wm0, wm[:-1]])
             up = wm > prev
             pe_t, pe_v = et[up], wm[up]
-            if len(pe_v) and int(pe_v[-1]) != logic.watermark:
-                raise RuntimeError(f"batched simulator: {logic.name!r} watermark {logic.watermark} != {int(pe_v[-1])}")
+        # the logic: each port's new tuples, then each port's punctuation; a Join in slices of a few
+        # windows of virtual time, so that its buffers are purged as often as packet by packet
+        out_rows, out_t = [], []
+        kind = type(logic)
+        jt = None
+        bounds = [math.inf]
+        if kind is JoinLogic:
+            jt = self.joins.get(id(r))
+            if jt is None or jt.window != logic.window:
+                jt = self.joins[id(r)] = _JoinTimes(logic)
+            ts_all = [t for t in new_t if t is not None] + ([et] if et is not None else [])
+            if ts_all:
+                lo = min(float(t[0]) for t in ts_all if len(t))
+                hi = max(float(t[-1]) for t in ts_all if len(t))
+                step = max(1.0, 6 * logic.window / 1e6)
+                bounds = list(np.arange(lo + step, hi + step, step)[:-1]) + [math.inf]
+        outs = []
+        cut = [0] * n_ports
+        ecut = 0
+        for b in bounds:
+            part = [None] * n_ports
+            for port in range(n_ports):
+                if new_t[port] is None:
+                    continue
+                k = int(np.searchsorted(new_t[port], b, "left")) if b != math.inf else len(new_t[port])
+                if k > cut[port]:
+                    part[port] = (new_rows[port][cut[port]:k], new_t[port][cut[port]:k])
+                    cut[port] = k
+            if jt is not None:
+                for port in range(n_ports):
+                    if part[port] is not None:
+                        jt.add(port, *part[port])
+            for port in range(n_ports):
+                if part[port] is None:
+                    continue
+                nr, nt = part[port]
+                got = [x for x in logic.process(port, nr) if not isinstance(x, Punctuation) and len(x)]
+                if not got:
+                    continue
+                o = got[0] if len(got) == 1 else np.concatenate(got)
+                outs.append(o)
+                if kind is JoinLogic:
+                    ids, times = jt.pair_times(port, nr, nt)
+                    out_t.append(_lookup(ids, times, o[ID], logic.name))
+                elif kind is FilterLogic:
+                    out_t.append(_lookup(nr[ID], nt, o[ID], logic.name))
+                else:
+                    if len(o) != len(nr):
+                        raise RuntimeError(f"batched simulator: {logic.name!r} changed the number of rows")
+                    out_t.append(nt)
+                out_rows.append(o)
+            if et is not None:
+                k = int(np.searchsorted(et, b, "left")) if b != math.inf else len(et)
+                if k > ecut:
+                    sl = slice(ecut, k)
+                    ecut = k
+                    for port in np.unique(eport[sl]).tolist():
+                        extra = logic.process(port, Punctuation(int(ev[sl][eport[sl] == port].max())))
+                        if any(not isinstance(x, Punctuation) and len(x) for x in extra):
+                            raise RuntimeError(f"batched simulator: {logic.name!r} emitted tuples on a punctuation")
+            if jt is not None:
+                jt.purge(logic.in_punct)
+        if len(pe_v) and int(pe_v[-1]) != logic.watermark:
+            raise RuntimeError(f"batched simulator: {logic.name!r} watermark {logic.watermark} != {int(pe_v[-1])}")
         if core.output_log is not None and (outs or len(pe_v)):
             core.output_log.append(outs + ([Punctuation(int(pe_v[-1]))] if len(pe_v) else []))
-        if jt is not None:
-            jt.purge(logic.in_punct)
         return out_rows, out_t, pe_t, pe_v
 
     def _slow(self, r, links, flows, at, done, order):

@@ -57,6 +57,8 @@ def test_batched_equals_per_packet(epoch, faults):
     wa, wb = a_sim.weights(), b_sim.weights()
     assert wa.keys() == wb.keys() and all(math.isclose(wa[k], wb[k], abs_tol=1e-9) for k in wa)
     assert [e["event"] for e in a.events] == [e["event"] for e in b.events]
+    da, db = a_sim.input_delays(a.end_time + 1), b_sim.input_delays(a.end_time + 1)
+    assert da.keys() == db.keys() and all(math.isclose(da[k], db[k], abs_tol=1e-6) for k in da)
     assert {(x["id"], x["tuples"]) for x in a.links} == {(x["id"], x["tuples"]) for x in b.links}
 
 
@@ -165,3 +167,16 @@ def test_batched_errors_name_the_problem():
         Simulator(Q, PLAN, mode="synchronization", batch_s=10)
     with pytest.raises(ValueError, match="batch_s"):
         Simulator(Q, PLAN, batch_s=0)
+
+
+def test_outages_are_waited_out_as_delivery_time_does():
+    from replistream.network import delivery_time
+
+    m = GeoLatencyModel(SERVERS, seed=7, outages=1 / 600)
+    a, b = NAMES[0], NAMES[1]
+    t = np.arange(0.0, 2 * 86400, 7.3)
+    lat = np.array([m.latency_ms(a, b, x) for x in t])
+    down = t[np.isinf(lat)][:300]
+    assert len(down) > 50
+    want = [delivery_time(m, a, b, x) for x in down]
+    assert np.allclose(arrivals(m, a, b, down), np.maximum.accumulate(want), rtol=0, atol=1e-9)
