@@ -171,11 +171,16 @@ class KeyedState:
         restore when the state is empty)."""
         bits = self.bits if bits is None else int(bits)
         hashes = np.asarray(hashes, dtype=np.uint64)
-        drop = np.isin(bin_of(self.hash, bits), np.asarray(list(bins), dtype=np.int64))
-        h = np.concatenate([self.hash[~drop], hashes])
-        order = np.argsort(h, kind="stable")
-        self.hash = h[order]
-        self.cols = {c: np.concatenate([a[~drop], np.asarray(cols[c], dtype=a.dtype)])[order]
+        drop = np.zeros(1 << bits, dtype=bool)
+        drop[np.asarray(list(bins), dtype=np.int64)] = True
+        keep = ~drop[bin_of(self.hash, bits)]
+        order = None if np.all(hashes[1:] >= hashes[:-1]) else np.argsort(hashes, kind="stable")
+        new = hashes if order is None else hashes[order]
+        kept = self.hash[keep]
+        at = np.searchsorted(kept, new)  # both sorted: one linear merge, no sort of the whole state
+        self.hash = np.insert(kept, at, new)
+        self.cols = {c: np.insert(a[keep], at, np.asarray(cols[c], dtype=a.dtype) if order is None
+                                  else np.asarray(cols[c], dtype=a.dtype)[order])
                      for c, a in self.cols.items()}
         if len(hashes):
             self.touch(hashes)
