@@ -471,7 +471,11 @@ class StagedReplica:
         self.max_parts = int(max_parts)
         self.owner = np.full(1 << self.bits, -1, dtype=np.int64)  # bin -> index in parts (-1: not yet)
         self.parts: list[_Part | None] = []
-        self.waiting: list[tuple[int, int, Item]] = []  # input of bins not yet received
+        # input of bins not yet received: per (port, channel) its tuples (with their bins) in arrival
+        # order, its latest punctuation, and markers in order
+        self.wait_rows: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.wait_punct: dict[tuple[int, int], Item] = {}
+        self.wait_other: list[tuple[int, int, Item]] = []
         self.logs: list[list[Item]] = []  # the peers' retained output at each step
         self.acked = NO_PUNCTUATION
         self.top = NO_PUNCTUATION  # Q: the largest watermark of the steps' checkpoints
@@ -500,14 +504,18 @@ class StagedReplica:
             return self.core.process(port, channel, item)
         if not isinstance(item, np.ndarray):  # a punctuation (or a marker): every core sees it
             if (self.owner < 0).any():
-                self.waiting.append((port, channel, item))
+                if isinstance(item, Punctuation):
+                    self.wait_punct[(port, channel)] = item  # only the latest matters (see install_step)
+                else:
+                    self.wait_other.append((port, channel, item))
             for part in self._live():
                 self._collect(part.core.process(port, channel, item))
         elif len(item):
-            own = self.owner[self._bins(port, item)]
+            bins = self._bins(port, item)
+            own = self.owner[bins]
             lost = own < 0
             if lost.any():
-                self.waiting.append((port, channel, item[lost]))
+                self.wait_rows.setdefault((port, channel), []).append((item[lost], bins[lost]))
             for idx in np.unique(own[~lost]).tolist():
                 self._collect(self.parts[idx].core.process(port, channel, item[own == idx]))
         self._settle()
@@ -544,21 +552,28 @@ class StagedReplica:
         self.acked = max(self.acked, int(checkpoint.output_acked))
         self.top = max(self.top, int(checkpoint.logic.watermark))
         self.steps += 1
-        # replay what waited for these bins, in arrival order, punctuations included
-        kept: list[tuple[int, int, Item]] = []
+        # Replay what waited for these bins: markers, then per channel its tuples of these bins in
+        # arrival order, then its latest punctuation. Delivering a channel's punctuations after its
+        # tuples, and only the latest, is an execution the channel could have produced (a
+        # punctuation held back until the next one): every operator here is correct under it.
+        # One vectorised pass over the waiting rows per step, whatever their number.
         done = not (self.owner < 0).any()
-        for port, channel, it in self.waiting:
-            if not isinstance(it, np.ndarray):
-                self._collect(core.process(port, channel, it))
-                if not done:
-                    kept.append((port, channel, it))
-                continue
-            mine = self.owner[self._bins(port, it)] == idx
+        for port, channel, it in self.wait_other:
+            self._collect(core.process(port, channel, it))
+        for key, chunks in list(self.wait_rows.items()):
+            rows = chunks[0][0] if len(chunks) == 1 else np.concatenate([c[0] for c in chunks])
+            bins_ = chunks[0][1] if len(chunks) == 1 else np.concatenate([c[1] for c in chunks])
+            mine = self.owner[bins_] == idx
             if mine.any():
-                self._collect(core.process(port, channel, it[mine]))
-            if not mine.all():
-                kept.append((port, channel, it[~mine]))
-        self.waiting = kept
+                self._collect(core.process(key[0], key[1], rows[mine]))
+            if done or mine.all():
+                del self.wait_rows[key]
+            else:
+                self.wait_rows[key] = [(rows[~mine], bins_[~mine])]
+        for (port, channel), it in self.wait_punct.items():
+            self._collect(core.process(port, channel, it))
+        if done:
+            self.wait_punct, self.wait_other = {}, []
         self._settle()
 
     # -- merging -----------------------------------------------------------------------
@@ -642,7 +657,8 @@ class StagedReplica:
 
     def stats(self) -> dict:
         return {"steps": self.steps, "merges": self.merges, "parts": len(self._live()),
-                "missing_bins": int((self.owner < 0).sum()), "waiting_items": len(self.waiting),
+                "missing_bins": int((self.owner < 0).sum()),
+                "waiting_tuples": sum(len(c[0]) for cs in self.wait_rows.values() for c in cs),
                 "early_tuples": sum(len(b) for b in self.early), "complete": self.complete}
 
 
