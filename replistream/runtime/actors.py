@@ -248,6 +248,7 @@ class ReplicaActor(_Base):
         self.steps_installed: dict[int, float] = {}
         self.step_requests: dict[tuple[str, int], tuple] = {}
         self.steps_taken: list[dict] = []
+        self.steps_sent: set[tuple[str, int]] = set()  # (receiver, step) already taken: a re-request is ignored
         self.out = self._outbox(node)
         self.lock = threading.Lock()
 
@@ -407,8 +408,10 @@ class ReplicaActor(_Base):
         if self.core is None:
             raise RuntimeError(f"{self.label} has no state to send (it is waiting for its own)")
         with self.lock:
-            self.step_requests[(repr(receiver), step)] = (receiver, step, np.asarray(bins, dtype=np.int64),
-                                                          int(bits), time.time())
+            key = (repr(receiver), step)
+            if key in self.steps_sent:
+                return False  # taken already (a forced re-request while the receiver was installing)
+            self.step_requests[key] = (receiver, step, np.asarray(bins, dtype=np.int64), int(bits), time.time())
             if now or self.core.logic.watermark == END:
                 self._take_steps()
         return True
@@ -418,7 +421,8 @@ class ReplicaActor(_Base):
         import dataclasses
 
         requests, self.step_requests = self.step_requests, {}
-        for receiver, step, bins, bits, asked in requests.values():
+        for key, (receiver, step, bins, bits, asked) in requests.items():
+            self.steps_sent.add(key)
             t = time.time()
             self.out.flush()
             ck = self.core.checkpoint(bits, bins)
