@@ -139,7 +139,11 @@ class Revive(Sentinel):
     the peer at one of its punctuations while it keeps running, into a
     :class:`~replistream.engine.StagedReplica`; if the peer dies mid-transfer, the
     remaining steps come from another working replica. ``tamper`` then edits
-    every step's checkpoint.
+    every step's checkpoint. In a deployment the feeder runs the sentinel and
+    waits for it, so no punctuation comes meanwhile and each step is taken when
+    the coordinator stops waiting for one (0.5 s); to move state while input
+    flows, call ``deployment.move_replica`` (or ``revive_replica``) from a thread,
+    as ``tests/test_transfer_runtime.py`` does.
 
     >>> from replistream import Query
     >>> q = Query(); s = q.source("s", {"k": "i8"}, punctuate_every=4)
