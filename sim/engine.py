@@ -787,6 +787,74 @@ class Simulator:
                     self._send(lk, items, self.now, sum(len(it) for it in items if not isinstance(it, Punctuation)))
         return len(live)
 
+    def add_replica(self, node: str, server: str) -> str:
+        """Create a new replica of ``node`` on ``server`` mid-run (§V-C: revival "creates a new
+        replica on a server chosen as in Algorithm 5"); returns its label (``node#i``).
+
+        Its stream replicas (from every upstream replica, to every downstream replica, whose
+        duplicate filters get a new channel) start discarded: a following
+        :meth:`apply_snapshot` that makes them live hands the replica over from a live peer
+        and, with ``retain=True``, replays what the senders retain. Replication mode only.
+
+        >>> from replistream.workloads import fig1_query
+        >>> sim = Simulator(fig1_query(1), {n: ["a"] for n in ["entry", "loads", "pings", "correlate", "hot",
+        ...                                                    "alerts"]}, ZeroLatency(["a", "b"]))
+        >>> sim.add_replica("correlate", "b"), len(sim.replicas("correlate"))
+        ('correlate#1', 2)
+        """
+        if self.mode != "replication":
+            raise ValueError(f"add_replica needs mode 'replication', not {self.mode!r}")
+        q = self.query
+        if node in q.sinks or node not in self.groups:
+            raise ValueError(f"add_replica: {node!r} is not an operator or 'entry' of query {q.name!r}")
+        if self.net.names and server not in self.net.names:
+            raise ValueError(f"add_replica: server {server!r} is not known to the network")
+        group = self.groups[node]
+        if any(r.server == server and r.alive for r in group):
+            raise ValueError(f"add_replica: {server!r} already runs a live replica of {node!r}")
+        i = len(group)
+        new_links: list[_Link] = []
+        if node == ENTRY:
+            r = _Replica(f"entry#{i}", ENTRY, i, server, None, "entry")
+            for src in q.sources:
+                for d, port in q.outputs_of(src):
+                    for dr in self.groups[d]:
+                        ch = dr.core.add_channel(port)
+                        new_links.append(_Link(r, dr, port, ch))
+                        self.entry_links[src].setdefault(i, []).append(new_links[-1])
+                if self.retain:
+                    self.entry_logs[(src, i)] = OutputLog()
+        else:
+            ups = [ENTRY if q.spec(u).kind == "source" else u for u in q.inputs_of(node)]
+            core = ReplicaCore(q, node, [len(self.groups[u]) for u in ups], self.strict, retain=self.retain)
+            r = _Replica(f"{node}#{i}", node, i, server, core, operator_kind(q.spec(node)))
+            for port, (u, ug) in enumerate(zip(q.inputs_of(node), ups)):
+                for ci, up in enumerate(self.groups[ug]):
+                    lk = _Link(up, r, port, ci)
+                    new_links.append(lk)
+                    if ug == ENTRY:
+                        self.entry_links[u].setdefault(ci, []).append(lk)
+                    else:
+                        up.out.append(lk)
+            for d, port in q.outputs_of(node):
+                for dr in self.groups[d]:
+                    lk = _Link(r, dr, port, dr.core.add_channel(port))
+                    new_links.append(lk)
+                    r.out.append(lk)
+        for lk in new_links:
+            lk.live = False
+        group.append(r)
+        self.plan[node] = self.plan[node] + [server]
+        self.links.extend(new_links)
+        if self._batch is not None:
+            for lk in new_links:
+                self._batch.in_links.setdefault(id(lk.receiver), []).append(lk)
+            for ev in self.kills:
+                if ev.action == "kill_server" and ev.server == server and ev.at > self.now:
+                    self._batch.death[id(r)] = min(self._batch.death.get(id(r), math.inf), float(ev.at))
+        self.events.append({"t": self.now, "event": "created", "replica": r.label, "server": server})
+        return r.label
+
     def _handover(self, r: _Replica) -> None:
         peers = [p for p in self.groups[r.node] if p is not r and p.alive and p.label in
                  {lk.receiver.label for lk in self.links if lk.live}]

@@ -180,3 +180,36 @@ def test_outages_are_waited_out_as_delivery_time_does():
     assert len(down) > 50
     want = [delivery_time(m, a, b, x) for x in down]
     assert np.allclose(arrivals(m, a, b, down), np.maximum.accumulate(want), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("epoch", [None, 20.0])
+def test_a_replica_created_mid_run_takes_over(epoch):
+    """§V-C: revival may create a new replica. A third Join replica created at t=100 (handed over
+    from a live peer, fed the senders' retained output) keeps the output exact after both
+    original Join servers crash at t=200."""
+    plan = {n: NAMES[2 * i:2 * i + 2] for i, n in enumerate(["entry", *Q.operators])} | {"alerts": [NAMES[0]]}
+    crash = Scenario.from_dict({"events": [{"at": 200, "action": "kill_server", "server": s}
+                                           for s in plan["correlate"]]})
+    new_server = NAMES[1]
+    created = {}
+
+    def coordinator(sim, t):
+        if t == 100.0:
+            created["label"] = sim.add_replica("correlate", new_server)
+            grown = plan | {"correlate": plan["correlate"] + [new_server]}
+            sim.apply_snapshot(snapshot_from_plan(Q, grown))
+
+    sim = Simulator(Q, plan, GeoLatencyModel(SERVERS, seed=1), scenario=crash, retain=True,
+                    coordinator=(100.0, coordinator), batch_s=epoch)
+    res = sim.run(DATA)
+    assert created["label"] == "correlate#2"
+    assert res.complete
+    assert_same_output(REF.outputs["alerts"], res.outputs["alerts"])
+    ev = [(e["event"], e.get("replica")) for e in res.events]
+    assert ("created", "correlate#2") in ev and ("handover", "correlate#2") in ev
+    late = res.latencies("alerts")[0] > 210
+    assert late.sum() > 50  # outputs after the crash came through the new replica
+    new_out = [lk for lk in sim.stream_replicas() if lk.sender.label == "correlate#2"]
+    assert sum(lk.tuples for lk in new_out) > 0
+    with pytest.raises(ValueError, match="already runs"):
+        sim.add_replica("correlate", new_server)
