@@ -6,6 +6,8 @@ from a latency model or trace (DESIGN.md decisions 2 and 5); only
 communication differs from the Ray runtime, as in the paper's simulator.
 
 * :class:`Simulator`, :class:`SimResult`, :data:`MODES` (engine);
+* :mod:`replistream.sim.batch`: batched execution (``Simulator(batch_s=...)``), the latency
+  model and CPU queue vectorised;
 * :class:`CpuModel` (per-server CPU, defaults fitted to the runtime's measured Table I);
 * :mod:`replistream.sim.traces`: month-long latency traces over >= 100 real cities;
 * :mod:`replistream.sim.experiments`: the paper's Fig. 2-5 and Table I;

@@ -288,6 +288,10 @@ class Simulator:
     (``SimResult.outputs`` then has just a ``ts`` column): for month-long runs.
     ``retain=True`` keeps every replica's output since the last punctuation its live
     receivers acknowledged, replayed to stream replicas :meth:`apply_snapshot` revives.
+    ``batch_s``: run in epochs of ``batch_s`` virtual seconds, many packets per operator
+    call, every tuple keeping its own time (:mod:`replistream.sim.batch`; the same outputs,
+    latencies equal to the per-packet engine's except for CPU contention between replicas
+    sharing a server; replication mode only). None: one event per packet.
 
     >>> from replistream.workloads import fig1_query
     >>> Simulator(fig1_query(1), {"entry": ["a"]}, ZeroLatency(["a"]))
