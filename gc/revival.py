@@ -194,6 +194,16 @@ class _Planner:
     def functioning(self, label: str) -> bool:
         return self.snap.replica(label).live and not self.hindered(label)
 
+    def slow_port(self, label: str) -> str | None:
+        """For a dormant replica: the first input port whose every stream replica from a functioning
+        replica is slower than the threshold by itself (it would be hindered as soon as revived)."""
+        limit = 1000.0 * self.threshold
+        for p in self.snap.ports(label):
+            feeds = self.feeds(label, p)
+            if feeds and all(s.latency_ms > limit for s in feeds):
+                return f"port {p}: >= {min(s.latency_ms for s in feeds):.6g} ms"
+        return None
+
     def feeds(self, label: str, port: int) -> list[StreamReplica]:
         """Stream replicas (live or discarded) into ``label`` on ``port`` whose source is functioning."""
         return [s for s in self.snap.in_streams(label, port, live=None) if self.functioning(s.src)]
@@ -349,11 +359,16 @@ class _Planner:
             return self.event("none", h, f"{why}; it has no live output to hand to a replacement")
         drop = tuple(s.id for s in snap.in_streams(h) + outs)
         best = None
+        slow_peers = []
         for peer in snap.replicas_of(r.operator, "dormant"):
             if self.hindered(peer.label):
                 continue
             revive, _, problem = self.inputs_for(peer.label, r.operator, peer.server, existing=True)
             if problem:
+                continue
+            slow = self.slow_port(peer.label)
+            if slow is not None:  # it would be hindered at once (e.g. its links are the congested ones)
+                slow_peers.append(f"{peer.label} ({slow})")
                 continue
             links = []
             for o in outs:
@@ -371,6 +386,8 @@ class _Planner:
             return self.event("replace-replica", h, f"{why}; dormant peer {peer.label} on {peer.server} takes over",
                               revive_replicas=(peer.label,), revive_streams=tuple(revive),
                               discard_streams=drop, discard_replicas=(h,), handover=self.handover([peer.label]))
+        if slow_peers:
+            why += f"; dormant peer(s) passed over, every link into a port above the threshold: {', '.join(slow_peers)}"
         server = self.place(r.operator, snap, h) if self.place is not None else None
         if server is None:
             return self.event("none", h, f"{why}; no dormant peer can take over and no server for a new one "

@@ -198,6 +198,24 @@ def test_step3_replaces_a_replica_whose_inputs_are_fine():
     assert "app" in working(after)
 
 
+def test_a_dormant_peer_behind_slow_links_is_passed_over():
+    """Seen on Ray: a congested replica was replaced, the replacement later looked hindered, and the
+    policy revived the first (dormant) replica, whose input links were still the congested ones."""
+    snap = fan_in(dormant={"entry#1->f#0:0", "entry#2->f#0:0"}, states={"f#1": "dormant"})
+    snap = snap.evolve(states={"entry#1": "dormant", "entry#2": "dormant"})
+    slow = Snapshot(list(snap.replicas), [s if s.dst != "f#1" else S(s.src, s.dst, s.port, s.rate, 12000.0 + s.latency_ms,
+                                                                     s.weight, s.live, s.stream)
+                                          for s in snap.streams], snap.kmin, snap.theta)
+    for _ in range(2):  # revive the upstream replicas first, as in the test above
+        (e,) = plan_revival(slow, {"f#0": 15.0})
+        slow = apply_revival(slow, e)
+    (e,) = plan_revival(slow, {"f#0": 15.0}, place=lambda op, s, h: "osaka", latency=lambda a, b: 3.0)
+    assert e.action == "replace-replica" and e.new_replicas[0].label == "f#2" and not e.revive_replicas
+    assert "f#1 (port 0: >= 12010 ms)" in e.reason
+    (e,) = plan_revival(slow, {"f#0": 15.0})  # without a place callback: nothing, and why
+    assert e.action == "none" and "passed over" in e.reason
+
+
 def test_replacement_by_a_new_peer_when_none_is_dormant():
     snap = fan_in(dormant={"entry#1->f#0:0", "entry#2->f#0:0"}, states={"f#1": "failed"})
     snap = snap.evolve(states={"entry#1": "failed", "entry#2": "failed"})

@@ -760,10 +760,14 @@ class Deployment:
         self.conditions.slow_server(server, now, now + duration if duration else float("inf"), factor)
         self._net_event({"event": "slow_server", "server": server, "factor": factor})
 
-    def delay_link(self, a: str, b: str, extra_ms: float, duration: float | None = None) -> None:
+    def delay_link(self, a: str, b: str, extra_ms: float, duration: float | None = None,
+                   both_directions: bool = True) -> None:
+        """Add ``extra_ms`` to the emulated link ``a -> b`` (and ``b -> a`` unless told not to)."""
         now = time.time() - self.t0
-        self.conditions.add_delay(a, b, now, now + duration if duration else float("inf"), extra_ms)
-        self._net_event({"event": "delay_link", "a": a, "b": b, "extra_ms": extra_ms})
+        self.conditions.add_delay(a, b, now, now + duration if duration else float("inf"), extra_ms,
+                                  both_directions)
+        self._net_event({"event": "delay_link", "a": a, "b": b, "extra_ms": extra_ms,
+                         "both_directions": both_directions})
 
     def cut_link(self, a: str, b: str, duration: float | None = None) -> None:
         now = time.time() - self.t0

@@ -506,31 +506,67 @@ class ReplicaManager:
         return seen
 
     def congest_surviving_path(self, extra_ms: float = 3000.0, duration_s: float | None = None) -> list[str]:
-        """Failure injection for revival experiments: add ``extra_ms`` to every live remote input
-        link of the first replica, walking upstream from the applications, that has one (after
-        garbage collection, the path the applications depend on). Returns the stream ids hit.
+        """Failure injection for revival experiments: add ``extra_ms`` to the live remote input
+        links of the first operator, walking upstream from the applications (after garbage
+        collection, the path they depend on), whose live replicas all depend on remote links.
+        Returns the stream ids hit.
+
+        The unit is an operator: the inputs of all its live replicas are congested together
+        (one of two would be masked by the other's path). Walked past: operators with a live
+        replica on an application's server (congesting every link into the application's
+        server leaves no route a replacement could take: seen in runs where the
+        Join replica shared the application's server and the links into it from the three
+        other servers were congested), and operators with a live replica that has a local live
+        feeder on every input port (congesting its remote inputs hinders nothing). The delay is
+        added in the direction the stream replicas flow only, as congestion on a path is. If
+        every operator of the path is walked past, the first remote inputs found are congested.
 
         >>> dep.manager.congest_surviving_path(3000)   # doctest: +SKIP
         ['correlate#1->hot#0:0']
         """
         snap = self.last_snapshot or self.measure()
         todo = list(self.dep.query.sinks)
-        seen = set()
+        app_servers = {snap.replica(a).server for a in todo}
+
+        def cut_off(label):
+            """The live remote inputs of ports with no local live feeder (congesting them hinders it)."""
+            ins = snap.in_streams(label)
+            remote = [s for s in ins if snap.replica(s.src).server != snap.replica(s.dst).server]
+            ports = [p for p in {s.port for s in ins} if all(s in remote for s in ins if s.port == p)]
+            return [s for s in remote if s.port in ports]
+
+        seen, ops = set(), set()
+        first = None  # fallback: no operator qualifies
         while todo:
             r = todo.pop(0)
             if r in seen:
                 continue
             seen.add(r)
             ins = snap.in_streams(r)
-            remote = [s for s in ins if snap.replica(s.src).server != snap.replica(s.dst).server]
-            if remote:
-                for s in remote:
-                    self.dep.delay_link(snap.replica(s.src).server, snap.replica(s.dst).server, extra_ms, duration_s)
-                self._event({"kind": "congestion", "action": "delay_link", "streams": [s.id for s in remote],
-                             "extra_ms": extra_ms, "text": f"{extra_ms:g} ms added on {', '.join(s.id for s in remote)}"})
-                return [s.id for s in remote]
+            rep = snap.replica(r)
+            if rep.kind == "operator" and rep.operator not in ops:
+                ops.add(rep.operator)
+                # every live replica of the operator: congesting one of two masks nothing
+                peers = [x.label for x in snap.replicas_of(rep.operator, "live")]
+                hit = [cut_off(x) for x in peers]
+                if first is None and any(hit):
+                    first = [s for h in hit for s in h]
+                if all(hit) and all(snap.replica(x).server not in app_servers for x in peers):
+                    return self._congest(snap, [s for h in hit for s in h], extra_ms, duration_s, "")
             todo += [s.src for s in ins]
+        if first is not None:
+            return self._congest(snap, first, extra_ms, duration_s, " (no operator of the path has all its live "
+                                 "replicas off the applications' servers and fed only remotely)")
         return []
+
+    def _congest(self, snap: Snapshot, streams: list, extra_ms: float, duration_s, note: str) -> list[str]:
+        for s in streams:
+            self.dep.delay_link(snap.replica(s.src).server, snap.replica(s.dst).server, extra_ms, duration_s,
+                                both_directions=False)
+        self._event({"kind": "congestion", "action": "delay_link", "streams": [s.id for s in streams],
+                     "extra_ms": extra_ms, "text": f"{extra_ms:g} ms added on {', '.join(s.id for s in streams)}"
+                                                   f"{note}"})
+        return [s.id for s in streams]
 
     # -- by request ------------------------------------------------------------------------------
     def replace_replica(self, label: str, add: bool = False, checkpoint: bool = True, server: str | None = None,
