@@ -261,6 +261,47 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
     return out
 
 
+def markdown(report: dict) -> str:
+    """The figures as markdown tables (what docs/benchmarks.md and docs/migration.md show)."""
+    lines = []
+    ov = report.get("overhead")
+    if ov:
+        lines += ["| bits | bins | tuples/s (CPU time) | vs. bits = 0 |", "|---:|---:|---:|---:|"]
+        for b, v in ov["tuples_per_s"].items():
+            lines.append(f"| {b} | {1 << int(b):,} | {v / 1e6:.3f} M | {ov['overhead_pct'][b]:+.1f}% |")
+        lines.append("")
+        lines.append("snapshot of n of 4,096 bins (ms): " + ", ".join(
+            f"{n}: {v:.2f}" for n, v in ov["snapshot_ms_at_12_bits"].items()))
+        lines.append("")
+    dm = report.get("dormant")
+    if dm:
+        lines += ["| bins | tuples since refresh | changed bins | full checkpoint MB / ms | last delta MB / ms |",
+                  "|---:|---:|---:|---:|---:|"]
+        for r in dm:
+            lines.append(f"| {r['bins']:,} | {r['updates_since_refresh']:,} | {r['changed_bins']:,} | "
+                         f"{r['full_mb']:.1f} / {r['full_ms']:.0f} | {r['delta_mb']:.1f} / {r['delta_ms']:.0f} |")
+        lines.append("")
+    runs = report.get("migration")
+    if runs:
+        lines += ["| strategy | transfer bins | steps | transfer s | sender's longest step ms | MB moved | "
+                  "max / p99 latency before (ms) | max / p99 during transfer + 2 s (ms) | "
+                  "max latency, whole move (ms) | exact |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+
+        def f(x, d=0):
+            return "-" if x is None else f"{x:,.{d}f}"
+
+        for r in runs:
+            if "error" in r or "steps" not in r:
+                lines.append(f"| {r['strategy']} | {1 << r['bits']:,} | error: {r.get('error')} |")
+                continue
+            lines.append(
+                f"| {r['strategy']} | {1 << r['bits']:,} | {r['steps']:,} | {f(r['transfer_s'], 2)} | "
+                f"{f(r['sender_max_step_ms'])} | {f(r['bytes_moved'] / 1e6, 1)} | "
+                f"{f(r['before_max_ms'])} / {f(r['before_p99_ms'])} | {f(r['transfer_max_ms'])} / "
+                f"{f(r['transfer_p99_ms'])} | {f(r['move_max_ms'])} | {r.get('exact', '-')} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=1_000_000)
@@ -277,7 +318,12 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the reference run")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None, help="print the tables of an earlier --json file and exit")
     a = ap.parse_args()
+    if a.markdown:
+        with open(a.markdown) as fh:
+            print(markdown(json.load(fh)))
+        return
     report = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
               "code": code_version(), "args": vars(a), "loadavg_start": os.getloadavg()}
     if not a.skip_overhead:
@@ -311,6 +357,7 @@ def main() -> None:
                 gc.collect()
         report["migration"] = runs
     report["loadavg_end"] = os.getloadavg()
+    print(markdown(report), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1, default=str)

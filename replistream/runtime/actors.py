@@ -283,8 +283,9 @@ class ReplicaActor(_Base):
         """A new upstream replica will feed ``port``: returns its channel index."""
         with self.lock:
             if self.core is None and self.staged is not None:
-                self.channels[port] += 1
-                return self.staged.add_channel(port)
+                with self.staged_lock:
+                    self.channels[port] += 1
+                    return self.staged.add_channel(port)
             if self.core is None:
                 self.channels[port] += 1
                 return self.channels[port] - 1
@@ -337,49 +338,88 @@ class ReplicaActor(_Base):
     def begin_transfer(self, bits: int) -> dict:
         """Receiver: leave plain pending mode for a staged transfer of ``2**bits`` bins; the input
         buffered so far goes through the :class:`~replistream.engine.StagedReplica` (held back
-        until the step with its bins arrives)."""
+        until the step with its bins arrives).
+
+        The receiver's work (routing input to partial cores, installing steps, merging) runs in
+        a worker thread: ``push`` and ``install_step`` only queue, so upstream replicas are never
+        held back (backpressure) by a receiver busy installing a large step."""
+        from collections import deque
+
         from ..engine import StagedReplica
 
         if self.core is not None or self.staged is not None:
             raise RuntimeError(f"{self.label} is not waiting for a checkpoint")
         with self.lock:
             self.staged = StagedReplica(self.query, self.node, self.channels, bits, self.strict)
+            self.staged_lock = threading.Lock()
             self.started_transfer = time.time()
-            for port, channel, packet in self.buffered:
-                for item in packet:
-                    self.staged.process(port, channel, item)
+            self.inbox = deque(("push", p, c, pk) for p, c, pk in self.buffered)
+            self.inbox_cv = threading.Condition(self.lock)
+            self.steps_queued: set[int] = set()
             n = len(self.buffered)
             self.buffered = []
+            threading.Thread(target=self._staged_loop, daemon=True, name="replistream-transfer").start()
         return {"buffered_packets": n}
 
     def _push_staged(self, port: int, channel: int, packet: list) -> int:
-        started = time.time()
         with self.lock:
             staged = self.staged is not None
+            if staged:
+                self.inbox.append(("push", port, channel, packet))
+                self.inbox_cv.notify()
         if not staged:  # completed meanwhile
             return self.push(port, channel, packet)
-        with self.lock:
-            for item in packet:
-                self.staged.process(port, channel, item)
-            if self.staged.complete:
-                self._complete_transfer()
-            self.busy_s += time.time() - started
         self.pushes += 1
         self.last_push = time.time() - self.t0
         return NO_ACK
 
     def install_step(self, checkpoint, bins, step: int) -> dict:
-        """Receiver: install one step's checkpoint (a peer's, restricted to ``bins``); a step or
-        bins already installed are ignored (a step re-sent after its first sender died)."""
-        started = time.time()
+        """Receiver: queue one step's checkpoint (a peer's, restricted to ``bins``) for the worker; a
+        step or bins already installed are ignored (a step re-sent after its first sender died)."""
         with self.lock:
-            if self.staged is not None and step not in self.steps_installed:
-                self.staged.install_step(checkpoint, bins)
-                self.steps_installed[step] = time.time() - self.t0
-                if self.staged.complete:
-                    self._complete_transfer()
+            if self.staged is not None and step not in self.steps_queued:
+                self.steps_queued.add(step)
+                self.inbox.append(("step", checkpoint, bins, step))
+                self.inbox_cv.notify()
+        return self.transfer_status()
+
+    def _staged_run(self, items, out: list) -> None:
+        """Apply queued input and steps to the StagedReplica (under staged_lock); outputs of a
+        completed one (its merged core) go to ``out``."""
+        staged = self.staged
+        for it in items:
+            if it[0] == "push":
+                for item in it[3]:
+                    out.extend(staged.process(it[1], it[2], item))
+            elif not staged.complete:
+                staged.install_step(it[1], it[2])
+                self.steps_installed[it[3]] = time.time() - self.t0
+
+    def _staged_loop(self) -> None:
+        while True:
+            with self.lock:
+                while not self.inbox and self.staged is not None:
+                    self.inbox_cv.wait(0.5)
+                if self.staged is None:
+                    return
+                items = list(self.inbox)
+                self.inbox.clear()
+            started = time.time()
+            out: list = []
+            with self.staged_lock:
+                self._staged_run(items, out)
+                complete = self.staged.complete
+            if complete:
+                with self.lock:
+                    with self.staged_lock:
+                        rest = list(self.inbox)
+                        self.inbox.clear()
+                        self._staged_run(rest, out)
+                        self._complete_transfer()
+                    self._emit(self.out, out)  # after the adopted log: links replay it first
             self.busy_s += time.time() - started
-            return self._transfer_status_locked()
+            if complete:
+                return
 
     def _complete_transfer(self) -> None:
         staged = self.staged
@@ -394,12 +434,13 @@ class ReplicaActor(_Base):
 
     def transfer_status(self) -> dict:
         """Receiver: steps installed (step -> seconds since t0), bins missing, complete."""
-        with self.lock:
-            return self._transfer_status_locked()
-
-    def _transfer_status_locked(self) -> dict:
-        st = self.staged.stats() if self.staged is not None else dict(self.installed or {})
-        return {"installed": dict(self.steps_installed), "complete": self.core is not None, **st}
+        lock = getattr(self, "staged_lock", None)
+        if lock is None:
+            return {"installed": {}, "complete": self.core is not None}
+        with lock:
+            staged = self.staged
+            st = staged.stats() if staged is not None else dict(self.installed or {})
+            return {"installed": dict(self.steps_installed), "complete": self.core is not None, **st}
 
     def request_step(self, receiver, step: int, bins, bits: int, now: bool = False) -> bool:
         """Sender: take step ``step`` (the logic's ``bins`` at ``2**bits`` bins) at this replica's
