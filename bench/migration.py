@@ -28,7 +28,7 @@ since (take, pickle, unpickle, ``revive``): bytes and time, best of ``--reps``.
 **Migration under load** (Ray, one replica per operator, so the moving
 replica is the only one serving: its pauses are the application's). The
 query ``s -> KeyedCount(bits=12) -> sink`` is loaded with ``--keys`` keys
-(10 s of event time), then fed ``--rate`` tuples/s of random keys, paced in real
+(20 s of event time), then fed ``--rate`` tuples/s of random keys, paced in real
 time, punctuations every 20 ms of event time. ``--move-at`` seconds into the
 steady phase, ``Deployment.move_replica`` moves the counting replica to another
 server with each strategy (all-at-once; batched with 16 steps; fluid, one bin
@@ -164,7 +164,7 @@ def dormant(keys: int, bits_list=(12, 16), updates=(1_000, 10_000, 100_000), rep
 
 
 # -- part 2: migration under load -------------------------------------------------------------
-def inputs(keys: int, rate: int, steady_s: float, load_s: float = 10.0, chunk_ms: int = 20, seed: int = 2):
+def inputs(keys: int, rate: int, steady_s: float, load_s: float = 20.0, chunk_ms: int = 20, seed: int = 2):
     """Load phase (every key once over ``load_s`` s), then ``rate`` tuples/s of random keys."""
     rng = np.random.default_rng(seed)
     chunks = []
@@ -307,8 +307,8 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--rate", type=int, default=20_000)
-    ap.add_argument("--move-at", type=float, default=8.0)
+    ap.add_argument("--rate", type=int, default=10_000)
+    ap.add_argument("--move-at", type=float, default=10.0)
     ap.add_argument("--tail", type=float, default=6.0, help="steady seconds after the longest transfer")
     ap.add_argument("--bits", type=int, nargs="*", default=[6, 8, 10])
     ap.add_argument("--strategies", nargs="*", default=["all-at-once", "batched", "fluid"])
