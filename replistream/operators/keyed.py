@@ -423,7 +423,8 @@ class KeyedCountLogic(KeyedOperatorLogic):
     fields, ``count`` (all tuples of that key up to the end of the epoch) and the
     ``keep`` fields of the key's latest tuple in (ts, id) order, with ``ts`` =
     that tuple's ts and id ``mix(hash(operator), hash(key), ts)``. Replica
-    consistent: the output depends only on the tuples of each epoch.
+    consistent: the output depends only on the tuples of each epoch. With
+    ``emit_keep=False`` the ``keep`` fields stay in the state but not in the output.
 
     >>> from replistream import Punctuation
     >>> s = Schema({"k": "i8", "tag": "S4"})
@@ -436,17 +437,19 @@ class KeyedCountLogic(KeyedOperatorLogic):
     """
 
     def __init__(self, name, in_schemas, by, keep: Sequence[str] = (), bits: int = 12, strict: bool = False,
-                 every: int = 1):
+                 every: int = 1, emit_keep: bool = True):
         by = (by,) if isinstance(by, str) else tuple(by)
         keep = (keep,) if isinstance(keep, str) else tuple(keep)
         schema = in_schemas[0]
         for f in keep:
             if f not in schema:
                 raise ValueError(f"keyed count {name!r}: keep field {f!r} is not in its input {schema}")
-        out = Schema([(f, schema[f]) for f in by] + [("count", "i8")] + [(f, schema[f]) for f in keep])
+        out = Schema([(f, schema[f]) for f in by] + [("count", "i8")] +
+                     ([(f, schema[f]) for f in keep] if emit_keep else []))
         super().__init__(name, in_schemas, out, by, {"count": "i8", **{f: schema[f] for f in keep}}, bits, strict,
                          every)
         self.keep = keep
+        self.emit_keep = bool(emit_keep)
 
     def update(self, state, rows, batch):
         u, last_rev, n = np.unique(rows[::-1], return_index=True, return_counts=True)
@@ -456,7 +459,7 @@ class KeyedCountLogic(KeyedOperatorLogic):
             state.cols[f][u] = batch[f][last]
         ts = batch[TS][last]
         cols = {"ts": ts, "count": state.cols["count"][u]}
-        for f in self.by + self.keep:
+        for f in self.by + (self.keep if self.emit_keep else ()):
             cols[f] = state.cols[f][u]
         return [self.out_schema.from_columns(cols, ids=self.ids(state.hash[u], ts))]
 
@@ -485,12 +488,12 @@ class KeyedCountLogic(KeyedOperatorLogic):
         cols = {"ts": ts, "count": cum}
         for f in self.by:
             cols[f] = state.cols[f][grow]
-        for f in self.keep:
+        for f in self.keep if self.emit_keep else ():
             cols[f] = batch[f][at]
         return [self.out_schema.from_columns(cols, ids=self.ids(state.hash[grow], ts))]
 
     def _state_params(self):
-        return {**super()._state_params(), "keep": self.keep}
+        return {**super()._state_params(), "keep": self.keep, "emit_keep": self.emit_keep}
 
 
 @dataclass(frozen=True)
@@ -508,7 +511,8 @@ class KeyedCount:
     keep: tuple | str = ()
     bits: int = 12
     every: int = 1
+    emit_keep: bool = True
 
     def __call__(self, name, in_schemas, strict=False):
-        return KeyedCountLogic(name, in_schemas, self.by, self.keep, self.bits, strict, self.every)
+        return KeyedCountLogic(name, in_schemas, self.by, self.keep, self.bits, strict, self.every, self.emit_keep)
 
