@@ -396,6 +396,10 @@ class ReplicaActor(_Base):
                 self.steps_installed[it[3]] = time.time() - self.t0
 
     def _staged_loop(self) -> None:
+        try:  # background work: the replicas serving the application (the sender) get the CPU first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
         while True:
             with self.lock:
                 while not self.inbox and self.staged is not None:
