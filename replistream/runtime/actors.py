@@ -393,7 +393,8 @@ class ReplicaActor(_Base):
                     out.extend(staged.process(it[1], it[2], item))
             elif not staged.complete:
                 staged.install_step(it[1], it[2])
-                self.steps_installed[it[3]] = time.time() - self.t0
+                with self.lock:
+                    self.steps_installed[it[3]] = time.time() - self.t0
 
     def _staged_loop(self) -> None:
         try:  # background work: the replicas serving the application (the sender) get the CPU first
@@ -413,6 +414,9 @@ class ReplicaActor(_Base):
             with self.staged_lock:
                 self._staged_run(items, out)
                 complete = self.staged.complete
+                info = self.staged.stats()
+            with self.lock:
+                self.transfer_info = info
             if complete:
                 with self.lock:
                     with self.staged_lock:
@@ -437,14 +441,14 @@ class ReplicaActor(_Base):
                           "seconds": time.time() - getattr(self, "started_transfer", time.time())}
 
     def transfer_status(self) -> dict:
-        """Receiver: steps installed (step -> seconds since t0), bins missing, complete."""
-        lock = getattr(self, "staged_lock", None)
-        if lock is None:
-            return {"installed": {}, "complete": self.core is not None}
-        with lock:
-            staged = self.staged
-            st = staged.stats() if staged is not None else dict(self.installed or {})
-            return {"installed": dict(self.steps_installed), "complete": self.core is not None, **st}
+        """Receiver: steps installed (step -> seconds since t0), bins missing, complete. Reads what the
+        worker last published, so it never waits for a step being installed or merged (waiting would
+        stall this actor's pushes and, by backpressure, its upstream replicas)."""
+        with self.lock:
+            if self.core is not None:
+                return {"installed": dict(self.steps_installed), "complete": True, **dict(self.installed or {})}
+            return {"installed": dict(self.steps_installed), "complete": False,
+                    **dict(getattr(self, "transfer_info", {}))}
 
     def request_step(self, receiver, step: int, bins, bits: int, now: bool = False) -> bool:
         """Sender: take step ``step`` (the logic's ``bins`` at ``2**bits`` bins) at this replica's
