@@ -246,6 +246,16 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
         stats((arrival >= steady0) & (arrival < t_start), "before")
         stats((arrival >= x0) & (arrival <= x1 + 2.0), "transfer")
         stats((arrival >= t_start) & (arrival <= t_end + 2.0), "move")
+        # max latency per 250 ms of arrival time, from 2 s before the move to 3 s after the transfer
+        edges = np.arange(t_start - 2.0, x1 + 3.0, 0.25)
+        idx = np.searchsorted(edges, arrival) - 1
+        ok = (idx >= 0) & (idx < len(edges) - 1)
+        peaks = np.full(len(edges) - 1, np.nan)
+        np.fmax.at(peaks, idx[ok], lat[ok])
+        out["timeline"] = {"start_s": round(float(edges[0]), 3), "step_s": 0.25,
+                           "max_ms": [None if np.isnan(v) else round(float(v), 1) for v in peaks],
+                           "transfer_s": [round(x0, 3), round(x1, 3)],
+                           "step_done_s": [round(x0 + t, 3) for t in tr.get("step_s", [])][:64]}
         out.update({
             "steps": tr["steps"], "transfer_s": tr["seconds"], "restarts": tr["restarts"],
             "sender_max_step_ms": None if h.get("max_checkpoint_s") is None else 1e3 * h["max_checkpoint_s"],
@@ -354,8 +364,8 @@ def main() -> None:
                 steady = a.move_at + a.tail + (0.03 * (1 << bits) if strategy == "fluid" else 2.0)
                 r = migrate(a.keys, a.rate, strategy, bits, a.move_at, a.tail, steady, not a.no_check)
                 runs.append(r)
-                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}),
-                      flush=True)
+                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                                  if k != "timeline"}), flush=True)
                 gc.collect()
         report["migration"] = runs
     report["loadavg_end"] = os.getloadavg()
