@@ -33,4 +33,4 @@ for app, a in report["applications"].items():
     print(f"{app:>16}: {a['outputs']} outputs, reference {a['reference_outputs']}, lost {a['lost']}, "
           f"duplicates {a['duplicates']}")
 assert report["matches_reference"], "the reconfigured run differs from the reference run of the changed query"
-print("every application equals the reference run of the changed query")
+print("every application is identical to the ideal run of the changed query (its reference run)")
