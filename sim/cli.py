@@ -5,6 +5,7 @@
 
     replistream sim fig4 --quick --json          # JSON on stdout
     replistream sim fig2 --out results/          # PNG, JSON and CSV in results/
+    replistream sim fig5 --out r/ --resume       # kmax rows in parallel; keeps rows done earlier
     replistream sim trace --out t/ --servers 30  # a CSV latency trace
 
 >>> import argparse
@@ -38,6 +39,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the data as JSON instead of a table")
     p.add_argument("--out", default=None, metavar="DIR", help="write <experiment>.png/.json/.csv here")
     p.add_argument("--progress", action="store_true", help="show a progress bar per simulated run (stderr)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="fig5: run the kmax rows in N processes (default: one per CPU at full scale)")
+    p.add_argument("--resume", action="store_true", default=None,
+                   help="fig5: reuse rows an earlier run with the same parameters wrote to --out DIR/fig5_rows/")
     p.add_argument("--servers", type=int, default=100, help="trace: number of built-in cities (<= 119)")
     p.add_argument("--days", type=float, default=30.0, help="trace: length in days")
     p.add_argument("--step", type=float, default=10.0, help="trace: seconds between samples")
@@ -51,7 +56,11 @@ def run(args) -> int:
         return _trace(args)
     if args.progress and args.json:
         print("note: --progress draws on stderr; stdout stays JSON", file=sys.stderr)
-    data = run_experiment(args.experiment, quick=args.quick, seed=args.seed, out=args.out, progress=args.progress)
+    if args.experiment != "fig5" and (args.jobs is not None or args.resume):
+        print(f"replistream sim {args.experiment}: --jobs and --resume are fig5's options", file=sys.stderr)
+        return 2
+    data = run_experiment(args.experiment, quick=args.quick, seed=args.seed, out=args.out, progress=args.progress,
+                          jobs=args.jobs, resume=args.resume)
     if args.json:
         print(json.dumps(data, default=_jsonable))
     else:

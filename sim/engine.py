@@ -442,6 +442,8 @@ class Simulator:
         self.entries = {s: q.build_entry(s, self.strict, "dead_letter") for s in q.sources}
         self._iters = {s: iter(iter_chunks(inputs.get(s, ()))) for s in q.sources}
         self._src_last: dict[tuple[str, int], float] = {}
+        self._ended: set[str] = set()  # sources whose input is exhausted
+        self._latest_ts = -math.inf  # largest source chunk time read so far
         # the first chunk of every source fixes ts0 (the runtime's feeder does the same)
         firsts = {}
         for s in q.sources:
@@ -541,7 +543,20 @@ class Simulator:
 
     # -- sources and entry points ------------------------------------------------------------
     def _next_chunk(self, src: str):
-        return next(self._iters[src], None)
+        chunk = next(self._iters[src], None)
+        if chunk is None:
+            self._ended.add(src)
+        else:
+            ct = chunk_time(chunk)
+            if ct is not None and ct > self._latest_ts:
+                self._latest_ts = ct
+        return chunk
+
+    def input_end(self) -> float:
+        """Virtual time of the last source tuple once every source is exhausted, else ``inf``."""
+        if len(self._ended) < len(self.query.sources) or self._latest_ts == -math.inf:
+            return math.inf
+        return (self._latest_ts - self.ts0) / 1e6
 
     def _schedule_feed(self, src: str, chunk) -> None:
         if chunk is None:
@@ -775,20 +790,27 @@ class Simulator:
                 if any(lk.live and lk.receiver is r for lk in self.links):
                     self._handover(r)
         if self.retain:  # a revived stream replica first replays what its sender retains (decision 7)
+            replays, flows = [], {}  # batched engine: one latency-model evaluation for all of them
             for lk in revived:
                 if not (lk.sender.alive and lk.receiver.alive):
                     continue
                 if lk.sender.node == ENTRY:
                     src = self.query.inputs_of(lk.receiver.node)[lk.port]
-                    items = self.entry_logs[(src, lk.sender.index)].items()
+                    log_key = (src, lk.sender.index)
+                    items = self.entry_logs[log_key].items()
                 else:
+                    log_key = lk.sender.label
                     items = lk.sender.core.output_log.items()
                 if items and self._batch is not None:
                     from .batch import _flow_from_items
 
-                    self._batch.transmit(lk, _flow_from_items(self.now, items))
+                    if log_key not in flows:  # one sender's log replayed to several receivers: built once
+                        flows[log_key] = _flow_from_items(self.now, items)
+                    replays.append((lk, flows[log_key]))
                 elif items:
                     self._send(lk, items, self.now, sum(len(it) for it in items if not isinstance(it, Punctuation)))
+            if replays:
+                self._batch.transmit_many(replays)
         return len(live)
 
     def add_replica(self, node: str, server: str) -> str:
@@ -879,8 +901,9 @@ class Simulator:
         """Per live replica fed by live stream replicas: the largest input latency it observed
         since the last call (s), or, for a port that received no new tuple for more than
         ``silence_s``, the silence beyond ``silence_s`` if larger: what a replica "observes"
-        for revival (§V-C)."""
-        fed = {}
+        for revival (§V-C). Silence after the sources' last tuple (:meth:`input_end`) is the
+        input's end, not a delay, and is not counted."""
+        fed, end = {}, self.input_end()
         for lk in self.links:
             if lk.live and lk.sender.alive:
                 fed.setdefault(lk.receiver.label, set()).add(lk.port)
@@ -889,7 +912,7 @@ class Simulator:
             for r in g:
                 if r.core is None or not r.alive or r.label not in fed or not r.last_in:
                     continue
-                quiet = max(t - x for x in r.last_in) - silence_s
+                quiet = max(min(t, end) - x for x in r.last_in) - silence_s
                 out[r.label] = max(max(r.lag), quiet)
                 if reset:
                     r.lag = [0.0] * len(r.lag)

@@ -520,7 +520,95 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool, p
             "handovers": sum(e["event"] == "handover" for e in res.events)}
 
 
-def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False) -> dict:
+def _lowest_passing(n: int, trial: Callable[[int], bool]) -> int | None:
+    """Binary search over targets ``0..n-1`` (most generous first) for the last one whose
+    ``trial`` passes, assuming that once a target fails every lower one fails too (Algorithm 6
+    discards a superset at a lower target, and a duplicate filter fed by fewer paths is never
+    faster). ``None`` when even the first fails. Takes about log2(n) + 1 trials instead of up to n.
+
+    >>> _lowest_passing(8, lambda i: i <= 5), _lowest_passing(8, lambda i: False), _lowest_passing(8, lambda i: True)
+    (5, None, 7)
+    """
+    lo, hi, best = 0, n - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if trial(mid):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def _fig5_scale(quick: bool) -> tuple[int, float, tuple[int, ...]]:
+    """(monitored servers, simulated hours, kmax values) of Fig. 5 at quick or full scale."""
+    return (5, 1 / 12, (2, 3)) if quick else (10, 1.0, (2, 3, 4, 5))
+
+
+def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False) -> dict:
+    """One kmax of Fig. 5 (static, GC, GC + revival); runs on its own, so rows can run in
+    parallel processes. The setting is rebuilt from its seed, identically in every process."""
+    from replistream.gc import collect_garbage
+
+    monitored, hours, _ = _fig5_scale(quick)
+    t0, c0 = time.time(), time.process_time()
+    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed)
+    ref = run_reference(st.query, st.inputs)
+    base = st.base_placement()
+    base_cost = base.network_cost
+    assert math.isclose(_cost(st, _snapshot(st, base.plan())), base_cost, rel_tol=1e-9)
+    plan = min_cost(st.problem, k).plan()
+    sim = Simulator(st.query, plan, st.network, sources=st.sources, batch_s=FIG5_BATCH_S)
+    res = sim.run(st.inputs, progress=progress)
+    _check_exact(st, res, ref)
+    lat = np.concatenate([res.latencies(a)[1] for a in st.query.sinks])
+    snap0 = _snapshot(st, plan, weights=sim.weights())
+    static = snap0.total_cost()  # Algorithm 6's theta is about the streams it can discard
+    row = {"k": k, "static_cost": _cost(st, snap0) / base_cost, "static_max_s": float(lat.max()),
+           "static_streams": len(snap0.streams)}
+    tried: list[dict] = []
+    done: dict = {}  # a GC target Algorithm 6 cannot reach leaves the snapshot of the one above: not re-run
+
+    def trial(mode: str, i: int) -> bool:
+        f = FIG5_THETAS[i]
+        g = collect_garbage(snap0.evolve(theta=f * static))
+        live = frozenset(x.id for x in g.snapshot.streams if x.live)
+        key = (mode, f if mode == "gc+revival" else None, live)  # revival's GC steps aim at theta
+        if key not in done:
+            snap = g.snapshot.evolve(theta=f * static) if mode == "gc+revival" else g.snapshot
+            done[key] = _gc_run(st, plan, snap, ref, revival=mode == "gc+revival", progress=progress)
+            tried.append({"theta": f, "mode": mode, **done[key]})
+        r = done[key]
+        results[(mode, i)] = r
+        return bool(r["exact"] and r["max_s"] <= FIG5_GUARANTEE_S)
+
+    results: dict = {}
+    gi = _lowest_passing(len(FIG5_THETAS), lambda i: trial("gc", i))
+    start = gi if gi is not None else 0
+    ri = _lowest_passing(len(FIG5_THETAS) - start, lambda j: trial("gc+revival", start + j))
+    ri = None if ri is None else start + ri
+    gc_best = results[("gc", gi)] if gi is not None else None
+    rv_best = results[("gc+revival", ri)] if ri is not None else None
+    row.update({
+        "gc_theta": FIG5_THETAS[gi] if gi is not None else None,
+        "gc_cost": (gc_best["cost"] if gc_best else _cost(st, snap0)) / base_cost,
+        "gc_max_s": gc_best["max_s"] if gc_best else row["static_max_s"],
+        "gc_streams": gc_best["live_streams"] if gc_best else len(snap0.streams),
+        "revival_theta": FIG5_THETAS[ri] if ri is not None else None,
+        "revival_cost": (rv_best["cost"] if rv_best else (gc_best["cost"] if gc_best else _cost(st, snap0))) / base_cost,
+        "revival_max_s": rv_best["max_s"] if rv_best else None,
+        "revivals": rv_best["revivals"] if rv_best else 0, "tried": tried,
+        "wall_s": time.time() - t0, "cpu_s": time.process_time() - c0})
+    return row
+
+
+def _fig5_params(quick: bool, seed: int) -> dict:
+    monitored, hours, _ = _fig5_scale(quick)
+    return {"quick": quick, "seed": seed, "monitored": monitored, "simulated_hours": hours,
+            "guarantee_s": FIG5_GUARANTEE_S, "thetas": list(FIG5_THETAS), "batch_s": FIG5_BATCH_S}
+
+
+def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
+         jobs: int | None = None, resume: bool = False) -> dict:
     """Fig. 5: network cost of static min-cost, with garbage collection, and with garbage
     collection and revival, kmax = 2..5, at the same latency guarantee (Hwang §VI-F).
 
@@ -529,8 +617,9 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     (:func:`replistream.gc.collect_garbage`) to targets theta of decreasing
     cost (:data:`FIG5_THETAS`); each result is simulated with the discarded stream
     replicas off, and the cheapest that keeps every latency under
-    :data:`FIG5_GUARANTEE_S` and the output exact is kept. (3) GC + revival: the same
-    search continued to lower targets, simulated with revival (§V-C: replicas observing
+    :data:`FIG5_GUARANTEE_S` and the output exact is kept (found by binary search over
+    the targets, :func:`_lowest_passing`). (3) GC + revival: the same search over the
+    targets from GC's down, simulated with revival (§V-C: replicas observing
     input delays above 0.5 s revive discarded streams and replicas; stateful ones are
     handed over from a live peer; decisions that need a new replica are not applied, nor
     those planned after one) and one GC step every 5 minutes; the cost is averaged
@@ -539,61 +628,48 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     non-replicated placement's, as in Fig. 4; theta applies to the discardable part.
     Full scale: 10 monitored servers, 1 simulated hour; quick: 5 monitored, 5 simulated
     minutes, kmax 2..3.
-    """
-    monitored, hours, kmax = (5, 1 / 12, (2, 3)) if quick else (10, 1.0, (2, 3, 4, 5))
-    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed)
-    ref = run_reference(st.query, st.inputs)
-    base = st.base_placement()
-    base_cost = base.network_cost
-    assert math.isclose(_cost(st, _snapshot(st, base.plan())), base_cost, rel_tol=1e-9)
-    rows = []
-    for k in kmax:
-        t0 = time.time()
-        plan = min_cost(st.problem, k).plan()
-        sim = Simulator(st.query, plan, st.network, sources=st.sources, batch_s=FIG5_BATCH_S)
-        res = sim.run(st.inputs, progress=progress)
-        _check_exact(st, res, ref)
-        lat = np.concatenate([res.latencies(a)[1] for a in st.query.sinks])
-        snap0 = _snapshot(st, plan, weights=sim.weights())
-        static = snap0.total_cost()  # Algorithm 6's theta is about the streams it can discard
-        row = {"k": k, "static_cost": _cost(st, snap0) / base_cost, "static_max_s": float(lat.max()),
-               "static_streams": len(snap0.streams)}
-        gc_best, gc_theta, tried = None, None, []
-        from replistream.gc import collect_garbage
 
-        i = 0
-        for i, f in enumerate(FIG5_THETAS):
-            g = collect_garbage(snap0.evolve(theta=f * static))
-            r = _gc_run(st, plan, g.snapshot, ref, revival=False, progress=progress)
-            tried.append({"theta": f, "mode": "gc", **r})
-            if not (r["exact"] and r["max_s"] <= FIG5_GUARANTEE_S):
-                break
-            gc_best, gc_theta = (g, r), f
-            if g.cost_after > f * static:  # Algorithm 6 cannot go lower
-                i += 1
-                break
-        rv_best, rv_theta = None, None
-        start = FIG5_THETAS.index(gc_theta) if gc_theta is not None else 0
-        for f in FIG5_THETAS[start:]:
-            g = collect_garbage(snap0.evolve(theta=f * static))
-            r = _gc_run(st, plan, g.snapshot.evolve(theta=f * static), ref, revival=True, progress=progress)
-            tried.append({"theta": f, "mode": "gc+revival", **r})
-            if not (r["exact"] and r["max_s"] <= FIG5_GUARANTEE_S):
-                break
-            rv_best, rv_theta = r, f
-            if g.cost_after > f * static:
-                break
-        row.update({
-            "gc_theta": gc_theta, "gc_cost": (gc_best[1]["cost"] if gc_best else _cost(st, snap0)) / base_cost,
-            "gc_max_s": gc_best[1]["max_s"] if gc_best else row["static_max_s"],
-            "gc_streams": gc_best[1]["live_streams"] if gc_best else len(snap0.streams),
-            "revival_theta": rv_theta, "revival_cost": (rv_best["cost"] if rv_best else
-                                                         (gc_best[1]["cost"] if gc_best else _cost(st, snap0))) / base_cost,
-            "revival_max_s": rv_best["max_s"] if rv_best else None,
-            "revivals": rv_best["revivals"] if rv_best else 0, "tried": tried, "wall_s": time.time() - t0})
-        rows.append(row)
-    data = {"experiment": "fig5", "quick": quick, "seed": seed, "monitored": monitored, "simulated_hours": hours,
-            "guarantee_s": FIG5_GUARANTEE_S, "thetas": list(FIG5_THETAS), "rows": rows,
+    The kmax rows are independent: ``jobs`` processes run them in parallel (default: one
+    per CPU at full scale, one at quick scale). With ``out``, each row is written to
+    ``<out>/fig5_rows/k<kmax>.json`` as it completes; ``resume=True`` reuses rows found
+    there with the same parameters (scale, seed, targets, guarantee) instead of re-running them.
+    """
+    monitored, hours, kmax = _fig5_scale(quick)
+    params = _fig5_params(quick, seed)
+    rows_dir = os.path.join(out, "fig5_rows") if out else None
+    found: dict[int, dict] = {}
+    if rows_dir and resume:
+        for k in kmax:
+            path = os.path.join(rows_dir, f"k{k}.json")
+            if os.path.exists(path):
+                with open(path) as fh:
+                    saved = json.load(fh)
+                if saved.get("params") == params:
+                    found[k] = saved["row"]
+
+    def keep(row: dict) -> None:
+        found[row["k"]] = row
+        if rows_dir:
+            os.makedirs(rows_dir, exist_ok=True)
+            with open(os.path.join(rows_dir, f"k{row['k']}.json"), "w") as fh:
+                json.dump({"params": params, "row": row}, fh, indent=1, default=_jsonable)
+
+    todo = [k for k in kmax if k not in found]
+    jobs = (1 if quick else (os.cpu_count() or 1)) if jobs is None else max(1, jobs)
+    if jobs == 1 or len(todo) <= 1:
+        for k in todo:
+            keep(_fig5_row(k, quick, seed, progress))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # spawn: a forked child would inherit the parent's threads (Ray's, Spark's) mid-state
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as ex:
+            futs = [ex.submit(_fig5_row, k, quick, seed, False) for k in sorted(todo, reverse=True)]  # longest first
+            for fut in as_completed(futs):
+                keep(fut.result())
+    rows = [found[k] for k in kmax]
+    data = {"experiment": "fig5", **params, "rows": rows, "reused_rows": sorted(set(kmax) - set(todo)),
             "paper": "GC saves the cost of stream replicas that do not help, a larger share at higher kmax; "
                      "GC + revival saves more (bars read from Fig. 5, not given as numbers in the text)"}
     if out:
@@ -687,8 +763,9 @@ EXPERIMENTS: dict[str, Callable[..., dict]] = {"fig2": fig2, "fig3": fig3, "fig4
 
 
 def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | None = None,
-                   progress: bool = False) -> dict:
-    """Run experiment ``name`` (one of :data:`EXPERIMENTS`).
+                   progress: bool = False, **options) -> dict:
+    """Run experiment ``name`` (one of :data:`EXPERIMENTS`); ``options`` go to experiments
+    that take them (``jobs``, ``resume``: :func:`fig5`) and must be ``None`` for the others.
 
     >>> run_experiment("fig9")
     Traceback (most recent call last):
@@ -697,4 +774,7 @@ def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | Non
     """
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
-    return EXPERIMENTS[name](quick=quick, seed=seed, out=out, progress=progress)
+    options = {k: v for k, v in options.items() if v is not None}
+    if options and name != "fig5":
+        raise ValueError(f"{name} takes no option {', '.join(sorted(options))} (fig5 does)")
+    return EXPERIMENTS[name](quick=quick, seed=seed, out=out, progress=progress, **options)

@@ -5,7 +5,7 @@ import pytest
 
 from replistream.sim import cli
 from replistream.sim.cpu import MEASURED_CPU_S
-from replistream.sim.experiments import fig2, fig3, table, table1
+from replistream.sim.experiments import _jsonable, fig2, fig3, table, table1
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,42 @@ def test_fig5_garbage_collection_saves_cost_within_the_guarantee(tmp_path):
         assert all(t["exact"] for t in r["tried"] if t["max_s"] <= data["guarantee_s"])
     assert data["rows"][1]["static_cost"] > data["rows"][0]["static_cost"]
     assert (tmp_path / "fig5.png").exists()
+    # each kmax's row was written as it completed; --resume reuses rows of the same parameters
+    assert sorted(p.name for p in (tmp_path / "fig5_rows").iterdir()) == ["k2.json", "k3.json"]
+    again = fig5(quick=True, out=str(tmp_path), resume=True)
+    assert again["reused_rows"] == [2, 3] and again["rows"] == json.loads(json.dumps(data["rows"], default=_jsonable))
+
+
+def test_fig5_resume_reuses_only_rows_of_the_same_parameters(tmp_path, monkeypatch):
+    from replistream.sim import experiments
+
+    ran = []
+
+    def row(k, quick, seed, progress=False):
+        ran.append((k, seed))
+        return {"k": k, "static_cost": 2.0 * k, "gc_cost": 1.0, "revival_cost": 1.0, "seed": seed}
+
+    monkeypatch.setattr(experiments, "_fig5_row", row)
+    experiments.fig5(quick=True, seed=0, out=str(tmp_path))
+    assert ran == [(2, 0), (3, 0)]
+    (tmp_path / "fig5_rows" / "k3.json").unlink()
+    data = experiments.fig5(quick=True, seed=0, out=str(tmp_path), resume=True)
+    assert ran[2:] == [(3, 0)] and data["reused_rows"] == [2]
+    data = experiments.fig5(quick=True, seed=1, out=str(tmp_path), resume=True)  # another seed: rerun all
+    assert ran[3:] == [(2, 1), (3, 1)] and data["reused_rows"] == []
+    data = experiments.fig5(quick=True, seed=1, out=str(tmp_path))  # without resume: rerun all
+    assert ran[5:] == [(2, 1), (3, 1)]
+
+
+def test_fig5_search_finds_the_lowest_passing_target_in_log_trials():
+    from replistream.sim.experiments import _lowest_passing
+
+    for n in range(1, 10):
+        for last in range(-1, n):
+            seen = []
+            got = _lowest_passing(n, lambda i: seen.append(i) or i <= last)
+            assert got == (last if last >= 0 else None)
+            assert len(seen) <= n.bit_length()
 
 
 def test_revival_reacts_to_a_cut_on_the_only_live_path():
