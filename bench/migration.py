@@ -25,6 +25,11 @@ random keys; then revival, either from a full checkpoint (take, pickle,
 unpickle, install) or from the dormant copy and one delta of the bins changed
 since (take, pickle, unpickle, ``revive``): bytes and time, best of ``--reps``.
 
+**A transfer step of a Join** (in process, with the dormant part). A windowed
+equi-Join lays out its buffers in bins only when a checkpoint is taken: the cost of
+one step (one bin of 2^6 or 2^10) against laying out the whole state and then
+selecting the bin, 200,000 tuples per side.
+
 **Migration under load** (Ray, one replica per operator, so the moving
 replica is the only one serving: its pauses are the application's). The
 query ``s -> KeyedCount(bits=12, keep=("tag",), emit_keep=False) -> sink``
@@ -273,6 +278,45 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
     return out
 
 
+# -- part 4: a transfer step of a Join (state binned at checkpoint time) ----------------------
+def join_steps(rows: int = 200_000, bits_list=(6, 10), reps: int = 5) -> list[dict]:
+    """What one step of a batched or fluid transfer of a windowed equi-Join costs the sender.
+    A Join lays out its two buffers in bins only when a checkpoint is taken, so every step
+    hashes its whole state; ``checkpoint(bits, bins)`` then sorts and copies only the rows of
+    ``bins``. Compared with laying out the whole state and selecting (what a step cost before):
+    ``rows`` tuples per side with 64-byte padding, keys that never match, best of ``reps``."""
+    from replistream import Schema
+    from replistream.operators.join import JoinLogic
+
+    ls = Schema({"key": "i8", "x": "i8", "pad": "S64"})
+    rs = Schema({"key": "i8", "y": "f8", "pad": "S64"})
+    rng = np.random.default_rng(5)
+    j = JoinLogic("j", [ls, rs], window=10**12, left_key="key", right_key="key")
+    j.process(0, ls.from_columns({"ts": np.arange(rows), "key": rng.integers(0, 10**6, rows),
+                                  "x": np.zeros(rows, np.int64), "pad": np.full(rows, b"l" * 64)}, ids=np.arange(rows)))
+    j.process(1, rs.from_columns({"ts": np.arange(rows), "key": rng.integers(10**6, 2 * 10**6, rows),
+                                  "y": np.zeros(rows), "pad": np.full(rows, b"r" * 64)},
+                                 ids=np.arange(rows, 2 * rows)))
+
+    def best(f):
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        return 1e3 * min(ts)
+
+    out = []
+    for bits in bits_list:
+        whole = j.checkpoint(0)
+        mb = sum(a.nbytes for t in whole.tables.values() for a in t.values()) / 1e6
+        out.append({"rows_per_side": rows, "bits": bits, "state_mb": mb,
+                    "one_bin_ms": best(lambda: j.checkpoint(bits, [1])),
+                    "whole_then_select_ms": best(lambda: j.checkpoint(bits).select([1])),
+                    "whole_ms": best(lambda: j.checkpoint(bits))})
+    return out
+
+
 def markdown(report: dict) -> str:
     """The figures as markdown tables (what docs/benchmarks.md and docs/migration.md show)."""
     lines = []
@@ -292,6 +336,14 @@ def markdown(report: dict) -> str:
         for r in dm:
             lines.append(f"| {r['bins']:,} | {r['updates_since_refresh']:,} | {r['changed_bins']:,} | "
                          f"{r['full_mb']:.1f} / {r['full_ms']:.0f} | {r['delta_mb']:.1f} / {r['delta_ms']:.0f} |")
+        lines.append("")
+    js = report.get("join_steps")
+    if js:
+        lines += ["| Join rows per side | state MB | bins | one-bin step ms | whole state laid out, then one bin ms | "
+                  "whole checkpoint ms |", "|---:|---:|---:|---:|---:|---:|"]
+        for r in js:
+            lines.append(f"| {r['rows_per_side']:,} | {r['state_mb']:.1f} | {1 << r['bits']:,} | {r['one_bin_ms']:.1f} | "
+                         f"{r['whole_then_select_ms']:.1f} | {r['whole_ms']:.1f} |")
         lines.append("")
     runs = report.get("migration")
     if runs:
@@ -353,6 +405,13 @@ def main() -> None:
             print(f"  bits={r['bits']:2d} updates={r['updates_since_refresh']:>7,}: changed bins "
                   f"{r['changed_bins']:,}/{r['bins']:,}; full {r['full_mb']:.1f} MB {r['full_ms']:.0f} ms; "
                   f"delta {r['delta_mb']:.1f} MB {r['delta_ms']:.0f} ms", flush=True)
+    if not a.skip_dormant:  # the Join's step cost goes with the other in-process parts
+        report["join_steps"] = js = join_steps(reps=a.reps if not a.quick else 1)
+        print("one transfer step of a Join (bins laid out at checkpoint time):", flush=True)
+        for r in js:
+            print(f"  {r['rows_per_side']:,} rows per side ({r['state_mb']:.0f} MB), {1 << r['bits']:,} bins: one bin "
+                  f"{r['one_bin_ms']:.1f} ms; whole layout then one bin {r['whole_then_select_ms']:.1f} ms; whole "
+                  f"{r['whole_ms']:.1f} ms", flush=True)
     if not a.skip_migration:
         from replistream.runtime import init_ray
 

@@ -323,3 +323,37 @@ def test_audit_does_not_perturb_the_schedule():
     b = run_replicated(q, {"s": feed}, k=3, seed=5, crash=True, audit=True)
     assert a.stats["harness"] == b.stats["harness"]
     assert as_multiset(a.outputs["out"]) == as_multiset(b.outputs["out"])
+
+
+def _same_tables(a: OperatorState, b: OperatorState) -> None:
+    assert (a.in_punct, a.watermark, a.bits, sorted(a.tables)) == (b.in_punct, b.watermark, b.bits, sorted(b.tables))
+    for t in a.tables:
+        np.testing.assert_array_equal(a.offsets[t], b.offsets[t])
+        assert sorted(a.tables[t]) == sorted(b.tables[t])
+        for c in a.tables[t]:
+            np.testing.assert_array_equal(a.tables[t][c], b.tables[t][c])
+
+
+@pytest.mark.parametrize("kind", ["join", "unkeyed join", "time aggregate", "count aggregate"])
+@pytest.mark.parametrize("bits", [1, 3, 6])
+def test_a_step_checkpoint_of_some_bins_equals_the_whole_checkpoint_selected(kind, bits):
+    """checkpoint(bits, bins) lays out only the rows of ``bins`` (what a batched or fluid step of
+    a Join or Aggregate ships) and must equal checkpoint(bits).select(bins) exactly."""
+    rng = random.Random(bits)
+    if kind.endswith("join"):
+        keyed = kind == "join"
+        op = JoinLogic("j", [L, R], window=60, left_key="key" if keyed else None,
+                       right_key="key" if keyed else None)
+        items = interleave([stream(L, 150, bits, "l"), stream(R, 150, bits + 1, "r")], rng)
+    elif kind == "time aggregate":
+        op = TimeWindowAggregateLogic("agg", [S], size=100, slide=25, by="key", aggs={"sv": ("v", "sum")})
+        items = [(0, it) for it in stream(S, 200, bits)]
+    else:
+        op = CountWindowAggregateLogic("agg", [S], size=5, by="key", aggs={"sv": ("v", "sum")})
+        items = [(0, it) for it in stream(S, 200, bits)]
+    for port, it in items[: len(items) // 2]:
+        op.process(port, it)
+    whole = op.checkpoint(bits)
+    assert any(len(next(iter(c.values()))) for c in whole.tables.values())  # there is state to split
+    for bins in ([0], list(range(0, 1 << bits, 2)), [(1 << bits) - 1], [], list(range(1 << bits))):
+        _same_tables(op.checkpoint(bits, bins), whole.select(bins))

@@ -226,6 +226,30 @@ def _concat_rows(pieces: list, like: np.ndarray) -> np.ndarray:
     return np.concatenate(pieces)
 
 
+def _rows_of_bins(tables: dict, bits: int, bins: Iterable[int]) -> dict:
+    """``{table: (columns, key_hash or None)}`` restricted to the rows whose bin is in ``bins``
+    (unkeyed tables lie in bin 0), in their original order, so that :func:`binned` of the
+    result equals :meth:`OperatorState.select` of the whole layout.
+
+    >>> t = _rows_of_bins({"t": ({"v": np.arange(3)}, np.array([2**63, 0, 2**63], dtype=np.uint64))}, 1, [1])
+    >>> t["t"][0]["v"].tolist()
+    [0, 2]
+    """
+    keep = np.zeros(1 << bits, dtype=bool)
+    keep[np.asarray(list(bins), dtype=np.int64)] = True
+    out = {}
+    for name, (cols, key) in tables.items():
+        n = len(next(iter(cols.values()))) if cols else 0
+        if n == 0:
+            out[name] = (cols, key)
+        elif key is None:
+            out[name] = (cols if keep[0] else {c: a[:0] for c, a in cols.items()}, None)
+        else:
+            m = keep[bin_of(key, bits)]
+            out[name] = ({c: a[m] for c, a in cols.items()}, key[m])
+    return out
+
+
 def binned(tables: dict, bits: int) -> tuple[dict, dict]:
     """Lay out ``{table: (columns, key_hash or None)}`` by bin; returns (tables, offsets).
 
@@ -333,9 +357,12 @@ class OperatorLogic:
 
         Take it between two ``process`` calls; it shares no mutable object with
         the logic (arrays are copies or never mutated in place afterwards). This
-        generic version bins the whole state and then selects; logics that keep
-        their state binned while they run (:class:`~replistream.operators.keyed.KeyedOperatorLogic`)
-        pay only for the bins asked for.
+        generic version hashes the whole state, keeps the rows of ``bins`` and lays
+        out only those (a step costs one hash pass over the state plus sorting and
+        copying its own rows; equal to ``checkpoint(bits).select(bins)``); logics
+        that keep their state binned while they run
+        (:class:`~replistream.operators.keyed.KeyedOperatorLogic`) pay only for the
+        bins asked for.
 
         >>> from replistream.operators import FilterLogic
         >>> s = Schema({"x": "i8"})
@@ -346,10 +373,13 @@ class OperatorLogic:
         ([5], 5)
         """
         raw = self._state_tables(bits > 0)
+        subset = bins is not None and bits > 0
+        if subset:  # only the rows of ``bins`` are sorted and copied
+            raw = _rows_of_bins(raw, int(bits), bins)
         tables, offsets = binned(raw, int(bits))
         st = OperatorState(type(self).__name__, self.name, self._state_params(), tuple(self.in_punct),
                            int(self.watermark), int(bits), tables, offsets)
-        return st if bins is None else st.select(bins)
+        return st if bins is None or subset else st.select(bins)
 
     def bin_keys(self, port: int, batch: np.ndarray) -> np.ndarray | None:
         """The 64-bit key hash of each tuple of ``batch`` (input ``port``) that decides which
