@@ -317,6 +317,16 @@ def join_steps(rows: int = 200_000, bits_list=(6, 10), reps: int = 5) -> list[di
     return out
 
 
+def _md_table(rows, header: tuple, cells) -> list[str]:
+    """A right-aligned markdown table of ``rows`` (``cells(row)`` gives the formatted cells),
+    followed by a blank line; nothing when there are no rows."""
+    if not rows:
+        return []
+    out = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    out += ["| " + " | ".join(cells(r)) + " |" for r in rows]
+    return out + [""]
+
+
 def markdown(report: dict) -> str:
     """The figures as markdown tables (what docs/benchmarks.md and docs/migration.md show)."""
     lines = []
@@ -329,22 +339,17 @@ def markdown(report: dict) -> str:
         lines.append("snapshot of n of 4,096 bins (ms): " + ", ".join(
             f"{n}: {v:.2f}" for n, v in ov["snapshot_ms_at_12_bits"].items()))
         lines.append("")
-    dm = report.get("dormant")
-    if dm:
-        lines += ["| bins | tuples since refresh | changed bins | full checkpoint MB / ms | last delta MB / ms |",
-                  "|---:|---:|---:|---:|---:|"]
-        for r in dm:
-            lines.append(f"| {r['bins']:,} | {r['updates_since_refresh']:,} | {r['changed_bins']:,} | "
-                         f"{r['full_mb']:.1f} / {r['full_ms']:.0f} | {r['delta_mb']:.1f} / {r['delta_ms']:.0f} |")
-        lines.append("")
-    js = report.get("join_steps")
-    if js:
-        lines += ["| Join rows per side | state MB | bins | one-bin step ms | whole state laid out, then one bin ms | "
-                  "whole checkpoint ms |", "|---:|---:|---:|---:|---:|---:|"]
-        for r in js:
-            lines.append(f"| {r['rows_per_side']:,} | {r['state_mb']:.1f} | {1 << r['bits']:,} | {r['one_bin_ms']:.1f} | "
-                         f"{r['whole_then_select_ms']:.1f} | {r['whole_ms']:.1f} |")
-        lines.append("")
+    lines += _md_table(
+        report.get("dormant"),
+        ("bins", "tuples since refresh", "changed bins", "full checkpoint MB / ms", "last delta MB / ms"),
+        lambda r: (f"{r['bins']:,}", f"{r['updates_since_refresh']:,}", f"{r['changed_bins']:,}",
+                   f"{r['full_mb']:.1f} / {r['full_ms']:.0f}", f"{r['delta_mb']:.1f} / {r['delta_ms']:.0f}"))
+    lines += _md_table(
+        report.get("join_steps"),
+        ("Join rows per side", "state MB", "bins", "one-bin step ms", "whole state laid out, then one bin ms",
+         "whole checkpoint ms"),
+        lambda r: (f"{r['rows_per_side']:,}", f"{r['state_mb']:.1f}", f"{1 << r['bits']:,}", f"{r['one_bin_ms']:.1f}",
+                   f"{r['whole_then_select_ms']:.1f}", f"{r['whole_ms']:.1f}"))
     runs = report.get("migration")
     if runs:
         lines += ["| strategy | transfer bins | steps | transfer s | sender's longest step ms | MB moved | "
