@@ -1,10 +1,10 @@
-"""Size and time of hand-over checkpoints (DESIGN.md decision 7; a benchmark, not a test).
+"""Size and time of hand-over checkpoints (docs/design.md, decision 7; a benchmark, not a test).
 
     python bench/handover.py                 # 300k tuples of state per case
     python bench/handover.py --tuples 50000  # smaller, a few seconds
     python bench/handover.py --json          # one JSON object on stdout
 
-Each case builds one replica (:class:`~replistream.engine.ReplicaCore` with two
+Each case builds one replica (:class:`~replistream.replica.ReplicaCore` with two
 input stream replicas per port, as in a k=2 deployment) and feeds it seeded
 batches of 10,000 tuples until it holds ``--tuples`` input tuples of state,
 then delivers a punctuation ``p`` that leaves the last ``--above`` fraction of
@@ -50,7 +50,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from replistream import Punctuation, Query, Summary  # noqa: E402
-from replistream.engine import ReplicaCheckpoint, ReplicaCore  # noqa: E402
+from replistream.replica import ReplicaCheckpoint, ReplicaCore  # noqa: E402
 
 BATCH = 10_000
 STEP = 10  # microseconds between tuples

@@ -19,7 +19,7 @@ per-bin snapshot of 1, 16, 256 and all 4096 bins of the loaded state (what a
 step of a transfer costs the sender).
 
 **Dormant replicas (Del Monte 2017)** (in process). The same keyed count
-with 2^12 and 2^16 bins; a dormant copy (:class:`~replistream.engine.DormantReplica`)
+with 2^12 and 2^16 bins; a dormant copy (:class:`~replistream.replica.DormantReplica`)
 restored from a full checkpoint; then 1,000, 10,000 or 100,000 tuples of
 random keys; then revival, either from a full checkpoint (take, pickle,
 unpickle, install) or from the dormant copy and one delta of the bins changed
@@ -131,7 +131,7 @@ def dormant(keys: int, bits_list=(12, 16), updates=(1_000, 10_000, 100_000), rep
     """Revival of a keyed-count replica (``keys`` keys) from a full checkpoint, against reviving a
     dormant copy last refreshed ``updates`` tuples (uniformly random keys) ago from one last delta:
     bytes shipped, and time to take, pickle, unpickle and install (``revive``), best of ``reps``."""
-    from replistream.engine import DormantReplica, ReplicaCheckpoint, ReplicaCore
+    from replistream.replica import DormantReplica, ReplicaCheckpoint, ReplicaCore
 
     rng = np.random.default_rng(3)
     out = []

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     }
     ok = res.complete and len(lat) == readings
     if args.check:
-        from replistream.engine import run_reference
+        from replistream.engines import run_reference
         from replistream.testing import assert_same_output
 
         ref = run_reference(st.query, lazy_inputs(args.servers, duration, args.period, args.seed, chunk_s))

@@ -38,7 +38,7 @@ Decisions where the paper is silent:
   that replaces one feeds everything the hindered replica fed.
 * A revived or created stateful replica (Join, Aggregate, user-defined) is
   listed in ``handover``: it must install a checkpoint from a live peer
-  (DESIGN.md decision 7) before it emits.
+  (docs/design.md, decision 7) before it emits.
 * New stream replicas take the rate of their logical stream and the latency
   from ``latency(src_server, dst_server)``; without it, the latency of a known
   stream replica between the same servers (either direction), else the mean

@@ -51,11 +51,11 @@ from typing import Any
 
 import networkx as nx
 
+from ..plan import ENTRY, PhysicalPlan, replica_index
+
 __all__ = ["ENTRY", "KINDS", "STATES", "OperatorReplica", "StreamReplica", "Snapshot", "snapshot_from_plan",
            "replica_index"]
 
-#: Plan key and operator name of the entry points (as in ``replistream.runtime.deploy.ENTRY``).
-ENTRY = "entry"
 #: Kinds of operator replica.
 KINDS = ("entry", "operator", "application")
 #: States of an operator replica.
@@ -68,7 +68,7 @@ class OperatorReplica:
     ``kind`` (``"entry"``, ``"operator"`` or ``"application"``), ``state``
     (``"live"``, ``"dormant"``, ``"failed"``) and whether reviving it needs a
     state hand-over (``stateful``: Join, Aggregate, user-defined operators;
-    DESIGN.md decision 7).
+    docs/design.md, decision 7).
 
     >>> r = OperatorReplica("join#1", "join", "tokyo", stateful=True)
     >>> r.live, r.kind
@@ -134,16 +134,6 @@ class StreamReplica:
     def cost(self) -> float:
         """Network cost: bandwidth-delay product ``rate x latency_ms`` (Hwang §V-A)."""
         return self.rate * self.latency_ms
-
-
-def replica_index(label: str) -> int | None:
-    """The replica number in a label ``"op#3"`` (None for an application's label).
-
-    >>> replica_index("join#12"), replica_index("alerts")
-    (12, None)
-    """
-    head, sep, tail = label.rpartition("#")
-    return int(tail) if sep and tail.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -399,8 +389,6 @@ class Snapshot:
         return "\n".join(lines)
 
 
-_STATEFUL_SPECS = ("JoinSpec", "TimeWindowSpec", "CountWindowSpec", "CustomSpec")
-
 
 def _latency_fn(latency) -> Callable[[str, str], float]:
     if latency is None:
@@ -446,33 +434,14 @@ def snapshot_from_plan(query, plan: Mapping[str, list], *, rates: Mapping[str, f
     weights = dict(weights or {})
     if ENTRY not in plan or not plan[ENTRY]:
         raise ValueError(f"plan needs the entry points' servers under {ENTRY!r}")
-    reps: list[OperatorReplica] = []
-    labels: dict[str, list[str]] = {}
-    labels[ENTRY] = []
-    for i, srv in enumerate(plan[ENTRY]):
-        reps.append(OperatorReplica(f"{ENTRY}#{i}", ENTRY, srv, "entry"))
-        labels[ENTRY].append(f"{ENTRY}#{i}")
-    for node in query.operators:
-        if node not in plan or not plan[node]:
-            raise ValueError(f"plan has no servers for operator {node!r}")
-        stateful = type(query.spec(node)).__name__ in _STATEFUL_SPECS
-        labels[node] = []
-        for i, srv in enumerate(plan[node]):
-            reps.append(OperatorReplica(f"{node}#{i}", node, srv, "operator", stateful=stateful))
-            labels[node].append(f"{node}#{i}")
-    for node in query.sinks:
-        if node not in plan or len(plan[node]) != 1:
-            raise ValueError(f"plan must give application {node!r} exactly one server, got {plan.get(node)}")
-        reps.append(OperatorReplica(node, node, plan[node][0], "application"))
-        labels[node] = [node]
-    server = {r.label: r.server for r in reps}
+    physical = PhysicalPlan(query, plan)
+    kinds = {ENTRY: "entry", **{n: "operator" for n in query.operators}, **{n: "application" for n in query.sinks}}
+    reps = [OperatorReplica(r.label, r.node, physical.server(r), kinds[r.node], stateful=physical.stateful(r.node))
+            for r in physical.replicas()]
     streams: list[StreamReplica] = []
-    for node in query.topological():
-        ups = labels[ENTRY] if query.spec(node).kind == "source" else labels[node]
-        rate = float(rates.get(node, 1.0))
-        for v, port in query.outputs_of(node):
-            for u in ups:
-                for d in labels[v]:
-                    s = StreamReplica(u, d, port, rate, lat(server[u], server[d]), 0.0, True, node)
-                    streams.append(replace(s, weight=float(weights.get(s.id, 0.0))))
+    for e in physical.streams():
+        rate = float(rates.get(e.stream, 1.0))
+        s = StreamReplica(e.src.label, e.dst.label, e.port, rate, lat(physical.server(e.src), physical.server(e.dst)),
+                          0.0, True, e.stream)
+        streams.append(replace(s, weight=float(weights.get(s.id, 0.0))))
     return Snapshot(reps, streams, kmin, theta)

@@ -36,13 +36,12 @@ import networkx as nx
 import numpy as np
 
 from ..errors import ReplistreamError
+from ..plan import ENTRY, group_of
 from ..network import LOCAL_MS, GeoLatencyModel, LatencyModel, NetworkConditions, Server, TraceLatencyModel, ZeroLatency
 
 __all__ = ["ENTRY", "PlacementError", "Flow", "PlacementProblem", "QueryStats", "problem_from_query",
            "latency_matrix", "with_stats"]
 
-#: Placement key of the entry points (the runtime's ``replistream.runtime.deploy.ENTRY``).
-ENTRY = "entry"
 
 
 class PlacementError(ReplistreamError, ValueError):
@@ -573,7 +572,7 @@ def problem_from_query(query, servers: Sequence, latency=None, stats: QueryStats
         if kind[u] == "sink":
             continue
         for v, _port in query.outputs_of(u):
-            flows.append((ENTRY if kind[u] == "source" else u, v, stats.rates[u]))
+            flows.append((group_of(query, u), v, stats.rates[u]))
     single = [a for a in q_sinks if a not in apps]
     nodes = [ENTRY] + q_operators + single
     fixed = {**{s: sources[s] for s in sources}, **apps}

@@ -1,4 +1,4 @@
-"""Servers on Ray nodes: how a placement becomes Ray scheduling (DESIGN.md decision 6).
+"""Servers on Ray nodes: how a placement becomes Ray scheduling (docs/design.md, decision 6).
 
 A :class:`~replistream.network.Server` may name where it runs in ``node``:
 

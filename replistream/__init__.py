@@ -17,7 +17,8 @@ from .errors import DeadLetter, PunctuationViolation, QueryError, ReplistreamErr
 from .operators.aggregate import Summary
 from .schema import END, Punctuation, Schema, millis, seconds
 from .query import Query, Stream
-from .engine import ReplicaCore, RunResult, run_reference
+from .replica import ReplicaCore
+from .engines import RunResult, run_reference
 from .network import Server, default_servers
 from .scenario import Event, Scenario
 

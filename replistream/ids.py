@@ -1,4 +1,4 @@
-"""Deterministic 64-bit tuple ids (DESIGN.md decision 1).
+"""Deterministic 64-bit tuple ids (docs/design.md, decision 1).
 
 Every replica must compute the same id for the same logical tuple, in any
 process, so nothing here may depend on Python's randomised ``hash``. Ids are

@@ -83,7 +83,7 @@ class Marker:
     ``ts > p``. Markers travel like punctuations but are not promises: tuples with
     ``ts <= p`` may still follow. Operators never see them; the replica that
     receives the first copy applies the change and forwards it
-    (:mod:`replistream.reconfig`).
+    (:mod:`replistream.replica.changes`).
 
     >>> Marker(5, 1, None).p
     5

@@ -2,7 +2,7 @@
 
 The simulator drives the runtime's own operator objects (``ReplicaCore``,
 ``EntryLogic``, ``DuplicateFilter``) over virtual links whose delays come
-from a latency model or trace (DESIGN.md decisions 2 and 5); only
+from a latency model or trace (docs/design.md, decisions 2 and 5); only
 communication differs from the Ray runtime, as in the paper's simulator.
 
 * :class:`Simulator`, :class:`SimResult`, :data:`MODES` (engine);

@@ -16,7 +16,7 @@ virtual time:
 * **Links** carry packets (``_Flow``): arrival time, tuple count and punctuation
   per packet, plus the rows. A link's arrivals are computed for all its packets of
   an epoch at once: the latency model is evaluated vectorised over the send times
-  (:func:`latencies_ms`, equal to ``latency_ms`` point by point), outages are waited
+  (``LatencyModel.latencies_ms``, equal to ``latency_ms`` point by point), outages are waited
   out by :func:`~replistream.network.delivery_time` as before, and FIFO order is a
   running maximum.
 * **CPU.** A replica serves its packets in arrival order; the finishing times of
@@ -72,152 +72,26 @@ from typing import Any
 
 import numpy as np
 
-from replistream import network as _nw
 from replistream.ids import hash_columns, mix
-from replistream.network import GeoLatencyModel, NetworkConditions, ZeroLatency, delivery_time
+from replistream.network import GeoLatencyModel, NetworkConditions, delivery_time
+from replistream.plan import ENTRY
+from replistream.sources import chunk_time
 from replistream.operators.join import JoinLogic
 from replistream.operators.stateless import FilterLogic, MapLogic, UnionLogic
 from replistream.query import ApplicationLogic
 from replistream.schema import END, ID, TS, Punctuation
 
-__all__ = ["latencies_ms", "arrivals", "fifo_done"]
+__all__ = ["arrivals", "fifo_done"]
 
 NO_P = int(np.iinfo(np.int64).min)
 
 
 # -- the network, vectorised over send times ---------------------------------------------------------
 
-def _draws(prefix, index: np.ndarray, j: int) -> np.ndarray:
-    # network._draw for arrays of time indices (and of pair prefixes, or one prefix)
-    h = _nw._sm_np(_nw._sm_np(np.asarray(prefix, dtype=np.uint64) ^ index.astype(np.uint64)) ^ np.uint64(j))
-    return (h >> np.uint64(11)).astype(np.float64) * _nw._INV53
-
-
-def _events(prefix, t: np.ndarray, window: float, p: float, dur: tuple, log_dur: bool):
-    # GeoLatencyModel._event for arrays of times (and pairs): (covered, u_size). The draws
-    # depend on (pair, window) only: they are made once per run of equal (pair, window)
-    # (times come grouped by pair and sorted), and beyond "does an event occur" only where one does.
-    prefix = np.broadcast_to(np.asarray(prefix, dtype=np.uint64), t.shape)
-    w0 = np.floor(t / window).astype(np.int64)
-    n = len(t)
-    covered = np.zeros(n, dtype=bool)
-    usize = np.zeros(n)
-    if not n:
-        return covered, usize
-    first = np.empty(n, dtype=bool)
-    first[0] = True
-    np.not_equal(w0[1:], w0[:-1], out=first[1:])
-    first[1:] |= prefix[1:] != prefix[:-1]
-    heads = np.flatnonzero(first)
-    grp = np.cumsum(first) - 1
-    hp, hw0 = prefix[heads], w0[heads]
-    for hw in (hw0, hw0 - 1):
-        occ = np.flatnonzero(_draws(hp, hw, 0) < p)  # groups whose window holds an event
-        if not len(occ):
-            continue
-        gp, gw = hp[occ], hw[occ]
-        start = gw * window + _draws(gp, gw, 1) * window
-        u = _draws(gp, gw, 2)
-        if log_dur:
-            d = np.exp(math.log(dur[0]) + u * (math.log(dur[1]) - math.log(dur[0])))
-        else:
-            d = dur[0] + u * (dur[1] - dur[0])
-        gi = np.full(len(heads), -1)
-        gi[occ] = np.arange(len(occ))
-        el = np.flatnonzero(gi[grp] >= 0)  # elements in such windows
-        k = gi[grp[el]]
-        te = t[el]
-        hit = (start[k] <= te) & (te < start[k] + d[k]) & ~covered[el]
-        if hit.any():
-            eh = el[hit]
-            usize[eh] = _draws(gp, gw, 3)[k[hit]]
-            covered[eh] = True
-    return covered, usize
-
-
-def _geo_pairs(m: GeoLatencyModel, i: np.ndarray, j: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """GeoLatencyModel.latency_ms for arrays of (sender index, receiver index, time)."""
-    base = m._base[i, j]
-    lat = base.copy()
-    if m.jitter > 0:
-        u = _draws(m._prefix[_nw._TAG_JITTER][i, j], np.floor(t / m.step_s).astype(np.int64), 0)
-        lat += np.maximum(m.jitter_min_ms, m.jitter * base) * -np.log1p(-u)
-    if m.congestion > 0:
-        def diurnal(lon):
-            hour = (m.start_utc_hour + t / 3600.0 + lon / 15.0) % 24.0
-            return 0.5 * (1.0 + np.cos(2.0 * math.pi * (hour - m.busy_hour) / 24.0))
-        lat += m.congestion * base * (0.5 * (diurnal(m._lon_arr[i]) + diurnal(m._lon_arr[j])))
-    if m.spike_p > 0:
-        hit, us = _events(m._prefix[_nw._TAG_SPIKE][i, j], t, m.spike_window_s, m.spike_p, m.spike_duration, False)
-        if hit.any():
-            lat[hit] += np.minimum(m.spike_max_ms, m.spike_scale_ms * (1.0 - us[hit]) ** (-1.0 / m.spike_alpha))
-    if m.outage_p > 0:
-        down, _ = _events(m._prefix[_nw._TAG_OUTAGE][i, j], t, m.outage_window_s, m.outage_p,
-                          m.outage_duration, True)
-        lat[down] = math.inf
-    lat[i == j] = m.local_ms
-    return lat
-
-
-def _geo(m: GeoLatencyModel, a: str, b: str, t: np.ndarray) -> np.ndarray:
-    i, j = m._index.get(a), m._index.get(b)
-    if i is None or j is None:
-        m._check(a, b)
-    n = len(t)
-    return _geo_pairs(m, np.full(n, i), np.full(n, j), t)
-
-
-def _vector_model(model):
-    """The model to evaluate in bulk (GeoLatencyModel, ZeroLatency), or None."""
-    if isinstance(model, NetworkConditions) and not model.overrides():
-        model = model.base
-    return model if type(model) in (GeoLatencyModel, ZeroLatency) else None
-
-
 def raw_arrivals(model, pairs: list[tuple[str, str]], times: list[np.ndarray]) -> list[np.ndarray]:
-    """``t + latency_ms(a, b, t) / 1000`` for several links at once (one model evaluation):
+    """``t + latency_ms(a, b, t) / 1000`` for several links at once (one evaluation of the model):
     ``inf`` where the link is down. Used by :meth:`BatchRun.transmit_many`."""
-    vm = _vector_model(model)
-    if vm is None or not times:
-        return [t + latencies_ms(model, a, b, t) / 1000.0 for (a, b), t in zip(pairs, times)]
-    t = np.concatenate(times)
-    if type(vm) is ZeroLatency:
-        lat = np.zeros(len(t))
-    else:
-        idx = vm._index
-        for a, b in pairs:
-            if a not in idx or b not in idx:
-                vm._check(a, b)
-        n = [len(x) for x in times]
-        i = np.repeat(np.array([idx[a] for a, _ in pairs], dtype=np.intp), n)
-        j = np.repeat(np.array([idx[b] for _, b in pairs], dtype=np.intp), n)
-        lat = _geo_pairs(vm, i, j, t)
-    at = t + lat / 1000.0
-    return np.split(at, np.cumsum([len(x) for x in times])[:-1])
-
-
-def latencies_ms(model, a: str, b: str, t) -> np.ndarray:
-    """``model.latency_ms(a, b, t)`` for every send time in ``t`` (ms; ``inf`` when down).
-
-    Vectorised for :class:`~replistream.network.GeoLatencyModel` (equal to the scalar
-    method up to the rounding of numpy's transcendental functions) and
-    :class:`~replistream.network.ZeroLatency`; other models are asked point by point.
-
-    >>> from replistream.network import default_servers
-    >>> m = GeoLatencyModel(default_servers(3), seed=2)
-    >>> a, b = m.names[:2]
-    >>> t = np.array([0.0, 3600.5, 86400.25])
-    >>> bool(np.allclose(latencies_ms(m, a, b, t), [m.latency_ms(a, b, x) for x in t], rtol=1e-12))
-    True
-    """
-    t = np.asarray(t, dtype=np.float64)
-    if isinstance(model, NetworkConditions) and not model.overrides():
-        model = model.base
-    if type(model) is GeoLatencyModel:
-        return _geo(model, a, b, t)
-    if type(model) is ZeroLatency:
-        return np.zeros(len(t))
-    return np.fromiter((model.latency_ms(a, b, float(x)) for x in t), dtype=np.float64, count=len(t))
+    return [t + lat / 1000.0 for t, lat in zip(times, model.link_latencies_ms(pairs, times))]
 
 
 def arrivals(model, a: str, b: str, t, last: float = -math.inf) -> np.ndarray:
@@ -235,7 +109,7 @@ def arrivals(model, a: str, b: str, t, last: float = -math.inf) -> np.ndarray:
     t = np.asarray(t, dtype=np.float64)
     if not len(t):
         return t.copy()
-    at = t + latencies_ms(model, a, b, t) / 1000.0
+    at = t + model.latencies_ms(a, b, t) / 1000.0
     bad = ~np.isfinite(at)
     if bad.any():
         at[bad] = _after_outage(model, a, b, t[bad])
@@ -268,8 +142,8 @@ def _after_outage(model, a: str, b: str, t: np.ndarray, resolution: float = 1.0,
     k = np.where((k > 1) & (t + np.minimum((k - 1) * resolution, horizon) >= end), k - 1, k)
     hi = t + np.minimum(k * resolution, horizon)
     lo = np.where(k > 1, t + np.minimum((k - 1) * resolution, horizon), t)
-    ok = np.isfinite(end) & (k * resolution <= horizon + resolution) & np.isfinite(latencies_ms(model, a, b, hi))
-    ok &= (k == 1) | ~np.isfinite(latencies_ms(model, a, b, lo))
+    ok = np.isfinite(end) & (k * resolution <= horizon + resolution) & np.isfinite(model.latencies_ms(a, b, hi))
+    ok &= (k == 1) | ~np.isfinite(model.latencies_ms(a, b, lo))
     while True:  # delivery_time's bisection; between lo (down) and hi (up) the link is up from ``end`` on
         act = ok & (hi - lo > tol)
         if not act.any():
@@ -278,7 +152,7 @@ def _after_outage(model, a: str, b: str, t: np.ndarray, resolution: float = 1.0,
         up = mid >= end
         hi = np.where(act & up, mid, hi)
         lo = np.where(act & ~up, mid, lo)
-    out[ok] = hi[ok] + latencies_ms(model, a, b, hi[ok]) / 1000.0
+    out[ok] = hi[ok] + model.latencies_ms(a, b, hi[ok]) / 1000.0
     for i in np.flatnonzero(~ok).tolist():
         out[i] = delivery_time(model, a, b, float(t[i]), resolution=resolution, horizon=horizon, tol=tol)
     return out
@@ -521,7 +395,7 @@ class BatchRun:
         if sim.retain:
             items = ([now.rows] if now.rows is not None and len(now.rows) else []) + \
                     ([Punctuation(int(now.punct.max()))] if (now.punct != NO_P).any() else [])
-            if r.node == sim_entry(sim):
+            if r.node == ENTRY:
                 log = sim.entry_logs[(key, r.index)]
                 log.append(items)
             else:
@@ -579,7 +453,7 @@ class BatchRun:
                 continue
             if hasattr(chunk, "apply") and not isinstance(chunk, (np.ndarray, dict, list, Punctuation)):
                 continue  # a Sentinel: scripted events belong in the scenario here
-            ct = _chunk_time(chunk)
+            ct = chunk_time(chunk, punctuations=False)
             if ct is not None:
                 self.last_feed[src] = max(self.last_feed[src], (ct - sim.ts0) / 1e6)
             prev_max, prev_p = entry.max_ts, entry.punct
@@ -614,7 +488,7 @@ class BatchRun:
 
     def _release(self, t_end: float) -> None:
         sim = self.sim
-        entries = sim.groups[sim_entry(sim)]
+        entries = sim.groups[ENTRY]
         released = []
         for src in sim.query.sources:
             self._read(src, t_end)
@@ -997,7 +871,7 @@ class BatchRun:
     def epoch(self, t_end: float) -> None:
         sim = self.sim
         self._release(t_end)
-        entry = sim_entry(sim)
+        entry = ENTRY
         for node in [entry] + self.order:
             for r in sim.groups[node]:
                 if not r.alive:
@@ -1060,12 +934,6 @@ class BatchRun:
 _FAST = {UnionLogic, MapLogic, FilterLogic, ApplicationLogic, JoinLogic}
 
 
-def sim_entry(sim) -> str:
-    from .engine import ENTRY
-
-    return ENTRY
-
-
 def _sub(flow: _Flow, sel: np.ndarray, at: np.ndarray) -> _Flow:
     """The packets ``sel`` of ``flow`` with arrival times ``at``."""
     off = np.r_[0, np.cumsum(flow.n)]
@@ -1074,12 +942,6 @@ def _sub(flow: _Flow, sel: np.ndarray, at: np.ndarray) -> _Flow:
         idx = np.concatenate([np.arange(off[i], off[i + 1]) for i in sel.tolist()]) if len(sel) else np.zeros(0, int)
         rows = flow.rows[idx]
     return _Flow(at, flow.punct[sel], flow.n[sel], rows)
-
-
-def _chunk_time(chunk: Any):
-    from .engine import chunk_time
-
-    return chunk_time(chunk)
 
 
 def handover(run: "BatchRun", r) -> None:

@@ -2,7 +2,7 @@
 
 "Our prototype and simulator use the same source code except for the
 communication component" (§VI-A). Here too: every operator replica is a
-:class:`~replistream.engine.ReplicaCore` (duplicate filters, sorter, logic),
+:class:`~replistream.replica.ReplicaCore` (duplicate filters, sorter, logic),
 every source runs an :class:`~replistream.operators.entry.EntryLogic`, and
 placements and GC decisions come from :mod:`replistream.placement` and
 :mod:`replistream.gc`. Only communication differs: virtual time, and one FIFO
@@ -47,7 +47,7 @@ Modes (Fig. 2 compares them; all produce exactly the reference output):
 
 >>> from replistream.workloads import fig1_query, fig1_inputs
 >>> from replistream.network import GeoLatencyModel, default_servers
->>> from replistream.engine import run_reference
+>>> from replistream.engines import run_reference
 >>> q = fig1_query(2, window_s=10)
 >>> data = fig1_inputs(2, duration_s=60, period_s=10, seed=1)
 >>> servers = [s.name for s in default_servers(4)]
@@ -69,7 +69,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from replistream.engine import OutputLog, ReplicaCore, iter_chunks
+from replistream.replica import ReplayLog, ReplicaCore
+from replistream.plan import ENTRY
+from replistream.sources import chunk_time, iter_chunks
 from replistream.errors import QueryError
 from replistream.network import LatencyModel, NetworkConditions, ZeroLatency, delivery_time
 from replistream.operators.sorter import canonical_order
@@ -79,33 +81,13 @@ from replistream.schema import END, TS, Punctuation
 
 from .cpu import CpuModel, operator_kind
 
-__all__ = ["Simulator", "SimResult", "MODES", "ENTRY", "chunk_time"]
+__all__ = ["Simulator", "SimResult", "MODES", "ENTRY"]
 
-ENTRY = "entry"
 MODES = ("replication", "synchronization", "deterministic")
 _NO_P = int(np.iinfo(np.int64).min)
 
 # event kinds (heap entries are (time, seq, kind, payload))
 _FEED, _ENTRY_IN, _ARRIVE, _EMIT, _KILL, _FAILOVER, _CALL = range(7)
-
-
-def chunk_time(chunk: Any) -> int | None:
-    """The first timestamp (µs) of a source chunk, or None for a chunk without one.
-
-    >>> chunk_time({"ts": [30, 10]}), chunk_time([{"ts": 5}]), chunk_time(Punctuation(3))
-    (10, 5, None)
-    """
-    if isinstance(chunk, Punctuation):
-        return None
-    if isinstance(chunk, np.ndarray):
-        return int(chunk[TS].min()) if len(chunk) and TS in (chunk.dtype.names or ()) else None
-    if isinstance(chunk, Mapping):
-        ts = chunk.get(TS)
-        return None if ts is None or not len(ts) else int(np.min(ts))
-    if isinstance(chunk, list):
-        ts = [r.get(TS) for r in chunk if isinstance(r, Mapping) and r.get(TS) is not None]
-        return int(min(ts)) if ts else None
-    return None
 
 
 class _Replica:
@@ -408,7 +390,7 @@ class Simulator:
                             self.entry_links[u].setdefault(ci, []).append(lk)
                         else:
                             up.out.append(lk)
-        self.entry_logs = {(s, i): OutputLog() for s in q.sources for i in range(len(self.groups[ENTRY]))} \
+        self.entry_logs = {(s, i): ReplayLog() for s in q.sources for i in range(len(self.groups[ENTRY]))} \
             if self.retain else {}
         self.links = [lk for g in self.groups.values() for r in g for lk in r.out]
         self.links += [lk for d in self.entry_links.values() for ls in d.values() for lk in ls]
@@ -448,7 +430,7 @@ class Simulator:
         firsts = {}
         for s in q.sources:
             firsts[s] = self._next_chunk(s)
-        times = [chunk_time(c) for c in firsts.values() if c is not None and chunk_time(c) is not None]
+        times = [chunk_time(c, punctuations=False) for c in firsts.values() if c is not None and chunk_time(c, punctuations=False) is not None]
         self.ts0 = min(times) if times else 0
         self._last_feed = {s: 0.0 for s in q.sources}
         if self.batch_s is not None:
@@ -529,7 +511,7 @@ class Simulator:
         last = 0
         for s, data in inputs.items():
             if isinstance(data, list) and data:
-                t = chunk_time(data[-1])
+                t = chunk_time(data[-1], punctuations=False)
                 if t is not None:
                     last = max(last, t)
         return (last - self.ts0) / 1e6
@@ -547,7 +529,7 @@ class Simulator:
         if chunk is None:
             self._ended.add(src)
         else:
-            ct = chunk_time(chunk)
+            ct = chunk_time(chunk, punctuations=False)
             if ct is not None and ct > self._latest_ts:
                 self._latest_ts = ct
         return chunk
@@ -562,7 +544,7 @@ class Simulator:
         if chunk is None:
             self._push(self._last_feed[src], _FEED, (src, None))
             return
-        ct = chunk_time(chunk)
+        ct = chunk_time(chunk, punctuations=False)
         t = self._last_feed[src] if ct is None else max(self._last_feed[src], (ct - self.ts0) / 1e6)
         self._last_feed[src] = t
         self._push(t, _FEED, (src, chunk))
@@ -773,7 +755,7 @@ class Simulator:
         (same labels and ids as the runtime); returns how many are live. A revived replica of a
         stateful operator is handed over from a live peer first, and with ``retain=True`` every
         revived stream replica is first replayed what its sender retains since the last
-        punctuation all its live receivers acknowledged (DESIGN.md decision 7)."""
+        punctuation all its live receivers acknowledged (docs/design.md, decision 7)."""
         live = {st.id for st in snapshot.streams if st.live}
         known = {lk.id for lk in self.links}
         unknown = sorted(live - known)
@@ -849,7 +831,7 @@ class Simulator:
                         new_links.append(_Link(r, dr, port, ch))
                         self.entry_links[src].setdefault(i, []).append(new_links[-1])
                 if self.retain:
-                    self.entry_logs[(src, i)] = OutputLog()
+                    self.entry_logs[(src, i)] = ReplayLog()
         else:
             ups = [ENTRY if q.spec(u).kind == "source" else u for u in q.inputs_of(node)]
             core = ReplicaCore(q, node, [len(self.groups[u]) for u in ups], self.strict, retain=self.retain)

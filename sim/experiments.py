@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from replistream.engine import run_reference
+from replistream.engines import run_reference
 from replistream.network import default_servers
 from replistream.placement import QueryStats, fig1_sources, latency_matrix, min_cost, place, problem_from_query
 from replistream.placement.result import Placement

@@ -1,4 +1,4 @@
-"""Operator logic: plain objects driven by every engine (DESIGN.md decision 2)."""
+"""Operator logic: plain objects driven by every engine (docs/design.md, decision 2)."""
 from .base import Item, NO_PUNCTUATION, OperatorLogic
 from .stateless import FilterLogic, FlatMapLogic, MapLogic, UnionLogic
 

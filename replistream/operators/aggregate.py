@@ -188,7 +188,7 @@ class TimeWindowAggregateLogic(_GroupedWindows):
     [(9, 1, 0, 2, 1.5)]
 
     Hand-over: a fresh replica restored from a checkpoint closes the open window
-    exactly as the original would (DESIGN.md decision 7):
+    exactly as the original would (docs/design.md, decision 7):
 
     >>> b = TimeWindowAggregateLogic("a", [s], size=10, by="k", aggs={"n": "count", "m": ("x", "mean")})
     >>> b.restore(a.checkpoint()).process(0, Punctuation(19))[0][["ts", "n", "m"]].tolist()
@@ -372,7 +372,7 @@ class TimeWindowAggregateLogic(_GroupedWindows):
     def open_windows(self) -> int:
         return len(self._index)
 
-    # -- hand-over (DESIGN.md decision 7) ------------------------------------
+    # -- hand-over (docs/design.md, decision 7) ------------------------------------
     # One row per open (group, window), binned by the group's hash so that all
     # windows of a group share a bin (Megaphone). Exact float sums travel as a
     # band of their non-zero limbs per row (a handful of the 70), plus the
@@ -530,7 +530,7 @@ class CountWindowAggregateLogic(_GroupedWindows):
         out = np.concatenate(outs)
         return [out[canonical_order(out)]]
 
-    # -- hand-over (DESIGN.md decision 7) ------------------------------------
+    # -- hand-over (docs/design.md, decision 7) ------------------------------------
     # The unreleased input (ts > watermark), and per group its tuple count, next
     # window number and the tuples still pending for open windows (in (ts, id)
     # order); all binned by group hash.

@@ -4,7 +4,7 @@ An operator's *logic* is a plain Python object: no Ray, no clock. It takes a
 batch or a punctuation on input port ``i`` and returns the list of items to
 emit, in order: batches (numpy structured arrays) and
 :class:`~replistream.schema.Punctuation` objects. Engines differ only in how
-they move those items (DESIGN.md decision 2).
+they move those items (docs/design.md, decision 2).
 
 :class:`OperatorLogic` implements what every operator shares:
 
@@ -22,7 +22,7 @@ Subclasses implement ``_on_batch(port, batch) -> list[np.ndarray]`` and,
 where they hold state, ``_on_port_punctuation(port, p)`` (purge) and
 ``_on_watermark(wm) -> list[np.ndarray]`` (close windows).
 
-Hand-over (DESIGN.md decision 7): :meth:`OperatorLogic.checkpoint` returns the
+Hand-over (docs/design.md, decision 7): :meth:`OperatorLogic.checkpoint` returns the
 logic's whole state as an :class:`OperatorState`, a plain, versioned, picklable
 object of numpy arrays, and :meth:`OperatorLogic.restore` installs one into a
 freshly built logic, which then behaves exactly as the checkpointed one would.
@@ -80,7 +80,7 @@ Columns = dict  # column name -> numpy array (all of one table's columns have th
 
 @dataclass
 class OperatorState:
-    """The state of one operator logic: what hand-over ships (DESIGN.md decision 7).
+    """The state of one operator logic: what hand-over ships (docs/design.md, decision 7).
 
     * ``kind``, ``name``, ``params``: which logic wrote it (checked on restore);
     * ``in_punct``, ``watermark``: the punctuation bookkeeping of the base class;
@@ -350,7 +350,7 @@ class OperatorLogic:
             out.append(Punctuation(wm))
         return self._tally(out)
 
-    # -- hand-over (DESIGN.md decision 7) ---------------------------------------
+    # -- hand-over (docs/design.md, decision 7) ---------------------------------------
     def checkpoint(self, bits: int = 0, bins: Iterable[int] | None = None) -> OperatorState:
         """The state of this logic, keyed state split into ``2**bits`` bins; with ``bins``, only
         those bins (one step of a binned transfer, Megaphone §3.3; the rest is empty).

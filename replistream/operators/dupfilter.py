@@ -5,7 +5,7 @@ Algorithm 1 passes a tuple the first time it is seen with
 a punctuation passes them; it never blocks. Its multiset bookkeeping
 (``count[t][i]``) exists to tell "a second copy" from "a second tuple with the
 same values". Here every logical tuple carries a unique deterministic id
-(DESIGN.md decision 1), so each id has multiplicity one in the ideal stream and
+(docs/design.md, decision 1), so each id has multiplicity one in the ideal stream and
 Algorithm 1 reduces to "pass the first copy of each id". That also makes a
 copy repeated on the *same* stream replica (a retransmission after a
 reconnection or a hand-over replay) harmless, where Algorithm 1 would pass it
@@ -24,7 +24,7 @@ breaks that replica's punctuation contract: it is dead-lettered (or raises in
 strict mode). A tuple with ``ts <= max punctuation`` from another, slower
 replica is an ordinary late duplicate and is dropped.
 
-Hand-over (DESIGN.md decision 7): a filter's state is exactly what a new
+Hand-over (docs/design.md, decision 7): a filter's state is exactly what a new
 replica must know to apply "only tuples with ts > p that the checkpoint did not
 contain": the maximum punctuation ``p`` and the (ts, id) of the tuples with
 ``ts > p`` it has already passed (:class:`FilterState`). A filter restored from
@@ -45,7 +45,7 @@ from .base import NO_PUNCTUATION, STATE_VERSION, CheckpointError
 
 @dataclass
 class FilterState:
-    """What a duplicate filter ships at hand-over (DESIGN.md decision 7).
+    """What a duplicate filter ships at hand-over (docs/design.md, decision 7).
 
     ``max_punct`` is the filter's maximum punctuation ``p``; ``applied_ts`` and
     ``applied_ids`` the timestamps and ids of the tuples with ``ts > p`` it has

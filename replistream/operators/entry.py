@@ -1,8 +1,8 @@
 """Entry-point logic (Hwang §II-B): turn raw source records into a stream.
 
 An entry point checks each record against the source's schema, assigns the
-deterministic id ``mix(hash(source), sequence number)`` (DESIGN.md decision
-1), sets aside tuples that arrive too late, and emits punctuations. Peer entry
+deterministic id ``mix(hash(source), sequence number)`` (docs/design.md,
+decision 1), sets aside tuples that arrive too late, and emits punctuations. Peer entry
 points that run the same logic over the same input produce the same stream,
 so downstream duplicate filters can merge them.
 

@@ -97,7 +97,7 @@ class JoinLogic(OperatorLogic):
     [(105, 1, 0.5)]
 
     Hand-over: a Join built from the same spec and restored from a checkpoint
-    holds the same buffers and emits what the original would (DESIGN.md decision 7):
+    holds the same buffers and emits what the original would (docs/design.md, decision 7):
 
     >>> j2 = JoinLogic("j", [L, R], window=10, left_key="k", right_key="k").restore(j.checkpoint())
     >>> j2.buffered
@@ -206,7 +206,7 @@ class JoinLogic(OperatorLogic):
     def buffered(self) -> tuple[int, int]:
         return len(self.buffers[0]), len(self.buffers[1])
 
-    # -- hand-over (DESIGN.md decision 7) ------------------------------------
+    # -- hand-over (docs/design.md, decision 7) ------------------------------------
     # The state is the two buffers, as plain rows; bins by the hash of the join
     # key (the same hash on both sides, so a key's tuples of both inputs share a
     # bin, as Megaphone needs). An unkeyed join's tuples can match any other

@@ -264,7 +264,7 @@ class KeyedOperatorLogic(OperatorLogic):
         raise NotImplementedError(f"{type(self).__name__} must implement update(state, rows, batch)")
 
     def ids(self, key_hash: np.ndarray, ts: np.ndarray) -> np.ndarray:
-        """Deterministic output ids for (key, ts) (DESIGN.md decision 1)."""
+        """Deterministic output ids for (key, ts) (docs/design.md, decision 1)."""
         return mix(self._salt, key_hash, np.asarray(ts, dtype=np.int64).view(np.uint64))
 
     # -- the engine-facing part ------------------------------------------------------

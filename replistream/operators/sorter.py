@@ -1,7 +1,7 @@
 """Sorter: release tuples in (timestamp, id) order up to each punctuation (Hwang §IV-C).
 
 Ids are unique per logical tuple and computed identically by every replica
-(DESIGN.md decision 1), so ``(ts, id)`` is the unique tie-break the paper asks
+(docs/design.md, decision 1), so ``(ts, id)`` is the unique tie-break the paper asks
 for: every replica of an order-sensitive operator sees its input in the same
 order. The price is delay up to the next punctuation, so the query builder
 inserts a Sorter only in front of order-sensitive operators and applications.

@@ -1,6 +1,6 @@
 """The Ray actors of a deployment: entry points, operator replicas, applications, coordinator.
 
-Each actor hosts plain logic objects from the core (DESIGN.md decision 2) and
+Each actor hosts plain logic objects from the core (docs/design.md, decision 2) and
 an :class:`~replistream.runtime.channels.Outbox` per output stream. Actors
 are created with ``num_cpus=0`` so a replicated query fits on a small machine;
 a *server* is a label (and, on a cluster, a Ray node) that every actor knows,
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from ..engine import ReplicaCore
+from ..replica import ReplicaCore
 from ..operators.entry import EntryLogic
 from ..schema import END, TS, Marker, Punctuation
 from .channels import NO_ACK, Link, Outbox, Sender
@@ -83,7 +83,7 @@ class _Base:
 
     def _emit(self, outbox: Outbox, out: list) -> None:
         """Queue ``out`` on ``outbox``; a marker that opens stream replicas from this actor
-        (an operator added at run time, :class:`~replistream.reconfig.AddOperator`) opens
+        (an operator added at run time, :class:`~replistream.replica.changes.AddOperator`) opens
         them just before it is queued, so each new link starts with the marker and then
         carries everything emitted after it (call under the actor's lock)."""
         start = 0
@@ -227,7 +227,7 @@ class ReplicaActor(_Base):
 
     Started with ``pending=True`` (a revived or new replica, Hwang §V-C), it
     buffers its input until :meth:`install` gives it a checkpoint from a live
-    peer (DESIGN.md decision 7) or a fresh state; its acknowledgements stay
+    peer (docs/design.md, decision 7) or a fresh state; its acknowledgements stay
     at "nothing" meanwhile, so its upstream replicas keep everything it may need.
     """
 
@@ -292,7 +292,7 @@ class ReplicaActor(_Base):
             return self.core.filters[port].add_channel()
 
     def checkpoint(self):
-        """This replica's hand-over checkpoint (DESIGN.md decision 7): its core's state, and as
+        """This replica's hand-over checkpoint (docs/design.md, decision 7): its core's state, and as
         ``output`` what its outbox retains (flushed first), so the taker can replay it downstream."""
         import dataclasses
 
@@ -306,7 +306,7 @@ class ReplicaActor(_Base):
     def install(self, checkpoint=None) -> dict:
         """Leave pending mode: build the core from ``checkpoint`` (a peer's, or None for a fresh
         state), then process the input buffered meanwhile. Returns what was installed."""
-        from ..engine import ReplicaCore as Core
+        from ..replica import ReplicaCore as Core
 
         if self.core is not None:
             raise RuntimeError(f"{self.label} already runs; install() is for a replica started pending")
@@ -337,7 +337,7 @@ class ReplicaActor(_Base):
     # -- staged transfer (Megaphone §3.3; docs/migration.md) ----------------------------------
     def begin_transfer(self, bits: int) -> dict:
         """Receiver: leave plain pending mode for a staged transfer of ``2**bits`` bins; the input
-        buffered so far goes through the :class:`~replistream.engine.StagedReplica` (held back
+        buffered so far goes through the :class:`~replistream.replica.StagedReplica` (held back
         until the step with its bins arrives).
 
         The receiver's work (routing input to partial cores, installing steps, merging) runs in
@@ -345,7 +345,7 @@ class ReplicaActor(_Base):
         held back (backpressure) by a receiver busy installing a large step."""
         from collections import deque
 
-        from ..engine import StagedReplica
+        from ..replica import StagedReplica
 
         if self.core is not None or self.staged is not None:
             raise RuntimeError(f"{self.label} is not waiting for a checkpoint")
@@ -541,7 +541,7 @@ class EntryActor(_Base):
                                    f"{self.expected[source]}")
             self.expected[source] = seq + 1
             entry = self.entries[source]
-            if isinstance(chunk, Marker):  # a change to the running query (replistream.reconfig)
+            if isinstance(chunk, Marker):  # a change to the running query (replistream.replica.changes)
                 self._emit(self.outboxes[source], [chunk])
             else:
                 items = entry.close() if chunk is None else entry.push(chunk)

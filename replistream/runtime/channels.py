@@ -6,7 +6,7 @@ holds one output stream of one actor:
 
 * ``emit(items)`` appends the operator's outputs to a pending packet;
 * the packet is flushed at a size bound (``max_batch`` tuples), a time bound
-  (``flush_ms``), and before every punctuation (DESIGN.md decision 3). A flush
+  (``flush_ms``), and before every punctuation (docs/design.md, decision 3). A flush
   queues the packet on every link;
 * each link delivers packets in order, no earlier than
   ``sent + latency(a, b, sent)`` of the emulated network (decision 5);
@@ -23,8 +23,8 @@ upstream replica would slow its live peers' consumers.
 
 The receiver's ``push`` returns its current maximum punctuation on that input:
 the *acknowledgement*. Every outbox keeps what it flushed since the smallest
-punctuation all its active links acknowledged (its *retention log*, DESIGN.md
-decision 7), so a link added later (a new or revived downstream replica, or a
+punctuation all its active links acknowledged (its *retention log*,
+docs/design.md, decision 7), so a link added later (a new or revived downstream replica, or a
 revived stream replica; Hwang §V-C) starts with a replay of that log:
 ``add_link(link, replay=True)``. Adding the link and taking the log happen
 under the outbox lock, so nothing emitted around that moment is missed. A

@@ -14,7 +14,6 @@ for the applications to receive the end of every stream.
 """
 from __future__ import annotations
 
-import heapq
 import math
 import json
 import threading
@@ -27,16 +26,15 @@ import numpy as np
 import ray
 
 from ..errors import DeadLetter, QueryError
-from ..engine import iter_chunks
+from ..plan import ENTRY
+from ..sources import ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, needs_stamp, stamp
 from ..query import Query
 from ..operators.base import NO_PUNCTUATION
 from ..schema import END, TS, Punctuation
-from ..testing import Sentinel
 from ..placement.nodes import ray_options
 from ..placement.policy import STRATEGIES, PlacementPolicy
 from .actors import CoordinatorActor, EntryActor, ReplicaActor, SinkActor
 
-ENTRY = "entry"  # placement key of the entry points
 
 #: Ray settings replistream starts Ray with. Packets up to this size travel inline
 #: in the actor call instead of through the object store (see channels.py: a dead
@@ -262,7 +260,7 @@ class Deployment:
         self._max_fed: int | None = None  # largest timestamp or punctuation sent (None: nothing yet)
         self._tmax_unknown = False
         self._feeding = False
-        self.changes: list[dict] = []  # every change made to the running query (replistream.reconfig)
+        self.changes: list[dict] = []  # every change made to the running query (replistream.replica.changes)
         self.removed: set[str] = set()  # replicas of operators removed from the running query
         self._scenario_thread: threading.Thread | None = None
         self.alive: dict[str, bool] = {}
@@ -355,7 +353,7 @@ class Deployment:
     def revive_replica(self, operator: str, replica: int, strategy: str | None = None,
                        bins_per_step: int | None = None, bits: int | None = None) -> dict:
         """Replace replica ``replica`` of ``operator`` (running or crashed) by a new replica on the same
-        server, built by hand-over from a live peer (DESIGN.md decision 7, Hwang §V-C); returns the event.
+        server, built by hand-over from a live peer (docs/design.md, decision 7, Hwang §V-C); returns the event.
 
         ``strategy`` (``"all-at-once"``, ``"batched"``, ``"fluid"``) moves the checkpoint in steps of
         ``2**bits`` bins at the peer's punctuations (Megaphone §3.3; docs/migration.md).
@@ -411,7 +409,7 @@ class Deployment:
 
         A marker carries the change through the running replicas (Bartnik §3); the
         output equals a reference run of ``dep.query``, which now holds both
-        functions (:class:`~replistream.reconfig.TimeSwitch`).
+        functions (:class:`~replistream.replica.changes.TimeSwitch`).
 
         >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
         15000000
@@ -521,25 +519,8 @@ class Deployment:
             self._open_sources = set(self.query.sources)
             self._inflight = {i: [] for i in range(len(self.entries))}
             self._max_fed, self._tmax_unknown = None, False
-        heap: list = []
-
-        last_t = {s: float("-inf") for s in self.query.sources}
-        order = iter(range(1 << 62))  # tie-break: keep each source's order
-
-        def advance(src):
-            try:
-                chunk = next(iters[src])
-            except StopIteration:
-                heapq.heappush(heap, (float("inf"), 1, next(order), src, None))
-                return
-            t = last_t[src] if isinstance(chunk, Sentinel) else max(_chunk_time(chunk), last_t[src])
-            last_t[src] = t
-            heapq.heappush(heap, (t, 0, next(order), src, chunk))
-
-        for s in self.query.sources:
-            advance(s)
-        firsts = [t for t, *_ in heap if math.isfinite(t)]
-        self.ts0 = min(firsts) if firsts else 0.0
+        merge = TimeMerge(iters)  # the sources in event-time order (a sentinel keeps its source's time)
+        self.ts0 = float(merge.first) if merge.first is not None else 0.0
         # the clock replicas measure their input delay with (Hwang §V-C)
         _get_quietly([h.set_clock.remote(self.t0, self.ts0, pace) for l, h in list(self.handles.items())
                       if self.alive.get(l)])
@@ -547,34 +528,30 @@ class Deployment:
             self.manager.start()
         inflight = self._inflight
         self._feeding = True
-        while heap:
-            t, is_end, _, src, chunk = heapq.heappop(heap)
+        for t, src, chunk in merge:
             if isinstance(chunk, Sentinel):
                 for i, refs in inflight.items():
                     self._settle(i, refs, 0)  # everything before the event has reached the entry points
                 chunk.apply(self)
                 self.events.append({"t": time.time() - self.t0, "event": repr(chunk)})
-                advance(src)
                 continue
-            if pace is not None and not is_end and t != float("-inf"):
+            if pace is not None and chunk is not None and math.isfinite(t):
                 delay = self.t0 + (t - self.ts0) / (1e6 * pace) - time.time()
                 if delay > 0:
                     time.sleep(delay)
-            if chunk is not None and _needs_stamp(chunk):
-                chunk = _stamp(chunk, int((time.time() - self.t0) * 1e6))
+            if chunk is not None and needs_stamp(chunk):
+                chunk = stamp(chunk, int((time.time() - self.t0) * 1e6))
             with self._feed_lock:
                 self._send_chunk(src, self._seqs[src], chunk, inflight)
                 self._seqs[src] += 1
                 if chunk is None:
                     self._open_sources.discard(src)
                 else:
-                    hi = _chunk_tmax(chunk)
+                    hi = chunk_tmax(chunk)
                     if hi is None:
                         self._tmax_unknown = True
                     elif self._max_fed is None or hi > self._max_fed:
                         self._max_fed = hi
-            if not is_end:
-                advance(src)
         self._feeding = False
         for i, refs in inflight.items():
             self._settle(i, refs, 0)
@@ -963,84 +940,6 @@ def _evaluate_plan(query, servers, plan, network):
         return PlacementPolicy().evaluate(query, servers, plan, network)
     except (ValueError, KeyError):  # e.g. a trace without samples for some pair of servers
         return None
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    """A source chunk already in Ray's object store, with what the feeder needs to know.
-
-    Sources that produce their data inside the cluster (e.g.
-    :class:`replistream.spark.SparkSource`) yield these: the feeder hands
-    ``ref`` to every entry point replica and uses ``n``/``tmin``/``tmax``
-    (event-time bounds, microseconds) to merge sources and to pace the
-    replay, so the rows never pass through the driver.
-
-    >>> ChunkRef(ref=None, n=3, tmin=10, tmax=42).tmin
-    10
-    """
-
-    ref: Any
-    n: int
-    tmin: int
-    tmax: int
-
-
-def _chunk_time(chunk) -> float:
-    if isinstance(chunk, ChunkRef):
-        return float(chunk.tmin) if chunk.n and chunk.tmin is not None else float("-inf")
-    if isinstance(chunk, Punctuation):
-        return float(chunk.p)
-    try:
-        if isinstance(chunk, np.ndarray):
-            return float(chunk[TS].min()) if len(chunk) else float("-inf")
-        if isinstance(chunk, Mapping):
-            ts = np.asarray(chunk.get(TS, []))
-            return float(ts.min()) if ts.size and ts.dtype.kind in "iuf" else float("-inf")
-        if isinstance(chunk, list) and chunk:
-            vals = [r.get(TS) for r in chunk if isinstance(r, Mapping)]
-            vals = [v for v in vals if isinstance(v, (int, float, np.integer, np.floating))]
-            return float(min(vals)) if vals else float("-inf")
-    except Exception:
-        pass
-    return float("-inf")
-
-
-def _chunk_tmax(chunk) -> int | None:
-    """Largest timestamp (or punctuation) in a chunk; None if it cannot be told."""
-    try:
-        if isinstance(chunk, ChunkRef):
-            return int(chunk.tmax) if chunk.n and chunk.tmax is not None else NO_PUNCTUATION
-        if isinstance(chunk, Punctuation):
-            return NO_PUNCTUATION if chunk.p == END else int(chunk.p)
-        if isinstance(chunk, np.ndarray):
-            return int(chunk[TS].max()) if len(chunk) else NO_PUNCTUATION
-        if isinstance(chunk, Mapping):
-            ts = np.asarray(chunk.get(TS, []))
-            return int(ts.max()) if ts.size else NO_PUNCTUATION
-        if isinstance(chunk, list):
-            vals = [r.get(TS) for r in chunk if isinstance(r, Mapping)]
-            vals = [int(v) for v in vals if isinstance(v, (int, float, np.integer, np.floating))]
-            if len(vals) == len(chunk):
-                return max(vals) if vals else NO_PUNCTUATION
-    except (TypeError, ValueError, KeyError, IndexError):
-        return None
-    return None
-
-
-def _needs_stamp(chunk) -> bool:
-    if isinstance(chunk, list) and chunk and isinstance(chunk[0], Mapping):
-        return all(TS not in r for r in chunk)
-    if isinstance(chunk, Mapping):
-        return TS not in chunk
-    return False
-
-
-def _stamp(chunk, ts: int):
-    """Entry-point timestamping (Hwang §II-B): records without ``ts`` get the feeder's clock."""
-    if isinstance(chunk, Mapping):
-        n = len(next(iter(chunk.values()))) if chunk else 0
-        return {**chunk, TS: np.full(n, ts, dtype=np.int64)}
-    return [{**r, TS: ts} for r in chunk]
 
 
 def _percentiles(lat: np.ndarray) -> dict:

@@ -54,11 +54,11 @@ its retention trimmed to what the live entry replicas' consumers acknowledged.
 create one, replace one). A replica to start is created *pending* on its
 server; every upstream replica feeding it adds a link and replays its
 retention log; then a live peer gives a checkpoint
-(:meth:`~replistream.engine.ReplicaCore.checkpoint`: state, maximum
+(:meth:`~replistream.replica.ReplicaCore.checkpoint`: state, maximum
 punctuation ``p`` per port, ids with ``ts > p`` already applied, and the
 peer's retained output) which the new replica installs before processing
 what it buffered, so it applies only what the checkpoint does not reflect
-(DESIGN.md decision 7). The subscription comes first and the peer is chosen
+(docs/design.md, decision 7). The subscription comes first and the peer is chosen
 so that on every port one of the new replica's feeders also feeds the peer:
 that feeder's retention log then holds every tuple above the peer's ``p``.
 Then its output links are added (new channels at the destinations, replaying
@@ -603,7 +603,7 @@ class ReplicaManager:
             if server is not None and server not in self.dep.servers:
                 raise ValueError(f"no server {server!r}; servers: {sorted(self.dep.servers)}")
             if strategy is not None:
-                from ..transfer import STRATEGIES
+                from ..replica.transfer import STRATEGIES
 
                 if strategy not in STRATEGIES:
                     raise ValueError(f"unknown transfer strategy {strategy!r}; choose one of {STRATEGIES}")
@@ -827,7 +827,7 @@ class ReplicaManager:
         return added
 
     def _install(self, label: str, handle, pending: set) -> dict:
-        """Hand-over (DESIGN.md decision 7): install a checkpoint from a live peer whose inputs share
+        """Hand-over (docs/design.md, decision 7): install a checkpoint from a live peer whose inputs share
         a feeder with ``label`` on every port; subscribe ``label`` to more feeders if needed.
         With a transfer strategy (``replace_replica(strategy=...)``), the checkpoint moves in
         steps of bins instead (Megaphone §3.3, :mod:`replistream.runtime.transfer`)."""

@@ -1,8 +1,8 @@
-"""Changes to a running deployment at logical times (Bartnik §3; DESIGN.md decision 8).
+"""Changes to a running deployment at logical times (Bartnik §3; docs/design.md, decision 8).
 
 The deployment's methods ``replace_function``, ``add_operator``,
 ``remove_operator`` and ``set_replication`` call these functions; the model
-and why it is replication-transparent are in :mod:`replistream.reconfig`.
+and why it is replication-transparent are in :mod:`replistream.replica.changes`.
 Each change:
 
 1. takes the coordinator's lock (no revival or garbage collection runs
@@ -15,7 +15,7 @@ Each change:
 5. records the change (``Deployment.changes``) with ``p`` and its figures.
 
 Replicas apply the change when the marker's first copy reaches them (see
-:meth:`replistream.engine.ReplicaCore.process`).
+:meth:`replistream.replica.ReplicaCore.process`).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import ray
 
 from ..errors import QueryError
 from ..gc import ENTRY, OperatorReplica, StreamReplica
-from ..reconfig import PENDING, AddOperator, CutSpec, RemoveOperator, ReplaceFunction, _set_spec, new_marker
+from ..replica.changes import PENDING, AddOperator, CutSpec, RemoveOperator, ReplaceFunction, new_marker, set_spec
 from ..schema import END
 
 
@@ -218,7 +218,7 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
         for n in add.added:
             spec = q2.spec(n)
             if isinstance(spec, CutSpec) and spec.lower == PENDING:
-                _set_spec(q2, n, CutSpec(spec.inner, p, spec.upper))
+                set_spec(q2, n, CutSpec(spec.inner, p, spec.upper))
         dep.query = q2
         dep.plan = {**dep.plan, **plan}
         mid = _send_marker(dep, p, change)
@@ -230,8 +230,7 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
 
 def _register_with_manager(dep, upstream: str, added, plan: dict, chan_of: dict) -> None:
     """Tell the coordinator about the new replicas and stream replicas (for GC and revival)."""
-    from ..gc.snapshot import _STATEFUL_SPECS
-    from ..reconfig import base_spec
+    from ..plan import is_stateful
 
     mgr = dep.manager
     q = dep.query
@@ -241,7 +240,7 @@ def _register_with_manager(dep, upstream: str, added, plan: dict, chan_of: dict)
         if spec.kind == "sink":
             mgr.reps[n] = OperatorReplica(n, n, plan[n][0], "application")
         else:
-            stateful = type(base_spec(spec)).__name__ in _STATEFUL_SPECS
+            stateful = is_stateful(q, n)
             for i, srv in enumerate(plan[n]):
                 mgr.reps[f"{n}#{i}"] = OperatorReplica(f"{n}#{i}", n, srv, "operator", stateful=stateful)
     labels = {n: ([n] if q.spec(n).kind == "sink" else [f"{n}#{i}" for i in range(len(plan[n]))]) for n in added}
@@ -316,9 +315,10 @@ def live_reconfiguration(n_servers: int = 4, duration_s: float = 16.0, period_s:
     >>> live_reconfiguration(duration_s=8)["matches_reference"]   # doctest: +SKIP
     True
     """
-    from ..engine import run_reference
+    from ..engines import run_reference
     from ..schema import seconds
-    from ..testing import Call, inject_at, multiset_diff
+    from ..engines.result import multiset_diff
+    from ..sources import Call, inject_at
     from ..workloads import fig1_inputs, fig1_query
     from .deploy import deploy
 

@@ -5,9 +5,9 @@
 replica pending and subscribed to every live upstream replica (as for any
 hand-over), then calls :func:`staged_install`, which
 
-1. plans the steps (:func:`replistream.transfer.plan_transfer`; one step if the
+1. plans the steps (:func:`replistream.replica.plan_transfer`; one step if the
    operator's state does not split by key);
-2. turns the new replica into a :class:`~replistream.engine.StagedReplica`
+2. turns the new replica into a :class:`~replistream.replica.StagedReplica`
    (``begin_transfer``): what it buffered goes through it;
 3. for each step, asks a live peer to take it (``request_step``): the peer takes
    the checkpoint of those bins at its next punctuation (a logical time), between
@@ -32,8 +32,7 @@ import time
 
 import ray
 
-from ..engine import splittable
-from ..transfer import plan_transfer
+from ..replica.transfer import plan_transfer, splittable
 
 
 def _alive(mgr, label: str) -> bool:

@@ -4,7 +4,7 @@ RayDP runs Spark's executors as Ray actors, so Spark DataFrames reach Ray's
 object store without passing through the driver. On Java 17 Spark's Arrow
 path needs ``--add-opens`` for several ``java.base`` packages on the driver,
 the executors *and* RayDP's app master; without them
-``ray.data.from_spark`` kills the app master (DESIGN.md, facts).
+``ray.data.from_spark`` kills the app master (docs/spark.md).
 
 >>> spark = spark_session()          # doctest: +SKIP
 >>> spark.range(3).count()           # doctest: +SKIP

@@ -215,7 +215,7 @@ class _SparkInput:
         import ray
         from raydp.spark import from_spark_recoverable, release_spark_recoverable
 
-        from ..runtime.deploy import ChunkRef
+        from ..sources import ChunkRef
 
         with _quiet_raydp():
             ds = from_spark_recoverable(prepared)

@@ -1,0 +1,131 @@
+"""What an engine run delivered: one result type for every engine.
+
+The reference engine, the in-process replicated engine, a Ray deployment and
+the simulator all return a :class:`RunResult`: per application its tuples in
+arrival order, the last punctuation it received, every dead-lettered tuple,
+and, for the engines with a clock, when each tuple arrived.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..errors import DeadLetter
+from ..operators.base import NO_PUNCTUATION, Item
+from ..schema import END, TS, Punctuation
+
+__all__ = ["RunResult", "Collector", "as_multiset", "multiset_diff"]
+
+
+@dataclass
+class RunResult:
+    """What an engine run delivered.
+
+    * ``outputs[app]``: the application's tuples in arrival order (one structured array);
+    * ``punctuation[app]``: the last punctuation it received (``END`` when it completed);
+    * ``dead_letters``: every set-aside tuple, with where and why;
+    * ``arrivals[app]``: when each tuple arrived, in seconds since the run started
+      (wall time on Ray, virtual time in the simulator; empty for engines without a clock);
+    * ``ts0`` and ``pace``: the event time replayed at the start and how many event
+      seconds pass per second, so :meth:`latencies` can map timestamps to run time;
+    * ``end_time``: seconds from the start to the last event; ``events``: failures,
+      hand-overs and other things that happened; ``links``: per stream replica, what it
+      carried; ``metrics``: a deployment's metrics; ``stats``: engine-specific figures.
+
+    >>> r = RunResult({"a": np.zeros(0, dtype=[("ts", "i8")])}, {"a": END})
+    >>> r.complete, r.dead_letter_count(), r.latencies("a")[1].size
+    (True, 0, 0)
+    """
+
+    outputs: dict[str, np.ndarray]
+    punctuation: dict[str, int] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    arrivals: dict[str, np.ndarray] = field(default_factory=dict)
+    ts0: int = 0
+    pace: float | None = 1.0
+    end_time: float = 0.0
+    events: list[dict] = field(default_factory=list)
+    links: list[dict] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """True when every application received the final punctuation."""
+        return all(p == END for p in self.punctuation.values())
+
+    def dead_letter_count(self) -> int:
+        """Tuples set aside over the whole run."""
+        return sum(d.count for d in self.dead_letters)
+
+    def latencies(self, app: str) -> tuple[np.ndarray, np.ndarray]:
+        """(arrival time s, latency s) of every tuple application ``app`` received: arrival minus
+        the tuple's timestamp mapped to run time, ``(ts - ts0) / (1e6 * pace)`` (Hwang §VI-B)."""
+        if app not in self.outputs:
+            raise KeyError(f"{app!r} is not an application of this run; applications: {sorted(self.outputs)}")
+        out = self.outputs[app]
+        arr = self.arrivals.get(app, np.zeros(0))
+        if not len(out) or len(arr) != len(out):
+            return arr, np.zeros(0)
+        return arr, arr - (out[TS] - self.ts0) / (1e6 * (self.pace or 1.0))
+
+
+class Collector:
+    """An application's output as an engine without a clock gathers it: batches and the last
+    punctuation.
+
+    >>> from replistream import Schema
+    >>> s = Schema({"x": "i8"}); c = Collector(s)
+    >>> c.add([s.from_columns({"ts": [1], "x": [2]}), Punctuation(3)])
+    >>> len(c.result()), c.punctuation
+    (1, 3)
+    """
+
+    def __init__(self, schema):
+        self.schema = schema
+        self.batches: list[np.ndarray] = []
+        self.punctuation = NO_PUNCTUATION
+
+    def add(self, items: Iterable[Item]) -> None:
+        for it in items:
+            if isinstance(it, Punctuation):
+                self.punctuation = max(self.punctuation, it.p)
+            elif len(it):
+                self.batches.append(it)
+
+    def result(self) -> np.ndarray:
+        return np.concatenate(self.batches) if self.batches else self.schema.empty()
+
+
+# -- comparing outputs -----------------------------------------------------------------
+
+def as_multiset(batch: np.ndarray) -> Counter:
+    """The rows of ``batch`` as a multiset, keyed by their exact bytes (ts, id and values).
+
+    >>> b = np.array([(1, 5, 0.5), (1, 5, 0.5)], dtype=[("ts", "i8"), ("id", "u8"), ("v", "f8")])
+    >>> list(as_multiset(b).values())
+    [2]
+    """
+    if batch.dtype.hasobject:
+        return Counter(tuple(repr(v) for v in row) for row in batch.tolist())
+    packed = np.ascontiguousarray(batch).view(np.dtype((np.void, batch.dtype.itemsize)))
+    return Counter(packed.tolist())
+
+
+def multiset_diff(expected: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows missing from ``actual``, rows in ``actual`` not expected), with multiplicity."""
+    e, a = as_multiset(expected), as_multiset(actual)
+    missing, extra = e - a, a - e
+
+    def rows(c: Counter, like: np.ndarray) -> np.ndarray:
+        if like.dtype.hasobject:
+            return like[:0]
+        keys = [k for k, n in c.items() for _ in range(n)]
+        if not keys:
+            return like[:0]
+        return np.frombuffer(b"".join(keys), dtype=like.dtype)
+
+    return rows(missing, expected), rows(extra, actual)

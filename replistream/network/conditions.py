@@ -1,0 +1,231 @@
+"""Scripted network conditions on top of a latency model, and message delivery times."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .latency import LatencyModel, ZeroLatency  # noqa: F401 (the doctests use it)
+
+__all__ = ["NetworkConditions", "delivery_time"]
+
+# ---------------------------------------------------------------------------
+# scripted conditions
+# ---------------------------------------------------------------------------
+
+class NetworkConditions(LatencyModel):
+    """Time-interval overrides on top of a base model (failure injection).
+
+    * :meth:`add_delay`: ``extra_ms`` added on a link during ``[start, end)``;
+    * :meth:`cut`: the link is down (``inf``) during ``[start, end)``;
+    * :meth:`slow_server`: a CPU slow-down factor the runtime applies to the
+      replicas on a server (:meth:`slowdown` reads it; overlapping slow-downs
+      take the largest factor);
+    * :meth:`restore`: ends the overrides active at a time.
+
+    ``end=None`` means "until restored". Overrides are plain tuples, so the
+    object pickles with its base model.
+
+    >>> net = NetworkConditions(ZeroLatency(["a", "b"]))
+    >>> net.add_delay("a", "b", 5, 10, 40.0)
+    >>> net.cut("a", "b", 20, None)
+    >>> [net.latency_ms("a", "b", t) for t in (0, 5, 9.9, 10, 20, 30)]
+    [0.0, 40.0, 40.0, 0.0, inf, inf]
+    >>> net.restore("a", "b", at=25)
+    >>> net.latency_ms("b", "a", 30)
+    0.0
+    >>> net.slow_server("a", 0, 60, 3.0); net.slowdown("a", 30), net.slowdown("a", 60)
+    (3.0, 1.0)
+    """
+
+    def __init__(self, base: LatencyModel):
+        if not isinstance(base, LatencyModel):
+            raise TypeError(f"base must be a LatencyModel, got {type(base).__name__}")
+        self.base = base
+        self._servers = base.servers
+        self._index = {s.name: i for i, s in enumerate(self._servers)}
+        self.local_ms = base.local_ms
+        # (src, dst) -> list of [kind, start, end, extra_ms]; kind "delay" | "cut"
+        self._links: dict[tuple[str, str], list[list]] = {}
+        # server -> list of [start, end, factor]
+        self._slow: dict[str, list[list]] = {}
+
+    # -- installing overrides ----------------------------------------------
+    @staticmethod
+    def _interval(start, end) -> tuple[float, float]:
+        s = float(start)
+        e = math.inf if end is None else float(end)
+        if math.isnan(s) or math.isnan(e) or e < s:
+            raise ValueError(f"need start <= end, got [{start!r}, {end!r})")
+        return s, e
+
+    def _known(self, *names: str) -> None:
+        if self._index:
+            self._check(*names)
+
+    def _add_link(self, kind, a, b, start, end, extra, both):
+        if a == b:
+            raise ValueError(f"a link needs two different servers, got {a!r} twice")
+        self._known(a, b)
+        s, e = self._interval(start, end)
+        for src, dst in ((a, b), (b, a)) if both else ((a, b),):
+            self._links.setdefault((src, dst), []).append([kind, s, e, extra])
+
+    def add_delay(self, a: str, b: str, start: float, end: float | None, extra_ms: float,
+                  both_directions: bool = True) -> None:
+        """Add ``extra_ms`` to the latency of ``a -> b`` (and ``b -> a``) during ``[start, end)``."""
+        extra = float(extra_ms)
+        if not (extra >= 0 and not math.isnan(extra)):
+            raise ValueError(f"extra_ms must be >= 0, got {extra_ms!r}")
+        self._add_link("delay", a, b, start, end, extra, both_directions)
+
+    def cut(self, a: str, b: str, start: float, end: float | None, both_directions: bool = True) -> None:
+        """Take the link ``a -> b`` (and ``b -> a``) down (latency ``inf``) during ``[start, end)``."""
+        self._add_link("cut", a, b, start, end, 0.0, both_directions)
+
+    def slow_server(self, name: str, start: float, end: float | None, factor: float) -> None:
+        """Record a CPU slow-down ``factor >= 1`` of server ``name`` during ``[start, end)``."""
+        self._known(name)
+        f = float(factor)
+        if not (f >= 1.0 and math.isfinite(f)):
+            raise ValueError(f"factor must be a finite number >= 1, got {factor!r}")
+        s, e = self._interval(start, end)
+        self._slow.setdefault(name, []).append([s, e, f])
+
+    def restore(self, a: str | None = None, b: str | None = None, server: str | None = None,
+                *, at: float) -> None:
+        """End, at time ``at``, the overrides active at ``at``.
+
+        ``restore(a, b, at=t)``: delays and cuts on the link a-b (both
+        directions); ``restore(server=s, at=t)``: the slow-downs of ``s`` and
+        the delays and cuts on every link touching ``s``; ``restore(at=t)``:
+        everything. Overrides that start after ``at`` are kept.
+        """
+        t = float(at)
+        if (a is None) != (b is None):
+            raise ValueError("restore of a link needs both a and b")
+        if a is not None and server is not None:
+            raise ValueError("give either a and b, or server, not both")
+
+        def links_match(src, dst):
+            if a is not None:
+                return {src, dst} == {a, b}
+            if server is not None:
+                return server in (src, dst)
+            return True
+
+        for (src, dst), ovs in self._links.items():
+            if links_match(src, dst):
+                for ov in ovs:
+                    if ov[1] <= t < ov[2]:
+                        ov[2] = t
+        if a is None:
+            for name, ovs in self._slow.items():
+                if server is None or name == server:
+                    for ov in ovs:
+                        if ov[0] <= t < ov[1]:
+                            ov[1] = t
+
+    # -- reading -----------------------------------------------------------
+    def overrides(self) -> list[tuple]:
+        """All overrides as plain tuples ``(kind, src_or_server, dst_or_None, start, end, value)``."""
+        out = [(k, src, dst, s, e, x) for (src, dst), ovs in self._links.items() for k, s, e, x in ovs]
+        out += [("slow", name, None, s, e, f) for name, ovs in self._slow.items() for s, e, f in ovs]
+        return out
+
+    def slowdown(self, name: str, t: float) -> float:
+        """CPU slow-down factor of server ``name`` at ``t`` (1.0 normally)."""
+        f = 1.0
+        for s, e, x in self._slow.get(name, ()):
+            if s <= t < e and x > f:
+                f = x
+        return f
+
+    def _adjust(self, a: str, b: str, t: float, lat: float) -> float:
+        for kind, s, e, x in self._links.get((a, b), ()):
+            if s <= t < e:
+                if kind == "cut":
+                    return math.inf
+                lat += x
+        return lat
+
+    def latency_ms(self, a: str, b: str, t: float) -> float:
+        return self._adjust(a, b, t, self.base.latency_ms(a, b, t))
+
+    def latencies_ms(self, a: str, b: str, t) -> np.ndarray:
+        """As the base model's while nothing is scripted, else point by point."""
+        if not self._links and not self._slow:
+            return self.base.latencies_ms(a, b, t)
+        return super().latencies_ms(a, b, t)
+
+    def link_latencies_ms(self, pairs, times) -> list[np.ndarray]:
+        if not self._links and not self._slow:
+            return self.base.link_latencies_ms(pairs, times)
+        return super().link_latencies_ms(pairs, times)
+
+    def matrix(self, names: Sequence[str] | None = None, t: float = 0.0) -> np.ndarray:
+        names = self.names if names is None else list(names)
+        m = np.array(self.base.matrix(names, t), dtype=np.float64)
+        pos = {n: i for i, n in enumerate(names)}
+        for (a, b) in self._links:
+            if a in pos and b in pos:
+                m[pos[a], pos[b]] = self._adjust(a, b, t, float(m[pos[a], pos[b]]))
+        return m
+
+    def __repr__(self) -> str:
+        return f"NetworkConditions({self.base!r}, {len(self.overrides())} overrides)"
+
+
+# ---------------------------------------------------------------------------
+# delivery
+# ---------------------------------------------------------------------------
+
+def delivery_time(model: LatencyModel, a: str, b: str, t_send: float, *, resolution: float = 1.0,
+                  horizon: float = 3600.0, tol: float = 1e-4) -> float:
+    """Time (s) at which a message sent from ``a`` to ``b`` at ``t_send`` arrives.
+
+    Normally ``t_send + latency_ms(a, b, t_send) / 1000``. If the link is
+    down at ``t_send`` (latency ``inf``: outage or cut), the sender's TCP
+    keeps retransmitting and the message gets through once the link is back:
+    this function probes forward every ``resolution`` seconds up to
+    ``horizon`` seconds, refines the first time the link is up again ``t_up``
+    by bisection to within ``tol`` seconds (``t_up`` is never earlier than
+    the true restoration), and returns ``t_up + latency_ms(a, b, t_up) / 1000``;
+    ``math.inf`` if the link stays down for the whole horizon (the runtime
+    should treat that as a lost channel). Simplifications: retransmission
+    back-off is ignored (delivery right at restoration), an outage shorter
+    than ``resolution`` that starts and ends between two probes is not seen,
+    and FIFO order across messages is the caller's job (deliver at
+    ``max(previous delivery, delivery_time(...))``).
+
+    >>> net = NetworkConditions(ZeroLatency(["a", "b"]))
+    >>> net.add_delay("a", "b", 0, None, 50.0); net.cut("a", "b", 10, 12.5)
+    >>> delivery_time(net, "a", "b", 1.0)
+    1.05
+    >>> round(delivery_time(net, "a", "b", 10.2), 3)
+    12.55
+    >>> net.cut("a", "b", 100, None); delivery_time(net, "a", "b", 100.0)
+    inf
+    """
+    if not (resolution > 0 and horizon >= 0 and tol > 0):
+        raise ValueError("resolution and tol must be > 0 and horizon >= 0")
+    t_send = float(t_send)
+    lat = model.latency_ms(a, b, t_send)
+    if math.isfinite(lat):
+        return t_send + lat / 1000.0
+    lo = t_send
+    steps = int(math.ceil(horizon / resolution))
+    for k in range(1, steps + 1):
+        hi = t_send + min(k * resolution, horizon)
+        lat = model.latency_ms(a, b, hi)
+        if math.isfinite(lat):
+            while hi - lo > tol:
+                mid = 0.5 * (lo + hi)
+                if math.isfinite(model.latency_ms(a, b, mid)):
+                    hi = mid
+                else:
+                    lo = mid
+            return hi + model.latency_ms(a, b, hi) / 1000.0
+        lo = hi
+    return math.inf

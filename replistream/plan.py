@@ -1,0 +1,236 @@
+"""The physical plan: which replicas run where, and which stream replicas join them (Hwang §II-B).
+
+A *logical* query (:class:`~replistream.query.Query`) becomes a *physical*
+plan once a placement says on which servers each node runs:
+
+* a *replica group* per node: ``"entry"`` (one group hosts the entry points
+  of every source, as each engine runs them), one per operator, one per
+  application (one replica);
+* a :class:`ReplicaId` per replica, labelled ``"entry#0"``, ``"join#1"`` or,
+  for an application, its name;
+* a :class:`StreamEdge` per *stream replica*: every replica of an upstream
+  group feeds every replica of each downstream node, on the input port the
+  query gives, as the ``channel``-th input of that port (the upstream
+  replica's index).
+
+Every engine (in-process, Ray, simulator), the garbage collector's snapshots
+(:mod:`replistream.gc`) and placement (:mod:`replistream.placement`) read
+this one description instead of building their own.
+
+>>> from replistream import Query
+>>> q = Query(); s = q.source("s", {"x": "i8"})
+>>> s.filter(lambda b: b["x"] > 0, name="f").sink("app")
+'app'
+>>> plan = PhysicalPlan(q.build(), {"entry": ["a", "b"], "f": ["b", "c"], "app": ["c"]})
+>>> [r.label for r in plan.replicas("f")], plan.channels("f"), plan.server("f#1")
+(['f#0', 'f#1'], [2], 'c')
+>>> [e.id for e in plan.streams()][:2]
+['entry#0->f#0:0', 'entry#0->f#1:0']
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["ENTRY", "ReplicaId", "StreamEdge", "PhysicalPlan", "group_of", "replica_index", "is_stateful"]
+
+#: Name of the replica group that hosts the entry points of every source.
+ENTRY = "entry"
+
+#: Spec classes whose replicas hold state a new replica must be handed (docs/handover.md).
+STATEFUL_SPECS = ("JoinSpec", "TimeWindowSpec", "CountWindowSpec", "CustomSpec")
+
+
+def group_of(query, node: str) -> str:
+    """The replica group producing ``node``'s stream: :data:`ENTRY` for a source, else ``node``.
+
+    >>> from replistream import Query
+    >>> q = Query(); s = q.source("s", {"x": "i8"}); _ = s.sink("app")
+    >>> group_of(q, "s"), group_of(q, "app")
+    ('entry', 'app')
+    """
+    return ENTRY if query.spec(node).kind == "source" else node
+
+
+def is_stateful(query, node: str) -> bool:
+    """Whether a new replica of ``node`` needs a peer's state (Join, Aggregates, user operators).
+
+    A node a running change wrapped (:mod:`replistream.replica.changes`) counts as what it wraps.
+
+    >>> from replistream import Query
+    >>> q = Query(); s = q.source("s", {"k": "i8"}); _ = s.window(size=5, name="w").sink("app")
+    >>> is_stateful(q, "w"), is_stateful(q, "app")
+    (True, False)
+    """
+    spec = query.spec(node)
+    inner = getattr(spec, "inner", None)
+    while inner is not None:  # a change wraps the spec it changes
+        spec, inner = inner, getattr(inner, "inner", None)
+    return type(spec).__name__ in STATEFUL_SPECS
+
+
+def replica_index(label: str) -> int | None:
+    """The replica number in a label ``"op#3"`` (None for an application's label).
+
+    >>> replica_index("join#12"), replica_index("alerts")
+    (12, None)
+    """
+    head, sep, tail = label.rpartition("#")
+    return int(tail) if sep and tail.isdigit() else None
+
+
+@dataclass(frozen=True, order=True)
+class ReplicaId:
+    """One replica: its group (``node``: an operator, :data:`ENTRY`, or an application) and index.
+
+    >>> ReplicaId("join", 1).label, ReplicaId("alerts", 0, application=True).label
+    ('join#1', 'alerts')
+    """
+
+    node: str
+    index: int
+    application: bool = False
+
+    @property
+    def label(self) -> str:
+        """``"node#index"``; an application (one replica) is labelled by its name."""
+        return self.node if self.application else f"{self.node}#{self.index}"
+
+    def __str__(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True)
+class StreamEdge:
+    """One stream replica: ``src``'s output ``stream`` into input ``port`` of ``dst``, as its
+    ``channel``-th input there (the duplicate filter's channel).
+
+    >>> e = StreamEdge(ReplicaId("entry", 1), ReplicaId("join", 0), 1, "pings", 1)
+    >>> e.id
+    'entry#1->join#0:1'
+    """
+
+    src: ReplicaId
+    dst: ReplicaId
+    port: int
+    stream: str
+    channel: int
+
+    @property
+    def id(self) -> str:
+        """``"src->dst:port"``, the id :class:`~replistream.gc.StreamReplica` uses too."""
+        return f"{self.src.label}->{self.dst.label}:{self.port}"
+
+
+class PhysicalPlan:
+    """Replicas of every node on their servers, and the stream replicas between them.
+
+    ``placement``: ``{node: [server, ...]}``, with :data:`ENTRY` for the entry
+    points and one server per application; replica ``i`` of a node runs on
+    ``placement[node][i]``. Checked on construction (a ``ValueError`` names
+    the node): every operator, the entry points and every application are
+    placed, nothing else is, a node's replicas are on distinct servers, an
+    application has exactly one; with ``k``, every operator and the entry
+    points have exactly ``k`` replicas; with ``servers``, only those servers
+    are used.
+
+    >>> from replistream import Query
+    >>> q = Query(); s = q.source("s", {"x": "i8"}); _ = s.sink("app")
+    >>> PhysicalPlan(q.build(), {"entry": ["a", "a"], "app": ["b"]})
+    Traceback (most recent call last):
+    ...
+    ValueError: placement puts two replicas of 'entry' on one server: ['a', 'a']
+    """
+
+    def __init__(self, query, placement: Mapping[str, Sequence[str]], *, k: int | None = None,
+                 servers: Sequence[str] | None = None):
+        self.query = query
+        nodes = [ENTRY, *query.operators, *query.sinks]
+        known = set(nodes)
+        for node, where in placement.items():
+            if node not in known:
+                raise ValueError(f"placement names {node!r}, which is not an operator, application or "
+                                 f"{ENTRY!r} of query {query.name!r}")
+            if isinstance(where, str):
+                raise ValueError(f"placement of {node!r} must be a list of servers, got the string {where!r}")
+            if servers is not None:
+                for s in where:
+                    if s not in servers:
+                        raise ValueError(f"placement puts {node!r} on unknown server {s!r}")
+            if len(set(where)) != len(where):
+                raise ValueError(f"placement puts two replicas of {node!r} on one server: {list(where)}")
+        for node in [ENTRY, *query.operators]:
+            where = placement.get(node)
+            if not where or (k is not None and len(where) != k):
+                want = f"exactly k={k} distinct servers" if k is not None else "at least one server"
+                raise ValueError(f"placement must give {node!r} {want}, got {None if where is None else list(where)}")
+        for node in query.sinks:
+            where = placement.get(node)
+            if where is None or len(where) != 1:
+                raise ValueError(f"placement must give application {node!r} exactly one server, "
+                                 f"got {None if where is None else list(where)}")
+        self.placement: dict[str, list[str]] = {n: list(placement[n]) for n in nodes}
+        self.nodes = nodes
+        self._replicas = {n: [ReplicaId(n, i, n in query.sinks) for i in range(len(self.placement[n]))]
+                          for n in nodes}
+        self._server = {r.label: self.placement[n][r.index] for n in nodes for r in self._replicas[n]}
+
+    # -- replicas ------------------------------------------------------------------------
+    def replicas(self, node: str | None = None) -> list[ReplicaId]:
+        """The replicas of ``node`` (a group name; a source's name means :data:`ENTRY`), or of every node."""
+        if node is None:
+            return [r for n in self.nodes for r in self._replicas[n]]
+        return list(self._replicas[self.group(node)])
+
+    def server(self, replica) -> str:
+        """The server of a replica (a :class:`ReplicaId` or its label)."""
+        return self._server[replica.label if isinstance(replica, ReplicaId) else replica]
+
+    def group(self, node: str) -> str:
+        """:func:`group_of` ``node`` in this plan's query."""
+        if node == ENTRY:
+            return ENTRY
+        return group_of(self.query, node)
+
+    def channels(self, node: str) -> list[int]:
+        """Stream replicas feeding each input port of ``node``: its upstream group's replica count."""
+        return [len(self._replicas[self.group(u)]) for u in self.query.inputs_of(node)]
+
+    def stateful(self, node: str) -> bool:
+        """:func:`is_stateful` ``node``."""
+        return node != ENTRY and is_stateful(self.query, node)
+
+    # -- stream replicas -------------------------------------------------------------------
+    def streams(self) -> list[StreamEdge]:
+        """Every stream replica, by upstream node in topological order, then upstream replica,
+        downstream node and port, then downstream replica."""
+        out = []
+        q = self.query
+        for node in q.topological():
+            if q.spec(node).kind == "sink":
+                continue
+            ups = self._replicas[self.group(node)]
+            for v, port in q.outputs_of(node):
+                for up in ups:
+                    for down in self._replicas[v]:
+                        out.append(StreamEdge(up, down, port, node, up.index))
+        return out
+
+    def in_streams(self, replica: ReplicaId) -> list[StreamEdge]:
+        """The stream replicas into ``replica``, by port then channel."""
+        q = self.query
+        out = []
+        for port, u in enumerate(q.inputs_of(replica.node)):
+            for up in self._replicas[self.group(u)]:
+                out.append(StreamEdge(up, replica, port, u, up.index))
+        return out
+
+    def out_streams(self, replica: ReplicaId) -> list[StreamEdge]:
+        """The stream replicas out of ``replica`` (for an entry replica: of every source)."""
+        q = self.query
+        streams = q.sources if replica.node == ENTRY else [replica.node]
+        return [StreamEdge(replica, down, port, s, replica.index)
+                for s in streams for v, port in q.outputs_of(s) for down in self._replicas[v]]
+
+    def __repr__(self) -> str:
+        return f"PhysicalPlan({self.query.name!r}, {self.placement})"

@@ -1,0 +1,456 @@
+"""Source input: chunks, their event times, the event-time merge, and scripted events.
+
+What every engine does with a source's input before its entry points see it:
+
+* :func:`iter_chunks` cuts an input (a structured array, a column mapping, a
+  list of records, or an iterable of such chunks, punctuations and
+  sentinels) into chunks, lazily;
+* :func:`chunk_time` and :func:`chunk_tmax` read a chunk's first and largest
+  timestamp (whatever its form: records, columns, arrays, a
+  :class:`ChunkRef` already in Ray's object store, a punctuation);
+* :class:`TimeMerge` interleaves several sources in event-time order, as
+  the ideal run sees them and as a deployment's feeder replays them;
+* :func:`source_streams` runs each source's entry logic over its input;
+* :class:`Sentinel` events (:class:`KillReplica`, :class:`KillServer`,
+  :class:`Pause`, :class:`Call`, :class:`Revive`, :class:`AddReplica`) placed
+  among a source's chunks script what happens at a known point of the stream;
+  :class:`inject_at` places them by event time.
+
+>>> chunks = [[{"ts": 5, "x": 1}], Punctuation(6), [{"ts": 3, "x": 2}]]
+>>> [chunk_time(c) for c in chunks], chunk_tmax(chunks[0])
+([5, 6, 3], 5)
+>>> [(t, s) for t, s, _ in TimeMerge({"a": iter([[{"ts": 4}]]), "b": iter([[{"ts": 2}]])})]
+[(2, 'b'), (4, 'a'), (inf, 'a'), (inf, 'b')]
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from .errors import QueryError
+from .operators.base import NO_PUNCTUATION, Item
+from .schema import END, TS, Punctuation
+
+if TYPE_CHECKING:
+    from .operators.entry import EntryLogic
+    from .query import Query
+
+__all__ = ["ChunkRef", "iter_chunks", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
+           "source_streams", "Sentinel", "KillReplica", "KillServer", "Pause", "Call", "Revive", "AddReplica",
+           "inject_at"]
+
+
+# -- chunks --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """A source chunk already in Ray's object store, with what the feeder needs to know.
+
+    Sources that produce their data inside the cluster (e.g.
+    :class:`replistream.spark.SparkSource`) yield these: the feeder hands
+    ``ref`` to every entry point replica and uses ``n``/``tmin``/``tmax``
+    (event-time bounds, microseconds) to merge sources and to pace the
+    replay, so the rows never pass through the driver.
+
+    >>> ChunkRef(ref=None, n=3, tmin=10, tmax=42).tmin
+    10
+    """
+
+    ref: Any
+    n: int
+    tmin: int
+    tmax: int
+
+def iter_chunks(data: Any, chunk_size: int = 10_000):
+    """The chunks of one source's input, lazily (generators are not materialised).
+
+    ``data`` is a structured array, a column mapping, a list of records, or an
+    iterable of such chunks, :class:`~replistream.schema.Punctuation` objects,
+    :class:`Sentinel` events and single records
+    (consecutive records are grouped into chunks of at most ``chunk_size``).
+
+    >>> [len(c) for c in iter_chunks([{"ts": i} for i in range(5)], 2)]
+    [2, 2, 1]
+    """
+    if isinstance(data, np.ndarray) or isinstance(data, Mapping):
+        yield data
+        return
+    group: list = []
+    for item in data:
+        if isinstance(item, Mapping) and not any(isinstance(v, (np.ndarray, list, tuple)) for v in item.values()):
+            group.append(item)
+            if len(group) >= chunk_size:
+                yield group
+                group = []
+            continue
+        if group:
+            yield group
+            group = []
+        yield item
+    if group:
+        yield group
+
+
+def chunk_time(chunk: Any, punctuations: bool = True) -> int | None:
+    """The first (smallest) timestamp of a source chunk, in µs; a punctuation's ``p`` (None
+    with ``punctuations=False``); None when the chunk has no readable timestamp (a sentinel,
+    an empty or malformed chunk).
+
+    >>> chunk_time({"ts": [30, 10]}), chunk_time([{"ts": 5}, {"x": 1}]), chunk_time(Punctuation(3))
+    (10, 5, 3)
+    >>> chunk_time(ChunkRef(ref=None, n=3, tmin=10, tmax=42)), chunk_time([{"ts": "late"}])
+    (10, None)
+    """
+    if isinstance(chunk, Punctuation):
+        return chunk.p if punctuations else None
+    if isinstance(chunk, ChunkRef):
+        return int(chunk.tmin) if chunk.n and chunk.tmin is not None else None
+    try:
+        if isinstance(chunk, np.ndarray):
+            return int(chunk[TS].min()) if len(chunk) and TS in (chunk.dtype.names or ()) else None
+        if isinstance(chunk, Mapping):
+            ts = np.asarray(chunk.get(TS, []))
+            return int(ts.min()) if ts.size and ts.dtype.kind in "iuf" else None
+        if isinstance(chunk, (list, tuple)):
+            vals = [r.get(TS) for r in chunk if isinstance(r, Mapping)]
+            vals = [v for v in vals if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)]
+            return int(min(vals)) if vals else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None
+
+
+def chunk_tmax(chunk: Any) -> int | None:
+    """The largest timestamp (or punctuation) in a chunk; :data:`NO_PUNCTUATION` for an empty
+    chunk or the final punctuation; None if it cannot be told (some record has no readable ``ts``).
+
+    >>> chunk_tmax([{"ts": 5}, {"ts": 9}]), chunk_tmax([{"ts": 5}, {"x": 1}]), chunk_tmax(Punctuation(7))
+    (9, None, 7)
+    """
+    try:
+        if isinstance(chunk, ChunkRef):
+            return int(chunk.tmax) if chunk.n and chunk.tmax is not None else NO_PUNCTUATION
+        if isinstance(chunk, Punctuation):
+            return NO_PUNCTUATION if chunk.p == END else int(chunk.p)
+        if isinstance(chunk, np.ndarray):
+            return int(chunk[TS].max()) if len(chunk) else NO_PUNCTUATION
+        if isinstance(chunk, Mapping):
+            ts = np.asarray(chunk.get(TS, []))
+            return int(ts.max()) if ts.size else NO_PUNCTUATION
+        if isinstance(chunk, list):
+            vals = [r.get(TS) for r in chunk if isinstance(r, Mapping)]
+            vals = [int(v) for v in vals if isinstance(v, (int, float, np.integer, np.floating))]
+            if len(vals) == len(chunk):
+                return max(vals) if vals else NO_PUNCTUATION
+    except (TypeError, ValueError, KeyError, IndexError, OverflowError):
+        return None
+    return None
+
+
+def needs_stamp(chunk: Any) -> bool:
+    """True for records (or columns) without ``ts``: the feeder stamps them with its clock (Hwang §II-B).
+
+    >>> needs_stamp([{"x": 1}]), needs_stamp([{"ts": 1}])
+    (True, False)
+    """
+    if isinstance(chunk, list) and chunk and isinstance(chunk[0], Mapping):
+        return all(TS not in r for r in chunk)
+    if isinstance(chunk, Mapping):
+        return TS not in chunk
+    return False
+
+
+def stamp(chunk: Any, ts: int):
+    """``chunk`` with every record's (or the column mapping's) ``ts`` set to ``ts``.
+
+    >>> stamp([{"x": 1}], 7)
+    [{'x': 1, 'ts': 7}]
+    """
+    if isinstance(chunk, Mapping):
+        n = len(next(iter(chunk.values()))) if chunk else 0
+        return {**chunk, TS: np.full(n, ts, dtype=np.int64)}
+    return [{**r, TS: ts} for r in chunk]
+
+
+# -- the event-time merge ------------------------------------------------------------------
+
+class TimeMerge:
+    """Interleave per-source iterators in event-time order: iterating yields ``(t, source, chunk)``,
+    and ``(inf, source, None)`` once per source after every chunk of every source.
+
+    ``time(chunk)`` gives a chunk's time (None: the source's previous time, as for a
+    :class:`Sentinel`); with ``monotone`` a source's times never go back (a chunk
+    earlier than its predecessor keeps the predecessor's place). Ties go to the
+    source named first in ``iters``, then keep each source's order. Sources are read
+    lazily, one chunk ahead; :attr:`first` is the earliest first time over the sources
+    (None if no source has a timed chunk), known before anything is taken.
+
+    >>> m = TimeMerge({"a": iter([Punctuation(1), Punctuation(0)]), "b": iter([[{"ts": 1}]])})
+    >>> m.first, [(t, s) for t, s, _ in m]
+    (1, [(1, 'a'), (1, 'a'), (1, 'b'), (inf, 'a'), (inf, 'b')])
+    """
+
+    def __init__(self, iters: Mapping[str, Iterator], time: Callable[[Any], int | None] = chunk_time,
+                 monotone: bool = True):
+        self.iters = dict(iters)
+        self.time = time
+        self.monotone = monotone
+        self._rank = {s: i for i, s in enumerate(self.iters)}
+        self._pos = {s: 0 for s in self.iters}
+        self._last: dict[str, float] = {s: -math.inf for s in self.iters}
+        self._heap: list = []
+        for s in self.iters:
+            self._advance(s)
+        firsts = [t for t, end, *_ in self._heap if not end and math.isfinite(t)]
+        self.first = min(firsts) if firsts else None
+
+    def _advance(self, src: str) -> None:
+        try:
+            chunk = next(self.iters[src])
+        except StopIteration:
+            heapq.heappush(self._heap, (math.inf, 1, self._rank[src], 0, src, None))
+            return
+        t = self.time(chunk)
+        last = self._last[src]
+        t = last if t is None else (max(t, last) if self.monotone else t)
+        self._last[src] = t
+        self._pos[src] += 1
+        heapq.heappush(self._heap, (t, 0, self._rank[src], self._pos[src], src, chunk))
+
+    def __iter__(self) -> "TimeMerge":
+        return self
+
+    def __next__(self) -> tuple[float, str, Any]:
+        if not self._heap:
+            raise StopIteration
+        t, end, _, _, src, chunk = heapq.heappop(self._heap)
+        if not end:
+            self._advance(src)
+        return t, src, chunk
+
+
+def source_streams(query: Query, inputs: Mapping[str, Any], strict: bool = False,
+                   on_malformed: str = "raise", events: list | None = None
+                   ) -> tuple[dict[str, list[Item]], dict[str, EntryLogic]]:
+    """Run each source's entry logic over its input; returns the item lists and the entries.
+
+    ``inputs[source]`` is an iterable of chunks (record lists, column mappings,
+    structured arrays, Punctuations) or a single structured array / column
+    mapping. Sources missing from ``inputs`` are empty. Sentinels are skipped;
+    given a list ``events``, each is appended to it as ``(source, position,
+    sentinel)``, ``position`` being the number of the source's items before it.
+    """
+    unknown = set(inputs) - set(query.sources)
+    if unknown:
+        raise QueryError(f"inputs given for unknown source(s) {sorted(unknown)}; sources are {query.sources}")
+    streams, entries = {}, {}
+    for src in query.sources:
+        entry = query.build_entry(src, strict, on_malformed)
+        items: list[Item] = []
+        for chunk in iter_chunks(inputs.get(src, ())):
+            if isinstance(chunk, Sentinel):
+                if events is not None:
+                    events.append((src, len(items), chunk))
+                continue  # scripted events only mean something to a deployment or the harness
+            items.extend(entry.push(chunk))
+        items.extend(entry.close())
+        streams[src], entries[src] = items, entry
+    return streams, entries
+
+
+# -- scripted events ------------------------------------------------------------------------
+
+class Sentinel:
+    """An event placed among a source's input chunks; a deployment's feeder runs it
+    when it reaches that point of the input, so failures happen at a known place in
+    the stream without sleeping. The reference engine ignores sentinels;
+    :func:`run_replicated` runs :class:`KillReplica`, :class:`Revive` and
+    :class:`AddReplica` when the first entry-point copy of that source reaches
+    them, and ignores the others.
+
+    >>> inputs = {"s": [[{"ts": 1, "x": 1}], KillReplica("f", 0), [{"ts": 2, "x": 2}]]}
+    """
+
+    def apply(self, deployment) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class KillReplica(Sentinel):
+    """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point).
+
+    In :func:`run_replicated` a kill that would leave an operator without a
+    working replica is skipped (and listed in ``HarnessStats.spared``).
+
+    >>> inputs = {"s": [[{"ts": 1, "k": 1}], KillReplica("join", 0), [{"ts": 2, "k": 1}]]}
+    """
+
+    operator: str
+    replica: int
+
+    def apply(self, deployment) -> None:
+        deployment.kill_replica(self.operator, self.replica)
+
+
+@dataclass(frozen=True)
+class KillServer(Sentinel):
+    """Kill every replica on ``server``."""
+
+    server: str
+
+    def apply(self, deployment) -> None:
+        deployment.kill_server(self.server)
+
+
+@dataclass(frozen=True)
+class Pause(Sentinel):
+    """Pause the feeder for ``seconds``."""
+
+    seconds: float
+
+    def apply(self, deployment) -> None:
+        import time
+
+        time.sleep(self.seconds)
+
+
+@dataclass(frozen=True)
+class Call(Sentinel):
+    """Call ``fn(deployment)`` (e.g. ``lambda d: d.cut_link("boston", "zurich", 2.0)``)."""
+
+    fn: object
+
+    def apply(self, deployment) -> None:
+        self.fn(deployment)
+
+
+@dataclass(frozen=True)
+class Revive(Sentinel):
+    """Replace replica ``replica`` of ``operator`` (crashed or running) by a new one
+    built by hand-over from a live peer (docs/design.md, decision 7; Hwang §V-C).
+
+    The new replica subscribes to every live upstream replica, which replays its
+    retained output (everything since the last punctuation all its live
+    downstream replicas acknowledged); ``delay`` harness steps later it takes a
+    checkpoint from a live peer (``peer``, or one at random; the replaced replica
+    itself only when no other replica works, which makes the event a move),
+    installs it, kills the replaced replica if it still runs, and starts
+    feeding every downstream replica, first replaying the peer's retained
+    output. ``tamper(checkpoint) -> checkpoint`` edits the checkpoint before it
+    is installed: for negative controls only. A deployment runs it as
+    ``deployment.revive_replica(operator, replica)``.
+
+    ``strategy`` (``"all-at-once"``, ``"batched"`` with ``bins_per_step``, ``"fluid"``;
+    Megaphone §3.3, :mod:`replistream.replica.transfer`) moves the checkpoint in steps of
+    ``2**bits`` bins (default ``checkpoint_bits`` of the run, or 3), each taken by
+    the peer at one of its punctuations while it keeps running, into a
+    :class:`~replistream.engine.StagedReplica`; if the peer dies mid-transfer, the
+    remaining steps come from another working replica. ``tamper`` then edits
+    every step's checkpoint. In a deployment the feeder runs the sentinel and
+    waits for it, so no punctuation comes meanwhile and each step is taken when
+    the coordinator stops waiting for one (0.5 s); to move state while input
+    flows, call ``deployment.move_replica`` (or ``revive_replica``) from a thread,
+    as ``tests/ray/test_transfer_runtime.py`` does.
+
+    >>> from replistream import Query
+    >>> from replistream.testing import assert_same_output, chunked, run_reference, run_replicated
+    >>> q = Query(); s = q.source("s", {"k": "i8"}, punctuate_every=4)
+    >>> _ = s.window(size=8, by="k", name="w").sink("out")
+    >>> recs = [{"ts": t, "k": t % 3} for t in range(40)]
+    >>> data = {"s": chunked(recs[:20], 5) + [Revive("w", 0)] + chunked(recs[20:], 5)}
+    >>> rep = run_replicated(q, data, k=2, seed=3, audit=True)
+    >>> assert_same_output(run_reference(q, data).outputs["out"], rep.outputs["out"])
+    >>> [h["node"] for h in rep.stats["harness"].handovers]
+    ['w']
+    """
+
+    operator: str
+    replica: int
+    peer: int | None = None
+    delay: int = 0
+    tamper: Callable | None = None
+    strategy: str | None = None
+    bins_per_step: int | None = None
+    bits: int | None = None
+
+    def apply(self, deployment) -> None:
+        if self.strategy is None:
+            _deployment_call(deployment, "revive_replica", self.operator, self.replica)
+        else:
+            _deployment_call(deployment, "revive_replica", self.operator, self.replica, strategy=self.strategy,
+                             bins_per_step=self.bins_per_step, bits=self.bits)
+
+
+@dataclass(frozen=True)
+class AddReplica(Sentinel):
+    """Add a replica of ``operator`` by hand-over from a live peer, as :class:`Revive`
+    does, without replacing one (a deployment: ``deployment.add_replica(operator)``).
+
+    >>> AddReplica("join", peer=1).peer
+    1
+    """
+
+    operator: str
+    peer: int | None = None
+    delay: int = 0
+    tamper: Callable | None = None
+    strategy: str | None = None
+    bins_per_step: int | None = None
+    bits: int | None = None
+
+    def apply(self, deployment) -> None:
+        if self.strategy is None:
+            _deployment_call(deployment, "add_replica", self.operator)
+        else:
+            _deployment_call(deployment, "add_replica", self.operator, strategy=self.strategy,
+                             bins_per_step=self.bins_per_step, bits=self.bits)
+
+
+class inject_at:
+    """Wrap a source's input so ``events`` (sentinels) fire just before the first chunk with ``ts >= at``.
+
+    The feeder applies a sentinel only after every earlier chunk has reached
+    the entry points, so the failure lands at a known point of the stream
+    whatever the machine's speed. Works with any input the feeder takes,
+    including sources with ``bind`` (e.g. :class:`replistream.spark.SparkSource`,
+    whose chunks carry ``tmin``); if no chunk reaches ``at`` the events fire at the end.
+
+    >>> chunks = [[{"ts": 1}], [{"ts": 5}], [{"ts": 9}]]
+    >>> [c if isinstance(c, Sentinel) else c[0]["ts"] for c in inject_at(chunks, 5, Pause(0))]
+    [1, Pause(seconds=0), 5, 9]
+    """
+
+    def __init__(self, source: Any, at: int, *events: Sentinel):
+        if not events or not all(isinstance(e, Sentinel) for e in events):
+            raise ValueError("inject_at needs one or more Sentinel events (KillServer, KillReplica, Call, ...)")
+        self.source = source
+        self.at = at
+        self.events = events
+
+    def bind(self, name: str, schema) -> None:
+        if hasattr(self.source, "bind"):
+            self.source.bind(name, schema)
+
+    def __iter__(self):
+        fired = False
+        for chunk in self.source:
+            t = None if fired or isinstance(chunk, Punctuation) else chunk_time(chunk)
+            if not fired and t is not None and t >= self.at:
+                fired = True
+                yield from self.events
+            yield chunk
+        if not fired:
+            yield from self.events
+
+
+def _deployment_call(deployment, method: str, *args, **kwargs) -> None:
+    fn = getattr(deployment, method, None)
+    if fn is None:
+        raise NotImplementedError(f"{type(deployment).__name__} has no {method}(); hand-over of replicas "
+                                  f"runs in replistream.engines.inprocess.run_replicated")
+    fn(*args, **kwargs)

@@ -1,0 +1,78 @@
+"""The CLI and the examples, run as a user would run them."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args, timeout=300):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_help_lists_commands():
+    out = run(sys.executable, "-m", "replistream.cli", "--help")
+    assert out.returncode == 0
+    assert "demo" in out.stdout
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_inprocess_demo_json_matches_reference(k):
+    out = run(sys.executable, "-m", "replistream.cli", "demo", "--engine", "inprocess", "--json", "--k", str(k),
+              "--servers", "4", "--duration", "120", "--period", "10", "--seed", str(k))
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["lost"] == 0 and summary["duplicates"] == 0
+    assert summary["matches_reference"] is True and summary["complete"] is True
+    assert summary["outputs"] == summary["reference_outputs"] > 0
+    if k > 1:
+        assert summary["crashed_replicas"], "the demo is meant to crash replicas"
+
+
+def test_ray_demo_json_survives_a_server_kill():
+    """The main job, as the README runs it, at a small scale (its own Ray instance)."""
+    out = run(sys.executable, "-m", "replistream.cli", "demo", "--json", "--servers", "4", "--duration", "8",
+              "--seed", "3", timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["engine"] == "ray"
+    assert summary["lost"] == 0 and summary["duplicates"] == 0 and summary["matches_reference"] is True
+    assert summary["failure_at_s"] is not None and summary["failures"]
+    for phase in ("before_failure", "after_failure"):
+        assert summary["latency_ms"][phase]["count"] > 0
+        assert summary["latency_ms"][phase]["p50"] <= summary["latency_ms"][phase]["p99"]
+
+
+def test_demo_rejects_bad_k():
+    out = run(sys.executable, "-m", "replistream.cli", "demo", "--engine", "inprocess", "--k", "0")
+    assert out.returncode != 0
+    assert "--k must be >= 1" in out.stderr
+
+
+# failure_injection.py takes arguments (test below); spark_pipeline.py runs in tests/spark/test_spark.py in this
+# process's shared Ray and Spark sessions (a subprocess would start Spark again: +20 s)
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")
+                                           if p.name not in ("failure_injection.py", "spark_pipeline.py")))
+def test_example_runs(script):
+    out = run(sys.executable, str(ROOT / "examples" / script))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip()
+    assert "identical to the ideal run" in out.stdout
+
+
+def test_failure_injection_example_writes_a_plot(tmp_path):
+    png = tmp_path / "latency.png"
+    out = run(sys.executable, str(ROOT / "examples" / "failure_injection.py"),
+              str(ROOT / "examples" / "scenario.toml"), str(png), "--duration", "11")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "identical to the ideal run" in out.stdout
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sim_is_a_subcommand():
+    out = run(sys.executable, "-m", "replistream.cli", "sim", "--help")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "fig4" in out.stdout and "--quick" in out.stdout

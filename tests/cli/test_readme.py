@@ -1,0 +1,19 @@
+"""The README tells the truth: its quickstart runs, its commands exist."""
+import re
+from pathlib import Path
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_quickstart_runs(ray_session):
+    code = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert code, "README has no python quickstart"
+    exec(compile(code[0], "README.md", "exec"), {})
+
+
+def test_setup_commands_match_ci():
+    ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    assert 'pip install -e ".[test]" && python -m pytest' in README
+    assert 'pip install -e ".[test]" && python -m pytest' in ci
+    assert "pip install -e . && replistream demo" in README
+    assert "pip install -e . && replistream demo" in ci
