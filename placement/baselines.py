@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .mincost import Placer, _check_k
+from .mincost import Placer, check_k
 from .model import PlacementError, PlacementProblem
 from .result import Placement
 
@@ -40,7 +40,7 @@ def random_placement(problem: PlacementProblem, k: int, seed: int = 0, alpha: fl
     >>> sorted(random_placement(p, k=3, seed=5).replicas["o"])
     ['a', 'b', 'c']
     """
-    k = _check_k(problem, k)
+    k = check_k(problem, k)
     rng = np.random.default_rng(seed)
     constrained = alpha is not None or d_min is not None
     placer = Placer(problem, alpha=np.inf if alpha is None else alpha, d_min=0.0 if d_min is None else d_min,

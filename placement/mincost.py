@@ -257,7 +257,7 @@ def min_cost(problem: PlacementProblem, k: int, alpha: float = ALPHA, d_min: flo
     ...
     replistream.placement.model.PlacementError: no server can host replica 4 of 'op': of 4 servers, 3 already hold a replica of 'op'; 1 fail the d_min constraint (latency to every replica of 'op' > d_min=30 ms; e.g. b is 10 ms from a). Lower d_min, raise alpha, or add servers.
     """
-    k = _check_k(problem, k)
+    k = check_k(problem, k)
     placer = Placer(problem, alpha, d_min, explain)
     params = {"k": k, "alpha": alpha, "d_min": d_min,
               "initial": initial if isinstance(initial, str) else "given", **spring}
@@ -269,7 +269,12 @@ def min_cost(problem: PlacementProblem, k: int, alpha: float = ALPHA, d_min: flo
     return placer.placement("min-cost", params)
 
 
-def _check_k(problem: PlacementProblem, k) -> int:
+def check_k(problem: PlacementProblem, k) -> int:
+    """``k`` as an int, checked: an integer >= 1 and no more than the problem's servers.
+
+    >>> check_k(PlacementProblem(["a", "b"], [[0, 1], [1, 0]], []), 2)
+    2
+    """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k (replicas per operator) must be an integer >= 1, got {k!r}")
     if k > len(problem.servers):
