@@ -330,7 +330,7 @@ class InProcessEngine:
                 raise QueryError("Call: the in-process engine has no deployment to call; run the query with "
                                  "replistream.deploy, or script the event as a KillReplica, KillServer, "
                                  "Revive or AddReplica sentinel")
-            if not isinstance(ev, (KillReplica, KillServer, Pause, Revive, AddReplica, Call)):
+            if not isinstance(ev, (KillReplica, KillServer, Pause, Revive, AddReplica)):
                 raise QueryError(f"{type(ev).__name__}: the in-process engine cannot run this sentinel")
 
     def _crash_schedule(self) -> list[tuple[int, _Replica]]:
