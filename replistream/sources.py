@@ -269,9 +269,10 @@ class Sentinel:
     """An event placed among a source's input chunks; a deployment's feeder runs it
     when it reaches that point of the input, so failures happen at a known place in
     the stream without sleeping. The reference engine ignores sentinels;
-    :func:`run_replicated` runs :class:`KillReplica`, :class:`Revive` and
-    :class:`AddReplica` when the first entry-point copy of that source reaches
-    them, and ignores the others.
+    :func:`run_replicated` runs :class:`KillReplica`, :class:`KillServer`,
+    :class:`Revive` and :class:`AddReplica` when the first entry-point copy of
+    that source reaches them, takes :class:`Pause` as a no-op and refuses
+    :class:`Call` (it has no deployment to call).
 
     >>> inputs = {"s": [[{"ts": 1, "x": 1}], KillReplica("f", 0), [{"ts": 2, "x": 2}]]}
     """

@@ -1,18 +1,29 @@
 """The in-process replicated engine: every operator as ``k`` replicas in one process.
 
-Every operator and entry point runs as ``k`` replicas; every upstream replica
-feeds every downstream replica through its own FIFO channel, and each replica
-merges its inputs with duplicate filters (Algorithm 1). A seeded scheduler
-delivers channel heads in random order with per-channel speeds (so replicas
-see different interleavings and delays), splits batches at random, re-sends
+:class:`InProcessEngine` runs a query's physical plan
+(:class:`~replistream.plan.PhysicalPlan`) without Ray and without a clock:
+every operator and entry point runs as ``k`` replicas, every upstream replica
+feeds every downstream replica through its own FIFO channel (one per
+:class:`~replistream.plan.StreamEdge`), and each replica merges its inputs with
+duplicate filters (Hwang §IV-B, Algorithm 1). A seeded scheduler delivers
+channel heads in random order with per-channel speeds (so replicas see
+different interleavings and delays), splits batches at random, re-sends
 copies, and can crash up to ``k - 1`` replicas of every operator and entry
-point at random times. No Ray, no clock: a failing seed reproduces exactly.
-Sentinels in the inputs script events at a point of a source's stream
-(:class:`~replistream.sources.KillReplica`; hand-over of stateful replicas,
-docs/handover.md: :class:`~replistream.sources.Revive` and
-:class:`~replistream.sources.AddReplica` build a replica from a live peer's
-checkpoint mid-stream, with upstream replay); ``audit=True`` checks that
-every replica emits exactly what the ideal run's copy of its operator emits.
+point at random steps. A failing seed reproduces exactly.
+
+Sentinels in the inputs script events at a point of a source's stream:
+:class:`~replistream.sources.KillReplica`, :class:`~replistream.sources.KillServer`
+(every replica the plan puts on that server), and hand-over of stateful
+replicas (docs/handover.md, docs/migration.md):
+:class:`~replistream.sources.Revive` and :class:`~replistream.sources.AddReplica`
+build a replica from a live peer's checkpoint mid-stream, with upstream
+replay (Hwang §V-C; staged transfers after Megaphone §3.3).
+:class:`~replistream.sources.Pause` is a no-op (there is no clock to pause);
+:class:`~replistream.sources.Call` needs a deployment and is refused before
+the run starts. ``audit=True`` checks that every replica emits exactly what
+the ideal run's copy of its operator emits.
+
+:func:`run_replicated` is the one-call form: ``InProcessEngine(query, ...).run(inputs)``.
 
 >>> from replistream import Query
 >>> from replistream.testing import assert_same_output, chunked
@@ -29,55 +40,109 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import QueryError
 from ..operators import Item
 from ..operators.base import NO_PUNCTUATION, OperatorState
+from ..plan import ENTRY, PhysicalPlan
 from ..query import Query
 from ..replica.checkpoint import ReplicaCheckpoint
 from ..replica.core import ReplayLog, ReplicaCore
 from ..replica.transfer import StagedReplica, plan_transfer, splittable
 from ..schema import END, Punctuation
-from ..sources import AddReplica, KillReplica, Revive, source_streams
-from .reference import run_reference, run_reference_on_streams  # noqa: F401 (run_reference: the doctest)
+from ..sources import AddReplica, Call, KillReplica, KillServer, Pause, Revive, Sentinel, source_streams
+from .reference import run_reference, run_reference_on_streams  # noqa: F401 (run_reference: the doctests)
 from .result import Collector, RunResult, as_multiset
 
-__all__ = ["run_replicated", "HarnessStats", "ReplicaDivergence"]
+__all__ = ["InProcessEngine", "run_replicated", "default_placement", "HarnessStats", "ReplicaDivergence"]
 
 
 class ReplicaDivergence(AssertionError):
     """Raised by :func:`run_replicated` with ``audit=True`` when some replica emitted a tuple
     the ideal run's copy of its operator does not emit (or emitted one twice), or a replica
-    that completed did not emit all of them: a broken hand-over or a replica-inconsistent operator."""
+    that completed did not emit all of them: a broken hand-over or a replica-inconsistent operator.
+
+    >>> issubclass(ReplicaDivergence, AssertionError)
+    True
+    """
 
 
 @dataclass
-class _Instance:
+class HarnessStats:
+    """What the engine did: steps, crashed replicas, batches split and re-sent, kills
+    skipped to keep a working replica (``spared``), and one record per hand-over
+    (``handovers``: node, new replica, peer, the checkpoint's punctuations and those of
+    the other working replicas, applied ids, state rows, tuples replayed, bytes) and per
+    staged transfer (``transfers``).
+
+    >>> HarnessStats().crashed
+    []
+    """
+
+    steps: int = 0
+    crashed: list[str] = field(default_factory=list)
+    splits: int = 0
+    resent: int = 0
+    spared: list[str] = field(default_factory=list)
+    handovers: list[dict] = field(default_factory=list)
+    transfers: list[dict] = field(default_factory=list)
+
+
+def default_placement(query: Query, k: int) -> dict[str, list[str]]:
+    """The placement :class:`InProcessEngine` uses without one: replica ``i`` of every
+    operator and of the entry points on server ``"s{i}"``, every application on ``"s0"``.
+
+    >>> from replistream import Query
+    >>> q = Query(); s = q.source("s", {"x": "i8"}); _ = s.filter(lambda b: b["x"] > 0, name="f").sink("app")
+    >>> default_placement(q.build(), 2)
+    {'entry': ['s0', 's1'], 'f': ['s0', 's1'], 'app': ['s0']}
+    """
+    servers = [f"s{i}" for i in range(k)]
+    return {ENTRY: list(servers), **{n: list(servers) for n in query.operators}, **{n: ["s0"] for n in query.sinks}}
+
+
+# -- the engine's pieces -------------------------------------------------------------------
+
+@dataclass
+class _Replica:
+    """One replica as the engine runs it.
+
+    An *entry copy* replays one source's entry-point output (``items``, from
+    ``cursor``) and logs what it emitted (``entry_log``); the engine keeps one
+    copy per source and entry replica, so ``KillReplica("entry", i)`` stops
+    copy ``i`` of every source. An *operator replica* or *application* runs a
+    :class:`ReplicaCore`. A replica being built by hand-over has ``event`` set
+    and no core yet: it counts its new input channels (``chan_counts``) until
+    its checkpoint is installed, or receives its state in steps (``staged``,
+    ``transfer``). ``server``: where the plan puts it (None for a replica
+    :class:`AddReplica` created, which the plan does not place).
+    """
+
     node: str
     index: int
-    core: ReplicaCore | None  # None for an entry point copy, or a replica waiting for its checkpoint
-    items: list[Item] | None = None  # entry copies: the source stream
+    core: ReplicaCore | None
+    server: str | None = None
+    items: list[Item] | None = None
     cursor: int = 0
     alive: bool = True
     out: list["_Channel"] = field(default_factory=list)
-    entry_log: ReplayLog | None = None  # entry copies: what they emitted, for replay
+    entry_log: ReplayLog | None = None
     generation: int = 0
     history: list | None = None  # audit: batches emitted (inherited from the peer at hand-over)
-    # hand-over in progress (subscribed, checkpoint not yet installed)
     chan_counts: list[int] | None = None
     ready_at: int = 0
     event: Any = None
     replayed: int = 0
-    # staged transfer in progress (Megaphone §3.3): the receiver, the plan, the current peer
-    staged: Any = None
-    transfer: dict | None = None
+    staged: StagedReplica | None = None
+    transfer: "_Transfer | None" = None
     inherited: Counter | None = None  # audit: union of the peers' emissions at each step
 
     @property
     def label(self) -> str:
+        """``"node#index"``, with a prime per generation of revival (``"w#0'"``)."""
         return f"{self.node}#{self.index}" + "'" * self.generation
 
     @property
@@ -92,41 +157,592 @@ class _Instance:
 
     @property
     def log(self) -> ReplayLog | None:
+        """What it retains for replay: an entry copy's log, or its core's output log."""
         return self.entry_log if self.items is not None else (self.core.output_log if self.core else None)
 
 
 @dataclass
 class _Channel:
-    sender: _Instance
-    receiver: _Instance
+    """One stream replica in flight: ``sender``'s output into ``receiver``'s input ``port``,
+    as its ``index``-th channel there; ``speed`` weighs how often the scheduler picks it."""
+
+    sender: _Replica
+    receiver: _Replica
     port: int
-    index: int  # which stream replica of the receiver's port this is
+    index: int
     speed: float
     queue: deque = field(default_factory=deque)
     delivered: int = 0
 
 
 @dataclass
-class HarnessStats:
-    """What the harness did: steps, crashed replicas, batches split and re-sent, kills
-    skipped to keep a working replica (``spared``), and one record per hand-over
-    (``handovers``: node, new replica, peer, the checkpoint's punctuations and those of
-    the other working replicas, applied ids, state rows, tuples replayed, bytes)."""
+class _Transfer:
+    """A staged transfer in progress (Megaphone §3.3): the steps' bins, the next step,
+    the current peer, and what each step cost."""
 
-    steps: int = 0
-    crashed: list[str] = field(default_factory=list)
-    splits: int = 0
-    resent: int = 0
-    spared: list[str] = field(default_factory=list)
-    handovers: list[dict] = field(default_factory=list)
-    transfers: list[dict] = field(default_factory=list)
+    steps: list
+    peer: _Replica
+    bits: int
+    started: int
+    next: int = 0
+    restarts: int = 0
+    peers: list[str] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+
+    @property
+    def remaining(self) -> bool:
+        """Steps are left to take."""
+        return self.next < len(self.steps)
+
+
+class InProcessEngine:
+    """Run ``query`` with every operator and entry point replicated ``k`` times, in process.
+
+    Options (as :func:`run_replicated`): ``crash=True`` kills up to ``k - 1``
+    replicas of every operator and of every source's entry copies at random
+    steps (fail-stop: what they had in flight is lost); ``split`` cuts batches
+    at random; ``resend_prob`` re-sends a batch on the same channel right
+    after the first copy (a retransmission); ``speed_spread`` is the sigma of
+    the lognormal per-channel speeds; ``strict``/``on_malformed`` as for
+    :func:`run_reference`; ``audit`` compares every replica's emissions with
+    the ideal run; ``checkpoint_bits`` ships checkpoints in ``2**bits`` bins
+    reassembled in random order. ``placement`` (``{node: [server, ...]}``,
+    :data:`~replistream.plan.ENTRY` for the entry points; default
+    :func:`default_placement`) places the replicas for
+    :class:`~replistream.sources.KillServer`; it must give every operator and
+    the entry points ``k`` distinct servers.
+
+    :meth:`run` may be called more than once: each run starts from the seed.
+
+    Attributes of the engine: ``query``, ``k``, ``seed``, the options, and
+    ``plan`` (the :class:`~replistream.plan.PhysicalPlan`). Attributes of the
+    current run (set by :meth:`run`):
+
+    * ``rng`` (the schedule, splits, re-sends, channel speeds, crashes) and
+      ``erng`` (hand-over choices; a separate stream so a run without events
+      keeps the schedule it had before events existed);
+    * ``streams``, ``entries``: each source's entry-point output and logic;
+    * ``groups``: ``{node: [replica, ...]}``, keyed by source name for the
+      entry copies, and by operator and application name; ``retired``: the
+      replicas a hand-over replaced;
+    * ``channels``: every stream replica; ``collectors``: each application's output;
+    * ``stats``: a :class:`HarnessStats`; ``crashes``: the random kills still
+      to come, as ``(step, replica)``;
+    * ``pending``: replicas subscribed and waiting for their checkpoint;
+      ``transferring``: replicas receiving their state in steps;
+      ``due``: per source, the sentinels still to run, as ``(position, sentinel)``.
+
+    >>> from replistream import Query
+    >>> from replistream.testing import assert_same_output
+    >>> q = Query(); s = q.source("s", {"k": "i8"}, punctuate_every=4)
+    >>> _ = s.window(size=8, by="k", name="w").sink("out")
+    >>> recs = [{"ts": t, "k": t % 3} for t in range(40)]
+    >>> eng = InProcessEngine(q, k=2, seed=3, placement={"entry": ["a", "b"], "w": ["b", "c"], "out": ["a"]})
+    >>> rep = eng.run({"s": recs[:20] + [KillServer("b")] + recs[20:]})
+    >>> sorted(rep.stats["harness"].crashed), rep.complete
+    (['s#1', 'w#0'], True)
+    >>> assert_same_output(run_reference(q, {"s": recs}).outputs["out"], rep.outputs["out"])
+    """
+
+    def __init__(self, query: Query, k: int = 2, seed: int = 0, *, crash: bool = False, split: bool = True,
+                 resend_prob: float = 0.05, speed_spread: float = 1.0, strict: bool = False,
+                 on_malformed: str = "raise", audit: bool = False, checkpoint_bits: int = 0,
+                 placement: Mapping[str, Sequence[str]] | None = None):
+        if int(k) < 1:
+            raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
+        query.build()
+        self.query = query
+        self.k = k
+        self.seed = seed
+        self.crash = crash
+        self.split = split
+        self.resend_prob = resend_prob
+        self.speed_spread = speed_spread
+        self.strict = strict
+        self.on_malformed = on_malformed
+        self.audit = audit
+        self.checkpoint_bits = checkpoint_bits
+        self.plan = PhysicalPlan(query, placement if placement is not None else default_placement(query, k), k=k)
+        self.servers = sorted({s for where in self.plan.placement.values() for s in where})
+
+    # -- a run -------------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, Any]) -> RunResult:
+        """Run the query over ``inputs`` (``{source: chunks}``, as for :func:`run_reference`,
+        sentinels included) to the end; the result's ``stats["harness"]`` is a
+        :class:`HarnessStats`, ``stats["weights"]`` the duplicate-filter contribution
+        weights at each application. Raises :class:`ReplicaDivergence` when auditing finds one."""
+        self._start(inputs)
+        for src in self.query.sources:
+            self._fire(src, 0)
+        while self._step():
+            pass
+        return self._result()
+
+    def _start(self, inputs: Mapping[str, Any]) -> None:
+        """Set up a run: the entry-point streams, the replicas and channels of the plan, the crash schedule."""
+        q = self.query
+        self.rng = random.Random(self.seed)
+        self.erng = random.Random(self.seed * 1_000_003 + 17)
+        events: list = []
+        self.streams, self.entries = source_streams(q, inputs, self.strict, self.on_malformed, events=events)
+        self._check_events([ev for _, _, ev in events])
+        self.groups: dict[str, list[_Replica]] = {}
+        for src in q.sources:
+            self.groups[src] = [_Replica(src, r.index, None, self.plan.server(r), items=self.streams[src],
+                                         entry_log=ReplayLog()) for r in self.plan.replicas(ENTRY)]
+        for node in q.operators:
+            chans = self.plan.channels(node)
+            self.groups[node] = [_Replica(node, r.index, ReplicaCore(q, node, chans, self.strict, retain=True),
+                                          self.plan.server(r), history=[] if self.audit else None)
+                                 for r in self.plan.replicas(node)]
+        self.collectors: dict[str, Collector] = {}
+        for node in q.sinks:
+            self.groups[node] = [_Replica(node, r.index, ReplicaCore(q, node, self.plan.channels(node), self.strict),
+                                          self.plan.server(r)) for r in self.plan.replicas(node)]
+            self.collectors[node] = Collector(q.schema_of(node))
+        self.retired: list[_Replica] = []
+        self.channels: list[_Channel] = []
+        for e in self.plan.streams():
+            sender = self.groups[e.stream][e.src.index]  # for an entry replica: that source's copy
+            ch = _Channel(sender, self.groups[e.dst.node][e.dst.index], e.port, e.channel,
+                          self.rng.lognormvariate(0.0, self.speed_spread))
+            sender.out.append(ch)
+            self.channels.append(ch)
+        self.stats = HarnessStats()
+        self.crashes = self._crash_schedule()
+        self.pending: list[_Replica] = []
+        self.transferring: list[_Replica] = []
+        self.due: dict[str, deque] = {src: deque() for src in q.sources}
+        for src, pos, ev in sorted(events, key=lambda e: e[1]):
+            self.due[src].append((pos, ev))
+
+    def _check_events(self, events: list[Sentinel]) -> None:
+        """Refuse, before anything runs, a sentinel this engine cannot run or one naming
+        something the query or plan does not have (a replica number is checked when the
+        kill runs: hand-overs may add replicas)."""
+        q = self.query
+        for ev in events:
+            if isinstance(ev, (Revive, AddReplica)) and ev.operator not in q.operators:
+                raise QueryError(f"{type(ev).__name__}: {ev.operator!r} is not an operator of query {q.name!r}")
+            if isinstance(ev, KillServer) and ev.server not in self.servers:
+                raise QueryError(f"KillServer: no server {ev.server!r} in the plan; servers: {self.servers}")
+            if isinstance(ev, Call):
+                raise QueryError("Call: the in-process engine has no deployment to call; run the query with "
+                                 "replistream.deploy, or script the event as a KillReplica, KillServer, "
+                                 "Revive or AddReplica sentinel")
+            if not isinstance(ev, (KillReplica, KillServer, Pause, Revive, AddReplica)):
+                raise QueryError(f"{type(ev).__name__}: the in-process engine cannot run this sentinel")
+
+    def _crash_schedule(self) -> list[tuple[int, _Replica]]:
+        """With ``crash``: up to ``k - 1`` victims among every source's entry copies and every
+        operator's replicas, each at a random step below a horizon that grows with the input."""
+        crashes: list[tuple[int, _Replica]] = []
+        if self.crash and self.k > 1:
+            q, rng = self.query, self.rng
+            horizon = max(1, sum(len(s) for s in self.streams.values()) * self.k * max(1, len(q.operators)))
+            for node in q.sources + q.operators:
+                victims = rng.sample(self.groups[node], rng.randint(0, self.k - 1))
+                crashes.extend((rng.randrange(horizon), v) for v in victims)
+            crashes.sort(key=lambda c: c[0])
+        return crashes
+
+    def _step(self) -> bool:
+        """One scheduler step: run due crashes, install checkpoints that are due, restart
+        transfers whose peer died, then deliver one item picked at random (an entry copy's
+        next item, or a channel's head, weighted by the channel's speed). When nothing can
+        move, wait for pending replicas, take stalled transfer steps, or run sentinels placed
+        after a source's last item. False when the run is over."""
+        while self.crashes and self.crashes[0][0] <= self.stats.steps:
+            self._kill(self.crashes.pop(0)[1])
+        for new in [p for p in self.pending if p.ready_at <= self.stats.steps]:
+            self.pending.remove(new)
+            self._install(new)
+        for new in list(self.transferring):
+            self._check_peer(new)
+        cands: list = [e for src in self.query.sources for e in self.groups[src]
+                       if e.alive and e.cursor < len(e.items)]
+        weights = [1.0] * len(cands)
+        for ch in self.channels:
+            if ch.queue and ch.receiver.alive and ch.receiver.receiving:
+                cands.append(ch)
+                weights.append(ch.speed)
+        if not cands:
+            return self._idle()
+        pick = self.rng.choices(cands, weights)[0]
+        self.stats.steps += 1
+        if isinstance(pick, _Replica):
+            self._emit(pick, [pick.items[pick.cursor]])
+            pick.cursor += 1
+            self._fire(pick.node, pick.cursor)
+        else:
+            self._deliver(pick)
+        return True
+
+    def _idle(self) -> bool:
+        """Nothing to deliver: let time pass for pending replicas, take the remaining steps of
+        stalled transfers, or run the sentinels left at the end of a source. False: done."""
+        if self.pending:  # nothing moves until the waiting replicas install their checkpoints
+            self.stats.steps = min(p.ready_at for p in self.pending)
+            return True
+        stalled = [t for t in self.transferring if t.transfer.remaining]
+        if stalled:  # no punctuation will come: the peers take their remaining steps now
+            for t in stalled:
+                self._take_step(t)
+            return True
+        if any(self.due.values()):  # events placed after the last item of a source
+            for src in self.query.sources:
+                self._fire(src, len(self.streams[src]))
+            return True
+        return False
+
+    def _deliver(self, ch: _Channel) -> None:
+        """Deliver ``ch``'s head to its receiver; forward what the receiver emits (or collect it,
+        at an application), and let staged transfers from the receiver take a step at its
+        punctuation."""
+        item = ch.queue.popleft()
+        ch.delivered += 1
+        recv = ch.receiver
+        if recv.core is None:  # receiving its state in steps: outputs wait until it completes
+            recv.staged.process(ch.port, ch.index, item)
+            if recv.staged.complete:
+                self._finish_transfer(recv)
+            return
+        out = recv.core.process(ch.port, ch.index, item)
+        if recv.node in self.collectors:
+            self.collectors[recv.node].add(out)
+            return
+        self._emit(recv, out)
+        if self.transferring and any(isinstance(it, Punctuation) for it in out):
+            for t in list(self.transferring):  # a step at the peer's logical time (its punctuation)
+                if t.transfer.peer is recv and t.transfer.remaining:
+                    self._take_step(t)
+
+    def _result(self) -> RunResult:
+        """The run's :class:`RunResult`, after checking every staged transfer completed (and the audit)."""
+        q = self.query
+        if self.transferring:
+            raise RuntimeError(f"staged transfers did not complete: "
+                               f"{[(t.label, t.staged.stats()) for t in self.transferring]}")
+        everyone = [i for node in q.operators + q.sinks for i in self.groups[node]] + self.retired
+        dead = [d for e in self.entries.values() for d in e.dead_letters]
+        for i in everyone:
+            if i.core is not None:
+                dead.extend(i.core.dead_letters())
+        weights = {n: [f.weights.tolist() for f in self.groups[n][0].core.filters] for n in q.sinks}
+        result = RunResult(
+            outputs={n: c.result() for n, c in self.collectors.items()},
+            punctuation={n: c.punctuation for n, c in self.collectors.items()},
+            dead_letters=dead,
+            stats={"harness": self.stats, "weights": weights,
+                   "entries": {s: e.stats() for s, e in self.entries.items()}},
+        )
+        if self.audit:
+            problems = _audit(q, self.streams, self.entries, self.strict,
+                              [i for i in everyone if i.history is not None])
+            result.stats["audit"] = problems
+            if problems:
+                raise ReplicaDivergence("replicas diverge from the ideal run:\n  " + "\n  ".join(problems[:10]))
+        return result
+
+    # -- channels, acknowledgements, retention ---------------------------------------------------
+    def _push(self, ch: _Channel, item: Item) -> None:
+        """Queue ``item`` on ``ch``: with ``split``, a batch is sometimes cut in 2-4 pieces;
+        with ``resend_prob``, a piece is sometimes queued twice (a retransmission)."""
+        rng = self.rng
+        pieces = [item]
+        if self.split and not isinstance(item, Punctuation) and len(item) > 1 and rng.random() < 0.3:
+            cuts = sorted(rng.sample(range(1, len(item)), min(len(item) - 1, rng.randint(1, 3))))
+            pieces = np.split(item, cuts)
+            self.stats.splits += 1
+        for piece in pieces:
+            ch.queue.append(piece)
+            if self.resend_prob and not isinstance(piece, Punctuation) and rng.random() < self.resend_prob:
+                ch.queue.append(piece)
+                self.stats.resent += 1
+
+    @staticmethod
+    def _ack(ch: _Channel) -> int:
+        """The receiver's acknowledgement: its duplicate filter's maximum punctuation
+        (a receiver still waiting for its checkpoint pins everything)."""
+        r = ch.receiver
+        return r.core.filters[ch.port].max_punct if r.core is not None else NO_PUNCTUATION
+
+    def _trim(self, sender: _Replica) -> None:
+        """Trim ``sender``'s log to the smallest acknowledgement of its live receivers
+        (docs/design.md, decision 7: the most aggressive trimming)."""
+        acks = [self._ack(ch) for ch in sender.out if ch.receiver.alive]
+        if acks and sender.log is not None:
+            sender.log.trim(min(acks))
+
+    def _emit(self, sender: _Replica, items: list[Item]) -> None:
+        """``sender`` emits ``items`` on every channel to a live receiver, records them (the
+        audit's history, an entry copy's log), and trims its log at a punctuation."""
+        for it in items:
+            for ch in sender.out:
+                if ch.receiver.alive:
+                    self._push(ch, it)
+        if sender.history is not None:
+            sender.history.extend(it for it in items if not isinstance(it, Punctuation) and len(it))
+        if sender.entry_log is not None:
+            sender.entry_log.append(items)
+        if any(isinstance(it, Punctuation) for it in items):
+            self._trim(sender)
+
+    def _connect(self, up: _Replica, down: _Replica, port: int) -> _Channel:
+        """A new stream replica ``up -> down`` on ``port``: a new duplicate-filter channel at the receiver."""
+        if down.core is not None:
+            idx = down.core.add_channel(port)
+        elif down.staged is not None:
+            idx = down.staged.add_channel(port)
+        else:
+            idx = down.chan_counts[port]
+            down.chan_counts[port] += 1
+        ch = _Channel(up, down, port, idx, self.erng.lognormvariate(0.0, self.speed_spread))
+        up.out.append(ch)
+        self.channels.append(ch)
+        return ch
+
+    def _replay(self, up: _Replica, new_channels: list[_Channel]) -> None:
+        """Replay up's retained output on its new stream replicas, once every new receiver
+        counts among the acknowledgements that trim it."""
+        self._trim(up)
+        items = up.log.items()
+        for ch in new_channels:
+            for it in items:
+                self._push(ch, it)
+                if not isinstance(it, Punctuation):
+                    ch.receiver.replayed += len(it)
+
+    def _connect_downstream(self, new: _Replica) -> None:
+        """Connect a replica that just took its place to every live downstream replica (those
+        still being built included) and replay its log on those links."""
+        q = self.query
+        building = self.pending + self.transferring
+        self._replay(new, [self._connect(new, down, port) for v, port in q.outputs_of(new.node)
+                           for down in self.groups[v] + [p for p in building if p.node == v] if down.alive])
+
+    # -- failures --------------------------------------------------------------------------------
+    def _kill(self, victim: _Replica, force: bool = False) -> None:
+        """Fail-stop ``victim``: what it had in flight is lost. Without ``force``, a kill that
+        would leave its node without a working replica is skipped and listed in ``stats.spared``."""
+        if not victim.alive:
+            return
+        if not force and victim.ready and sum(r.ready for r in self.groups[victim.node]) <= 1:
+            self.stats.spared.append(victim.label)  # never leave an operator without a working replica
+            return
+        victim.alive = False
+        self.stats.crashed.append(victim.label)
+        for ch in victim.out:
+            ch.queue.clear()
+
+    def _kill_server(self, server: str) -> None:
+        """Kill every replica the plan puts on ``server`` (entry copies, operator replicas and
+        a revived replica in its predecessor's place), one :meth:`_kill` each, in plan order:
+        a kill that would leave a node without a working replica is spared. Replicas still
+        being built by hand-over are not on a server yet."""
+        q = self.query
+        for node in q.sources + q.operators + q.sinks:
+            for r in list(self.groups[node]):
+                if r.server == server:
+                    self._kill(r)
+
+    def _run_event(self, ev: Sentinel) -> None:
+        """Run one sentinel (checked by :meth:`_check_events` before the run)."""
+        q = self.query
+        if isinstance(ev, KillReplica):
+            nodes = q.sources if ev.operator == ENTRY else [ev.operator]
+            for n in nodes:
+                if n not in self.groups or not 0 <= ev.replica < len(self.groups[n]):
+                    raise QueryError(f"KillReplica: no replica {ev.replica} of {n!r}")
+                self._kill(self.groups[n][ev.replica])
+        elif isinstance(ev, KillServer):
+            self._kill_server(ev.server)
+        elif isinstance(ev, (Revive, AddReplica)):
+            self._subscribe(ev)
+        elif isinstance(ev, Pause):
+            pass  # documented no-op: the engine has no clock, a pause changes no schedule
+        else:  # _check_events refused it before the run
+            raise QueryError(f"{type(ev).__name__}: the in-process engine cannot run this sentinel")
+
+    def _fire(self, src: str, cursor: int) -> None:
+        """Run the sentinels of ``src`` placed before its item ``cursor``."""
+        q = self.due[src]
+        while q and q[0][0] <= cursor:
+            self._run_event(q.popleft()[1])
+
+    # -- hand-over (docs/handover.md; Hwang §V-C) -------------------------------------------------
+    def _subscribe(self, ev: Revive | AddReplica) -> None:
+        """Start building a replica for ``ev``: it subscribes to every working upstream
+        replica, which replays its retained output; its checkpoint is installed
+        ``ev.delay`` steps later (:meth:`_install`)."""
+        q = self.query
+        node = ev.operator
+        group = self.groups[node]
+        if isinstance(ev, Revive):
+            if not 0 <= ev.replica < len(group):
+                raise QueryError(f"Revive: {node!r} has replicas 0..{len(group) - 1}, got {ev.replica}")
+            if any(p.alive and p.node == node and p.index == ev.replica for p in self.pending):
+                return  # that replica is already being revived
+            slot, gen, server = ev.replica, group[ev.replica].generation + 1, group[ev.replica].server
+        else:
+            slot, gen, server = None, 0, None
+        new = _Replica(node, -1 if slot is None else slot, None, server, generation=gen,
+                       chan_counts=[0] * len(q.inputs_of(node)),
+                       ready_at=self.stats.steps + max(0, int(ev.delay)), event=ev)
+        for port, u_node in enumerate(q.inputs_of(node)):
+            for up in self.groups[u_node]:
+                if up.ready:  # a replica still waiting for its checkpoint connects when installed
+                    self._replay(up, [self._connect(up, new, port)])
+        self.pending.append(new)
+
+    def _choose_peer(self, new: _Replica, wanted: int | None) -> _Replica | None:
+        """The working replica ``new`` takes its state from: replica ``wanted`` if it works,
+        else one at random other than the one ``new`` replaces (that one only when no other works)."""
+        group = self.groups[new.node]
+        old = group[new.index] if isinstance(new.event, Revive) else None
+        workers = [r for r in group if r.ready]
+        chosen = group[wanted] if wanted is not None and 0 <= wanted < len(group) else None
+        if chosen is None or not chosen.ready:
+            others = [r for r in workers if r is not old]
+            chosen = self.erng.choice(others) if others else (old if old is not None and old.ready else None)
+        return chosen
+
+    def _take_place(self, new: _Replica) -> _Replica | None:
+        """``new`` takes its place in its group: the slot of the replica it revives (killed if
+        still running, then retired), or a new slot at the end. Returns the replaced replica."""
+        group = self.groups[new.node]
+        old = group[new.index] if isinstance(new.event, Revive) else None
+        if old is not None:
+            self._kill(old, force=True)  # replaced (a no-op when it had crashed)
+            self.retired.append(old)
+            group[new.index] = new
+        else:
+            new.index = len(group)
+            group.append(new)
+        return old
+
+    def _install(self, new: _Replica) -> None:
+        """Install a checkpoint of a working peer in ``new`` (through ``to_bytes``/``from_bytes``,
+        and with ``checkpoint_bits`` reassembled from its bins in random order), put it in
+        place and connect it downstream; with a strategy, start a staged transfer instead."""
+        ev, node = new.event, new.node
+        group = self.groups[node]
+        workers = [r for r in group if r.ready]
+        chosen = self._choose_peer(new, ev.peer)
+        if chosen is None:
+            raise RuntimeError(f"hand-over of {new.label}: no working replica of {node!r} to take a checkpoint from")
+        if ev.strategy is not None:
+            self._start_transfer(new, chosen)
+            return
+        ck = chosen.core.checkpoint(self.checkpoint_bits)
+        size = len(ck.to_bytes())
+        ck = ReplicaCheckpoint.from_bytes(ck.to_bytes())
+        if self.checkpoint_bits:
+            ck.logic = _shuffled_bins(ck.logic, self.erng)
+            if ck.sorters is not None:
+                ck.sorters = tuple(_shuffled_bins(st, self.erng) for st in ck.sorters)
+        if ev.tamper is not None:
+            ck = ev.tamper(ck)
+        old = self._take_place(new)
+        new.core = ReplicaCore.from_checkpoint(self.query, ck, new.chan_counts, self.strict, retain=True)
+        new.chan_counts = None
+        if self.audit:
+            new.history = list(chosen.history)
+            if chosen.inherited is not None:
+                new.inherited = Counter(chosen.inherited)
+        self.stats.handovers.append({
+            "node": node, "replica": new.label, "peer": chosen.label,
+            "replaced": old.label if old is not None else None,
+            "punctuation": list(ck.punctuation),
+            "others": {r.label: [f.max_punct for f in r.core.filters] for r in workers if r is not chosen},
+            "applied": sum(f.applied for f in ck.filters), "state_rows": ck.logic.rows(),
+            "replayed": new.replayed, "inherited_output": len(ck.output), "bytes": size,
+            "subscribed_for": self.stats.steps - (new.ready_at - max(0, int(ev.delay))),
+        })
+        self._connect_downstream(new)
+
+    # -- staged transfers (Megaphone §3.3; docs/migration.md) --------------------------------------
+    def _start_transfer(self, new: _Replica, peer: _Replica) -> None:
+        """Begin a staged transfer: the steps are taken at the peer's punctuations."""
+        ev = new.event
+        bits = ev.bits if ev.bits is not None else (self.checkpoint_bits or 3)
+        steps = plan_transfer(ev.strategy, bits, ev.bins_per_step, splittable(self.query, new.node))
+        new.staged = StagedReplica(self.query, new.node, new.chan_counts, bits, self.strict)
+        new.chan_counts = None
+        new.transfer = _Transfer(steps, peer, bits, started=self.stats.steps)
+        if self.audit:
+            new.inherited = Counter()
+        self.transferring.append(new)
+        self._take_steps_if_peer_ended(new)
+
+    def _take_steps_if_peer_ended(self, new: _Replica) -> None:
+        """A peer past its final punctuation will not reach another: take every remaining step now."""
+        if new.transfer.peer.core.logic.watermark == END:
+            while new.transfer is not None and new.transfer.remaining:
+                self._take_step(new)
+
+    def _take_step(self, new: _Replica) -> None:
+        """The current peer takes the next step's checkpoint now; the receiver installs it."""
+        tr = new.transfer
+        peer = tr.peer
+        bins = tr.steps[tr.next]
+        ck = peer.core.checkpoint(tr.bits, bins)
+        data = ck.to_bytes()
+        ck = ReplicaCheckpoint.from_bytes(data)
+        if new.event.tamper is not None:
+            ck = new.event.tamper(ck)
+        new.staged.install_step(ck, bins)
+        tr.next += 1
+        tr.peers.append(peer.label)
+        tr.bytes.append(len(data))
+        if self.audit:
+            emitted = np.concatenate(peer.history) if peer.history else self.query.schema_of(new.node).empty()
+            new.inherited |= as_multiset(emitted)
+            if peer.inherited is not None:  # the peer was itself built by a staged transfer
+                new.inherited |= peer.inherited
+        if new.staged.complete:
+            self._finish_transfer(new)
+
+    def _check_peer(self, new: _Replica) -> None:
+        """A transfer whose peer died restarts its remaining steps from another working replica."""
+        tr = new.transfer
+        if tr is None or not tr.remaining or tr.peer.ready:
+            return
+        peer = self._choose_peer(new, None)
+        if peer is None:
+            raise RuntimeError(f"transfer to {new.label}: no working replica of {new.node!r} left")
+        tr.restarts += 1
+        tr.peer = peer
+        self._take_steps_if_peer_ended(new)
+
+    def _finish_transfer(self, new: _Replica) -> None:
+        """The staged replica holds every bin in one core: it takes its place and feeds downstream."""
+        ev, tr, staged = new.event, new.transfer, new.staged
+        core = staged.core
+        items, acked = staged.final_output()
+        core.output_log = ReplayLog(items, acked)
+        old = self._take_place(new)
+        new.core = core
+        new.staged = None
+        new.transfer = None
+        self.transferring.remove(new)
+        if self.audit:
+            new.history = list(staged.early)
+        self.stats.transfers.append({
+            "node": new.node, "replica": new.label, "strategy": ev.strategy, "bits": tr.bits,
+            "steps": len(tr.steps), "peers": tr.peers, "restarts": tr.restarts,
+            "bytes": tr.bytes, "merges": staged.merges, "early_tuples": sum(len(b) for b in staged.early),
+            "replaced": old.label if old is not None else None, "replayed": new.replayed,
+            "harness_steps": self.stats.steps - tr.started})
+        self._connect_downstream(new)
 
 
 def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: int = 0, *, crash: bool = False,
                    split: bool = True, resend_prob: float = 0.05, speed_spread: float = 1.0,
                    strict: bool = False, on_malformed: str = "raise", audit: bool = False,
-                   checkpoint_bits: int = 0) -> RunResult:
-    """Run ``query`` with every operator and entry point replicated ``k`` times, in process.
+                   checkpoint_bits: int = 0, placement: Mapping[str, Sequence[str]] | None = None) -> RunResult:
+    """Run ``query`` with every operator and entry point replicated ``k`` times, in process
+    (``InProcessEngine(query, k, seed, ...).run(inputs)``).
 
     ``crash=True`` kills up to ``k - 1`` replicas of every operator and of every
     entry point at random steps (fail-stop: what they had in flight is lost).
@@ -136,386 +752,34 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
     ``stats["harness"]`` is a :class:`HarnessStats` and ``stats["weights"]`` the
     duplicate-filter contribution weights at each application.
 
-    Sentinels among the inputs (:class:`KillReplica`, :class:`Revive`,
-    :class:`AddReplica`) run when the first entry-point copy of their source
-    reaches them. Hand-over follows docs/design.md, decision 7: every replica keeps
-    its output since the last punctuation all its live downstream replicas
-    acknowledged (acknowledgements are the receivers' duplicate-filter maximum
-    punctuations, read as soon as they change: the most aggressive trimming);
-    checkpoints go through ``to_bytes``/``from_bytes``, and with
-    ``checkpoint_bits > 0`` are split into bins and reassembled in random order.
-    ``audit=True`` compares what every replica emitted (its peer's emissions
-    before the checkpoint included) with the ideal run's output of its operator
-    and raises :class:`ReplicaDivergence` on any difference.
+    Sentinels among the inputs run when the first entry-point copy of their
+    source reaches them: :class:`~replistream.sources.KillReplica`,
+    :class:`~replistream.sources.KillServer` (every replica ``placement`` puts on
+    that server; default :func:`default_placement`), :class:`~replistream.sources.Revive`,
+    :class:`~replistream.sources.AddReplica`; :class:`~replistream.sources.Pause`
+    does nothing and :class:`~replistream.sources.Call` is refused (``QueryError``).
+    A kill that would leave an operator without a working replica is skipped and
+    listed in ``HarnessStats.spared``. Hand-over follows docs/design.md, decision 7:
+    every replica keeps its output since the last punctuation all its live
+    downstream replicas acknowledged (acknowledgements are the receivers'
+    duplicate-filter maximum punctuations, read as soon as they change: the most
+    aggressive trimming); checkpoints go through ``to_bytes``/``from_bytes``, and
+    with ``checkpoint_bits > 0`` are split into bins and reassembled in random
+    order. ``audit=True`` compares what every replica emitted (its peer's
+    emissions before the checkpoint included) with the ideal run's output of its
+    operator and raises :class:`ReplicaDivergence` on any difference.
+
+    >>> from replistream import Query
+    >>> q = Query(); s = q.source("s", {"x": "i8"}, punctuate_every=2)
+    >>> _ = s.filter(lambda b: b["x"] % 2 == 0, name="even").sink("out")
+    >>> data = {"s": [[{"ts": t, "x": t} for t in range(10)], KillReplica("even", 1)]}
+    >>> r = run_replicated(q, data, k=2, seed=4)
+    >>> r.outputs["out"]["x"].tolist() == [0, 2, 4, 6, 8], r.stats["harness"].crashed
+    (True, ['even#1'])
     """
-    if int(k) < 1:
-        raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
-    query.build()
-    rng = random.Random(seed)
-    erng = random.Random(seed * 1_000_003 + 17)  # hand-over choices: the no-event schedule stays as it was
-    events: list = []
-    streams, entries = source_streams(query, inputs, strict, on_malformed, events=events)
-    for _, _, ev in events:
-        if isinstance(ev, (Revive, AddReplica)) and ev.operator not in query.operators:
-            raise QueryError(f"{type(ev).__name__}: {ev.operator!r} is not an operator of query {query.name!r}")
-    inst: dict[str, list[_Instance]] = {}
-    for src in query.sources:
-        inst[src] = [_Instance(src, i, None, items=streams[src], entry_log=ReplayLog()) for i in range(k)]
-    for node in query.operators:
-        chans = [len(inst[u]) for u in query.inputs_of(node)]
-        inst[node] = [_Instance(node, i, ReplicaCore(query, node, chans, strict, retain=True),
-                                history=[] if audit else None) for i in range(k)]
-    collectors = {}
-    for node in query.sinks:
-        chans = [len(inst[u]) for u in query.inputs_of(node)]
-        inst[node] = [_Instance(node, 0, ReplicaCore(query, node, chans, strict))]
-        collectors[node] = Collector(query.schema_of(node))
-    retired: list[_Instance] = []
-    channels: list[_Channel] = []
-    for node in query.topological():
-        for v, port in query.outputs_of(node):
-            for i, up in enumerate(inst[node]):
-                for down in inst[v]:
-                    ch = _Channel(up, down, port, i, rng.lognormvariate(0.0, speed_spread))
-                    up.out.append(ch)
-                    channels.append(ch)
-
-    stats = HarnessStats()
-    crashes: list[tuple[int, _Instance]] = []
-    if crash and k > 1:
-        horizon = max(1, sum(len(s) for s in streams.values()) * k * max(1, len(query.operators)))
-        for node in query.sources + query.operators:
-            victims = rng.sample(inst[node], rng.randint(0, k - 1))
-            crashes.extend((rng.randrange(horizon), v) for v in victims)
-        crashes.sort(key=lambda c: c[0])
-
-    def push(ch: _Channel, item: Item) -> None:
-        pieces = [item]
-        if split and not isinstance(item, Punctuation) and len(item) > 1 and rng.random() < 0.3:
-            cuts = sorted(rng.sample(range(1, len(item)), min(len(item) - 1, rng.randint(1, 3))))
-            pieces = np.split(item, cuts)
-            stats.splits += 1
-        for piece in pieces:
-            ch.queue.append(piece)
-            if resend_prob and not isinstance(piece, Punctuation) and rng.random() < resend_prob:
-                ch.queue.append(piece)
-                stats.resent += 1
-
-    def ack(ch: _Channel) -> int:
-        """The receiver's acknowledgement: its duplicate filter's maximum punctuation
-        (a receiver still waiting for its checkpoint pins everything)."""
-        r = ch.receiver
-        return r.core.filters[ch.port].max_punct if r.core is not None else NO_PUNCTUATION
-
-    def trim(sender: _Instance) -> None:
-        acks = [ack(ch) for ch in sender.out if ch.receiver.alive]
-        if acks and sender.log is not None:
-            sender.log.trim(min(acks))
-
-    def emit(sender: _Instance, items: list[Item]) -> None:
-        for it in items:
-            for ch in sender.out:
-                if ch.receiver.alive:
-                    push(ch, it)
-        if sender.history is not None:
-            sender.history.extend(it for it in items if not isinstance(it, Punctuation) and len(it))
-        if sender.entry_log is not None:
-            sender.entry_log.append(items)
-        if any(isinstance(it, Punctuation) for it in items):
-            trim(sender)
-
-    def kill(victim: _Instance, force: bool = False) -> None:
-        if not victim.alive:
-            return
-        if not force and victim.ready and sum(r.ready for r in inst[victim.node]) <= 1:
-            stats.spared.append(victim.label)  # never leave an operator without a working replica
-            return
-        victim.alive = False
-        stats.crashed.append(victim.label)
-        for ch in victim.out:
-            ch.queue.clear()
-
-    def connect(up: _Instance, down: _Instance, port: int) -> _Channel:
-        """A new stream replica up -> down."""
-        if down.core is not None:
-            idx = down.core.add_channel(port)
-        elif down.staged is not None:
-            idx = down.staged.add_channel(port)
-        else:
-            idx = down.chan_counts[port]
-            down.chan_counts[port] += 1
-        ch = _Channel(up, down, port, idx, erng.lognormvariate(0.0, speed_spread))
-        up.out.append(ch)
-        channels.append(ch)
-        return ch
-
-    def replay(up: _Instance, new_channels: list[_Channel]) -> None:
-        """Replay up's retained output on its new stream replicas, once every new receiver
-        counts among the acknowledgements that trim it."""
-        trim(up)
-        items = up.log.items()
-        for ch in new_channels:
-            for it in items:
-                push(ch, it)
-                if not isinstance(it, Punctuation):
-                    ch.receiver.replayed += len(it)
-
-    def subscribe(ev) -> None:
-        node = ev.operator
-        group = inst[node]
-        if isinstance(ev, Revive):
-            if not 0 <= ev.replica < len(group):
-                raise QueryError(f"Revive: {node!r} has replicas 0..{len(group) - 1}, got {ev.replica}")
-            if any(p.alive and p.node == node and p.index == ev.replica for p in pending):
-                return  # that replica is already being revived
-            slot, gen = ev.replica, group[ev.replica].generation + 1
-        else:
-            slot, gen = None, 0
-        new = _Instance(node, -1 if slot is None else slot, None, generation=gen,
-                        chan_counts=[0] * len(query.inputs_of(node)),
-                        ready_at=stats.steps + max(0, int(ev.delay)), event=ev)
-        for port, u_node in enumerate(query.inputs_of(node)):
-            for up in inst[u_node]:
-                if up.ready:  # a replica still waiting for its checkpoint connects when installed
-                    replay(up, [connect(up, new, port)])
-        pending.append(new)
-
-    def choose_peer(new: _Instance, wanted: int | None) -> _Instance | None:
-        group = inst[new.node]
-        old = group[new.index] if isinstance(new.event, Revive) else None
-        workers = [r for r in group if r.ready]
-        chosen = group[wanted] if wanted is not None and 0 <= wanted < len(group) else None
-        if chosen is None or not chosen.ready:
-            others = [r for r in workers if r is not old]
-            chosen = erng.choice(others) if others else (old if old is not None and old.ready else None)
-        return chosen
-
-    def install(new: _Instance) -> None:
-        ev, node = new.event, new.node
-        group = inst[node]
-        old = group[new.index] if isinstance(ev, Revive) else None
-        workers = [r for r in group if r.ready]
-        chosen = choose_peer(new, ev.peer)
-        if chosen is None:
-            raise RuntimeError(f"hand-over of {new.label}: no working replica of {node!r} to take a checkpoint from")
-        if ev.strategy is not None:
-            start_transfer(new, chosen)
-            return
-        ck = chosen.core.checkpoint(checkpoint_bits)
-        size = len(ck.to_bytes())
-        ck = ReplicaCheckpoint.from_bytes(ck.to_bytes())
-        if checkpoint_bits:
-            ck.logic = _shuffled_bins(ck.logic, erng)
-            if ck.sorters is not None:
-                ck.sorters = tuple(_shuffled_bins(st, erng) for st in ck.sorters)
-        if ev.tamper is not None:
-            ck = ev.tamper(ck)
-        if old is not None:
-            kill(old, force=True)  # replaced (a no-op when it had crashed)
-            retired.append(old)
-            group[new.index] = new
-        else:
-            new.index = len(group)
-            group.append(new)
-        new.core = ReplicaCore.from_checkpoint(query, ck, new.chan_counts, strict, retain=True)
-        new.chan_counts = None
-        if audit:
-            new.history = list(chosen.history)
-            if chosen.inherited is not None:
-                new.inherited = Counter(chosen.inherited)
-        stats.handovers.append({
-            "node": node, "replica": new.label, "peer": chosen.label,
-            "replaced": old.label if old is not None else None,
-            "punctuation": list(ck.punctuation),
-            "others": {r.label: [f.max_punct for f in r.core.filters] for r in workers if r is not chosen},
-            "applied": sum(f.applied for f in ck.filters), "state_rows": ck.logic.rows(),
-            "replayed": new.replayed, "inherited_output": len(ck.output), "bytes": size,
-            "subscribed_for": stats.steps - (new.ready_at - max(0, int(ev.delay))),
-        })
-        replay(new, [connect(new, down, port) for v, port in query.outputs_of(node)
-                     for down in inst[v] + [p for p in pending + transferring if p.node == v] if down.alive])
-
-    def start_transfer(new: _Instance, peer: _Instance) -> None:
-        """Begin a staged transfer (Megaphone §3.3): the steps are taken at the peer's punctuations."""
-        ev = new.event
-        bits = ev.bits if ev.bits is not None else (checkpoint_bits or 3)
-        steps = plan_transfer(ev.strategy, bits, ev.bins_per_step, splittable(query, new.node))
-        new.staged = StagedReplica(query, new.node, new.chan_counts, bits, strict)
-        new.chan_counts = None
-        new.transfer = {"steps": steps, "next": 0, "peer": peer, "bits": bits, "restarts": 0,
-                        "peers": [], "bytes": [], "started": stats.steps}
-        if audit:
-            new.inherited = Counter()
-        transferring.append(new)
-        if peer.core.logic.watermark == END:
-            while new.transfer is not None and new.transfer["next"] < len(new.transfer["steps"]):
-                take_step(new)
-
-    def take_step(new: _Instance) -> None:
-        """The current peer takes the next step's checkpoint now; the receiver installs it."""
-        tr = new.transfer
-        peer = tr["peer"]
-        bins = tr["steps"][tr["next"]]
-        ck = peer.core.checkpoint(tr["bits"], bins)
-        data = ck.to_bytes()
-        ck = ReplicaCheckpoint.from_bytes(data)
-        if new.event.tamper is not None:
-            ck = new.event.tamper(ck)
-        new.staged.install_step(ck, bins)
-        tr["next"] += 1
-        tr["peers"].append(peer.label)
-        tr["bytes"].append(len(data))
-        if audit:
-            emitted = np.concatenate(peer.history) if peer.history else query.schema_of(new.node).empty()
-            new.inherited |= as_multiset(emitted)
-            if peer.inherited is not None:  # the peer was itself built by a staged transfer
-                new.inherited |= peer.inherited
-        if new.staged.complete:
-            finish(new)
-
-    def check_peer(new: _Instance) -> None:
-        """A transfer whose peer died restarts its remaining steps from another working replica."""
-        tr = new.transfer
-        if tr is None or tr["next"] >= len(tr["steps"]) or tr["peer"].ready:
-            return
-        peer = choose_peer(new, None)
-        if peer is None:
-            raise RuntimeError(f"transfer to {new.label}: no working replica of {new.node!r} left")
-        tr["restarts"] += 1
-        tr["peer"] = peer
-        if peer.core.logic.watermark == END:
-            while new.transfer is not None and new.transfer["next"] < len(new.transfer["steps"]):
-                take_step(new)
-
-    def finish(new: _Instance) -> None:
-        """The staged replica holds every bin in one core: it takes its place and feeds downstream."""
-        ev, node, tr = new.event, new.node, new.transfer
-        group = inst[node]
-        staged = new.staged
-        core = staged.core
-        items, acked = staged.final_output()
-        core.output_log = ReplayLog(items, acked)
-        old = group[new.index] if isinstance(ev, Revive) else None
-        if old is not None:
-            kill(old, force=True)
-            retired.append(old)
-            group[new.index] = new
-        else:
-            new.index = len(group)
-            group.append(new)
-        new.core = core
-        new.staged = None
-        new.transfer = None
-        transferring.remove(new)
-        if audit:
-            new.history = list(staged.early)
-        stats.transfers.append({
-            "node": node, "replica": new.label, "strategy": ev.strategy, "bits": tr["bits"],
-            "steps": len(tr["steps"]), "peers": tr["peers"], "restarts": tr["restarts"],
-            "bytes": tr["bytes"], "merges": staged.merges, "early_tuples": sum(len(b) for b in staged.early),
-            "replaced": old.label if old is not None else None, "replayed": new.replayed,
-            "harness_steps": stats.steps - tr["started"]})
-        replay(new, [connect(new, down, port) for v, port in query.outputs_of(node)
-                     for down in inst[v] + [p for p in pending + transferring if p.node == v] if down.alive])
-
-    def run_event(ev) -> None:
-        if isinstance(ev, KillReplica):
-            nodes = query.sources if ev.operator == "entry" else [ev.operator]
-            for n in nodes:
-                if n not in inst or not 0 <= ev.replica < len(inst[n]):
-                    raise QueryError(f"KillReplica: no replica {ev.replica} of {n!r}")
-                kill(inst[n][ev.replica])
-        elif isinstance(ev, (Revive, AddReplica)):
-            subscribe(ev)
-
-    pending: list[_Instance] = []
-    transferring: list[_Instance] = []
-    due: dict[str, deque] = {src: deque() for src in query.sources}
-    for src, pos, ev in sorted(events, key=lambda e: e[1]):
-        due[src].append((pos, ev))
-
-    def fire(src: str, cursor: int) -> None:
-        q = due[src]
-        while q and q[0][0] <= cursor:
-            run_event(q.popleft()[1])
-
-    for src in query.sources:
-        fire(src, 0)
-    while True:
-        while crashes and crashes[0][0] <= stats.steps:
-            kill(crashes.pop(0)[1])
-        for new in [p for p in pending if p.ready_at <= stats.steps]:
-            pending.remove(new)
-            install(new)
-        for new in list(transferring):
-            check_peer(new)
-        cands: list = [e for src in query.sources for e in inst[src] if e.alive and e.cursor < len(e.items)]
-        weights = [1.0] * len(cands)
-        for ch in channels:
-            if ch.queue and ch.receiver.alive and ch.receiver.receiving:
-                cands.append(ch)
-                weights.append(ch.speed)
-        if not cands:
-            if pending:  # nothing moves until the waiting replicas install their checkpoints
-                stats.steps = min(p.ready_at for p in pending)
-                continue
-            stalled = [t for t in transferring if t.transfer["next"] < len(t.transfer["steps"])]
-            if stalled:  # no punctuation will come: the peers take their remaining steps now
-                for t in stalled:
-                    take_step(t)
-                continue
-            if any(due.values()):  # events placed after the last item of a source
-                for src in query.sources:
-                    fire(src, len(streams[src]))
-                continue
-            break
-        pick = rng.choices(cands, weights)[0]
-        stats.steps += 1
-        if isinstance(pick, _Instance):
-            emit(pick, [pick.items[pick.cursor]])
-            pick.cursor += 1
-            fire(pick.node, pick.cursor)
-            continue
-        item = pick.queue.popleft()
-        pick.delivered += 1
-        recv = pick.receiver
-        if recv.core is None:  # receiving its state in steps: outputs wait until it completes
-            recv.staged.process(pick.port, pick.index, item)
-            if recv.staged.complete:
-                finish(recv)
-            continue
-        out = recv.core.process(pick.port, pick.index, item)
-        if recv.node in collectors:
-            collectors[recv.node].add(out)
-        else:
-            emit(recv, out)
-            if transferring and any(isinstance(it, Punctuation) for it in out):
-                for t in list(transferring):  # a step at the peer's logical time (its punctuation)
-                    if t.transfer["peer"] is recv and t.transfer["next"] < len(t.transfer["steps"]):
-                        take_step(t)
-
-    if transferring:
-        raise RuntimeError(f"staged transfers did not complete: "
-                           f"{[(t.label, t.staged.stats()) for t in transferring]}")
-    everyone = [i for node in query.operators + query.sinks for i in inst[node]] + retired
-    dead = [d for e in entries.values() for d in e.dead_letters]
-    for i in everyone:
-        if i.core is not None:
-            dead.extend(i.core.dead_letters())
-    weights = {n: [f.weights.tolist() for f in inst[n][0].core.filters] for n in query.sinks}
-    result = RunResult(
-        outputs={n: c.result() for n, c in collectors.items()},
-        punctuation={n: c.punctuation for n, c in collectors.items()},
-        dead_letters=dead,
-        stats={"harness": stats, "weights": weights,
-               "entries": {s: e.stats() for s, e in entries.items()}},
-    )
-    if audit:
-        problems = _audit(query, streams, entries, strict, [i for i in everyone if i.history is not None])
-        result.stats["audit"] = problems
-        if problems:
-            raise ReplicaDivergence("replicas diverge from the ideal run:\n  " + "\n  ".join(problems[:10]))
-    return result
+    return InProcessEngine(query, k, seed, crash=crash, split=split, resend_prob=resend_prob,
+                           speed_spread=speed_spread, strict=strict, on_malformed=on_malformed, audit=audit,
+                           checkpoint_bits=checkpoint_bits, placement=placement).run(inputs)
 
 
 def _shuffled_bins(state: OperatorState, rng: random.Random) -> OperatorState:
@@ -525,7 +789,7 @@ def _shuffled_bins(state: OperatorState, rng: random.Random) -> OperatorState:
     return OperatorState.merge([state.select([b]) for b in bins])
 
 
-def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: list[_Instance]) -> list[str]:
+def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: list[_Replica]) -> list[str]:
     """Each replica's emissions against the ideal run's output of its operator (as multisets of rows)."""
     ideal = run_reference_on_streams(query, streams, entries, strict, record_nodes=True).stats["node_outputs"]
     expected = {n: as_multiset(b) for n, b in ideal.items()}

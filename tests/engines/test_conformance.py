@@ -1,0 +1,312 @@
+"""One conformance suite for every engine: the same queries, inputs and fault scripts on the
+reference engine, the in-process replicated engine, a Ray deployment and the simulator, each
+compared with the ideal run as a multiset of (id, ts, values), bit for bit (Hwang §III:
+replication transparency).
+
+Cases (every input seeded; a few hundred tuples, so the Ray cases stay fast):
+
+* queries: the paper's Fig. 1 query (two unions, a join, a filter), a keyed sliding time-window
+  aggregate, a keyed count-window aggregate, a union of three sources into a filter;
+* fault scripts, each at an event time of the input: none; replica 0 of one stateful operator
+  (of the filter, for the union, which has none) killed mid-stream; one replica of every operator
+  and of the entry points killed, one after another (k - 1 = 1 with k = 2); one server killed
+  mid-stream (every replica on it).
+
+Every case runs on a :class:`~replistream.plan.PhysicalPlan` over three servers with k = 2
+(:func:`plan_for`): node ``j`` on servers ``j`` and ``j + 1`` (mod 3), applications on the first
+server, and the server the script kills is the second, so every operator keeps a live replica.
+
+An engine is one fixture registered with :func:`engine`: an adapter with one method,
+``run(plan, inputs, faults) -> RunResult``, whose ``events`` list ``{"event": "killed",
+"replica": label}`` for every replica it killed (labels as the plan writes them:
+``"entry#1"``, ``"join#0"``), and a flag ``runs_faults`` (the reference engine ignores faults).
+Adding an engine means adding one such fixture.
+
+Next case to add: a user function that raises, once issue #15 defines what the engines do then.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+import pytest
+
+from replistream import Query, RunResult, seconds
+from replistream.network import ZeroLatency, default_servers
+from replistream.plan import ENTRY, PhysicalPlan
+from replistream.scenario import Event, Scenario
+from replistream.sources import KillReplica, KillServer, Sentinel, chunk_time, inject_at, iter_chunks
+from replistream.testing import assert_same_output, run_reference, run_replicated
+from replistream.workloads import fig1_inputs, fig1_query
+
+K = 2
+SERVERS = [s.name for s in default_servers(3)]  # built-in cities, so a Ray deployment knows them too
+VICTIM = SERVERS[1]  # the server a "server" fault script kills; the applications run on SERVERS[0]
+
+
+# -- cases ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Fault:
+    """``sentinel`` (a :class:`KillReplica` or :class:`KillServer`) at event time ``at`` (µs)."""
+
+    at: int
+    sentinel: Sentinel
+
+
+@dataclass(frozen=True)
+class Case:
+    """A query, its seeded inputs, and the operator a single-replica kill targets."""
+
+    name: str
+    build: Callable[[], tuple[Query, dict]]
+    target: str
+
+
+def columns(ts: np.ndarray, chunk: int, **cols: np.ndarray) -> list[dict]:
+    """Column chunks of ``chunk`` rows."""
+    return [{"ts": ts[a:a + chunk], **{k: v[a:a + chunk] for k, v in cols.items()}} for a in range(0, len(ts), chunk)]
+
+
+def fig1_case() -> tuple[Query, dict]:
+    q = fig1_query(n_servers=3, window_s=3.0, punctuate_s=1.0)
+    return q, fig1_inputs(n_servers=3, duration_s=60, period_s=1.0, seed=1, chunk=5)  # 360 tuples
+
+
+def sliding_case() -> tuple[Query, dict]:
+    q = Query("sliding")
+    s = q.source("readings", {"sensor": "i8", "v": "f8"}, punctuate_every=seconds(1))
+    s.window(size=seconds(10), slide=seconds(2), by="sensor",
+             aggs={"n": "count", "total": ("v", "sum"), "mean": ("v", "mean")}, name="sliding").sink("stats")
+    rng = np.random.default_rng(2)
+    n = 300
+    ts = np.sort(rng.integers(0, seconds(60), n))
+    v = rng.normal(size=n) * 10.0 ** rng.integers(-6, 9, n)  # sums depend on order unless exact
+    return q.build(), {"readings": columns(ts, 5, sensor=rng.integers(0, 5, n), v=v)}
+
+
+def count_window_case() -> tuple[Query, dict]:
+    q = Query("counts")
+    s = q.source("orders", {"user": "i8", "amount": "i8"}, punctuate_every=seconds(1))
+    s.count_window(size=4, slide=2, by="user", aggs={"n": "count", "total": ("amount", "sum")},
+                   name="per_user").sink("totals")
+    rng = np.random.default_rng(3)
+    n = 300
+    ts = np.sort(rng.integers(0, seconds(60), n))
+    return q.build(), {"orders": columns(ts, 4, user=rng.integers(0, 6, n), amount=rng.integers(1, 1000, n))}
+
+
+def union_case() -> tuple[Query, dict]:
+    q = Query("union3")
+    streams = [q.source(name, {"k": "i8", "v": "f8"}, punctuate_every=seconds(1)) for name in ("a", "b", "c")]
+    q.union(*streams, name="merged").filter(lambda b: b["v"] > 0.0, name="positive").sink("out")
+    rng = np.random.default_rng(4)
+    inputs = {}
+    for name in ("a", "b", "c"):
+        ts = np.sort(rng.integers(0, seconds(60), 100))
+        inputs[name] = columns(ts, 5, k=rng.integers(0, 10, 100), v=rng.normal(size=100))
+    return q.build(), inputs
+
+
+CASES = [Case("fig1", fig1_case, "correlate"), Case("sliding_window", sliding_case, "sliding"),
+         Case("count_window", count_window_case, "per_user"), Case("union_filter", union_case, "positive")]
+
+
+def plan_for(query: Query) -> PhysicalPlan:
+    """k = 2 over three servers: node ``j`` (the entry points first) on servers ``j`` and
+    ``j + 1`` (mod 3), the applications on ``SERVERS[0]``."""
+    nodes = [ENTRY, *query.operators]
+    placement = {n: [SERVERS[j % 3], SERVERS[(j + 1) % 3]] for j, n in enumerate(nodes)}
+    placement.update({app: [SERVERS[0]] for app in query.sinks})
+    return PhysicalPlan(query, placement, k=K)
+
+
+def time_span(inputs: dict) -> tuple[int, int]:
+    """The earliest and latest timestamps of the inputs."""
+    times = [int(np.asarray(c["ts"]).min()) for chunks in inputs.values() for c in chunks]
+    times += [int(np.asarray(c["ts"]).max()) for chunks in inputs.values() for c in chunks]
+    return min(times), max(times)
+
+
+def fault_script(name: str, case: Case, query: Query, inputs: dict) -> list[Fault]:
+    """The faults of script ``name``, at event times inside the inputs."""
+    t0, t1 = time_span(inputs)
+    mid = t0 + (t1 - t0) // 2
+    if name == "none":
+        return []
+    if name == "kill_replica":
+        return [Fault(mid, KillReplica(case.target, 0))]
+    if name == "kill_one_of_each":
+        groups = [ENTRY, *query.operators]
+        return [Fault(t0 + (t1 - t0) * (j + 1) // (len(groups) + 1), KillReplica(g, j % K))
+                for j, g in enumerate(groups)]
+    if name == "kill_server":
+        return [Fault(mid, KillServer(VICTIM))]
+    raise ValueError(f"unknown fault script {name!r}")
+
+
+FAULT_SCRIPTS = ["none", "kill_replica", "kill_one_of_each", "kill_server"]
+
+
+def expected_kills(plan: PhysicalPlan, faults: list[Fault]) -> set[str]:
+    """The replicas the faults kill, as the plan labels them (applications are never on the victim)."""
+    out = set()
+    for f in faults:
+        ev = f.sentinel
+        if isinstance(ev, KillReplica):
+            out.add(plan.replicas(ev.operator)[ev.replica].label)
+        else:
+            out |= {r.label for r in plan.replicas() if plan.server(r) == ev.server and not r.application}
+    return out
+
+
+def with_sentinels(query: Query, inputs: dict, faults: list[Fault]) -> dict:
+    """``inputs`` with each fault's sentinel placed (:class:`inject_at`) in the first source whose
+    input reaches the fault's time, so it fires just before that source's first chunk at or after it."""
+    out = dict(inputs)
+    for f in sorted(faults, key=lambda f: f.at):
+        src = next(s for s in query.sources
+                   if any(chunk_time(c) is not None and chunk_time(c) >= f.at for c in inputs[s]))
+        out[src] = inject_at(out[src], f.at, f.sentinel)
+    return out
+
+
+# -- the engines ---------------------------------------------------------------------------------
+
+class EngineAdapter(Protocol):
+    """What the suite needs of an engine."""
+
+    runs_faults: bool
+
+    def run(self, plan: PhysicalPlan, inputs: dict, faults: list[Fault]) -> RunResult: ...
+
+
+ENGINES: list[str] = []
+
+
+def engine(fn):
+    """Register an engine adapter fixture (session-scoped): every case runs on it."""
+    ENGINES.append(fn.__name__)
+    return pytest.fixture(scope="session")(fn)
+
+
+class ReferenceAdapter:
+    """The ideal run; faults ignored."""
+
+    runs_faults = False
+
+    def run(self, plan, inputs, faults):
+        return run_reference(plan.query, inputs)
+
+
+class InProcessAdapter:
+    """:func:`run_replicated` on the plan's placement, faults as sentinels at their event time."""
+
+    runs_faults = True
+
+    def run(self, plan, inputs, faults):
+        q = plan.query
+        res = run_replicated(q, with_sentinels(q, inputs, faults), k=K, seed=11, placement=plan.placement)
+        killed = {f"{ENTRY if n in q.sources else n}#{i}"
+                  for n, _, i in (label.rstrip("'").rpartition("#") for label in res.stats["harness"].crashed)}
+        res.events = [{"event": "killed", "replica": label} for label in sorted(killed)]
+        return res
+
+
+class RayAdapter:
+    """A Ray deployment (``network="zero"``) on the plan's placement, faults as sentinels the feeder runs."""
+
+    runs_faults = True
+
+    def run(self, plan, inputs, faults):
+        from replistream import deploy
+
+        q = plan.query
+        with deploy(q, servers=SERVERS, k=K, placement=plan.placement, network="zero") as dep:
+            res = dep.run(with_sentinels(q, inputs, faults), timeout=120)
+            killed = [e["actor"] for e in dep.events if e.get("event") == "dead"]
+        return RunResult(outputs=res.outputs, punctuation=res.punctuation, dead_letters=res.dead_letters,
+                         arrivals=res.arrivals, events=[{"event": "killed", "replica": l} for l in killed])
+
+
+class SimAdapter:
+    """The simulator on the plan, faults as scenario events at ``(at - ts0) / 1e6`` virtual seconds."""
+
+    runs_faults = True
+
+    def run(self, plan, inputs, faults):
+        from replistream.sim import Simulator
+
+        q = plan.query
+        ts0 = min(t for s in q.sources for c in iter_chunks(inputs.get(s, ()))
+                  if (t := chunk_time(c, punctuations=False)) is not None)
+        events = []
+        for f in faults:
+            ev, at = f.sentinel, (f.at - ts0) / 1e6
+            if isinstance(ev, KillServer):
+                events.append(Event(at, "kill_server", server=ev.server))
+            else:
+                events.append(Event(at, "kill_replica", operator=ev.operator, replica=ev.replica))
+        sim = Simulator(q, plan.placement, ZeroLatency(SERVERS), scenario=Scenario(events))
+        res = sim.run(inputs)
+        return RunResult(outputs=res.outputs, punctuation=res.punctuation, dead_letters=res.dead_letters,
+                         arrivals=res.arrivals, ts0=res.ts0, end_time=res.end_time,
+                         events=[e for e in res.events if e.get("event") == "killed"])
+
+
+@engine
+def reference():
+    return ReferenceAdapter()
+
+
+@engine
+def inprocess():
+    return InProcessAdapter()
+
+
+@engine
+def ray(ray_session):
+    return RayAdapter()
+
+
+@engine
+def sim():
+    return SimAdapter()
+
+
+@pytest.fixture(params=ENGINES)
+def engine_under_test(request) -> EngineAdapter:
+    """Each registered engine in turn."""
+    return request.getfixturevalue(request.param)
+
+
+# -- the suite -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("script", FAULT_SCRIPTS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_engine_matches_the_ideal_run(engine_under_test, case, script):
+    query, inputs = case.build()
+    plan = plan_for(query)
+    faults = fault_script(script, case, query, inputs)
+    expected = run_reference(query, inputs)
+    got = engine_under_test.run(plan, inputs, faults)
+    assert got.complete, f"applications did not receive the end of stream: {got.punctuation}"
+    for app in query.sinks:
+        assert len(expected.outputs[app]) > 0, f"case {case.name}: {app} receives nothing; a vacuous case"
+        assert_same_output(expected.outputs[app], got.outputs[app])
+    if engine_under_test.runs_faults:
+        killed = {e["replica"] for e in got.events if e.get("event") == "killed"}
+        assert killed == expected_kills(plan, faults)
+
+
+def test_every_server_kill_leaves_each_operator_a_replica():
+    """The plans keep the server fault scripts meaningful: the victim hosts one replica of some
+    nodes, never both, and no application."""
+    for case in CASES:
+        query, _ = case.build()
+        plan = plan_for(query)
+        for node in [ENTRY, *query.operators]:
+            assert [plan.server(r) for r in plan.replicas(node)].count(VICTIM) <= 1
+        assert all(plan.server(r) != VICTIM for r in plan.replicas() if r.application)
+        assert expected_kills(plan, [Fault(0, KillServer(VICTIM))])
