@@ -80,3 +80,19 @@ def test_a_kill_naming_nothing_in_the_simulation_stops_the_run(epoch):
         Simulator(Q, PLAN, NET, batch_s=epoch).run(with_sentinel("ping_2", 5, KillServer("atlantis")))
     with pytest.raises(QueryError, match="no replica 7 of 'hot'"):
         Simulator(Q, PLAN, NET, batch_s=epoch).run(with_sentinel("ping_2", 5, KillReplica("hot", 7)))
+
+
+def test_runs_return_the_engines_result_type_and_the_plan_checks_placements():
+    from replistream.engines import RunResult
+    from replistream.plan import PhysicalPlan
+
+    sim = Simulator(Q, PLAN, NET, scenario=Scenario([Event(50.0, "kill_server", server=NAMES[6])]))
+    res = sim.run(DATA)
+    assert isinstance(res, RunResult) and res.pace == 1.0 and res.complete
+    assert isinstance(sim.physical, PhysicalPlan)
+    assert [r.label for r in sim.replicas("correlate")] == [r.label for r in sim.physical.replicas("correlate")]
+    assert sorted(lk.id for lk in sim.stream_replicas()) == sorted(e.id for e in sim.physical.streams())
+    with pytest.raises(ValueError, match="dead replica of 'correlate'"):
+        sim.add_replica("correlate", NAMES[6])  # correlate#0 died there
+    assert sim.add_replica("correlate", NAMES[5]) == "correlate#2"
+    assert [r.label for r in sim.physical.replicas("correlate")] == ["correlate#0", "correlate#1", "correlate#2"]
