@@ -139,7 +139,7 @@ class PhysicalPlan:
     >>> PhysicalPlan(q.build(), {"entry": ["a", "a"], "app": ["b"]})
     Traceback (most recent call last):
     ...
-    ValueError: placement puts two replicas of 'entry' on one server: ['a', 'a']
+    ValueError: placement puts two replicas of 'entry' on one server: ['a', 'a'] (a node's replicas need distinct servers)
     """
 
     def __init__(self, query, placement: Mapping[str, Sequence[str]], *, k: int | None = None,
@@ -158,7 +158,8 @@ class PhysicalPlan:
                     if s not in servers:
                         raise ValueError(f"placement puts {node!r} on unknown server {s!r}")
             if len(set(where)) != len(where):
-                raise ValueError(f"placement puts two replicas of {node!r} on one server: {list(where)}")
+                raise ValueError(f"placement puts two replicas of {node!r} on one server: {list(where)} "
+                                 f"(a node's replicas need distinct servers)")
         for node in [ENTRY, *query.operators]:
             where = placement.get(node)
             if not where or (k is not None and len(where) != k):

@@ -5,9 +5,12 @@ The simulator drives the runtime's own operator objects (``ReplicaCore``,
 from a latency model or trace (docs/design.md, decisions 2 and 5); only
 communication differs from the Ray runtime, as in the paper's simulator.
 
-* :class:`Simulator`, :class:`SimResult`, :data:`MODES` (engine);
-* :mod:`replistream.sim.batch`: batched execution (``Simulator(batch_s=...)``), the latency
-  model and CPU queue vectorised;
+* :class:`Simulator`, :data:`MODES` (engine); a run returns the engines' one result type,
+  :class:`replistream.engines.RunResult`;
+* :mod:`replistream.sim.batch`: batched execution (``Simulator(batch_s=...)``), every
+  packet and tuple keeping its own virtual time (the network through
+  :func:`replistream.network.delivery_times`, the duplicate filters through
+  ``DuplicateFilter.on_rows``, the CPU queue vectorised);
 * :class:`CpuModel` (per-server CPU, defaults fitted to the runtime's measured Table I);
 * :mod:`replistream.sim.traces`: month-long latency traces over >= 100 real cities;
 * :mod:`replistream.sim.experiments`: the paper's Fig. 2-5 and Table I;
@@ -18,6 +21,6 @@ communication differs from the Ray runtime, as in the paper's simulator.
 ('replication', 'synchronization', 'deterministic')
 """
 from .cpu import CpuModel, MEASURED_CPU_S, PAPER_TABLE1, fit_costs
-from .engine import ENTRY, MODES, SimResult, Simulator
+from .engine import ENTRY, MODES, Simulator
 
-__all__ = ["Simulator", "SimResult", "MODES", "ENTRY", "CpuModel", "MEASURED_CPU_S", "PAPER_TABLE1", "fit_costs"]
+__all__ = ["Simulator", "MODES", "ENTRY", "CpuModel", "MEASURED_CPU_S", "PAPER_TABLE1", "fit_costs"]

@@ -15,22 +15,23 @@ virtual time:
   kills, the coordinator and ``until`` fall on epoch boundaries.
 * **Links** carry packets (``_Flow``): arrival time, tuple count and punctuation
   per packet, plus the rows. A link's arrivals are computed for all its packets of
-  an epoch at once: the latency model is evaluated vectorised over the send times
-  (``LatencyModel.latencies_ms``, equal to ``latency_ms`` point by point), outages are waited
-  out by :func:`~replistream.network.delivery_time` as before, and FIFO order is a
-  running maximum.
+  an epoch at once by :func:`~replistream.network.delivery_times` (the latency model
+  evaluated vectorised over the send times, for all of a sender's links in one
+  ``link_latencies_ms`` call; outages waited out as
+  :func:`~replistream.network.delivery_time` waits them out; FIFO order).
 * **CPU.** A replica serves its packets in arrival order; the finishing times of
   a FIFO queue (Lindley's recursion ``done_i = max(arrival_i, done_{i-1}) + cost_i``)
   are computed with a cumulative sum and a running maximum. Difference from the
   per-packet engine: each replica has its own queue; replicas on one server do not
   delay each other.
 * **Duplicate filters** (Algorithm 1) are the replicas' own
-  :class:`~replistream.operators.dupfilter.DuplicateFilter` objects, fed in *rounds*:
-  round ``j`` holds the ``j``-th copy (in arrival order within the epoch) of every
-  tuple, one ``on_batch`` call per channel. Each copy therefore meets the filter
-  with exactly the count of earlier copies it would have met packet by packet, so
-  the passed tuples and the contribution weights (§V-B) are the same; a copy arriving
-  after a punctuation that covers it is dropped before the filter, as it would be.
+  :class:`~replistream.operators.dupfilter.DuplicateFilter` objects. All the copies
+  that reached one port in an epoch go to its filter in one
+  :meth:`~replistream.operators.dupfilter.DuplicateFilter.on_rows` call, in arrival
+  order, each with the punctuation in force when it arrived: each copy meets the
+  filter with exactly the count of earlier copies it would have met packet by packet,
+  so the passed tuples and the contribution weights (§V-B) are the same, and a copy
+  arriving after a punctuation that covers it is dropped, as it would be.
   Punctuations go to the filter after the epoch's tuples, each channel's maximum.
 * **Logic** gets each port's new tuples in one call, then each port's punctuation.
   Union, Filter, Map and applications keep their rows' times (one to one, or by id);
@@ -39,12 +40,15 @@ virtual time:
   each output's pair by its id ``mix(l.id, r.id)`` among the candidate pairs (same key,
   timestamps within the window) of a table of the tuples the Join may still hold.
   Other operators (aggregates, flat maps, sorted inputs) are driven packet by packet,
-  as in the per-packet engine. The forwarded punctuation (the minimum over inputs) is
-  emitted at the time each input's punctuation raised it.
+  as in the per-packet engine. The forwarded punctuation (the logic's watermark,
+  :meth:`~replistream.operators.base.OperatorLogic.watermarks`) is emitted at the time
+  each input's punctuation raised it.
 * **Sources.** Each tuple is released at its own timestamp (a chunk of one reading
   behaves as in the per-packet engine, which releases a chunk at its first
   timestamp), with the punctuation the entry point emits after that tuple
-  (``floor((max ts - max_disorder) / E) * E - 1``, :mod:`replistream.operators.entry`).
+  (:meth:`~replistream.operators.entry.EntryLogic.auto_punctuation`). Sources are read
+  before an epoch's end is fixed, so a ``KillReplica`` / ``KillServer`` sentinel
+  becomes a kill at an epoch boundary, as a scenario's kill at that time.
 
 What this changes: nothing in the outputs (the tests compare them with the reference
 and with the per-packet engine). Latencies agree with the per-packet engine's up to
@@ -68,95 +72,27 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Callable
 
 import numpy as np
 
 from replistream.ids import hash_columns, mix
-from replistream.network import GeoLatencyModel, NetworkConditions, delivery_time
-from replistream.plan import ENTRY
-from replistream.sources import chunk_time
+from replistream.network import delivery_times
 from replistream.operators.join import JoinLogic
 from replistream.operators.stateless import FilterLogic, MapLogic, UnionLogic
+from replistream.plan import ENTRY
 from replistream.query import ApplicationLogic
-from replistream.schema import END, ID, TS, Punctuation
+from replistream.schema import ID, TS, Punctuation
+from replistream.sources import Sentinel, chunk_time
 
-__all__ = ["arrivals", "fifo_done"]
+from .engine import sentinel_kill
+
+__all__ = ["BatchRun", "fifo_done"]
 
 NO_P = int(np.iinfo(np.int64).min)
 
 
-# -- the network, vectorised over send times ---------------------------------------------------------
-
-def raw_arrivals(model, pairs: list[tuple[str, str]], times: list[np.ndarray]) -> list[np.ndarray]:
-    """``t + latency_ms(a, b, t) / 1000`` for several links at once (one evaluation of the model):
-    ``inf`` where the link is down. Used by :meth:`BatchRun.transmit_many`."""
-    return [t + lat / 1000.0 for t, lat in zip(times, model.link_latencies_ms(pairs, times))]
-
-
-def arrivals(model, a: str, b: str, t, last: float = -math.inf) -> np.ndarray:
-    """Arrival times on one FIFO link of packets sent at ``t`` (sorted), after a packet
-    that arrived at ``last``: ``max(previous arrival, delivery_time(model, a, b, t))``
-    for each, as the per-packet engine computes them one by one. ``inf`` marks a
-    packet that cannot be delivered within the one-hour horizon (and every later one).
-
-    >>> from replistream.network import NetworkConditions, ZeroLatency
-    >>> net = NetworkConditions(ZeroLatency(["a", "b"])); net.add_delay("a", "b", 0, None, 50.0)
-    >>> net.cut("a", "b", 10, 12.5)
-    >>> arrivals(net, "a", "b", np.array([1.0, 10.2, 11.0, 13.0])).round(3).tolist()
-    [1.05, 12.55, 12.55, 13.05]
-    """
-    t = np.asarray(t, dtype=np.float64)
-    if not len(t):
-        return t.copy()
-    at = t + model.latencies_ms(a, b, t) / 1000.0
-    bad = ~np.isfinite(at)
-    if bad.any():
-        at[bad] = _after_outage(model, a, b, t[bad])
-    at = np.maximum.accumulate(np.maximum(at, last))
-    return at
-
-
-def _after_outage(model, a: str, b: str, t: np.ndarray, resolution: float = 1.0, horizon: float = 3600.0,
-                  tol: float = 1e-4) -> np.ndarray:
-    """:func:`~replistream.network.delivery_time` for packets sent while the link is down.
-
-    For a :class:`GeoLatencyModel` the first probe at which the link is up again comes from
-    the outage's end (``model.outage``) instead of probing every second, and the bisection
-    runs on all packets at once, taking the link to be up from the outage's end on (a
-    second outage starting less than a probe interval later would be missed); the probes
-    and midpoints are those of ``delivery_time``, so the times are the same. Other models, or a link down again at the probe, go
-    through ``delivery_time`` one packet at a time."""
-    if isinstance(model, NetworkConditions) and not model.overrides():
-        model = model.base
-    if type(model) is not GeoLatencyModel:
-        return np.array([delivery_time(model, a, b, float(x), resolution=resolution, horizon=horizon, tol=tol)
-                         for x in t])
-    out = np.empty(len(t))
-    end = np.empty(len(t))
-    for i, x in enumerate(t.tolist()):
-        ev = model.outage(a, b, x)
-        end[i] = math.inf if ev is None else ev[1]
-    k = np.maximum(1, np.ceil((end - t) / resolution))
-    k = np.where(t + np.minimum(k * resolution, horizon) < end, k + 1, k)
-    k = np.where((k > 1) & (t + np.minimum((k - 1) * resolution, horizon) >= end), k - 1, k)
-    hi = t + np.minimum(k * resolution, horizon)
-    lo = np.where(k > 1, t + np.minimum((k - 1) * resolution, horizon), t)
-    ok = np.isfinite(end) & (k * resolution <= horizon + resolution) & np.isfinite(model.latencies_ms(a, b, hi))
-    ok &= (k == 1) | ~np.isfinite(model.latencies_ms(a, b, lo))
-    while True:  # delivery_time's bisection; between lo (down) and hi (up) the link is up from ``end`` on
-        act = ok & (hi - lo > tol)
-        if not act.any():
-            break
-        mid = 0.5 * (lo + hi)
-        up = mid >= end
-        hi = np.where(act & up, mid, hi)
-        lo = np.where(act & ~up, mid, lo)
-    out[ok] = hi[ok] + model.latencies_ms(a, b, hi[ok]) / 1000.0
-    for i in np.flatnonzero(~ok).tolist():
-        out[i] = delivery_time(model, a, b, float(t[i]), resolution=resolution, horizon=horizon, tol=tol)
-    return out
-
+# -- the CPU queue -----------------------------------------------------------------------------------
 
 def fifo_done(arrival: np.ndarray, cost: np.ndarray, busy: float = -math.inf) -> np.ndarray:
     """Finishing times of a FIFO server (jobs sorted by arrival): Lindley's recursion
@@ -217,17 +153,6 @@ def _flow_from_items(t: float, items: list) -> _Flow:
     rows = batches[0] if len(batches) == 1 else (np.concatenate(batches) if batches else None)
     return _Flow(np.array([t]), np.array([max(ps) if ps else NO_P], dtype=np.int64),
                  np.array([0 if rows is None else len(rows)], dtype=np.int64), rows)
-
-
-def _ranks(ids: np.ndarray) -> np.ndarray:
-    """0 for the first occurrence of each id, 1 for the second, ... (in array order)."""
-    o = np.argsort(ids, kind="stable")
-    s = ids[o]
-    start = np.r_[True, s[1:] != s[:-1]] if len(s) else np.zeros(0, bool)
-    first = np.maximum.accumulate(np.where(start, np.arange(len(s)), 0))
-    rank = np.empty(len(ids), dtype=np.int64)
-    rank[o] = np.arange(len(s)) - first
-    return rank
 
 
 def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, what: str) -> np.ndarray:
@@ -311,12 +236,27 @@ class _JoinTimes:
 
 class BatchRun:
     """Runs a :class:`~replistream.sim.engine.Simulator` in epochs of ``batch_s`` virtual seconds
-    (see the module docs). Internal: use ``Simulator(..., batch_s=...)``."""
+    (see the module docs). Internal: use ``Simulator(..., batch_s=...)``.
 
-    def __init__(self, sim, inputs, batch_s: float, until: float | None):
+    It works on the simulator's public state (``query``, ``groups``, ``links``,
+    ``entry_links``, ``entries``, ``cpu``, ``net``, ...); what else it needs comes in as
+    arguments: ``link_model`` (the latency model of the links), ``read_chunk(source)``
+    (the source's next input chunk, None at its end), ``kill(t, event)`` and
+    ``victims(event)`` (a scenario kill, and the replicas it names), ``slowdowns``
+    (whether a scenario slows servers down). The simulator calls back :meth:`run`,
+    :meth:`replay`, :meth:`add_replica` and :meth:`handover`.
+    """
+
+    def __init__(self, sim, batch_s: float, until: float | None, *, link_model, read_chunk: Callable,
+                 kill: Callable, victims: Callable, slowdowns: bool):
         self.sim = sim
         self.E = float(batch_s)
         self.until = until
+        self.link_model = link_model
+        self.read_chunk = read_chunk
+        self.kill = kill
+        self.victims = victims
+        self.slowdowns = slowdowns
         q = sim.query
         self.order = [n for n in q.topological() if n in sim.groups]
         self.pending: dict[int, list] = {}  # id(link) -> [_Flow, ...] in arrival order
@@ -328,19 +268,13 @@ class BatchRun:
         self.busy: dict[int, float] = {}
         self.outbox: dict[tuple, _Flow] = {}  # (id(replica), key) -> packets emitted at/after the epoch end
         self.out_links: dict[tuple, list] = {}
-        self.death: dict[int, float] = {}
+        self.death: dict[int, float] = {}  # id(replica) -> when it dies
+        self.kills: list = []  # the scenario's kills and those of sentinels read so far
         for ev in sim.kills:
-            if ev.action == "kill_server":
-                vs = [r for g in sim.groups.values() for r in g if r.server == ev.server]
-            else:
-                vs = [sim.groups[ev.operator][ev.replica]] if ev.operator in sim.groups and \
-                    0 <= ev.replica < len(sim.groups[ev.operator]) else []
-            for v in vs:
-                self.death[id(v)] = min(self.death.get(id(v), math.inf), float(ev.at))
+            self.add_kill(ev)
         self.joins: dict[int, _JoinTimes] = {}
         self._collect: list | None = None  # sends gathered for one model evaluation
         # sources
-        self.inputs = inputs
         self.sched: dict[str, list] = {s: [] for s in q.sources}  # released packets not yet delivered
         self.done_src: dict[str, bool] = {s: False for s in q.sources}
         self.last_feed: dict[str, float] = {s: 0.0 for s in q.sources}
@@ -350,6 +284,47 @@ class BatchRun:
     def death_of(self, r) -> float:
         return self.death.get(id(r), math.inf)
 
+    def add_kill(self, ev) -> None:
+        """A ``kill_server`` / ``kill_replica`` event to carry out at ``ev.at`` (an epoch boundary):
+        from then on its victims process and send nothing."""
+        self.kills.append(ev)
+        for v in self.victims(ev):
+            self.death[id(v)] = min(self.death.get(id(v), math.inf), float(ev.at))
+
+    def add_replica(self, r, links: list) -> None:
+        """The simulator created replica ``r`` with stream replicas ``links`` (to and from it)."""
+        for lk in links:
+            self.in_links.setdefault(id(lk.receiver), []).append(lk)
+        for ev in self.kills:
+            if ev.action == "kill_server" and ev.server == r.server and ev.at > self.sim.now:
+                self.death[id(r)] = min(self.death.get(id(r), math.inf), float(ev.at))
+
+    def handover(self, r) -> None:
+        """Replica ``r``'s core was replaced by a peer's checkpoint: its join table starts from the
+        tuples the checkpoint holds (their times lie in the past, so an output pairing one of
+        them leaves at its other tuple's time)."""
+        self.joins.pop(id(r), None)
+        logic = r.core.logic
+        if type(logic) is not JoinLogic:
+            return
+        jt = self.joins[id(r)] = _JoinTimes(logic)
+        tables = logic.checkpoint().tables
+        for port, side in enumerate(("left", "right")):
+            rows = tables.get(side, {}).get("rows")
+            if rows is not None and len(rows):
+                jt.add(port, rows, np.full(len(rows), -math.inf))
+
+    def replay(self, t: float, replays: list) -> None:
+        """``[(link, log key, items), ...]``: send each link its sender's retained ``items`` at ``t``,
+        one packet per sender's log (built once however many links replay it), with one
+        evaluation of the latency model."""
+        flows, sends = {}, []
+        for lk, key, items in replays:
+            if key not in flows:
+                flows[key] = _flow_from_items(t, items)
+            sends.append((lk, flows[key]))
+        self.transmit_many(sends)
+
     def _cpu(self, r, at: np.ndarray, n: np.ndarray) -> np.ndarray:
         sim = self.sim
         cpu = sim.cpu
@@ -358,7 +333,7 @@ class BatchRun:
         else:
             us = cpu.per_packet_us + cpu.per_copy_us.get(r.kind, cpu.default_us) * n
             cost = us * 1e-6 * cpu.scale
-            if sim._has_slow:
+            if self.slowdowns:
                 cost = cost * np.array([sim.net.slowdown(r.server, float(x)) for x in at])
         done = fifo_done(at, cost, self.busy.get(id(r), -math.inf))
         if len(done) and cost.any():
@@ -408,22 +383,17 @@ class BatchRun:
         """``[(link, flow), ...]``: each :meth:`transmit`, with one evaluation of the latency model."""
         if not sends:
             return
-        raws = raw_arrivals(self.sim._lat, [(lk.sender.server, lk.receiver.server) for lk, _ in sends],
-                            [f.at for _, f in sends])
-        for (lk, f), raw in zip(sends, raws):
-            self.transmit(lk, f, raw)
+        lats = self.link_model.link_latencies_ms([(lk.sender.server, lk.receiver.server) for lk, _ in sends],
+                                                 [f.at for _, f in sends])
+        for (lk, f), lat in zip(sends, lats):
+            self.transmit(lk, f, lat)
 
-    def transmit(self, lk, flow: _Flow, raw: np.ndarray | None = None) -> None:
-        """Send ``flow`` (``at`` = send times) on link ``lk``: FIFO arrivals from the latency model."""
+    def transmit(self, lk, flow: _Flow, latencies_ms: np.ndarray | None = None) -> None:
+        """Send ``flow`` (``at`` = send times) on link ``lk``: FIFO arrivals from the latency model
+        (its ``latencies_ms`` at the send times, when already evaluated)."""
         sim = self.sim
-        if raw is None:
-            at = arrivals(sim._lat, lk.sender.server, lk.receiver.server, flow.at, lk.last)
-        else:
-            at = raw.copy()
-            bad = ~np.isfinite(at)
-            if bad.any():
-                at[bad] = _after_outage(sim._lat, lk.sender.server, lk.receiver.server, flow.at[bad])
-            at = np.maximum.accumulate(np.maximum(at, lk.last))
+        at = delivery_times(self.link_model, lk.sender.server, lk.receiver.server, flow.at, after=lk.last,
+                            latencies_ms=latencies_ms)
         if not np.isfinite(at[-1]):
             k = int(np.argmax(~np.isfinite(at)))
             lk.live = False
@@ -444,15 +414,16 @@ class BatchRun:
         entry = sim.entries[src]
         sched = self.sched[src]
         while not self.done_src[src] and (not sched or sched[-1].at[-1] < t_end):
-            chunk = sim._next_chunk(src)
+            chunk = self.read_chunk(src)
             if chunk is None:
                 self.done_src[src] = True
                 items = entry.close()
                 if items:
                     sched.append(_flow_from_items(self.last_feed[src], items))
                 continue
-            if hasattr(chunk, "apply") and not isinstance(chunk, (np.ndarray, dict, list, Punctuation)):
-                continue  # a Sentinel: scripted events belong in the scenario here
+            if isinstance(chunk, Sentinel):  # the feeder reached it after the source's previous reading
+                self.add_kill(sentinel_kill(chunk, self.last_feed[src], src))
+                continue
             ct = chunk_time(chunk, punctuations=False)
             if ct is not None:
                 self.last_feed[src] = max(self.last_feed[src], (ct - sim.ts0) / 1e6)
@@ -469,11 +440,7 @@ class BatchRun:
             t = np.maximum.accumulate(np.maximum((ts - sim.ts0) / 1e6, self.last_feed[src]))
             self.last_feed[src] = float(t[-1])
             # the punctuation the entry point emits after each tuple (operators/entry.py)
-            m = np.maximum.accumulate(np.maximum(ts, prev_max))
-            if entry.every is not None:
-                p = np.floor_divide(m - entry.max_disorder, entry.every) * entry.every - 1
-            else:
-                p = np.full(len(ts), NO_P, dtype=np.int64)
+            p = entry.auto_punctuation(np.maximum.accumulate(np.maximum(ts, prev_max)))
             p = np.maximum.accumulate(np.maximum(p, max(prev_p, entry.explicit)))
             if int(p[-1]) != entry.punct:  # not the entry point's rule: put its punctuation on the last tuple
                 p[-1] = max(int(p[-1]), entry.punct)
@@ -505,19 +472,15 @@ class BatchRun:
             if not e.alive:
                 continue
             located = [(src, now) for src, now in released if sim.sources.get(src) is not None]
-            raws = dict(zip([s for s, _ in located], raw_arrivals(
-                sim._lat, [(sim.sources[s], e.server) for s, _ in located], [f.at for _, f in located])))
+            lats = dict(zip([s for s, _ in located], self.link_model.link_latencies_ms(
+                [(sim.sources[s], e.server) for s, _ in located], [f.at for _, f in located])))
             for src, now in released:
                 where = sim.sources.get(src)
                 key = (src, e.index)
                 if where is None:
                     f = now
                 else:
-                    at = raws[src]
-                    bad = ~np.isfinite(at)
-                    if bad.any():
-                        at = at.copy()
-                        at[bad] = _after_outage(sim._lat, where, e.server, now.at[bad])
+                    at = delivery_times(self.link_model, where, e.server, now.at, latencies_ms=lats[src])
                     ok = np.isfinite(at)
                     if not ok.all():  # undeliverable within the horizon: that packet is lost
                         sel = np.flatnonzero(ok)
@@ -677,39 +640,18 @@ class BatchRun:
                 rp = np.repeat(inv, np.concatenate([flows[i].n for i in idx]))  # sorted-packet index of each row
                 ro = np.argsort(rp, kind="stable")
                 rp = rp[ro]
-                ts = rows[TS][ro]
-                chan = pchan[rp]
-                late = ts <= before[rp]
-                if late.any():
-                    for c in np.unique(chan[late]).tolist():
-                        flt.copies[c] += int((late & (chan == c)).sum())
-                    flt.duplicates += int(late.sum())
-                    kk = np.flatnonzero(~late)
-                    ro_k, rp_k, chan_k = ro[kk], rp[kk], chan[kk]
-                else:
-                    ro_k, rp_k, chan_k = ro, rp, chan
-                ids_k = rows[ID][ro_k]
-                rank = _ranks(ids_k)
-                passed = []
-                for j in range(int(rank.max()) + 1 if len(rank) else 0):
-                    rj = np.flatnonzero(rank == j)
-                    cj = chan_k[rj]
-                    for c in np.unique(cj).tolist():
-                        sel = rj[cj == c]
-                        out = flt.on_batch(c, rows[ro_k[sel]])
-                        if j == 0 and out:
-                            got = out[0]
-                            passed.append(sel if len(got) == len(sel) else sel[np.isin(ids_k[sel], got[ID])])
-                if passed:
-                    sel = np.sort(np.concatenate(passed)) if len(passed) > 1 else passed[0]
-                    nrp = rp_k[sel]
-                    nr = rows[ro_k[sel]]
+                # Algorithm 1 over every copy at once, each with the punctuation in force at its arrival
+                sel = np.flatnonzero(flt.on_rows(rows, pchan[rp], before[rp], order=ro))
+                if len(sel):
+                    ts = rows[TS][ro]
+                    nrp = rp[sel]
+                    nr = rows[ro[sel]]
                     tarr = at[pk[nrp]]
                     new_rows[port], new_t[port] = nr, done[pk[nrp]]
                     # input delay observed (§V-C): arrival minus the packet's first timestamp
                     starts = np.flatnonzero(np.r_[True, rp[1:] != rp[:-1]])
                     if len(starts) == len(rp):  # one row per packet
-                        lag = float((tarr - (ts[sel if len(ro_k) == len(ro) else kk[sel]] - ts0) / 1e6).max())
+                        lag = float((tarr - (ts[sel] - ts0) / 1e6).max())
                     else:
                         pmin = np.minimum.reduceat(ts, starts)
                         upk = nrp[np.r_[True, nrp[1:] != nrp[:-1]]]
@@ -730,21 +672,15 @@ class BatchRun:
                 best = [(int(pun[has & (pchan == c)].max()), int(c)) for c in chans.tolist()]
                 for v, c in sorted(best):
                     flt.on_punctuation(c, v)
-        # the forwarded punctuation (the minimum over inputs), at the time each input raised it
-        wm0 = logic.watermark
-        in0 = list(logic.in_punct)
+        # the forwarded punctuation (the logic's watermark), at the time each input's punctuation raised it
         pe_t, pe_v = np.zeros(0), np.zeros(0, dtype=np.int64)
         et = ev = eport = None
         if pev_t:
             et, ev, ep, eport = (np.concatenate(x) for x in (pev_t, pev_v, pev_pos, pev_port))
             o = np.argsort(ep, kind="stable")
             et, ev, eport = et[o], ev[o], eport[o]
-            m = np.full((len(et), n_ports), NO_P, dtype=np.int64)
-            m[np.arange(len(et)), eport] = ev
-            m = np.maximum(np.maximum.accumulate(m, axis=0), np.array(in0, dtype=np.int64)[None, :])
-            wm = m.min(axis=1)
-            prev = np.maximum.accumulate(np.r_[wm0, wm[:-1]])
-            up = wm > prev
+            wm = logic.watermarks(eport, ev)
+            up = wm > np.maximum.accumulate(np.r_[logic.watermark, wm[:-1]])
             pe_t, pe_v = et[up], wm[up]
         # the logic: each port's new tuples, then each port's punctuation; a Join in slices of a few
         # windows of virtual time, so that its buffers are purged as often as packet by packet
@@ -890,7 +826,6 @@ class BatchRun:
 
     def run(self, bar=None, task=None) -> None:
         sim = self.sim
-        kills = sorted({float(ev.at) for ev in sim.kills})
         period = sim.coordinator[0] if sim.coordinator is not None else None
         next_call = period if period is not None else math.inf
         t = 0.0
@@ -904,21 +839,30 @@ class BatchRun:
                 if not math.isfinite(start):
                     start = t
                 t_end = start + self.E
-                t_end = min([t_end, next_call] + [k for k in kills if k > t])
+                t_end = min([t_end, next_call] + [float(ev.at) for ev in self.kills if ev.at > t])
                 if t_end <= t:
                     t_end = t + self.E
             if self.until is not None and t_end > self.until:
                 t_end = self.until
                 if t_end <= t:
                     break
+            # read the sources up to the epoch's end before running it: a sentinel read there is a kill at
+            # an epoch boundary, as a scenario's kill at that time
+            known = len(self.kills)
+            for src in sim.query.sources:
+                self._read(src, t_end)
+            for ev in self.kills[known:]:
+                if ev.at <= t:  # reached right at this boundary: before the epoch runs
+                    sim.now = t
+                    self.kill(t, ev)
+                elif ev.at < t_end:
+                    t_end = float(ev.at)
             self.epoch(t_end)
             t = t_end
-            for k in kills:  # kills at t: replicas die (their in-flight work was cut at t above)
-                if k == t:
+            for ev in self.kills:  # kills at t: replicas die (their in-flight work was cut at t above)
+                if ev.at == t:
                     sim.now = t
-                    for ev in sim.kills:
-                        if float(ev.at) == t:
-                            sim._kill(t, ev)
+                    self.kill(t, ev)
             if t == next_call:
                 sim.now = t
                 self.max_t = max(self.max_t, t)
@@ -942,19 +886,3 @@ def _sub(flow: _Flow, sel: np.ndarray, at: np.ndarray) -> _Flow:
         idx = np.concatenate([np.arange(off[i], off[i + 1]) for i in sel.tolist()]) if len(sel) else np.zeros(0, int)
         rows = flow.rows[idx]
     return _Flow(at, flow.punct[sel], flow.n[sel], rows)
-
-
-def handover(run: "BatchRun", r) -> None:
-    """A replica's core was replaced by a peer's checkpoint: its join table starts from the
-    tuples the checkpoint holds (their times lie in the past, so an output pairing one of
-    them leaves at its other tuple's time)."""
-    run.joins.pop(id(r), None)
-    logic = r.core.logic
-    if type(logic) is not JoinLogic:
-        return
-    jt = run.joins[id(r)] = _JoinTimes(logic)
-    tables = logic.checkpoint().tables
-    for port, side in enumerate(("left", "right")):
-        rows = tables.get(side, {}).get("rows")
-        if rows is not None and len(rows):
-            jt.add(port, rows, np.full(len(rows), -math.inf))

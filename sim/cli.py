@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from .experiments import EXPERIMENTS, _jsonable, run_experiment, table
+from .experiments import EXPERIMENTS, jsonable, run_experiment, table
 
 __all__ = ["register", "run", "main"]
 
@@ -62,7 +62,7 @@ def run(args) -> int:
     data = run_experiment(args.experiment, quick=args.quick, seed=args.seed, out=args.out, progress=args.progress,
                           jobs=args.jobs, resume=args.resume)
     if args.json:
-        print(json.dumps(data, default=_jsonable))
+        print(json.dumps(data, default=jsonable))
     else:
         print(table(data))
         if args.out:

@@ -29,7 +29,16 @@ earliest first timestamp over the sources, as the runtime's paced feeder does):
   format: ``kill_server``/``kill_replica`` at their times (what a dead replica
   had queued or in flight is lost; nothing is delivered to it), and
   ``delay_link``/``cut_link``/``slow_server``/``restore`` through
-  :class:`~replistream.network.NetworkConditions`.
+  :class:`~replistream.network.NetworkConditions`;
+* sentinels among a source's input (:class:`~replistream.sources.KillReplica`,
+  :class:`~replistream.sources.KillServer`) are the same kills, at the virtual
+  time the feeder reaches them: the release time of the source's preceding
+  chunk (0 before the first), once that chunk has been handed to the entry
+  points. The other sentinels (``Pause``, ``Call``, ``Revive``, ``AddReplica``)
+  need a deployment: the run stops with a ``QueryError`` naming them;
+* the replicas and stream replicas are those of the
+  :class:`~replistream.plan.PhysicalPlan` of ``(query, plan)``; a run returns
+  the engines' one result type, :class:`~replistream.engines.result.RunResult`.
 
 Modes (Fig. 2 compares them; all produce exactly the reference output):
 
@@ -64,24 +73,25 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from itertools import chain
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from replistream.replica import ReplayLog, ReplicaCore
-from replistream.plan import ENTRY
-from replistream.sources import chunk_time, iter_chunks
+from replistream.engines.result import RunResult
 from replistream.errors import QueryError
 from replistream.network import LatencyModel, NetworkConditions, ZeroLatency, delivery_time
 from replistream.operators.sorter import canonical_order
+from replistream.plan import ENTRY, PhysicalPlan, ReplicaId, StreamEdge
 from replistream.query import Query
-from replistream.scenario import Scenario
-from replistream.schema import END, TS, Punctuation
+from replistream.replica import ReplayLog, ReplicaCore
+from replistream.scenario import Event, Scenario
+from replistream.schema import TS, Punctuation
+from replistream.sources import KillReplica, KillServer, Sentinel, chunk_time, iter_chunks
 
 from .cpu import CpuModel, operator_kind
 
-__all__ = ["Simulator", "SimResult", "MODES", "ENTRY"]
+__all__ = ["Simulator", "MODES", "ENTRY", "sentinel_kill"]
 
 MODES = ("replication", "synchronization", "deterministic")
 _NO_P = int(np.iinfo(np.int64).min)
@@ -174,45 +184,6 @@ class _Merger:
         return []
 
 
-@dataclass
-class SimResult:
-    """What a simulated run delivered.
-
-    ``outputs[app]``: the application's tuples in arrival order (one structured
-    array); ``arrivals[app]``: virtual arrival time (s) of each; ``latencies(app)``
-    gives ``(arrival_s, latency_s)`` where latency = arrival minus the tuple's
-    timestamp in virtual time (the paper's definition, §VI-B). ``links``: per
-    stream replica, tuples and packets carried. ``events``: kills and failovers.
-
-    >>> r = SimResult({"a": np.zeros(0, dtype=[("ts", "i8")])}, {"a": np.zeros(0)}, {"a": END}, 0)
-    >>> r.complete, r.latencies("a")[1].size
-    (True, 0)
-    """
-
-    outputs: dict[str, np.ndarray]
-    arrivals: dict[str, np.ndarray]
-    punctuation: dict[str, int]
-    ts0: int
-    end_time: float = 0.0
-    links: list[dict] = field(default_factory=list)
-    events: list[dict] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)
-    dead_letters: list = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        """True when every application received the end of every stream."""
-        return all(p == END for p in self.punctuation.values())
-
-    def latencies(self, app: str) -> tuple[np.ndarray, np.ndarray]:
-        """(arrival time s, latency s) of every tuple application ``app`` received."""
-        if app not in self.outputs:
-            raise KeyError(f"{app!r} is not an application of this run; applications: {sorted(self.outputs)}")
-        out = self.outputs[app]
-        arr = self.arrivals[app]
-        return arr, arr - (out[TS] - self.ts0) / 1e6 if len(out) else np.zeros(0)
-
-
 class _Recorder:
     def __init__(self, schema, keep: bool = True):
         self.schema = schema
@@ -252,12 +223,37 @@ class _Recorder:
         return out, (np.concatenate(self.times) if self.times else np.zeros(0))
 
 
+def sentinel_kill(sentinel: Sentinel, at: float, source: str) -> Event:
+    """The scenario event a sentinel among ``source``'s input stands for, at virtual time ``at``:
+    :class:`~replistream.sources.KillReplica` is a ``kill_replica``,
+    :class:`~replistream.sources.KillServer` a ``kill_server``. The other sentinels need a
+    deployment (a feeder to pause, a deployment to call, hand-over by the runtime): a
+    ``QueryError`` names them.
+
+    >>> sentinel_kill(KillServer("tokyo"), 12.5, "pings").to_dict()
+    {'at': 12.5, 'action': 'kill_server', 'server': 'tokyo'}
+    >>> from replistream.sources import Pause
+    >>> sentinel_kill(Pause(1.0), 0.0, "pings")
+    Traceback (most recent call last):
+    ...
+    replistream.errors.QueryError: Pause in the input of source 'pings': the simulator cannot run this sentinel; it runs KillReplica and KillServer (script other events with a Scenario or a coordinator)
+    """
+    if isinstance(sentinel, KillReplica):
+        return Event(float(at), "kill_replica", operator=sentinel.operator, replica=sentinel.replica)
+    if isinstance(sentinel, KillServer):
+        return Event(float(at), "kill_server", server=sentinel.server)
+    raise QueryError(f"{type(sentinel).__name__} in the input of source {source!r}: the simulator cannot run this "
+                     f"sentinel; it runs KillReplica and KillServer (script other events with a Scenario or a "
+                     f"coordinator)")
+
+
 class Simulator:
     """A replicated query over a simulated wide-area network (see the module docs).
 
     ``plan``: ``{node: [server, ...]}`` like ``deploy``'s plan (key ``"entry"``
     for the entry points; one server per application); replica counts may
-    differ between nodes. ``network``: any
+    differ between nodes. It is checked, and the replicas and stream replicas
+    built, by :class:`~replistream.plan.PhysicalPlan` (``physical``). ``network``: any
     :class:`~replistream.network.LatencyModel` (a ``NetworkConditions`` is
     copied before the scenario is installed, so the caller's stays as it
     was). ``sources``: optional ``{source: server}`` where each source's
@@ -267,7 +263,7 @@ class Simulator:
     ``coordinator``: optional ``(period_s, fn)``; ``fn(sim, t)`` runs every
     ``period_s`` virtual seconds (the GC/revival experiments use it).
     ``keep_outputs=False`` keeps only each output's timestamp and arrival time
-    (``SimResult.outputs`` then has just a ``ts`` column): for month-long runs.
+    (``RunResult.outputs`` then has just a ``ts`` column): for month-long runs.
     ``retain=True`` keeps every replica's output since the last punctuation its live
     receivers acknowledged, replayed to stream replicas :meth:`apply_snapshot` revives.
     ``batch_s``: run in epochs of ``batch_s`` virtual seconds, many packets per operator
@@ -279,7 +275,7 @@ class Simulator:
     >>> Simulator(fig1_query(1), {"entry": ["a"]}, ZeroLatency(["a"]))
     Traceback (most recent call last):
     ...
-    ValueError: plan has no servers for ['loads', 'pings', 'correlate', 'hot', 'alerts']
+    ValueError: placement must give 'loads' at least one server, got None
     """
 
     def __init__(self, query: Query, plan: Mapping[str, list[str]], network: LatencyModel | None = None, *,
@@ -295,15 +291,7 @@ class Simulator:
                 raise ValueError(f"batch_s must be a number of seconds > 0, got {batch_s!r}")
             if mode != "replication":
                 raise ValueError(f"batch_s (batched execution) supports mode 'replication' only, got {mode!r}")
-        missing = [n for n in [ENTRY, *query.operators, *query.sinks] if not plan.get(n)]
-        if missing:
-            raise ValueError(f"plan has no servers for {missing}")
-        for n in query.sinks:
-            if len(plan[n]) != 1:
-                raise ValueError(f"application {n!r} must have exactly one server, got {plan[n]}")
-        for n, srv in plan.items():
-            if len(set(srv)) != len(srv):
-                raise ValueError(f"replicas of {n!r} must be on distinct servers, got {srv}")
+        self.physical = PhysicalPlan(query, plan)  # checks the plan
         self.query = query
         self.plan = {n: list(v) for n, v in plan.items()}
         if network is None:
@@ -355,45 +343,48 @@ class Simulator:
 
     # -- construction --------------------------------------------------------------------
     def _build(self) -> None:
-        q = self.query
-        failover = self.mode != "replication"
-        self.groups: dict[str, list[_Replica]] = {}
-        self.groups[ENTRY] = [_Replica(f"entry#{i}", ENTRY, i, s, None, "entry")
-                              for i, s in enumerate(self.plan[ENTRY])]
-        for node in q.operators + q.sinks:
-            ups = [ENTRY if q.spec(u).kind == "source" else u for u in q.inputs_of(node)]
-            chans = [len(self.plan[u]) for u in ups]
-            sink = node in q.sinks
-            reps = []
-            for i, s in enumerate(self.plan[node]):
-                core = ReplicaCore(q, node, chans, self.strict, retain=self.retain and not sink)
-                r = _Replica(node if sink else f"{node}#{i}", node, i, s, core,
-                             "sink" if sink else operator_kind(q.spec(node)), is_sink=sink)
-                if failover:
-                    r.active = [0] * len(ups)
-                    if self.mode == "deterministic" and not sink:
-                        r.merger = _Merger(len(ups))
-                if sink:
-                    r.recorder = _Recorder(q.schema_of(node), self.keep_outputs)
-                reps.append(r)
-            self.groups[node] = reps
-        # stream replicas: every upstream replica -> every downstream replica, per port
-        self.src_ports: dict[str, list[tuple[str, int]]] = {s: q.outputs_of(s) for s in q.sources}
-        self.entry_links: dict[str, dict[int, list[_Link]]] = {s: {} for s in q.sources}
-        for node in q.operators + q.sinks:
-            for port, u in enumerate(q.inputs_of(node)):
-                ug = ENTRY if q.spec(u).kind == "source" else u
-                for ci, up in enumerate(self.groups[ug]):
-                    for down in self.groups[node]:
-                        lk = _Link(up, down, port, ci)
-                        if ug == ENTRY:
-                            self.entry_links[u].setdefault(ci, []).append(lk)
-                        else:
-                            up.out.append(lk)
-        self.entry_logs = {(s, i): ReplayLog() for s in q.sources for i in range(len(self.groups[ENTRY]))} \
+        plan = self.physical
+        self.groups: dict[str, list[_Replica]] = {
+            node: [self._new_replica(r, plan.server(r), plan.channels(node) if node != ENTRY else [])
+                   for r in plan.replicas(node)] for node in plan.nodes}
+        # stream replicas, created (so ordered on each sender and in ``links``) by receiving node, port,
+        # sender, receiver: the order that breaks ties between packets arriving at one instant
+        rank = {n: i for i, n in enumerate(plan.nodes)}
+        by_label = {r.label: r for g in self.groups.values() for r in g}
+        self.entry_links: dict[str, dict[int, list[_Link]]] = {s: {} for s in self.query.sources}
+        for e in sorted(plan.streams(), key=lambda e: (rank[e.dst.node], e.port, e.src.index, e.dst.index)):
+            self._connect(e, by_label)
+        self.entry_logs = {(s, r.index): ReplayLog() for s in self.query.sources for r in self.groups[ENTRY]} \
             if self.retain else {}
         self.links = [lk for g in self.groups.values() for r in g for lk in r.out]
         self.links += [lk for d in self.entry_links.values() for ls in d.values() for lk in ls]
+
+    def _new_replica(self, rid: ReplicaId, server: str, channels: list[int]) -> _Replica:
+        """Replica ``rid`` of the plan on ``server``, fed by ``channels`` stream replicas per input port."""
+        q = self.query
+        if rid.node == ENTRY:
+            return _Replica(rid.label, ENTRY, rid.index, server, None, "entry")
+        sink = rid.application
+        core = ReplicaCore(q, rid.node, channels, self.strict, retain=self.retain and not sink)
+        r = _Replica(rid.label, rid.node, rid.index, server, core, "sink" if sink else operator_kind(q.spec(rid.node)),
+                     is_sink=sink)
+        if self.mode != "replication":
+            r.active = [0] * len(channels)
+            if self.mode == "deterministic" and not sink:
+                r.merger = _Merger(len(channels))
+        if sink:
+            r.recorder = _Recorder(q.schema_of(rid.node), self.keep_outputs)
+        return r
+
+    def _connect(self, e: StreamEdge, by_label: Mapping[str, _Replica]) -> _Link:
+        """The virtual link of stream replica ``e``, on its sender's list of output links."""
+        up = by_label[e.src.label]
+        lk = _Link(up, by_label[e.dst.label], e.port, e.channel)
+        if up.node == ENTRY:
+            self.entry_links[e.stream].setdefault(up.index, []).append(lk)
+        else:
+            up.out.append(lk)
+        return lk
 
     def replicas(self, node: str) -> list[_Replica]:
         """The replicas of ``node`` (``"entry"`` for the entry points), with ``label``, ``server``, ``alive``."""
@@ -407,7 +398,7 @@ class Simulator:
 
     # -- the run ---------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, Any], until: float | None = None, progress: bool = False,
-            horizon_s: float | None = None) -> SimResult:
+            horizon_s: float | None = None) -> RunResult:
         """Feed ``inputs`` (``{source: chunks}``, as for ``run_reference``; generators are read
         lazily) and simulate until every event has happened (or virtual time ``until``).
         ``progress`` shows a progress bar (rich) up to ``horizon_s`` virtual seconds (default:
@@ -427,16 +418,13 @@ class Simulator:
         self._ended: set[str] = set()  # sources whose input is exhausted
         self._latest_ts = -math.inf  # largest source chunk time read so far
         # the first chunk of every source fixes ts0 (the runtime's feeder does the same)
-        firsts = {}
-        for s in q.sources:
-            firsts[s] = self._next_chunk(s)
-        times = [chunk_time(c, punctuations=False) for c in firsts.values() if c is not None and chunk_time(c, punctuations=False) is not None]
+        times = [t for t in (self._first_time(s) for s in q.sources) if t is not None]
         self.ts0 = min(times) if times else 0
         self._last_feed = {s: 0.0 for s in q.sources}
         if self.batch_s is not None:
-            return self._run_batched(firsts, until, progress, horizon_s, inputs)
-        for s, c in firsts.items():
-            self._schedule_feed(s, c)
+            return self._run_batched(until, progress, horizon_s, inputs)
+        for s in q.sources:
+            self._schedule_feed(s, self._next_chunk(s))
         for ev in self.kills:
             self._push(ev.at, _KILL, ev)
         if self.coordinator is not None:
@@ -482,15 +470,11 @@ class Simulator:
                 bar.stop()
         return self._result()
 
-    def _run_batched(self, firsts, until, progress, horizon_s, inputs) -> SimResult:
-        from itertools import chain
-
+    def _run_batched(self, until, progress, horizon_s, inputs) -> RunResult:
         from .batch import BatchRun
 
-        for s, c in firsts.items():
-            if c is not None:
-                self._iters[s] = chain([c], self._iters[s])
-        self._batch = BatchRun(self, inputs, self.batch_s, until)
+        self._batch = BatchRun(self, self.batch_s, until, link_model=self._lat, read_chunk=self._next_chunk,
+                               kill=self._kill, victims=self._victims, slowdowns=self._has_slow)
         bar = task = None
         if progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -524,6 +508,20 @@ class Simulator:
         heapq.heappush(self._heap, (t, self._seq, kind, payload))
 
     # -- sources and entry points ------------------------------------------------------------
+    def _first_time(self, src: str) -> int | None:
+        """The first timestamp of the source's first chunk (None: a punctuation, or no input); the
+        chunks read to find it (sentinels before it, and it) stay queued for the feeder."""
+        head = []
+        while True:
+            chunk = self._next_chunk(src)
+            if chunk is None:
+                break
+            head.append(chunk)
+            if not isinstance(chunk, Sentinel):
+                break
+        self._iters[src] = chain(head, self._iters[src])
+        return chunk_time(head[-1], punctuations=False) if head else None
+
     def _next_chunk(self, src: str):
         chunk = next(self._iters[src], None)
         if chunk is None:
@@ -553,11 +551,11 @@ class Simulator:
         entry = self.entries[src]
         if chunk is None:
             items = entry.close()
+        elif isinstance(chunk, Sentinel):  # the feeder reached it: a kill now (module docs)
+            self._kill(t, sentinel_kill(chunk, t, src))
+            items = []
         else:
-            if hasattr(chunk, "apply") and not isinstance(chunk, (np.ndarray, Mapping, list, Punctuation)):
-                items = []  # a Sentinel: scripted events belong in the scenario here
-            else:
-                items = entry.push(chunk)
+            items = entry.push(chunk)
         if items:
             where = self.sources.get(src)
             for e in self.groups[ENTRY]:
@@ -712,14 +710,21 @@ class Simulator:
         heapq.heappush(self._heap, (at, self._seq, _ARRIVE, (lk, items)))
 
     # -- failures ------------------------------------------------------------------------------
-    def _kill(self, t: float, ev) -> None:
+    def _victims(self, ev: Event) -> list[_Replica]:
+        """The replicas a ``kill_server`` / ``kill_replica`` event names (dead ones too); a
+        ``QueryError`` for a server or replica this simulation does not have."""
         if ev.action == "kill_server":
-            victims = [r for g in self.groups.values() for r in g if r.server == ev.server and r.alive]
-        else:
-            g = self.groups.get(ev.operator)
-            if g is None or not 0 <= ev.replica < len(g):
-                raise QueryError(f"kill_replica: no replica {ev.replica} of {ev.operator!r}")
-            victims = [g[ev.replica]] if g[ev.replica].alive else []
+            known = set(self.net.names) or {r.server for g in self.groups.values() for r in g}
+            if ev.server not in known:
+                raise QueryError(f"kill_server: no server {ev.server!r} in this simulation")
+            return [r for g in self.groups.values() for r in g if r.server == ev.server]
+        g = self.groups.get(ev.operator)
+        if g is None or not 0 <= ev.replica < len(g):
+            raise QueryError(f"kill_replica: no replica {ev.replica} of {ev.operator!r}")
+        return [g[ev.replica]]
+
+    def _kill(self, t: float, ev: Event) -> None:
+        victims = [v for v in self._victims(ev) if v.alive]
         for v in victims:
             v.alive = False
             self.events.append({"t": t, "event": "killed", "replica": v.label, "server": v.server})
@@ -772,27 +777,23 @@ class Simulator:
                 if any(lk.live and lk.receiver is r for lk in self.links):
                     self._handover(r)
         if self.retain:  # a revived stream replica first replays what its sender retains (decision 7)
-            replays, flows = [], {}  # batched engine: one latency-model evaluation for all of them
+            replays = []  # (link, the sender's log, its items)
             for lk in revived:
                 if not (lk.sender.alive and lk.receiver.alive):
                     continue
                 if lk.sender.node == ENTRY:
-                    src = self.query.inputs_of(lk.receiver.node)[lk.port]
-                    log_key = (src, lk.sender.index)
+                    log_key = (self.query.inputs_of(lk.receiver.node)[lk.port], lk.sender.index)
                     items = self.entry_logs[log_key].items()
                 else:
                     log_key = lk.sender.label
                     items = lk.sender.core.output_log.items()
-                if items and self._batch is not None:
-                    from .batch import _flow_from_items
-
-                    if log_key not in flows:  # one sender's log replayed to several receivers: built once
-                        flows[log_key] = _flow_from_items(self.now, items)
-                    replays.append((lk, flows[log_key]))
-                elif items:
+                if items:
+                    replays.append((lk, log_key, items))
+            if self._batch is not None:
+                self._batch.replay(self.now, replays)
+            else:
+                for lk, _, items in replays:
                     self._send(lk, items, self.now, sum(len(it) for it in items if not isinstance(it, Punctuation)))
-            if replays:
-                self._batch.transmit_many(replays)
         return len(live)
 
     def add_replica(self, node: str, server: str) -> str:
@@ -820,46 +821,34 @@ class Simulator:
         group = self.groups[node]
         if any(r.server == server and r.alive for r in group):
             raise ValueError(f"add_replica: {server!r} already runs a live replica of {node!r}")
-        i = len(group)
+        dead = [r.label for r in group if r.server == server]
+        if dead:
+            raise ValueError(f"add_replica: {server!r} held {dead[0]}, a dead replica of {node!r}: a node's "
+                             f"replicas, dead or alive, are on distinct servers (replistream.plan.PhysicalPlan)")
+        grown = PhysicalPlan(q, {**self.plan, node: self.plan[node] + [server]})
+        rid = grown.replicas(node)[-1]
+        r = self._new_replica(rid, server, grown.channels(node) if node != ENTRY else [])
+        by_label = {x.label: x for g in self.groups.values() for x in g}
+        by_label[r.label] = r
         new_links: list[_Link] = []
-        if node == ENTRY:
-            r = _Replica(f"entry#{i}", ENTRY, i, server, None, "entry")
+        for e in ([] if node == ENTRY else grown.in_streams(rid)) + grown.out_streams(rid):
+            if e.src == rid:  # every downstream duplicate filter gets a channel for it
+                ch = by_label[e.dst.label].core.add_channel(e.port)
+                if ch != e.channel:
+                    raise RuntimeError(f"add_replica: {e.dst.label} input {e.port} gave channel {ch} to "
+                                       f"{r.label}, the plan says {e.channel}")
+            new_links.append(self._connect(e, by_label))
+        if self.retain and node == ENTRY:
             for src in q.sources:
-                for d, port in q.outputs_of(src):
-                    for dr in self.groups[d]:
-                        ch = dr.core.add_channel(port)
-                        new_links.append(_Link(r, dr, port, ch))
-                        self.entry_links[src].setdefault(i, []).append(new_links[-1])
-                if self.retain:
-                    self.entry_logs[(src, i)] = ReplayLog()
-        else:
-            ups = [ENTRY if q.spec(u).kind == "source" else u for u in q.inputs_of(node)]
-            core = ReplicaCore(q, node, [len(self.groups[u]) for u in ups], self.strict, retain=self.retain)
-            r = _Replica(f"{node}#{i}", node, i, server, core, operator_kind(q.spec(node)))
-            for port, (u, ug) in enumerate(zip(q.inputs_of(node), ups)):
-                for ci, up in enumerate(self.groups[ug]):
-                    lk = _Link(up, r, port, ci)
-                    new_links.append(lk)
-                    if ug == ENTRY:
-                        self.entry_links[u].setdefault(ci, []).append(lk)
-                    else:
-                        up.out.append(lk)
-            for d, port in q.outputs_of(node):
-                for dr in self.groups[d]:
-                    lk = _Link(r, dr, port, dr.core.add_channel(port))
-                    new_links.append(lk)
-                    r.out.append(lk)
+                self.entry_logs[(src, rid.index)] = ReplayLog()
         for lk in new_links:
             lk.live = False
         group.append(r)
+        self.physical = grown
         self.plan[node] = self.plan[node] + [server]
         self.links.extend(new_links)
         if self._batch is not None:
-            for lk in new_links:
-                self._batch.in_links.setdefault(id(lk.receiver), []).append(lk)
-            for ev in self.kills:
-                if ev.action == "kill_server" and ev.server == server and ev.at > self.now:
-                    self._batch.death[id(r)] = min(self._batch.death.get(id(r), math.inf), float(ev.at))
+            self._batch.add_replica(r, new_links)
         self.events.append({"t": self.now, "event": "created", "replica": r.label, "server": server})
         return r.label
 
@@ -874,9 +863,7 @@ class Simulator:
         chans = [f.n_channels for f in r.core.filters]
         r.core = ReplicaCore.from_checkpoint(self.query, ck, chans, self.strict, retain=self.retain)
         if self._batch is not None:
-            from .batch import handover
-
-            handover(self._batch, r)
+            self._batch.handover(r)
         self.events.append({"t": self.now, "event": "handover", "replica": r.label, "peer": peers[0].label})
 
     def input_delays(self, t: float, reset: bool = True, silence_s: float = 60.0) -> dict[str, float]:
@@ -901,7 +888,7 @@ class Simulator:
         return out
 
     # -- results ---------------------------------------------------------------------------------
-    def _result(self) -> SimResult:
+    def _result(self) -> RunResult:
         outputs, arrivals, punct = {}, {}, {}
         dead = []
         for node in self.query.sinks:
@@ -915,4 +902,5 @@ class Simulator:
                   "live": lk.live} for lk in self.links]
         stats = {"cpu_s": {r.label: r.cpu_s for g in self.groups.values() for r in g},
                  "weights": {n: [f.weights.tolist() for f in self.groups[n][0].core.filters] for n in self.query.sinks}}
-        return SimResult(outputs, arrivals, punct, self.ts0, self.now, links, self.events, stats, dead)
+        return RunResult(outputs, punctuation=punct, dead_letters=dead, stats=stats, arrivals=arrivals, ts0=self.ts0,
+                         pace=1.0, end_time=self.now, events=self.events, links=links)

@@ -654,7 +654,7 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
         if rows_dir:
             os.makedirs(rows_dir, exist_ok=True)
             with open(os.path.join(rows_dir, f"k{row['k']}.json"), "w") as fh:
-                json.dump({"params": params, "row": row}, fh, indent=1, default=_jsonable)
+                json.dump({"params": params, "row": row}, fh, indent=1, default=jsonable)
 
     todo = [k for k in kmax if k not in found]
     jobs = (1 if quick else (os.cpu_count() or 1)) if jobs is None else max(1, jobs)
@@ -714,7 +714,12 @@ def _pyplot():
     return plt
 
 
-def _jsonable(o):
+def jsonable(o):
+    """``json.dump``'s ``default`` for the experiments' data: numpy scalars and arrays as Python values.
+
+    >>> json.dumps({"n": np.int64(3), "v": np.arange(2)}, default=jsonable)
+    '{"n": 3, "v": [0, 1]}'
+    """
     if isinstance(o, (np.floating, np.integer)):
         return o.item()
     if isinstance(o, np.ndarray):
@@ -727,14 +732,14 @@ def _jsonable(o):
 def _write(out: str, name: str, data: dict, rows: list[dict]) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{name}.json"), "w") as f:
-        json.dump(data, f, indent=1, default=_jsonable)
+        json.dump(data, f, indent=1, default=jsonable)
     if rows:
         keys = list(dict.fromkeys(k for r in rows for k in r))
         with open(os.path.join(out, f"{name}.csv"), "w", newline="") as f:
             w = csv.DictWriter(f, keys)
             w.writeheader()
             for r in rows:
-                w.writerow({k: (json.dumps(v, default=_jsonable) if isinstance(v, (dict, list)) else v)
+                w.writerow({k: (json.dumps(v, default=jsonable) if isinstance(v, (dict, list)) else v)
                             for k, v in r.items()})
 
 

@@ -24,7 +24,8 @@ Models:
   slow servers) on top of any model; :mod:`replistream.scenario` fills it.
 
 :func:`delivery_time` turns a latency into the time a message sent at
-``t_send`` arrives, waiting out outages as TCP would.
+``t_send`` arrives, waiting out outages as TCP would; :func:`delivery_times`
+does it for many messages on one link at once (vectorised, optionally FIFO).
 
 >>> net = GeoLatencyModel(default_servers(5), seed=1, static=True)
 >>> net.names
@@ -34,12 +35,12 @@ True
 >>> net.latency_ms("boston", "london", 0.0) == net.latency_ms("london", "boston", 99.0)
 True
 """
-from .conditions import NetworkConditions, delivery_time
+from .conditions import NetworkConditions, delivery_time, delivery_times
 from .latency import TRACE_HEADER, GeoLatencyModel, LatencyModel, TraceLatencyModel, ZeroLatency, to_csv
 from .servers import CITIES, FIBRE_KM_PER_MS, LOCAL_MS, REGION, Server, as_servers, city, default_servers, haversine_km
 
 __all__ = [
     "Server", "CITIES", "REGION", "default_servers", "city", "as_servers",
     "LatencyModel", "GeoLatencyModel", "TraceLatencyModel", "ZeroLatency", "NetworkConditions",
-    "to_csv", "delivery_time", "haversine_km", "LOCAL_MS", "FIBRE_KM_PER_MS", "TRACE_HEADER",
+    "to_csv", "delivery_time", "delivery_times", "haversine_km", "LOCAL_MS", "FIBRE_KM_PER_MS", "TRACE_HEADER",
 ]

@@ -1,4 +1,9 @@
-"""Scripted network conditions on top of a latency model, and message delivery times."""
+"""Scripted network conditions on top of a latency model, and message delivery times.
+
+:func:`delivery_time` is when one message arrives, outages waited out as TCP
+would; :func:`delivery_times` is the same for many messages on one link at once
+(vectorised; optionally in FIFO order), as the batched simulator sends them.
+"""
 from __future__ import annotations
 
 import math
@@ -6,9 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .latency import LatencyModel, ZeroLatency  # noqa: F401 (the doctests use it)
+from .latency import GeoLatencyModel, LatencyModel, ZeroLatency  # noqa: F401 (the doctests use ZeroLatency)
 
-__all__ = ["NetworkConditions", "delivery_time"]
+__all__ = ["NetworkConditions", "delivery_time", "delivery_times"]
 
 # ---------------------------------------------------------------------------
 # scripted conditions
@@ -229,3 +234,85 @@ def delivery_time(model: LatencyModel, a: str, b: str, t_send: float, *, resolut
             return hi + model.latency_ms(a, b, hi) / 1000.0
         lo = hi
     return math.inf
+
+
+def delivery_times(model: LatencyModel, a: str, b: str, t_send, *, after: float | None = None,
+                   latencies_ms=None, resolution: float = 1.0, horizon: float = 3600.0,
+                   tol: float = 1e-4) -> np.ndarray:
+    """:func:`delivery_time` of many messages sent from ``a`` to ``b`` at times ``t_send``
+    (sorted), vectorised: equal to it message by message.
+
+    ``t_send + latency / 1000`` from one vectorised evaluation of the model
+    (:meth:`~replistream.network.LatencyModel.latencies_ms`; or ``latencies_ms``,
+    when the caller has evaluated them already, e.g. for many links at once with
+    ``link_latencies_ms``). Messages sent while the link is down wait as
+    :func:`delivery_time` makes them wait, with the same probes and bisection, so
+    the times are the same: for a :class:`~replistream.network.GeoLatencyModel`
+    (alone, or under conditions that script nothing) the first probe at which the
+    link is up again comes from the outage's end (``model.outage``) and the
+    bisection runs on all messages at once, taking the link to be up from the
+    outage's end on (a second outage starting less than ``resolution`` later would
+    be missed, as the probes would miss it); other models go through
+    :func:`delivery_time` one message at a time. ``inf`` where a message cannot
+    be delivered within ``horizon``.
+
+    With ``after`` (the arrival of the previous message on a FIFO link, ``-inf``
+    for none), each time is ``max(previous arrival, delivery_time(...))``, as a
+    FIFO link delivers them; an ``inf`` then marks every later message too.
+
+    >>> net = NetworkConditions(ZeroLatency(["a", "b"])); net.add_delay("a", "b", 0, None, 50.0)
+    >>> net.cut("a", "b", 10, 12.5)
+    >>> delivery_times(net, "a", "b", [1.0, 10.2, 11.0, 13.0]).round(3).tolist()
+    [1.05, 12.55, 12.55, 13.05]
+    >>> delivery_times(net, "a", "b", [1.0, 13.0], after=5.0).tolist()
+    [5.0, 13.05]
+    """
+    if not (resolution > 0 and horizon >= 0 and tol > 0):
+        raise ValueError("resolution and tol must be > 0 and horizon >= 0")
+    t = np.asarray(t_send, dtype=np.float64)
+    if not len(t):
+        return t.copy()
+    lat = model.latencies_ms(a, b, t) if latencies_ms is None else np.asarray(latencies_ms, dtype=np.float64)
+    if lat.shape != t.shape:
+        raise ValueError(f"latencies_ms has {lat.shape} values for {t.shape} send times")
+    at = t + lat / 1000.0
+    bad = ~np.isfinite(at)
+    if bad.any():
+        at[bad] = _after_outage(model, a, b, t[bad], resolution, horizon, tol)
+    if after is not None:
+        at = np.maximum.accumulate(np.maximum(at, after))
+    return at
+
+
+def _after_outage(model: LatencyModel, a: str, b: str, t: np.ndarray, resolution: float, horizon: float,
+                  tol: float) -> np.ndarray:
+    """:func:`delivery_time` for messages sent while the link is down (see :func:`delivery_times`)."""
+    if isinstance(model, NetworkConditions) and not model.overrides():
+        model = model.base
+    if type(model) is not GeoLatencyModel:
+        return np.array([delivery_time(model, a, b, float(x), resolution=resolution, horizon=horizon, tol=tol)
+                         for x in t])
+    out = np.empty(len(t))
+    end = np.empty(len(t))
+    for i, x in enumerate(t.tolist()):
+        ev = model.outage(a, b, x)
+        end[i] = math.inf if ev is None else ev[1]
+    k = np.maximum(1, np.ceil((end - t) / resolution))
+    k = np.where(t + np.minimum(k * resolution, horizon) < end, k + 1, k)
+    k = np.where((k > 1) & (t + np.minimum((k - 1) * resolution, horizon) >= end), k - 1, k)
+    hi = t + np.minimum(k * resolution, horizon)
+    lo = np.where(k > 1, t + np.minimum((k - 1) * resolution, horizon), t)
+    ok = np.isfinite(end) & (k * resolution <= horizon + resolution) & np.isfinite(model.latencies_ms(a, b, hi))
+    ok &= (k == 1) | ~np.isfinite(model.latencies_ms(a, b, lo))
+    while True:  # delivery_time's bisection; between lo (down) and hi (up) the link is up from ``end`` on
+        act = ok & (hi - lo > tol)
+        if not act.any():
+            break
+        mid = 0.5 * (lo + hi)
+        up = mid >= end
+        hi = np.where(act & up, mid, hi)
+        lo = np.where(act & ~up, mid, lo)
+    out[ok] = hi[ok] + model.latencies_ms(a, b, hi[ok]) / 1000.0
+    for i in np.flatnonzero(~ok).tolist():
+        out[i] = delivery_time(model, a, b, float(t[i]), resolution=resolution, horizon=horizon, tol=tol)
+    return out

@@ -294,6 +294,12 @@ class OperatorLogic:
     array([7])
     >>> op.late_count
     1
+
+    Punctuation bookkeeping, public for the engines: ``in_punct[port]`` is the
+    highest punctuation received on each input, ``watermark`` the minimum over
+    them that the logic last forwarded (``NO_PUNCTUATION`` before any);
+    :meth:`watermarks` tells, without feeding them, where punctuations would
+    raise it.
     """
 
     #: Order-sensitive operators need their inputs sorted (Hwang §IV-C); the
@@ -349,6 +355,25 @@ class OperatorLogic:
             self.watermark = wm
             out.append(Punctuation(wm))
         return self._tally(out)
+
+    def watermarks(self, ports, puncts) -> np.ndarray:
+        """The watermark after each punctuation ``puncts[i]`` on input ``ports[i]``, in turn,
+        were they fed to :meth:`process` now (nothing changes): per input the highest
+        punctuation so far, then the minimum over the inputs. The logic forwards
+        ``Punctuation(w)`` wherever ``w`` rises above the previous one (and :attr:`watermark`).
+
+        >>> from replistream.operators import UnionLogic
+        >>> s = Schema({"x": "i8"})
+        >>> u = UnionLogic("u", [s, s]); _ = u.process(1, Punctuation(4))
+        >>> u.watermarks([0, 0, 1], [2, 7, 9]).tolist()
+        [2, 4, 7]
+        """
+        ports = np.asarray(ports, dtype=np.int64)
+        puncts = np.asarray(puncts, dtype=np.int64)
+        m = np.full((len(ports), self.n_inputs), NO_PUNCTUATION, dtype=np.int64)
+        m[np.arange(len(ports)), ports] = puncts
+        m = np.maximum(np.maximum.accumulate(m, axis=0), np.array(self.in_punct, dtype=np.int64)[None, :])
+        return m.min(axis=1)
 
     # -- hand-over (docs/design.md, decision 7) ---------------------------------------
     def checkpoint(self, bits: int = 0, bins: Iterable[int] | None = None) -> OperatorState:

@@ -78,8 +78,16 @@ class DuplicateFilter:
 
     ``on_batch(channel, batch)`` returns the tuples seen for the first time;
     ``on_punctuation(channel, p)`` returns ``[Punctuation(p)]`` when ``p`` is
-    a new maximum, else ``[]``. Channels can be added while running
-    (:meth:`add_channel`), for revived or new upstream replicas.
+    a new maximum, else ``[]``. :meth:`on_rows` takes the copies of many
+    packets at once (the batched simulator's path). Channels can be added while
+    running (:meth:`add_channel`), for revived or new upstream replicas.
+
+    Public bookkeeping, read by the engines: ``max_punct`` (the maximum
+    punctuation ``p``, :data:`~replistream.operators.base.NO_PUNCTUATION` before
+    the first), ``chan_punct`` (per channel, its highest punctuation),
+    ``weights`` (per channel, the contribution weights of §V-B), ``copies``
+    (per channel, tuple copies received), ``passed``, ``duplicates`` and
+    ``late_count`` (tuples passed, dropped as copies, dead-lettered as late).
 
     >>> s = Schema({"x": "i8"})
     >>> b = s.from_columns({"ts": [1, 2], "x": [7, 8]}, ids=[10, 11])
@@ -214,6 +222,120 @@ class DuplicateFilter:
         self._pending_id.append(out[ID])
         self.passed += n_new
         return [out]
+
+    def on_rows(self, rows: np.ndarray, channels, before=None, order=None) -> np.ndarray:
+        """Algorithm 1 over the tuple copies of many packets at once; returns which copies passed.
+
+        The copies are ``rows[order]`` (``order`` None: ``rows`` as given) in arrival
+        order: copy ``i`` came from stream replica ``channels[i]`` while punctuation
+        ``before[i]`` was in force (the maximum of :attr:`max_punct` and the punctuations
+        of the packets that arrived before its own; None: :attr:`max_punct` for all).
+        The result, one bool per copy in arrival order, and every counter and weight are
+        those of :meth:`on_batch` called packet by packet with the punctuations applied
+        in between:
+
+        * a copy at or below its own stream replica's punctuation (as this filter knows
+          it now) breaks that replica's contract: dead-lettered, or raised in strict mode;
+        * a copy at or below ``before`` is a late duplicate, dropped (Algorithm 1, line 2);
+        * of the others, the first copy of each id passes unless an earlier call saw the
+          id; the ``j``-th copy adds ``1/j`` to its channel's weight (§V-B). The weights
+          are summed as :meth:`on_batch` would add them were round ``j`` (the ``j``-th
+          copy of every id) fed one channel at a time, rounds in order, so they are
+          bit-identical to that.
+
+        Punctuations are not applied here: call :meth:`on_punctuation` afterwards.
+        Vectorised: one sort of the ids, then one dictionary lookup and one update per
+        distinct id (no Python per copy).
+
+        >>> s = Schema({"x": "i8"})
+        >>> f = DuplicateFilter(2, s)
+        >>> rows = s.from_columns({"ts": [5, 5, 6, 4, 6], "x": [0] * 5}, ids=[1, 1, 2, 3, 2])
+        >>> f.on_rows(rows, [0, 1, 1, 0, 0], before=[-1, -1, -1, 4, 4]).tolist()
+        [True, False, True, False, False]
+        >>> f.weights.tolist(), f.passed, f.duplicates
+        ([1.5, 1.5], 2, 3)
+        """
+        if self.schema is not None:
+            rows = self.schema.check(rows, f"{self.name} (copies of many packets)")
+        pick = None if order is None else np.asarray(order, dtype=np.int64)
+        ts = rows[TS] if pick is None else rows[TS][pick]
+        n = len(ts)
+        channels = np.asarray(channels, dtype=np.int64)
+        if len(channels) != n or (before is not None and np.ndim(before) and len(before) != n):
+            raise ValueError(f"{self.name!r}: on_rows needs one channel (and one punctuation) per copy; "
+                             f"got {len(channels)} channels for {n} copies")
+        passed = np.zeros(n, dtype=bool)
+        if not n:
+            return passed
+        if int(channels.min()) < 0 or int(channels.max()) >= self.n_channels:
+            raise ValueError(f"{self.name!r} has {self.n_channels} stream replica(s); got channels "
+                             f"{int(channels.min())}..{int(channels.max())}")
+        self.copies += np.bincount(channels, minlength=self.n_channels)
+        drop = np.zeros(n, dtype=bool)
+        cp = np.asarray(self.chan_punct, dtype=np.int64)[channels]
+        broken = (ts <= cp) & (cp != NO_PUNCTUATION)
+        if broken.any():  # as on_batch: the channel broke its punctuation contract
+            for c in np.unique(channels[broken]).tolist():
+                sel = np.flatnonzero(broken & (channels == c))
+                where, p = f"{self.name} channel {c}", self.chan_punct[c]
+                if self.strict:
+                    raise PunctuationViolation(f"{where}: tuple with ts={int(ts[sel[0]])} arrived after "
+                                               f"punctuation {p}")
+                self.late_count += len(sel)
+                self.dead_letters.append(DeadLetter(where, f"late: ts <= punctuation {p}",
+                                                    rows[sel if pick is None else pick[sel]]))
+            drop |= broken
+        limit = self.max_punct if before is None else np.maximum(np.asarray(before, dtype=np.int64), self.max_punct)
+        late = (ts <= limit) & ~drop
+        self.duplicates += int(late.sum())
+        drop |= late
+        keep = np.flatnonzero(~drop) if drop.any() else None
+        ids = rows[ID] if pick is None else rows[ID][pick]
+        if keep is not None:
+            ids, ch = ids[keep], channels[keep]
+        else:
+            ch = channels
+        m = len(ids)
+        if not m:
+            return passed
+        # the rank of each copy among the copies of its id here (0: the first), and its id's group
+        o = np.argsort(ids, kind="stable")
+        s = ids[o]
+        head = np.empty(m, dtype=bool)
+        head[0] = True
+        np.not_equal(s[1:], s[:-1], out=head[1:])
+        starts = np.flatnonzero(head)
+        group = np.cumsum(head) - 1
+        rank = np.empty(m, dtype=np.int64)
+        rank[o] = np.arange(m) - starts[group]
+        inv = np.empty(m, dtype=np.int64)
+        inv[o] = group
+        uniq = s[starts].tolist()
+        count = np.diff(np.r_[starts, m])
+        if self.seen:
+            seen0 = np.fromiter(map(self.seen.get, uniq, repeat(0)), dtype=np.int64, count=len(uniq))
+            prev = seen0[inv] + rank
+            self.seen.update(zip(uniq, (seen0 + count).tolist()))
+        else:
+            prev = rank
+            self.seen.update(zip(uniq, count.tolist()))
+        # weights: per round of copies, then per channel, each a sum in arrival order (as on_batch adds them)
+        g = np.lexsort((ch, rank))
+        w = 1.0 / (prev[g] + 1)
+        key = rank[g] * self.n_channels + ch[g]
+        bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]).tolist()
+        for b, e, c in zip(bounds, bounds[1:] + [m], ch[g][bounds].tolist()):
+            self.weights[c] += float(np.sum(w[b:e]))
+        new = prev == 0
+        n_new = int(new.sum())
+        self.duplicates += m - n_new
+        if n_new:
+            at = np.flatnonzero(new) if keep is None else keep[new]
+            passed[at] = True
+            self._pending_ts.append(ts[at])
+            self._pending_id.append(ids[new])
+            self.passed += n_new
+        return passed
 
     def on_punctuation(self, channel: int, p: int) -> list[Punctuation]:
         p = int(p)

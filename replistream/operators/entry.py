@@ -93,6 +93,10 @@ class EntryLogic:
     ([], 1)
     >>> e.close()
     [Punctuation(END)]
+
+    Public state, for the engines: ``every`` and ``max_disorder`` (the punctuation
+    rule's parameters), ``max_ts`` (the largest timestamp emitted), ``explicit``
+    (the highest explicit punctuation), ``punct`` (the last punctuation emitted).
     """
 
     def __init__(self, name: str, schema: Schema, punctuate_every: int | None = None, max_disorder: int = 0,
@@ -120,8 +124,17 @@ class EntryLogic:
         self.tuples_out = 0
         self.dead_letters: list[DeadLetter] = []
 
-    def _auto(self, m):
-        """P(m) for running maxima ``m`` (array or scalar)."""
+    def auto_punctuation(self, m):
+        """The punctuation rule ``P(m) = floor((m - max_disorder) / every) * every - 1`` for
+        running maxima ``m`` of the timestamps (array or scalar; ``NO_PUNCTUATION`` without
+        ``punctuate_every``). With :attr:`max_ts`, :attr:`explicit` (the highest explicit
+        punctuation) and :attr:`punct` (the last one emitted), an engine can tell which
+        punctuation follows each tuple of a batch, as the batched simulator does.
+
+        >>> EntryLogic("src", Schema({"x": "i8"}), punctuate_every=10, max_disorder=2).auto_punctuation(
+        ...     np.array([11, 12, 25])).tolist()
+        [-1, 9, 19]
+        """
         if self.every is None:
             return np.full_like(m, NO_PUNCTUATION)
         base = np.asarray(m) - self.max_disorder
@@ -139,7 +152,7 @@ class EntryLogic:
             return out
         ts = batch[TS]
         prev_max = np.maximum.accumulate(np.r_[self.max_ts, ts[:-1]])
-        in_force = np.maximum(self._auto(prev_max), max(self.explicit, self.punct))
+        in_force = np.maximum(self.auto_punctuation(prev_max), max(self.explicit, self.punct))
         late = ts <= in_force
         if late.any():
             where = f"source {self.name!r}"
@@ -154,7 +167,7 @@ class EntryLogic:
             self.max_ts = max(self.max_ts, int(batch[TS].max()))
             self.tuples_out += len(batch)
             out.append(batch)
-        p = int(self._auto(np.int64(self.max_ts)))
+        p = int(self.auto_punctuation(np.int64(self.max_ts)))
         if p > self.punct:
             self.punct = p
             out.append(Punctuation(p))

@@ -85,7 +85,9 @@ class JoinLogic(OperatorLogic):
     ``window`` (> 0, timestamp units) bounds ``|t1.ts - t2.ts|``; ``left_key`` /
     ``right_key`` (field names, or tuples of names) select the fast equi-join
     path; ``predicate(left_rows, right_rows) -> bool array`` is applied to
-    candidate pairs given as two aligned batches.
+    candidate pairs given as two aligned batches. Public, for the engines: ``window``
+    (as given, an int) and ``keys``, the (left, right) key field tuples (None each
+    without keys).
 
     >>> from replistream.schema import Punctuation
     >>> L, R = Schema({"k": "i8"}), Schema({"k": "i8", "v": "f8"})

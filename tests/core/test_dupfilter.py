@@ -237,3 +237,127 @@ def test_theorem_1_each_tuple_exactly_once(seed, k, n):
     assert f.stats()["tracked_ids"] == 0
     assert f.stats()["passed"] == n
     assert f.weights.sum() >= n - 1e-9  # every first copy contributes 1
+
+
+# -- the bulk path (on_rows): the batched simulator's ----------------------------------------------
+
+def _replica_packets(rng, stream, ts, n):
+    """One stream replica: the tuples shuffled within disorder 5, in packets of 1-6, some
+    re-sent, each packet followed by a punctuation its replica may send (NO: none)."""
+    order = sorted(range(n), key=lambda i: ts[i] + rng.uniform(-5, 5))
+    packets, i = [], 0
+    while i < n:
+        m = rng.randint(1, 6)
+        chunk = stream[order[i:i + m]]
+        i += m
+        if rng.random() < 0.2:
+            packets.append((chunk, None))  # a retransmission
+        rest = stream[order[i:]]
+        p = int(rest["ts"].min()) - 1 if len(rest) else 1000
+        packets.append((chunk, p if (not len(rest) or rng.random() < 0.4) else None))
+    return packets
+
+
+def _by_rounds(f, rows, chan, before):
+    """What the batched simulator did before on_rows existed: late copies counted by hand, then
+    round j (the j-th copy of every id) through on_batch one channel at a time."""
+    ts = rows["ts"]
+    late = ts <= np.maximum(before, f.max_punct)
+    for c in np.unique(chan[late]).tolist():
+        f.copies[c] += int((late & (chan == c)).sum())
+    f.duplicates += int(late.sum())
+    kk = np.flatnonzero(~late)
+    ids = rows["id"][kk]
+    o = np.argsort(ids, kind="stable")
+    s = ids[o]
+    start = np.r_[True, s[1:] != s[:-1]] if len(s) else np.zeros(0, bool)
+    rank = np.empty(len(ids), dtype=np.int64)
+    rank[o] = np.arange(len(s)) - np.maximum.accumulate(np.where(start, np.arange(len(s)), 0))
+    passed = np.zeros(len(rows), dtype=bool)
+    for j in range(int(rank.max()) + 1 if len(rank) else 0):
+        rj = np.flatnonzero(rank == j)
+        cj = chan[kk][rj]
+        for c in np.unique(cj).tolist():
+            sel = rj[cj == c]
+            out = f.on_batch(c, rows[kk[sel]])
+            if j == 0 and out:
+                passed[kk[sel][np.isin(ids[sel], out[0]["id"])]] = True
+    return passed
+
+
+@PROPS
+@given(st.integers(0, 2**32), st.integers(1, 4), st.integers(1, 40))
+def test_bulk_rows_equal_rounds_and_packet_by_packet(seed, k, n):
+    """on_rows over many packets gives the passed copies, counters and state of on_batch packet by
+    packet (punctuations in between), and weights bit-identical to the per-round on_batch calls."""
+    import copy
+
+    rng = random.Random(seed)
+    ts = sorted(rng.randrange(0, 100) for _ in range(n))
+    stream = batch(ts, rng.sample(range(1, 10**9), n))
+    arrivals = []  # (channel, rows, punctuation) in arrival order
+    queues = [_replica_packets(rng, stream, ts, n) for _ in range(k)]
+    while any(queues):
+        ch = rng.choice([i for i in range(k) if queues[i]])
+        rows, p = queues[ch].pop(0)
+        arrivals.append((ch, rows, p))
+    cut = rng.randrange(len(arrivals))  # packets before the cut reach the filter one by one first
+    f = DuplicateFilter(k, S)
+    for ch, rows, p in arrivals[:cut]:
+        f.on_batch(ch, rows)
+        if p is not None:
+            f.on_punctuation(ch, p)
+    bulk, rounds, single = f, copy.deepcopy(f), copy.deepcopy(f)
+    rest = arrivals[cut:]
+    # one packet after another, punctuations in between
+    single_ids = []
+    for ch, rows, p in rest:
+        single_ids += ids_of(single.on_batch(ch, rows))
+        if p is not None:
+            single.on_punctuation(ch, p)
+    # all at once: the punctuation in force before each packet
+    pun = np.array([-2**63 if p is None else p for _, _, p in rest], dtype=np.int64)
+    run = np.maximum.accumulate(np.maximum(pun, f.max_punct))
+    before_pk = np.r_[f.max_punct, run[:-1]]
+    sizes = [len(r) for _, r, _ in rest]
+    rows = np.concatenate([r for _, r, _ in rest])
+    chan = np.repeat([c for c, _, _ in rest], sizes)
+    before = np.repeat(before_pk, sizes)
+    got = bulk.on_rows(rows, chan, before)
+    want = _by_rounds(rounds, rows, chan, before)
+    assert got.tolist() == want.tolist()
+    assert sorted(rows["id"][got].tolist()) == sorted(single_ids)
+    for g in (bulk, rounds):
+        best = {}
+        for c, _, p in rest:
+            if p is not None:
+                best[c] = max(best.get(c, p), p)
+        for c, p in sorted(best.items(), key=lambda x: (x[1], x[0])):
+            g.on_punctuation(c, p)
+    assert bulk.weights.tolist() == rounds.weights.tolist()  # bit for bit
+    assert np.allclose(bulk.weights, single.weights, rtol=1e-12, atol=0)
+    for other in (rounds, single):
+        assert bulk.copies.tolist() == other.copies.tolist()
+        assert (bulk.passed, bulk.duplicates, bulk.late_count) == (other.passed, other.duplicates, other.late_count)
+        assert (bulk.max_punct, bulk.seen) == (other.max_punct, other.seen)
+        a, b = bulk.checkpoint(), other.checkpoint()
+        assert sorted(zip(a.applied_ts.tolist(), a.applied_ids.tolist())) == \
+            sorted(zip(b.applied_ts.tolist(), b.applied_ids.tolist()))
+
+
+def test_bulk_rows_dead_letter_a_broken_contract_and_check_channels():
+    f = DuplicateFilter(2, S)
+    f.on_punctuation(1, 5)
+    rows = batch([4, 6, 3], [1, 2, 3])
+    assert f.on_rows(rows, [0, 1, 1]).tolist() == [False, True, False]
+    assert f.late_count == 1 and f.dead_letters[0].batch["id"].tolist() == [3]
+    assert f.duplicates == 1  # ts 4 <= 5 from channel 0: a late copy, not a violation
+    with pytest.raises(ValueError, match="2 stream replica"):
+        f.on_rows(rows, [0, 2, 1])
+    strict = DuplicateFilter(2, S, strict=True)
+    strict.on_punctuation(1, 5)
+    with pytest.raises(PunctuationViolation, match="channel 1"):
+        strict.on_rows(rows, [0, 1, 1])
+    order = np.array([2, 0])  # copies rows[2], rows[0] in that arrival order
+    g = DuplicateFilter(2, S)
+    assert g.on_rows(rows, [1, 0], order=order).tolist() == [True, True]

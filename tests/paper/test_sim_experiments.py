@@ -5,7 +5,7 @@ import pytest
 
 from replistream.sim import cli
 from replistream.sim.cpu import MEASURED_CPU_S
-from replistream.sim.experiments import _jsonable, fig2, fig3, table, table1
+from replistream.sim.experiments import jsonable, fig2, fig3, table, table1
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_fig5_garbage_collection_saves_cost_within_the_guarantee(tmp_path):
     # each kmax's row was written as it completed; --resume reuses rows of the same parameters
     assert sorted(p.name for p in (tmp_path / "fig5_rows").iterdir()) == ["k2.json", "k3.json"]
     again = fig5(quick=True, out=str(tmp_path), resume=True)
-    assert again["reused_rows"] == [2, 3] and again["rows"] == json.loads(json.dumps(data["rows"], default=_jsonable))
+    assert again["reused_rows"] == [2, 3] and again["rows"] == json.loads(json.dumps(data["rows"], default=jsonable))
 
 
 def test_fig5_resume_reuses_only_rows_of_the_same_parameters(tmp_path, monkeypatch):

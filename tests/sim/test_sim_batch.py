@@ -8,10 +8,10 @@ import pytest
 from replistream import Query
 from replistream.engines import run_reference
 from replistream.gc import snapshot_from_plan
-from replistream.network import GeoLatencyModel, NetworkConditions, ZeroLatency, default_servers
+from replistream.network import GeoLatencyModel, NetworkConditions, ZeroLatency, default_servers, delivery_times
 from replistream.scenario import Scenario
 from replistream.sim import CpuModel, Simulator
-from replistream.sim.batch import arrivals, fifo_done
+from replistream.sim.batch import fifo_done
 from replistream.testing import assert_same_output
 from replistream.workloads import fig1_inputs, fig1_query
 
@@ -147,7 +147,7 @@ def test_geo_latencies_vectorised_equal_the_model():
 def test_arrivals_wait_out_cuts_in_fifo_order():
     net = NetworkConditions(ZeroLatency(["a", "b"]))
     net.cut("a", "b", 10, 20)
-    at = arrivals(net, "a", "b", np.array([9.0, 12.0, 15.0, 21.0]), last=9.5)
+    at = delivery_times(net, "a", "b", np.array([9.0, 12.0, 15.0, 21.0]), after=9.5)
     assert at[0] == 9.5 and np.all(at[1:3] >= 20) and np.all(at[1:3] < 20.01) and at[3] == 21.0
 
 
@@ -179,7 +179,7 @@ def test_outages_are_waited_out_as_delivery_time_does():
     down = t[np.isinf(lat)][:300]
     assert len(down) > 50
     want = [delivery_time(m, a, b, x) for x in down]
-    assert np.allclose(arrivals(m, a, b, down), np.maximum.accumulate(want), rtol=0, atol=1e-9)
+    assert np.allclose(delivery_times(m, a, b, down, after=-math.inf), np.maximum.accumulate(want), rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("epoch", [None, 20.0])
