@@ -35,8 +35,7 @@ import pytest
 from replistream import Query, RunResult, seconds
 from replistream.network import ZeroLatency, default_servers
 from replistream.plan import ENTRY, PhysicalPlan
-from replistream.scenario import Event, Scenario
-from replistream.sources import KillReplica, KillServer, Sentinel, chunk_time, inject_at, iter_chunks
+from replistream.sources import KillReplica, KillServer, Sentinel, chunk_time, inject_at
 from replistream.testing import assert_same_output, run_reference, run_replicated
 from replistream.workloads import fig1_inputs, fig1_query
 
@@ -231,7 +230,7 @@ class RayAdapter:
 
 
 class SimAdapter:
-    """The simulator on the plan, faults as scenario events at ``(at - ts0) / 1e6`` virtual seconds."""
+    """The simulator on the plan, faults as sentinels it runs when its feeder reaches them."""
 
     runs_faults = True
 
@@ -239,20 +238,9 @@ class SimAdapter:
         from replistream.sim import Simulator
 
         q = plan.query
-        ts0 = min(t for s in q.sources for c in iter_chunks(inputs.get(s, ()))
-                  if (t := chunk_time(c, punctuations=False)) is not None)
-        events = []
-        for f in faults:
-            ev, at = f.sentinel, (f.at - ts0) / 1e6
-            if isinstance(ev, KillServer):
-                events.append(Event(at, "kill_server", server=ev.server))
-            else:
-                events.append(Event(at, "kill_replica", operator=ev.operator, replica=ev.replica))
-        sim = Simulator(q, plan.placement, ZeroLatency(SERVERS), scenario=Scenario(events))
-        res = sim.run(inputs)
-        return RunResult(outputs=res.outputs, punctuation=res.punctuation, dead_letters=res.dead_letters,
-                         arrivals=res.arrivals, ts0=res.ts0, end_time=res.end_time,
-                         events=[e for e in res.events if e.get("event") == "killed"])
+        res = Simulator(q, plan.placement, ZeroLatency(SERVERS)).run(with_sentinels(q, inputs, faults))
+        res.events = [e for e in res.events if e.get("event") == "killed"]
+        return res
 
 
 @engine
