@@ -147,7 +147,7 @@ class OperatorState:
         tables, offsets = {}, {}
         for t, cols in self.tables.items():
             off = self.offsets[t]
-            idx = _ranges(off[chosen], off[chosen + 1])
+            idx = concat_ranges(off[chosen], off[chosen + 1])
             tables[t] = {c: a[idx] for c, a in cols.items()}
             counts = np.where(keep, np.diff(off), 0)
             offsets[t] = np.r_[0, np.cumsum(counts)].astype(np.int64)
@@ -200,10 +200,10 @@ class OperatorState:
         return replace(first, tables=tables, offsets=offsets)
 
 
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(lo[i], hi[i])`` over ``i``, vectorised.
 
-    >>> _ranges(np.array([0, 5]), np.array([2, 7])).tolist()
+    >>> concat_ranges(np.array([0, 5]), np.array([2, 7])).tolist()
     [0, 1, 5, 6]
     """
     lo = np.asarray(lo, dtype=np.int64)

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..ids import hash_columns, mix, stable_hash
 from ..schema import END, TS, Punctuation, Schema
-from .base import CheckpointError, OperatorLogic, OperatorState, _ranges, bin_of
+from .base import CheckpointError, OperatorLogic, OperatorState, bin_of, concat_ranges
 from .sorter import canonical_order
 
 _U64 = np.uint64
@@ -160,7 +160,7 @@ class KeyedState:
         if bins is None:
             return self.hash.copy(), {c: a.copy() for c, a in self.cols.items()}, off
         chosen = np.unique(np.asarray(list(bins), dtype=np.int64))
-        idx = _ranges(off[chosen], off[chosen + 1])
+        idx = concat_ranges(off[chosen], off[chosen + 1])
         counts = np.zeros(1 << bits, dtype=np.int64)
         counts[chosen] = off[chosen + 1] - off[chosen]
         return self.hash[idx], {c: a[idx] for c, a in self.cols.items()}, np.r_[0, np.cumsum(counts)]
