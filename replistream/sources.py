@@ -380,11 +380,7 @@ class Revive(Sentinel):
     bits: int | None = None
 
     def apply(self, deployment) -> None:
-        if self.strategy is None:
-            _deployment_call(deployment, "revive_replica", self.operator, self.replica)
-        else:
-            _deployment_call(deployment, "revive_replica", self.operator, self.replica, strategy=self.strategy,
-                             bins_per_step=self.bins_per_step, bits=self.bits)
+        _deployment_call(deployment, "revive_replica", self, self.operator, self.replica)
 
 
 @dataclass(frozen=True)
@@ -405,11 +401,7 @@ class AddReplica(Sentinel):
     bits: int | None = None
 
     def apply(self, deployment) -> None:
-        if self.strategy is None:
-            _deployment_call(deployment, "add_replica", self.operator)
-        else:
-            _deployment_call(deployment, "add_replica", self.operator, strategy=self.strategy,
-                             bins_per_step=self.bins_per_step, bits=self.bits)
+        _deployment_call(deployment, "add_replica", self, self.operator)
 
 
 class inject_at:
@@ -449,9 +441,13 @@ class inject_at:
             yield from self.events
 
 
-def _deployment_call(deployment, method: str, *args, **kwargs) -> None:
+def _deployment_call(deployment, method: str, event: Revive | AddReplica, *args) -> None:
+    """``deployment.method(*args)``, with the event's transfer strategy when it names one."""
     fn = getattr(deployment, method, None)
     if fn is None:
         raise NotImplementedError(f"{type(deployment).__name__} has no {method}(); hand-over of replicas "
                                   f"runs in replistream.engines.inprocess.run_replicated")
-    fn(*args, **kwargs)
+    if event.strategy is None:
+        fn(*args)
+    else:
+        fn(*args, strategy=event.strategy, bins_per_step=event.bins_per_step, bits=event.bits)

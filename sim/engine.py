@@ -429,14 +429,7 @@ class Simulator:
             self._push(ev.at, _KILL, ev)
         if self.coordinator is not None:
             self._push(self.coordinator[0], _CALL, None)
-        bar = None
-        if progress:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-            horizon = horizon_s or (until if until is not None else self._horizon_hint(inputs))
-            bar = Progress(TextColumn("simulated"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
-                           TimeRemainingColumn(), transient=False)
-            task = bar.add_task("sim", total=max(1.0, horizon))
-            bar.start()
+        bar, task = self._progress_bar(progress, until, horizon_s, inputs)
         heap = self._heap
         step = 0
         try:
@@ -475,14 +468,7 @@ class Simulator:
 
         self._batch = BatchRun(self, self.batch_s, until, link_model=self._lat, read_chunk=self._next_chunk,
                                kill=self._kill, victims=self._victims, slowdowns=self._has_slow)
-        bar = task = None
-        if progress:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-            horizon = horizon_s or (until if until is not None else self._horizon_hint(inputs))
-            bar = Progress(TextColumn("simulated"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
-                           TimeRemainingColumn(), transient=False)
-            task = bar.add_task("sim", total=max(1.0, horizon))
-            bar.start()
+        bar, task = self._progress_bar(progress, until, horizon_s, inputs)
         try:
             self._batch.run(bar, task)
         finally:
@@ -490,6 +476,18 @@ class Simulator:
                 bar.update(task, completed=bar.tasks[0].total)
                 bar.stop()
         return self._result()
+
+    def _progress_bar(self, progress: bool, until, horizon_s, inputs):
+        """(bar, task) of a rich progress bar over virtual time up to the horizon, or (None, None)."""
+        if not progress:
+            return None, None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        horizon = horizon_s or (until if until is not None else self._horizon_hint(inputs))
+        bar = Progress(TextColumn("simulated"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
+                       TimeRemainingColumn(), transient=False)
+        task = bar.add_task("sim", total=max(1.0, horizon))
+        bar.start()
+        return bar, task
 
     def _horizon_hint(self, inputs) -> float:
         last = 0
