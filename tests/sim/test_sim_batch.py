@@ -8,21 +8,15 @@ import pytest
 from replistream import Query
 from replistream.engines import run_reference
 from replistream.gc import snapshot_from_plan
-from replistream.network import GeoLatencyModel, NetworkConditions, ZeroLatency, default_servers, delivery_times
+from replistream.network import GeoLatencyModel, NetworkConditions, ZeroLatency, delivery_times
 from replistream.scenario import Scenario
 from replistream.sim import CpuModel, Simulator
 from replistream.sim.batch import fifo_done
 from replistream.testing import assert_same_output
-from replistream.workloads import fig1_inputs, fig1_query
+from replistream.workloads import fig1_inputs
 
-SERVERS = default_servers(10)
-NAMES = [s.name for s in SERVERS]
-Q = fig1_query(4, window_s=10)
-DATA = fig1_inputs(4, duration_s=400, period_s=10, seed=3)
-REF = run_reference(Q, DATA)
-# no two replicas on one server: there the per-packet engine's shared CPU queue is the only difference
-PLAN = {"entry": NAMES[:2], "loads": NAMES[2:4], "pings": NAMES[4:6], "correlate": NAMES[6:8],
-        "hot": NAMES[8:10], "alerts": [NAMES[0]]}
+from fig1_sim import DATA, NAMES, PLAN, Q, REF, SERVERS  # tests/sim/fig1_sim.py
+
 FAULTS = Scenario.from_dict({"events": [
     {"at": 120, "action": "kill_server", "server": NAMES[2]},
     {"at": 60, "action": "cut_link", "a": NAMES[4], "b": NAMES[6], "duration": 50},

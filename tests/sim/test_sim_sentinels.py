@@ -3,22 +3,15 @@ kills at the virtual time the feeder reaches them, in both engines; the others a
 import numpy as np
 import pytest
 
-from replistream.engines import run_reference
 from replistream.errors import QueryError
-from replistream.network import GeoLatencyModel, default_servers
+from replistream.network import GeoLatencyModel
 from replistream.scenario import Event, Scenario
 from replistream.sim import Simulator
 from replistream.sources import AddReplica, Call, KillReplica, KillServer, Pause, Revive, chunk_time
 from replistream.testing import assert_same_output
-from replistream.workloads import fig1_inputs, fig1_query
 
-SERVERS = default_servers(10)
-NAMES = [s.name for s in SERVERS]
-Q = fig1_query(4, window_s=10)
-DATA = fig1_inputs(4, duration_s=400, period_s=10, seed=3)
-REF = run_reference(Q, DATA)
-PLAN = {"entry": NAMES[:2], "loads": NAMES[2:4], "pings": NAMES[4:6], "correlate": NAMES[6:8],
-        "hot": NAMES[8:10], "alerts": [NAMES[0]]}
+from fig1_sim import DATA, NAMES, PLAN, Q, REF, SERVERS  # tests/sim/fig1_sim.py
+
 NET = GeoLatencyModel(SERVERS, seed=1)
 
 
