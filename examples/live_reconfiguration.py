@@ -16,7 +16,7 @@ The same script is ``replistream reconfigure``; its code is
 """
 import argparse
 
-from replistream.runtime.reconfigure import live_reconfiguration
+from replistream.engines.ray.reconfigure import live_reconfiguration
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--duration", type=float, default=12.0, help="seconds of readings (default 12)")

@@ -28,9 +28,9 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # The Ray runtime is imported on first use, so the core stays light to import.
     if name in ("deploy", "Deployment"):
-        from . import runtime
+        from .engines import ray
 
-        return getattr(runtime, name)
+        return getattr(ray, name)
     raise AttributeError(f"module 'replistream' has no attribute {name!r}")
 
 __all__ = [

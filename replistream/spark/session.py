@@ -106,7 +106,7 @@ def spark_session(app_name: str = "replistream", num_executors: int = 1, executo
             raise SparkUnavailable(f"RayDP is not installed ({e}); `pip install raydp==1.6.5`") from e
         import ray
 
-        from ..runtime.deploy import init_ray
+        from ..engines.ray.deployment import init_ray
 
         if not ray.is_initialized():
             init_ray()

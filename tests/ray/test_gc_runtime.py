@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from replistream import Query, seconds
-from replistream.runtime import GCConfig, deploy
+from replistream.engines.ray import GCConfig, deploy
 from replistream.testing import AddReplica, Call, KillReplica, Revive, assert_same_output, run_reference
 from replistream.workloads import fig1_inputs, fig1_query
 
@@ -155,7 +155,7 @@ def test_link_bound_replica_is_told_apart_from_a_starved_one():
     from types import SimpleNamespace
 
     from replistream.gc import OperatorReplica, Snapshot, StreamReplica
-    from replistream.runtime.manager import ReplicaManager
+    from replistream.engines.ray.control import ReplicaManager
 
     def snap(discarded_ms, upstream_live=True):
         reps = [OperatorReplica("entry#0", "entry", "a", "entry"), OperatorReplica("entry#1", "entry", "b", "entry"),

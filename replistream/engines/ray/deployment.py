@@ -25,14 +25,14 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import ray
 
-from ..errors import DeadLetter, QueryError
-from ..plan import ENTRY
-from ..sources import ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, needs_stamp, stamp
-from ..query import Query
-from ..operators.base import NO_PUNCTUATION
-from ..schema import END, TS, Punctuation
-from ..placement.nodes import ray_options
-from ..placement.policy import STRATEGIES, PlacementPolicy
+from ...errors import DeadLetter, QueryError
+from ...plan import ENTRY
+from ...sources import ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, needs_stamp, stamp
+from ...query import Query
+from ...operators.base import NO_PUNCTUATION
+from ...schema import END, TS, Punctuation
+from ...placement.nodes import ray_options
+from ...placement.policy import STRATEGIES, PlacementPolicy
 from .actors import CoordinatorActor, EntryActor, ReplicaActor, SinkActor
 
 
@@ -70,8 +70,8 @@ def resolve_servers(servers) -> list:
     a :class:`~replistream.placement.ServerSet`, or the path of a server file (``.csv``/``.toml``)."""
     import os
 
-    from ..network import CITIES, Server, default_servers
-    from ..placement.servers import ServerSet, load_servers
+    from ...network import CITIES, Server, default_servers
+    from ...placement.servers import ServerSet, load_servers
 
     if servers is None:
         return default_servers(6)
@@ -183,7 +183,7 @@ def _resolve_placement(query: Query, servers: list, k: int, placement, network=N
 
 
 def resolve_network(network, servers: list, seed: int):
-    from ..network import GeoLatencyModel, LatencyModel, NetworkConditions, TraceLatencyModel, ZeroLatency
+    from ...network import GeoLatencyModel, LatencyModel, NetworkConditions, TraceLatencyModel, ZeroLatency
 
     if network is None or network == "zero":
         base = ZeroLatency([s.name for s in servers])
@@ -312,7 +312,7 @@ class Deployment:
         self._poll_lock = threading.Lock()
         self.dormant: set[str] = set()  # operator replicas whose actors garbage collection stopped
         if gc is not None:
-            from .manager import GCConfig, ReplicaManager
+            from .control import GCConfig, ReplicaManager
 
             if isinstance(gc, Mapping):
                 gc = GCConfig(**gc)
@@ -345,7 +345,7 @@ class Deployment:
 
     def _replicas(self):
         if self.manager is None:
-            from .manager import GCConfig, ReplicaManager
+            from .control import GCConfig, ReplicaManager
 
             self.manager = ReplicaManager(self, GCConfig(gc=False))  # not started: applies requests only
         return self.manager
@@ -896,7 +896,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     if on_malformed not in ("raise", "dead_letter"):
         raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
     if gc is not None:
-        from .manager import GCConfig
+        from .control import GCConfig
 
         gc = GCConfig(**gc) if isinstance(gc, Mapping) else gc
         if not isinstance(gc, GCConfig):
@@ -922,8 +922,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
 def _placement_network(conditions, given_servers):
     """What placement policies cost latencies with: the emulated network, unless it is
     zero and the servers came with network coordinates (a ServerSet / server file)."""
-    from ..network import ZeroLatency
-    from ..placement.servers import ServerSet, load_servers
+    from ...network import ZeroLatency
+    from ...placement.servers import ServerSet, load_servers
 
     if isinstance(conditions.base, ZeroLatency):
         ss = given_servers

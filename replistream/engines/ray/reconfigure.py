@@ -26,10 +26,10 @@ from dataclasses import replace
 
 import ray
 
-from ..errors import QueryError
-from ..gc import ENTRY, OperatorReplica, StreamReplica
-from ..replica.changes import PENDING, AddOperator, CutSpec, RemoveOperator, ReplaceFunction, new_marker, set_spec
-from ..schema import END
+from ...errors import QueryError
+from ...gc import ENTRY, OperatorReplica, StreamReplica
+from ...replica.changes import PENDING, AddOperator, CutSpec, RemoveOperator, ReplaceFunction, new_marker, set_spec
+from ...schema import END
 
 
 @contextmanager
@@ -50,7 +50,7 @@ def _marker_time(dep) -> int:
                            "cannot place a change after it; give chunks with a 'ts' column")
     if not any(s in dep._open_sources for s in dep.query.sources):
         raise RuntimeError("every source has ended: nothing is left to change")
-    from ..operators.base import NO_PUNCTUATION
+    from ...operators.base import NO_PUNCTUATION
 
     return NO_PUNCTUATION if dep._max_fed is None else int(dep._max_fed)
 
@@ -125,7 +125,7 @@ def _retire(dep, labels: list[str]) -> None:
     with (mgr.lock if mgr is not None else nullcontext()):
         calls = [h.disconnect.remote(l) for src, h in list(dep.handles.items()) if dep.alive.get(src)
                  and src not in labels for l in labels]
-        from .deploy import _get_quietly
+        from .deployment import _get_quietly
 
         _get_quietly(calls, timeout=60)
         for l in labels:
@@ -147,7 +147,7 @@ def _retire(dep, labels: list[str]) -> None:
 def add_operator(dep, upstream: str, build, servers=None) -> dict:
     """See :meth:`Deployment.add_operator`."""
     from .actors import ReplicaActor, SinkActor
-    from .deploy import _ray_options
+    from .deployment import _ray_options
 
     dep._replicas()  # the coordinator's view must exist before the query grows (it is built from the plan)
     with _quiet(dep):
@@ -230,7 +230,7 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
 
 def _register_with_manager(dep, upstream: str, added, plan: dict, chan_of: dict) -> None:
     """Tell the coordinator about the new replicas and stream replicas (for GC and revival)."""
-    from ..plan import is_stateful
+    from ...plan import is_stateful
 
     mgr = dep.manager
     q = dep.query
@@ -315,12 +315,12 @@ def live_reconfiguration(n_servers: int = 4, duration_s: float = 16.0, period_s:
     >>> live_reconfiguration(duration_s=8)["matches_reference"]   # doctest: +SKIP
     True
     """
-    from ..engines import run_reference
-    from ..schema import seconds
-    from ..engines.result import multiset_diff
-    from ..sources import Call, inject_at
-    from ..workloads import fig1_inputs, fig1_query
-    from .deploy import deploy
+    from ...engines import run_reference
+    from ...schema import seconds
+    from ...engines.result import multiset_diff
+    from ...sources import Call, inject_at
+    from ...workloads import fig1_inputs, fig1_query
+    from .deployment import deploy
 
     query = fig1_query(n_servers=n_servers, window_s=2.0, punctuate_s=0.5)
     inputs = fig1_inputs(n_servers=n_servers, duration_s=duration_s, period_s=period_s, seed=seed, chunk=4)

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import ray
 
-from ..replica import ReplicaCore
-from ..operators.entry import EntryLogic
-from ..schema import END, TS, Marker, Punctuation
+from ...replica import ReplicaCore
+from ...operators.entry import EntryLogic
+from ...schema import END, TS, Marker, Punctuation
 from .channels import NO_ACK, Link, Outbox, Sender
 
 
@@ -306,7 +306,7 @@ class ReplicaActor(_Base):
     def install(self, checkpoint=None) -> dict:
         """Leave pending mode: build the core from ``checkpoint`` (a peer's, or None for a fresh
         state), then process the input buffered meanwhile. Returns what was installed."""
-        from ..replica import ReplicaCore as Core
+        from ...replica import ReplicaCore as Core
 
         if self.core is not None:
             raise RuntimeError(f"{self.label} already runs; install() is for a replica started pending")
@@ -345,7 +345,7 @@ class ReplicaActor(_Base):
         held back (backpressure) by a receiver busy installing a large step."""
         from collections import deque
 
-        from ..replica import StagedReplica
+        from ...replica import StagedReplica
 
         if self.core is not None or self.staged is not None:
             raise RuntimeError(f"{self.label} is not waiting for a checkpoint")
@@ -739,7 +739,7 @@ class CoordinatorActor:
         (default: since the coordinator started), in bytes/s; loads: busy
         time per second of each replica, averaged per operator.
         """
-        from ..placement.model import QueryStats
+        from ...placement.model import QueryStats
 
         if self.query is None:
             raise RuntimeError("the coordinator has no deployment yet (set_placement was not called)")
@@ -762,9 +762,9 @@ class CoordinatorActor:
         both costs under the same (latest) statistics; the Placement is kept
         as ``proposed``. Nothing is moved.
         """
-        from ..placement.model import with_stats
-        from ..placement.policy import place
-        from ..placement.result import Placement
+        from ...placement.model import with_stats
+        from ...placement.policy import place
+        from ...placement.result import Placement
 
         if self._placement is None:
             raise RuntimeError("the running plan has no cost model (it could not be costed at deploy time)")

@@ -45,7 +45,7 @@ from typing import Any, Callable
 import numpy as np
 import ray
 
-from ..schema import Marker, Punctuation
+from ...schema import Marker, Punctuation
 
 #: Items that carry no tuples: flushed at once, never merged into batches.
 CONTROL = (Punctuation, Marker)
@@ -249,7 +249,7 @@ class Outbox:
         if self.network is None:
             due = now
         else:
-            from ..network import delivery_time
+            from ...network import delivery_time
 
             t_rel = now - self.t0
             due = self.t0 + delivery_time(self.network, self.server, link.server, t_rel)

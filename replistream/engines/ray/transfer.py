@@ -32,7 +32,7 @@ import time
 
 import ray
 
-from ..replica.transfer import plan_transfer, splittable
+from ...replica.transfer import plan_transfer, splittable
 
 
 def _alive(mgr, label: str) -> bool:

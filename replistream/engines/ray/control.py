@@ -82,9 +82,9 @@ from typing import Any
 
 import ray
 
-from ..gc import (ENTRY, OperatorReplica, RevivalPolicy, Snapshot, StreamReplica, collect_garbage,
+from ...gc import (ENTRY, OperatorReplica, RevivalPolicy, Snapshot, StreamReplica, collect_garbage,
                   replica_index, snapshot_from_plan)
-from .deploy import _get_quietly, _json_default
+from .deployment import _get_quietly, _json_default
 
 #: Latency (ms) a cut link counts with in the snapshot (the cost model needs finite figures).
 CUT_MS = 60_000.0
@@ -603,7 +603,7 @@ class ReplicaManager:
             if server is not None and server not in self.dep.servers:
                 raise ValueError(f"no server {server!r}; servers: {sorted(self.dep.servers)}")
             if strategy is not None:
-                from ..replica.transfer import STRATEGIES
+                from ...replica.transfer import STRATEGIES
 
                 if strategy not in STRATEGIES:
                     raise ValueError(f"unknown transfer strategy {strategy!r}; choose one of {STRATEGIES}")
@@ -633,7 +633,7 @@ class ReplicaManager:
         """The RevivalEvent that starts a new replica of ``label``'s operator on ``server``, fed by
         every live upstream replica and feeding every live downstream replica (and, unless
         ``add``, discards ``label`` and its stream replicas)."""
-        from ..gc import RevivalEvent
+        from ...gc import RevivalEvent
 
         old = self.reps[label]
         idx = [replica_index(x) for x in self.reps if self.reps[x].operator == old.operator]
@@ -769,7 +769,7 @@ class ReplicaManager:
     def _start(self, rep: OperatorReplica, ins: list[StreamReplica]):
         """Create the actor of ``rep`` pending, fed by ``ins`` (each replaying its log)."""
         from .actors import ReplicaActor
-        from .deploy import _ray_options
+        from .deployment import _ray_options
 
         dep = self.dep
         q = dep.query
