@@ -26,8 +26,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # The Ray runtime is imported on first use, so the core stays light to import.
-    if name in ("deploy", "Deployment"):
+    # The Ray engine is imported on first use, so the core stays light to import.
+    if name in ("deploy", "Deployment", "GCConfig"):
         from .engines import ray
 
         return getattr(ray, name)
@@ -36,6 +36,6 @@ def __getattr__(name):
 __all__ = [
     "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "SchemaError",
     "Summary", "END", "Punctuation", "Schema", "millis", "seconds", "Query", "Stream",
-    "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy",
+    "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy", "GCConfig",
     "Event", "Scenario", "__version__",
 ]

@@ -259,7 +259,7 @@ def _start_after_feed(dep, timer) -> None:
     import threading
 
     def go():
-        while dep._feeder is None:
+        while not dep.started:
             time.sleep(0.01)
         delay = timer.interval - (time.time() - dep.t0)
         timer.interval = max(0.0, delay)
@@ -436,14 +436,14 @@ def _demo(args) -> int:
 
 
 def _reconfigure(args) -> int:
-    from .engines.ray.reconfigure import live_reconfiguration
+    from .demos import live_reconfiguration
 
     rep = live_reconfiguration(n_servers=args.servers, duration_s=args.duration, k=args.k, strategy=args.strategy,
                                pace=args.pace, seed=args.seed)
     if args.json:
-        from .engines.ray.deployment import _json_default
+        from .engines.ray.common import json_default
 
-        print(json.dumps(rep, default=_json_default))
+        print(json.dumps(rep, default=json_default))
     else:
         from rich.console import Console
         from rich.table import Table

@@ -1,11 +1,24 @@
 """Deploy a replicated query on Ray and run it (Hwang §II-B).
 
-:func:`deploy` validates the request before any actor starts, places ``k``
-replicas of every operator on distinct servers, starts the actors (entry
-points, operator replicas, applications, a coordinator), connects every
-upstream replica to every downstream replica, and returns a
-:class:`Deployment`. ``Deployment.run(inputs)`` feeds the sources and waits
-for the applications to receive the end of every stream.
+:func:`deploy` checks the request before any actor starts (servers, placement,
+network, the garbage-collection settings: :mod:`.resolve`), places ``k`` replicas
+of every operator on distinct servers, starts the actors (entry points, operator
+replicas, applications: :mod:`.actors`; the coordinator: :mod:`.coordinator`),
+connects every upstream replica to every downstream replica as the
+:class:`~replistream.plan.PhysicalPlan` says, and returns a :class:`Deployment`.
+
+A :class:`Deployment` is what a user holds. It owns
+
+* the :class:`~.topology.Topology`, the one live view of replicas and stream replicas;
+* the :class:`~.feeder.Feeder`, which hands the input to the entry replicas;
+* :class:`Delivered`, what the applications delivered so far;
+* the control loop (:class:`~.control.ReplicaManager`: garbage collection, revival,
+  hand-over by request), when ``gc=`` is given or a hand-over is asked for;
+
+and offers: run, feed, wait, poll, results, collect, metrics; failure injection
+(kill a replica or a server) and network conditions (delay, cut, slow, restore);
+and thin methods handing over to the control loop (revive, add, move replicas)
+and to :mod:`.reconfigure` (changes to the running query).
 
 >>> import replistream as rs                                  # doctest: +SKIP
 >>> dep = rs.deploy(query, servers=6, k=2, network="geo")     # doctest: +SKIP
@@ -14,27 +27,34 @@ for the applications to receive the end of every stream.
 """
 from __future__ import annotations
 
-import math
 import json
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import ray
 
-from ...errors import DeadLetter, QueryError
-from ...plan import ENTRY
-from ...sources import ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, needs_stamp, stamp
-from ...query import Query
-from ...operators.base import NO_PUNCTUATION
-from ...schema import END, TS, Punctuation
+from ...errors import QueryError
 from ...placement.nodes import ray_options
-from ...placement.policy import STRATEGIES, PlacementPolicy
-from .actors import CoordinatorActor, EntryActor, ReplicaActor, SinkActor
+from ...plan import ENTRY, PhysicalPlan, replica_index
+from ...query import Query
+from ...schema import END, TS
+from ...sources import Sentinel
+from ..result import RunResult
+from . import reconfigure
+from .actors import EntryActor, ReplicaActor, SinkActor
+from .common import json_default, wait_quietly
+from .control import GCConfig, ReplicaManager
+from .coordinator import CoordinatorActor
+from .feeder import Feeder
+from .resolve import (evaluate_plan, placement_network, resolve_network, resolve_placement_with_cost,
+                      resolve_servers)
+from .topology import Topology
 
+__all__ = ["RAY_SYSTEM_CONFIG", "Delivered", "Deployment", "deploy", "init_ray"]
 
 #: Ray settings replistream starts Ray with. Packets up to this size travel inline
 #: in the actor call instead of through the object store (see channels.py: a dead
@@ -63,292 +83,226 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     ray.init(**opts)
 
 
-# -- servers and placement ---------------------------------------------------------
+# -- what the applications delivered -------------------------------------------------------
 
-def resolve_servers(servers) -> list:
-    """Servers from a count, names of known cities, :class:`~replistream.network.Server` objects,
-    a :class:`~replistream.placement.ServerSet`, or the path of a server file (``.csv``/``.toml``)."""
-    import os
+class Delivered:
+    """The applications' output fetched into the driver: per application its batches, their
+    arrival times (wall time), the last punctuation, and the callbacks to run on new batches.
+    ``lock`` (re-entrant) guards it (lock 3 of the deployment's order, :mod:`replistream.engines.ray`);
+    :meth:`Deployment.poll` holds it while it fetches, so two polls never fetch the same tuples.
 
-    from ...network import CITIES, Server, default_servers
-    from ...placement.servers import ServerSet, load_servers
-
-    if servers is None:
-        return default_servers(6)
-    if isinstance(servers, (str, os.PathLike)):
-        if not str(servers).endswith((".csv", ".toml")):
-            raise ValueError(f"servers={servers!r}: give a count, a list of servers or city names, or the path "
-                             f"of a .csv/.toml server file")
-        servers = load_servers(servers)
-    if isinstance(servers, ServerSet):
-        return list(servers.servers)
-    if isinstance(servers, int):
-        if servers < 1:
-            raise ValueError(f"servers must be >= 1, got {servers}")
-        return default_servers(servers)
-    out = []
-    known = {c[0] if isinstance(c, tuple) else c.name: c for c in CITIES}
-    for s in servers:
-        if isinstance(s, Server):
-            out.append(s)
-        elif isinstance(s, str):
-            c = known.get(s)
-            if c is None:
-                raise ValueError(f"unknown server {s!r}: give a Server(name, lat, lon) or one of the built-in "
-                                 f"cities, e.g. {sorted(known)[:5]}")
-            out.append(c if isinstance(c, Server) else Server(*c))
-        else:
-            raise ValueError(f"servers must be Server objects or city names, got {type(s).__name__}")
-    names = [s.name for s in out]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise ValueError(f"server names must be unique; repeated: {sorted(dup)}")
-    return out
-
-
-def spread_placement(query: Query, servers: list, k: int) -> dict[str, list[str]]:
-    """A simple deterministic spread: replicas of each operator on ``k`` distinct servers,
-    rotating the starting server per operator so load spreads evenly.
-
-    Every strategy has this signature: ``(query, servers, k) -> {node: [server
-    names]}``; the placement strategies (``"min-cost"``, ``"random"``,
-    ``"non-replicated"``) are :class:`~replistream.placement.PlacementPolicy`
-    objects, which also take the deployment's network.
+    >>> from replistream import Schema
+    >>> d = Delivered(["out"]); d.add_batch("out", np.zeros(2, dtype=[("ts", "i8")]), np.array([5.0, 6.0]))
+    >>> d.count("out"), d.arrivals("out").tolist()
+    (2, [5.0, 6.0])
     """
-    names = [s.name for s in servers]
-    out: dict[str, list[str]] = {}
-    nodes = [ENTRY] + query.operators
-    for i, node in enumerate(nodes):
-        out[node] = [names[(i + j) % len(names)] for j in range(k)]
-    for node in query.sinks:
-        out[node] = [names[0]]
-    return out
 
+    def __init__(self, apps: Iterable[str]):
+        self.lock = threading.RLock()
+        self.fetched: dict[str, int] = {}
+        self.batches: dict[str, list] = {}
+        self.arrival_times: dict[str, list] = {}
+        self.punctuation: dict[str, int] = {}
+        self.callbacks: dict[str, list[Callable]] = {}
+        for app in apps:
+            self.add(app)
 
-#: Placement strategies ``deploy(..., placement=name)`` knows: ``"spread"`` and those of
-#: :data:`replistream.placement.STRATEGIES` (``"min-cost"`` is Algorithm 5, Hwang §V-A).
-PLACEMENTS: dict[str, Callable] = {"spread": spread_placement,
-                                   **{name: PlacementPolicy(name) for name in STRATEGIES}}
+    def add(self, app: str) -> None:
+        """Start tracking application ``app`` (one added at run time, too)."""
+        with self.lock:
+            self.fetched[app], self.batches[app], self.arrival_times[app] = 0, [], []
+            self.punctuation[app], self.callbacks[app] = int(np.iinfo(np.int64).min), []
 
+    def add_batch(self, app: str, data: np.ndarray, arrivals: np.ndarray) -> None:
+        """Record a newly fetched batch and run the callbacks on it."""
+        with self.lock:
+            self.batches[app].append(data)
+            self.arrival_times[app].append(arrivals)
+            self.fetched[app] += len(data)
+            for cb in self.callbacks[app]:
+                cb(data)
 
-def resolve_placement(query: Query, servers: list, k: int, placement, network=None) -> dict[str, list[str]]:
-    """The validated plan ``{node: [server, ...]}`` of ``placement`` (a name, mapping or callable).
-
-    ``network`` (a latency model or matrix) is what placement policies cost
-    latencies with.
-    """
-    return _resolve_placement(query, servers, k, placement, network)[0]
-
-
-def _resolve_placement(query: Query, servers: list, k: int, placement, network=None):
-    """(validated plan, the :class:`~replistream.placement.Placement` when a placement policy made it)."""
-    names = {s.name for s in servers}
-    placed = None
-    if placement is None:
-        placement = "spread"
-    if isinstance(placement, str):
-        if placement not in PLACEMENTS:
-            raise ValueError(f"unknown placement strategy {placement!r}; known: {sorted(PLACEMENTS)}")
-        placement = PLACEMENTS[placement]
-    if isinstance(placement, PlacementPolicy):
-        placed = placement.placement(query, servers, k, network)
-        plan = placed.plan()
-    elif callable(placement):
-        plan = placement(query, servers, k)
-    elif isinstance(placement, Mapping):
-        plan = dict(spread_placement(query, servers, k))
-        plan.update({n: list(v) for n, v in placement.items()})
-    else:
-        raise ValueError(f"placement must be a strategy name, a mapping or a callable, got {type(placement).__name__}")
-    if not isinstance(plan, Mapping):
-        raise ValueError("a placement strategy must return a mapping {node: [server, ...]}")
-    valid_nodes = set(query.operators) | set(query.sinks) | {ENTRY}
-    for node, where in plan.items():
-        if node not in valid_nodes:
-            raise ValueError(f"placement names {node!r}, which is not an operator, application or {ENTRY!r} "
-                             f"of query {query.name!r}")
-        for s in where:
-            if s not in names:
-                raise ValueError(f"placement puts {node!r} on unknown server {s!r}")
-        if len(set(where)) != len(where):
-            raise ValueError(f"placement puts two replicas of {node!r} on one server: {list(where)}")
-    for node in [ENTRY] + query.operators:
-        if node not in plan or len(plan[node]) != k:
-            raise ValueError(f"placement must give {node!r} exactly k={k} distinct servers, "
-                             f"got {plan.get(node)}")
-    for node in query.sinks:
-        if node not in plan or len(plan[node]) != 1:
-            raise ValueError(f"placement must give application {node!r} exactly one server, got {plan.get(node)}")
-    return {n: list(v) for n, v in plan.items()}, placed
-
-
-def resolve_network(network, servers: list, seed: int):
-    from ...network import GeoLatencyModel, LatencyModel, NetworkConditions, TraceLatencyModel, ZeroLatency
-
-    if network is None or network == "zero":
-        base = ZeroLatency([s.name for s in servers])
-    elif network == "geo":
-        base = GeoLatencyModel(servers, seed=seed)
-    elif network == "geo-static":
-        base = GeoLatencyModel(servers, seed=seed, static=True)
-    elif isinstance(network, str) and network.endswith(".csv"):
-        base = TraceLatencyModel.from_csv(network)
-    elif isinstance(network, (LatencyModel, NetworkConditions)):
-        base = network
-    else:
-        raise ValueError(f"network must be 'zero', 'geo', 'geo-static', a trace .csv path or a LatencyModel, "
-                         f"got {network!r}")
-    return base if isinstance(base, NetworkConditions) else NetworkConditions(base)
-
-
-def _ray_options(server) -> dict:
-    """Actor options pinning a replica to its server's Ray node (see :mod:`replistream.placement.nodes`)."""
-    return ray_options(server)
-
-
-# -- results ----------------------------------------------------------------------
-
-@dataclass
-class DeploymentResult:
-    """What the applications received, with arrival times and metrics."""
-
-    outputs: dict[str, np.ndarray]
-    arrivals: dict[str, np.ndarray]
-    punctuation: dict[str, int]
-    dead_letters: list[DeadLetter]
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-    @property
     def complete(self) -> bool:
-        return all(p == END for p in self.punctuation.values())
+        """True when every application received the end of every stream."""
+        with self.lock:
+            return all(p == END for p in self.punctuation.values())
 
-    def dead_letter_count(self) -> int:
-        return sum(d.count for d in self.dead_letters)
+    def count(self, app: str) -> int:
+        """Tuples fetched from ``app`` so far."""
+        with self.lock:
+            return int(sum(len(b) for b in self.batches[app]))
+
+    def arrivals(self, app: str) -> np.ndarray:
+        """Wall times the tuples of ``app`` arrived at, in fetch order."""
+        with self.lock:
+            parts = list(self.arrival_times[app])
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def tuples(self, app: str, schema) -> np.ndarray:
+        """The tuples of ``app`` fetched so far, in arrival order."""
+        with self.lock:
+            parts = list(self.batches[app])
+        return np.concatenate(parts) if parts else schema.empty()
 
 
-# -- the deployment ------------------------------------------------------------------
+# -- the deployment ------------------------------------------------------------------------
 
 class Deployment:
-    """A replicated query running on Ray. Created by :func:`deploy`."""
+    """A replicated query running on Ray. Created by :func:`deploy` (see the module doc).
+
+    Read-only views of its replicas (built from :attr:`topology`): :attr:`alive`,
+    :attr:`handles`, :attr:`actor_server`, :attr:`sinks`, :attr:`removed`. ``plan`` is
+    the placement ``{node: [server, ...]}`` it started with (plus operators added at run
+    time); ``query`` the query as changed at run time (:mod:`.reconfigure`).
+
+    >>> with deploy(query, servers=4, k=2) as dep:      # doctest: +SKIP
+    ...     res = dep.run(inputs)
+    """
 
     def __init__(self, query: Query, servers: list, k: int, plan: dict, conditions, seed: int,
                  channel_opts: dict, strict: bool, on_malformed: str, parquet_dir: str | None, cluster=None,
-                 gc=None):
+                 gc: GCConfig | None = None):
         self.query = query
         self.channel_opts = dict(channel_opts)
         self.strict = strict
-        self.manager = None  # the garbage collection / revival loop (runtime/manager.py), if gc= was given
         self.servers = {s.name: s for s in servers}
         self.k = k
         self.plan = plan
         self.conditions = conditions
         self.seed = seed
         self.cluster = cluster
+        self.placement = None  # the Placement behind the plan (set by deploy)
         self.t0 = time.time()
         self.speed: float | None = None
         self.ts0 = 0.0  # timestamp replayed at t0 when paced
         self.events: list[dict] = []
-        self.fed: list[tuple[float, str, int]] = []  # (time since start, source, chunk number) per chunk sent
-        self._lock = threading.Lock()
-        self._feeder: threading.Thread | None = None
-        self._feed_error: BaseException | None = None
-        # what the feeder has sent, under _feed_lock: markers of query changes go in between chunks
-        self._feed_lock = threading.RLock()
-        self._seqs: dict[str, int] = {}
-        self._open_sources: set[str] = set()
-        self._inflight: dict[int, list] = {}
-        self._max_fed: int | None = None  # largest timestamp or punctuation sent (None: nothing yet)
-        self._tmax_unknown = False
-        self._feeding = False
         self.changes: list[dict] = []  # every change made to the running query (replistream.replica.changes)
-        self.removed: set[str] = set()  # replicas of operators removed from the running query
+        self._pending_kills: list = []
         self._scenario_thread: threading.Thread | None = None
-        self.alive: dict[str, bool] = {}
-        self.actor_server: dict[str, str] = {}
-        self.handles: dict[str, Any] = {}
-
+        physical = PhysicalPlan(query, plan)
+        self.topology = Topology(physical)
         self.coordinator = CoordinatorActor.options(name=None).remote(self.t0)
-        self.entries = []
-        for i, srv in enumerate(plan[ENTRY]):
-            h = EntryActor.options(**_ray_options(self.servers[srv])).remote(
-                query, i, srv, conditions, self.t0, channel_opts, self.coordinator, strict, on_malformed)
-            self.entries.append(h)
-            self._register(f"entry#{i}", srv, h)
-        self.replicas: dict[str, list] = {}
-        for node in query.operators:
-            chans = [len(plan[ENTRY]) if query.spec(u).kind == "source" else len(plan[u])
-                     for u in query.inputs_of(node)]
-            hs = []
-            for i, srv in enumerate(plan[node]):
-                h = ReplicaActor.options(**_ray_options(self.servers[srv])).remote(
-                    query, node, i, srv, chans, conditions, self.t0, channel_opts, self.coordinator, strict)
-                hs.append(h)
-                self._register(f"{node}#{i}", srv, h)
-            self.replicas[node] = hs
-        self.sinks: dict[str, Any] = {}
-        for node in query.sinks:
-            chans = [len(plan[ENTRY]) if query.spec(u).kind == "source" else len(plan[u])
-                     for u in query.inputs_of(node)]
-            srv = plan[node][0]
-            h = SinkActor.options(**_ray_options(self.servers[srv])).remote(
-                query, node, srv, chans, conditions, self.t0, channel_opts, self.coordinator, strict,
-                None if parquet_dir is None else f"{parquet_dir}/{node}")
-            self.sinks[node] = h
-            self._register(node, srv, h)
+        for r in physical.replicas():
+            server = physical.server(r)
+            if r.node == ENTRY:
+                h = EntryActor.options(**ray_options(self.servers[server])).remote(
+                    query, r.index, server, conditions, self.t0, channel_opts, self.coordinator, strict,
+                    on_malformed)
+            else:
+                parquet = None if parquet_dir is None or not r.application else f"{parquet_dir}/{r.node}"
+                h = self.new_actor(query, r.node, r.index, server, physical.channels(r.node), parquet_dir=parquet)
+            self.topology.attach(r.label, h)
         # every upstream replica feeds every downstream replica
-        calls = []
-        for node in query.topological():
-            ups = self._instances(node)
-            for v, port in query.outputs_of(node):
-                for ci, (ulabel, uh) in enumerate(ups):
-                    for dlabel, dh in self._instances(v):
-                        calls.append(uh.connect.remote(node, dlabel, self.actor_server[dlabel], dh, port, ci))
-        ray.get(calls)
-        self._fetched: dict[str, int] = {n: 0 for n in query.sinks}
-        self._outputs: dict[str, list] = {n: [] for n in query.sinks}
-        self._arrivals: dict[str, list] = {n: [] for n in query.sinks}
-        self._punct: dict[str, int] = {n: int(np.iinfo(np.int64).min) for n in query.sinks}
-        self._callbacks: dict[str, list[Callable]] = {n: [] for n in query.sinks}
-        self._poll_lock = threading.Lock()
-        self.dormant: set[str] = set()  # operator replicas whose actors garbage collection stopped
-        if gc is not None:
-            from .control import GCConfig, ReplicaManager
+        topo = self.topology
+        ray.get([topo.handle(e.src.label).connect.remote(e.stream, e.dst.label, physical.server(e.dst),
+                                                          topo.handle(e.dst.label), e.port, e.channel)
+                 for e in physical.streams()])
+        self.delivered = Delivered(query.sinks)
+        self.feeder = Feeder(self.topology, on_start=self._feed_started, on_sentinel=self._run_sentinel,
+                             on_entry_failed=self.mark_failed)
+        self.manager: ReplicaManager | None = None if gc is None else ReplicaManager(self, gc)
 
-            if isinstance(gc, Mapping):
-                gc = GCConfig(**gc)
-            if not isinstance(gc, GCConfig):
-                raise ValueError(f"gc must be a GCConfig or a mapping of its fields, got {type(gc).__name__}")
-            self.manager = ReplicaManager(self, gc)
+    # -- views of the topology ------------------------------------------------------------------
+    @property
+    def alive(self) -> dict[str, bool]:
+        """``{actor label: running}`` of every actor the deployment started."""
+        return self.topology.alive()
 
-    def _register(self, label: str, server: str, handle) -> None:
-        self.alive[label] = True
-        self.actor_server[label] = server
-        self.handles[label] = handle
+    @property
+    def handles(self) -> dict[str, Any]:
+        """``{actor label: Ray actor handle}`` of every actor the deployment started."""
+        return self.topology.handles()
 
-    def adopt(self, label: str, server: str, handle) -> None:
-        """Take a replica the coordinator loop started (revived or new) into the deployment."""
-        with self._lock:
-            self.dormant.discard(label)
-            self._register(label, server, handle)
+    @property
+    def actor_server(self) -> dict[str, str]:
+        """``{actor label: server}`` of every actor the deployment started."""
+        return self.topology.servers()
+
+    @property
+    def sinks(self) -> dict[str, Any]:
+        """``{application: actor handle}``."""
+        return {r.label: self.topology.handle(r.label) for r in self.topology.replicas()
+                if r.kind == "application" and self.topology.handle(r.label) is not None}
+
+    @property
+    def removed(self) -> set[str]:
+        """Replicas of operators removed from the running query."""
+        return self.topology.removed()
+
+    @property
+    def fed(self) -> list[tuple[float, str, int]]:
+        """``(seconds since the start, source, chunk number)`` of every chunk the feeder sent."""
+        return self.feeder.fed
+
+    @property
+    def started(self) -> bool:
+        """True once :meth:`feed` started the run clock (``t0``)."""
+        return self.feeder.started
+
+    def now(self) -> float:
+        """Seconds since the run started (``t0``: set again when feeding starts)."""
+        return time.time() - self.t0
+
+    # -- actors -----------------------------------------------------------------------------------
+    def new_actor(self, query: Query, node: str, index: int, server: str, channels: list[int],
+                  pending: bool = False, parquet_dir: str | None = None):
+        """Start an actor for replica ``index`` of operator or application ``node`` of ``query`` on
+        ``server`` (``channels``: stream replicas per input port); not registered in the topology.
+        ``pending``: it waits for a hand-over before processing (:class:`~.actors.ReplicaActor`)."""
+        opts = ray_options(self.servers[server])
+        if query.spec(node).kind == "sink":
+            return SinkActor.options(**opts).remote(query, node, server, channels, self.conditions, self.t0,
+                                                    self.channel_opts, self.coordinator, self.strict, parquet_dir)
+        return ReplicaActor.options(**opts).remote(query, node, index, server, channels, self.conditions, self.t0,
+                                                   self.channel_opts, self.coordinator, self.strict, pending)
+
+    def set_clock(self, handles: Iterable, timeout: float = 120) -> None:
+        """Give the actors ``handles`` the feeder's clock (``t0``, ``ts0``, pace) and wait for them."""
+        ray.get([h.set_clock.remote(self.t0, self.ts0, self.speed) for h in handles], timeout=timeout)
+
+    def start_replica(self, label: str, channels: list[int], pending: bool = True):
+        """Start the actor of the topology's replica ``label`` (a revived or new one) with the
+        current query and clock and attach it; returns its handle."""
+        rep = self.topology.replica(label)
+        idx = replica_index(label)
+        h = self.new_actor(self.query, rep.operator, idx if idx is not None else 0, rep.server, channels, pending)
+        self.set_clock([h])
+        self.topology.attach(label, h)
+        return h
+
+    def stop_actors(self, actors: Iterable[tuple[str, Any]], why: str) -> None:
+        """``ray.kill`` each ``(label, handle)`` (no failure is reported: a retired or removed replica,
+        or the end of the deployment); a kill that raises is logged as a ``kill_failed`` event."""
+        for label, h in actors:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception as e:  # logged: the actor may already be gone
+                self.events.append({"t": self.now(), "event": "kill_failed", "actor": label, "why": why,
+                                    "error": repr(e)})
 
     def retire(self, label: str) -> None:
-        """Stop the actor of a replica garbage collection made dormant (not a failure: no drop broadcast)."""
-        with self._lock:
-            if not self.alive.get(label):
-                return
-            self.alive[label] = False
-            self.dormant.add(label)
-        try:
-            ray.kill(self.handles[label], no_restart=True)
-        except Exception:
-            pass
+        """Garbage collection made ``label`` dormant: the topology says so, and an operator replica's
+        actor stops (not a failure: no drop broadcast); an entry replica keeps running, fed."""
+        if self.topology.retire(label):
+            self.stop_actors([(label, self.topology.handle(label))], "retired")
 
-    def _replicas(self):
+    # -- the control loop: hand-over, revival, garbage collection ----------------------------------
+    def control_loop(self) -> ReplicaManager:
+        """The control loop (:class:`~.control.ReplicaManager`); without ``gc=``, one created on first
+        use that only applies requests (no periods run unless :meth:`feed` starts it later).
+
+        >>> dep.control_loop().replace_replica("join#0", checkpoint=False)   # doctest: +SKIP
+        """
         if self.manager is None:
-            from .control import GCConfig, ReplicaManager
-
             self.manager = ReplicaManager(self, GCConfig(gc=False))  # not started: applies requests only
         return self.manager
+
+    @contextmanager
+    def quiet(self):
+        """No control action (if a control loop exists) and no chunk sent while the block runs
+        (locks 1 and 2 of :mod:`replistream.engines.ray`)."""
+        with (self.manager.lock if self.manager is not None else nullcontext()), self.feeder.held():
+            yield
 
     def revive_replica(self, operator: str, replica: int, strategy: str | None = None,
                        bins_per_step: int | None = None, bits: int | None = None) -> dict:
@@ -361,22 +315,22 @@ class Deployment:
         >>> dep.revive_replica("correlate", 0)["new_replicas"][0]["label"]   # doctest: +SKIP
         'correlate#2'
         """
-        return self._replicas().replace_replica(f"{operator}#{replica}", strategy=strategy,
-                                                bins_per_step=bins_per_step, bits=bits)
+        return self.control_loop().replace_replica(f"{operator}#{replica}", strategy=strategy,
+                                                   bins_per_step=bins_per_step, bits=bits)
 
     def add_replica(self, operator: str, strategy: str | None = None, bins_per_step: int | None = None,
                     bits: int | None = None) -> dict:
-        """Add a replica of ``operator`` (on the server of replica 0) by hand-over from a live peer
+        """Add a replica of ``operator`` (on the server Algorithm 5 picks) by hand-over from a live peer
         (``strategy`` as for :meth:`revive_replica`).
 
         >>> dep.add_replica("correlate")["action"]   # doctest: +SKIP
         'create-replica'
         """
-        first = next((l for l in self.handles if l.rsplit("#", 1)[0] == operator), None)
+        first = next((r.label for r in self.topology.replicas(operator)), None)
         if first is None:
             raise ValueError(f"{operator!r} is not an operator of query {self.query.name!r}")
-        return self._replicas().replace_replica(first, add=True, strategy=strategy, bins_per_step=bins_per_step,
-                                                bits=bits)
+        return self.control_loop().replace_replica(first, add=True, strategy=strategy, bins_per_step=bins_per_step,
+                                                   bits=bits)
 
     def move_replica(self, operator: str, replica: int, server: str, strategy: str = "all-at-once",
                      bins_per_step: int | None = None, bits: int | None = None) -> dict:
@@ -391,18 +345,26 @@ class Deployment:
         ('s3', 64)
         """
         label = f"{operator}#{replica}"
-        if label not in self.handles:
+        if self.topology.handle(label) is None:
             raise ValueError(f"no replica {label!r}")
-        if not self.alive.get(label):
+        if not self.topology.is_running(label):
             raise ValueError(f"{label} is not running; revive it with revive_replica")
-        return self._replicas().replace_replica(label, server=server, strategy=strategy or "all-at-once",
-                                                bins_per_step=bins_per_step, bits=bits)
+        return self.control_loop().replace_replica(label, server=server, strategy=strategy or "all-at-once",
+                                                   bins_per_step=bins_per_step, bits=bits)
 
     def transfers(self) -> list[dict]:
         """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""
         return [] if self.manager is None else [dict(t) for t in self.manager.transfers]
 
-    # -- changing the running query (Bartnik §3; replistream.reconfig) ---------------------------
+    def gc_events(self) -> list[dict]:
+        """Every garbage-collection and revival decision so far, with reason and figures (JSON-ready)."""
+        return [] if self.manager is None else list(self.manager.events)
+
+    def network_cost_history(self) -> list[dict]:
+        """Network cost (and theta, live stream replicas, worst input delay) per utility period."""
+        return [] if self.manager is None else list(self.manager.history)
+
+    # -- changing the running query (Bartnik §3; replistream.replica.changes) -----------------------
     def replace_function(self, operator: str, fn: Callable) -> dict:
         """Give Filter/Map/FlatMap ``operator`` a new function for every tuple with ``ts > p``,
         where ``p`` is the largest timestamp fed so far; returns the change's record (with ``p``).
@@ -414,23 +376,20 @@ class Deployment:
         >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
         15000000
         """
-        from .reconfigure import replace_function
-
-        return replace_function(self, operator, fn)
+        return reconfigure.replace_function(self, operator, fn)
 
     def add_operator(self, upstream: str, build: Callable, servers=None) -> dict:
         """Add operators and their application(s) reading stream ``upstream``; they see its
         tuples with ``ts > p`` (``p``: the largest timestamp fed so far). ``build(stream)``
         adds them with the usual :class:`~replistream.query.Stream` methods. Each new
-        operator gets ``k`` replicas, by default on the servers of ``upstream``'s replicas.
+        operator gets ``k`` replicas on distinct servers, by default those of ``upstream``'s
+        running replicas (then other servers, in order, if they are fewer than ``k``).
 
         >>> dep.add_operator("load", lambda s: s.filter(lambda b: b["cpu"] > 0.9, name="very_hot")
         ...                  .sink("very_hot_alerts"))["added"]                      # doctest: +SKIP
         ['very_hot', 'very_hot_alerts']
         """
-        from .reconfigure import add_operator
-
-        return add_operator(self, upstream, build, servers)
+        return reconfigure.add_operator(self, upstream, build, servers)
 
     def remove_operator(self, operator: str) -> dict:
         """Remove ``operator`` and the part of the query only it feeds: it sees its input up to
@@ -440,9 +399,7 @@ class Deployment:
         >>> dep.remove_operator("load_per_minute")["removed"]      # doctest: +SKIP
         ['load_per_minute', 'load_stats']
         """
-        from .reconfigure import remove_operator
-
-        return remove_operator(self, operator)
+        return reconfigure.remove_operator(self, operator)
 
     def set_replication(self, operator: str, k: int) -> dict:
         """Run ``k`` live replicas of ``operator``: new ones by hand-over from a live peer,
@@ -451,27 +408,17 @@ class Deployment:
         >>> dep.set_replication("correlate", 3)["added"]      # doctest: +SKIP
         ['correlate#2']
         """
-        from .reconfigure import set_replication
+        return reconfigure.set_replication(self, operator, k)
 
-        return set_replication(self, operator, k)
+    def record_change(self, rec: dict) -> dict:
+        """Log a change to the running query (in :attr:`changes` and :attr:`events`); returns the record
+        with ``t`` (seconds since the start)."""
+        rec = {"t": round(self.now(), 3), **rec}
+        self.changes.append(rec)
+        self.events.append({"event": "change", **rec})
+        return rec
 
-    def gc_events(self) -> list[dict]:
-        """Every garbage-collection and revival decision so far, with reason and figures (JSON-ready)."""
-        return [] if self.manager is None else list(self.manager.events)
-
-    def network_cost_history(self) -> list[dict]:
-        """Network cost (and theta, live stream replicas, worst input delay) per utility period."""
-        return [] if self.manager is None else list(self.manager.history)
-
-    def _instances(self, node: str) -> list[tuple[str, Any]]:
-        spec = self.query.spec(node)
-        if spec.kind == "source":
-            return [(f"entry#{i}", h) for i, h in enumerate(self.entries)]
-        if spec.kind == "sink":
-            return [(node, self.sinks[node])]
-        return [(f"{node}#{i}", h) for i, h in enumerate(self.replicas[node])]
-
-    # -- feeding -------------------------------------------------------------------------
+    # -- feeding -------------------------------------------------------------------------------
     def feed(self, inputs: Mapping[str, Iterable], pace: float | None = None, chunk_size: int = 10_000) -> None:
         """Start feeding ``inputs`` (``{source: iterable of chunks or records}``) in a background thread.
 
@@ -486,8 +433,8 @@ class Deployment:
         method, e.g. :class:`replistream.spark.SparkSource`: it is checked
         against the source's schema before anything is sent (a mismatch
         raises :class:`~replistream.errors.SchemaError` here) and then yields
-        :class:`ChunkRef` s, chunks already in Ray's object store, which go
-        to the entry points without passing through the driver.
+        :class:`~replistream.sources.ChunkRef` s, chunks already in Ray's object
+        store, which go to the entry points without passing through the driver.
         """
         unknown = set(inputs) - set(self.query.sources)
         if unknown:
@@ -499,110 +446,33 @@ class Deployment:
                 data.bind(src, self.query.schema_of(src))
         self.speed = pace
         self.t0 = time.time() + 0.05
-        self.feed_done_wall = None  # wall time the feeder sent its last chunk (input delays stop growing then)
-        _get_quietly([h.set_start.remote(self.t0) for l, h in self.handles.items() if self.alive.get(l)])
+        wait_quietly([h.set_start.remote(self.t0) for _, h in self.topology.running()])
         self._broadcast_network()
-        self._feeder = threading.Thread(target=self._feed_loop, args=(dict(inputs), pace, chunk_size),
-                                        daemon=True, name="replistream-feeder")
-        self._feeder.start()
+        self.feeder.start(self.query.sources, inputs, pace, chunk_size, self.t0)
 
-    def _feed_loop(self, inputs, pace, chunk_size):
-        try:
-            self._feed(inputs, pace, chunk_size)
-        except BaseException as e:  # surfaced by wait()
-            self._feed_error = e
-
-    def _feed(self, inputs, pace, chunk_size):
-        iters = {s: iter(iter_chunks(inputs.get(s, ()), chunk_size)) for s in self.query.sources}
-        with self._feed_lock:
-            self._seqs = {s: 0 for s in self.query.sources}
-            self._open_sources = set(self.query.sources)
-            self._inflight = {i: [] for i in range(len(self.entries))}
-            self._max_fed, self._tmax_unknown = None, False
-        merge = TimeMerge(iters)  # the sources in event-time order (a sentinel keeps its source's time)
-        self.ts0 = float(merge.first) if merge.first is not None else 0.0
-        # the clock replicas measure their input delay with (Hwang §V-C)
-        _get_quietly([h.set_clock.remote(self.t0, self.ts0, pace) for l, h in list(self.handles.items())
-                      if self.alive.get(l)])
+    def _feed_started(self, ts0: float) -> None:
+        """The feeder knows ``ts0``: the replicas get the clock they measure input delay with (Hwang
+        §V-C), and the control loop, if any, starts."""
+        self.ts0 = ts0
+        wait_quietly([h.set_clock.remote(self.t0, self.ts0, self.speed) for _, h in self.topology.running()])
         if self.manager is not None:
             self.manager.start()
-        inflight = self._inflight
-        self._feeding = True
-        for t, src, chunk in merge:
-            if isinstance(chunk, Sentinel):
-                for i, refs in inflight.items():
-                    self._settle(i, refs, 0)  # everything before the event has reached the entry points
-                chunk.apply(self)
-                self.events.append({"t": time.time() - self.t0, "event": repr(chunk)})
-                continue
-            if pace is not None and chunk is not None and math.isfinite(t):
-                delay = self.t0 + (t - self.ts0) / (1e6 * pace) - time.time()
-                if delay > 0:
-                    time.sleep(delay)
-            if chunk is not None and needs_stamp(chunk):
-                chunk = stamp(chunk, int((time.time() - self.t0) * 1e6))
-            with self._feed_lock:
-                self._send_chunk(src, self._seqs[src], chunk, inflight)
-                self._seqs[src] += 1
-                if chunk is None:
-                    self._open_sources.discard(src)
-                else:
-                    hi = chunk_tmax(chunk)
-                    if hi is None:
-                        self._tmax_unknown = True
-                    elif self._max_fed is None or hi > self._max_fed:
-                        self._max_fed = hi
-        self._feeding = False
-        for i, refs in inflight.items():
-            self._settle(i, refs, 0)
-        self.feed_done_wall = time.time()
 
-    def _send_chunk(self, src, seq, chunk, inflight) -> None:
-        self.fed.append((time.time() - self.t0, src, seq))
-        sent = False
-        if isinstance(chunk, ChunkRef):
-            ref = chunk.ref  # already in the object store: the driver never holds the rows
-        else:
-            ref = ray.put(chunk) if chunk is not None else None
-        for i, h in enumerate(self.entries):
-            label = f"entry#{i}"
-            if not self.alive.get(label):
-                continue
-            inflight[i].append(h.push_chunk.remote(src, seq, ref))
-            sent = True
-            self._settle(i, inflight[i], 32)
-        if not sent:
-            raise RuntimeError("every entry point replica is dead: the input cannot be delivered")
-
-    def _settle(self, i: int, refs: list, limit: int) -> None:
-        """Bound in-flight chunks per entry replica; notice dead entry replicas."""
-        while len(refs) > limit:
-            ready, _ = ray.wait(refs[:1], timeout=1.0)
-            if not ready:
-                if not self.alive.get(f"entry#{i}"):
-                    refs.clear()
-                    return
-                continue
-            try:
-                ray.get(ready[0])
-            except Exception:
-                self._mark_dead(f"entry#{i}", "entry point failed")
-                refs.clear()
-                return
-            refs.pop(0)
+    def _run_sentinel(self, sentinel: Sentinel) -> None:
+        sentinel.apply(self)
+        self.events.append({"t": self.now(), "event": repr(sentinel)})
 
     # -- waiting and results ----------------------------------------------------------------
     def wait(self, timeout: float = 600.0, progress: Callable[[dict], None] | None = None) -> bool:
         """Wait until every application received the end of every stream (or ``timeout`` s)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self._feed_error is not None:
-                raise RuntimeError(f"feeding the sources failed: {self._feed_error}") from self._feed_error
+            if self.feeder.error is not None:
+                raise RuntimeError(f"feeding the sources failed: {self.feeder.error}") from self.feeder.error
             self.poll()
             if progress is not None:
-                progress({n: len(self._outputs[n]) and sum(len(b) for b in self._outputs[n])
-                          for n in self.query.sinks})
-            if all(p == END for p in self._punct.values()):
+                progress({n: self.delivered.count(n) for n in self.query.sinks})
+            if self.delivered.complete():
                 return True
             time.sleep(0.05)
         return False
@@ -614,31 +484,29 @@ class Deployment:
 
         >>> dep.on_output("alerts", lambda batch: print(len(batch), "new alerts"))  # doctest: +SKIP
         """
-        if app not in self._callbacks:
-            raise ValueError(f"{app!r} is not an application of query {self.query.name!r}; "
-                             f"applications: {self.query.sinks}")
-        self._callbacks[app].append(callback)
+        with self.delivered.lock:
+            if app not in self.delivered.callbacks:
+                raise ValueError(f"{app!r} is not an application of query {self.query.name!r}; "
+                                 f"applications: {self.query.sinks}")
+            self.delivered.callbacks[app].append(callback)
 
     def poll(self) -> None:
         """Fetch newly delivered tuples from the applications (and run output callbacks)."""
-        with self._poll_lock:
-            for node, h in list(self.sinks.items()):  # add_operator may add applications meanwhile
-                if not self.alive.get(node):
+        d = self.delivered
+        with d.lock:
+            for r in self.topology.replicas():  # add_operator may add applications meanwhile
+                node = r.label
+                if r.kind != "application" or not self.topology.is_running(node):
                     continue
-                data, arr, count, punct = ray.get(h.fetch.remote(self._fetched[node]))
+                data, arr, count, punct = ray.get(self.topology.handle(node).fetch.remote(d.fetched[node]))
                 if len(data):
-                    self._outputs[node].append(data)
-                    self._arrivals[node].append(arr)
-                    self._fetched[node] += len(data)
-                    for cb in self._callbacks[node]:
-                        cb(data)
-                self._punct[node] = punct
+                    d.add_batch(node, data, arr)
+                d.punctuation[node] = punct
 
     def results(self, app: str) -> np.ndarray:
         """Tuples the application ``app`` received so far (in arrival order)."""
         self.poll()
-        parts = self._outputs[app]
-        return np.concatenate(parts) if parts else self.query.schema_of(app).empty()
+        return self.delivered.tuples(app, self.query.schema_of(app))
 
     def latencies_ms(self, app: str) -> tuple[np.ndarray, np.ndarray]:
         """(arrival time in s since start, end-to-end latency in ms) per delivered tuple.
@@ -647,13 +515,13 @@ class Deployment:
         (``t0 + (ts - ts0) / (1e6 * pace)``); meaningful for paced runs.
         """
         data = self.results(app)
-        arr = np.concatenate(self._arrivals[app]) if self._arrivals[app] else np.zeros(0)
+        arr = self.delivered.arrivals(app)
         speed = self.speed or 1.0
         lat = (arr - (self.t0 + (data[TS] - self.ts0) / (1e6 * speed))) * 1000.0
         return arr - self.t0, lat
 
     def run(self, inputs: Mapping[str, Iterable], pace: float | None = None, timeout: float = 600.0,
-            scenario=None, progress: Callable[[dict], None] | None = None) -> DeploymentResult:
+            scenario=None, progress: Callable[[dict], None] | None = None) -> RunResult:
         """Feed ``inputs``, apply ``scenario`` (a :class:`~replistream.scenario.Scenario`), wait, collect."""
         if scenario is not None:
             self.install_scenario(scenario)
@@ -666,35 +534,42 @@ class Deployment:
             res.metrics["timed_out"] = True
         return res
 
-    def collect(self) -> DeploymentResult:
+    def collect(self) -> RunResult:
+        """What the applications received so far, as a :class:`~replistream.engines.result.RunResult`:
+        outputs, last punctuations, dead letters, ``arrivals`` in seconds since the start, ``ts0`` and
+        ``pace`` (so ``latencies(app)`` works), the deployment's ``events`` and ``metrics``, and per
+        stream replica what it carried (``links``)."""
         self.poll()
         outputs = {n: self.results(n) for n in self.query.sinks}
-        arrivals = {n: (np.concatenate(self._arrivals[n]) if self._arrivals[n] else np.zeros(0))
-                    for n in self.query.sinks}
+        arrivals = {n: self.delivered.arrivals(n) - self.t0 for n in self.query.sinks}
         dead = []
-        for i, h in enumerate(self.entries):
-            if self.alive.get(f"entry#{i}"):
-                try:
-                    dead.extend(ray.get(h.dead_letters.remote()))
-                    break  # every live entry replica holds the same dead letters
-                except Exception:
-                    continue
-        return DeploymentResult(outputs, arrivals, dict(self._punct), dead, self.metrics())
+        for label, h in self.topology.running(ENTRY):
+            try:
+                dead.extend(ray.get(h.dead_letters.remote()))
+                break  # every live entry replica holds the same dead letters
+            except Exception:  # this entry replica just died: ask the next one
+                continue
+        metrics = self.metrics()
+        with self.delivered.lock:
+            punct = dict(self.delivered.punctuation)
+        return RunResult(outputs, punct, dead, arrivals=arrivals, ts0=int(round(self.ts0)), pace=self.speed,
+                         events=list(self.events), links=metrics["stream_replicas"], metrics=metrics)
 
     # -- failure injection ---------------------------------------------------------------------
     def kill(self, label: str, reason: str = "killed") -> None:
         """Kill one actor by label (``"join#1"``, ``"entry#0"``, an application name)."""
-        if label not in self.handles:
+        h = self.topology.handle(label)
+        if h is None:
             raise ValueError(f"no actor {label!r}; actors: {sorted(self.handles)}")
-        if not self.alive.get(label):
+        if not self.topology.is_running(label):
             return
-        ray.kill(self.handles[label], no_restart=True)
-        self._mark_dead(label, reason)
+        ray.kill(h, no_restart=True)
+        self.mark_failed(label, reason)
 
     def kill_replica(self, operator: str, replica: int) -> None:
         """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point)."""
         label = f"{operator}#{replica}"
-        if label not in self.handles:
+        if self.topology.handle(label) is None:
             raise ValueError(f"{operator!r} has no replica {replica}; actors: {sorted(self.handles)}")
         self.kill(label, "replica killed")
 
@@ -702,75 +577,72 @@ class Deployment:
         """Kill every actor on ``server``; on a cluster with ``Server.node`` set, remove the Ray node."""
         if server not in self.servers:
             raise ValueError(f"unknown server {server!r}; servers: {sorted(self.servers)}")
-        victims = [l for l, s in self.actor_server.items() if s == server and self.alive.get(l)]
+        victims = [label for label, _ in self.topology.running() if self.topology.server(label) == server]
         node = self.servers[server].node
         if self.cluster is not None and node:
             for n in list(self.cluster.list_all_nodes()):
                 if getattr(n, "node_id", None) == node:
                     self.cluster.remove_node(n)
-            for l in victims:
-                self._mark_dead(l, f"server {server} removed")
+            for label in victims:
+                self.mark_failed(label, f"server {server} removed")
         else:
-            for l in victims:
-                self.kill(l, f"server {server} killed")
+            for label in victims:
+                self.kill(label, f"server {server} killed")
         return victims
 
-    def _mark_dead(self, label: str, reason: str) -> None:
-        with self._lock:
-            if not self.alive.get(label):
-                return
-            self.alive[label] = False
-            self.events.append({"t": time.time() - self.t0, "event": "dead", "actor": label, "reason": reason})
-        for l, h in self.handles.items():
-            if self.alive.get(l) and l != label:
-                try:
-                    h.drop_link.remote(label, reason)
-                except Exception:
-                    pass
+    def mark_failed(self, label: str, reason: str) -> None:
+        """``label``'s actor died (``reason``): the topology marks it failed, the event is logged
+        (``"dead"``), and every running actor drops its links to it."""
+        if not self.topology.mark_failed(label):
+            return
+        self.events.append({"t": self.now(), "event": "dead", "actor": label, "reason": reason})
+        for other, h in self.topology.running():
+            if other != label:
+                h.drop_link.remote(label, reason)
 
+    # -- network conditions -------------------------------------------------------------------
     def _net_event(self, desc: dict) -> None:
-        self.events.append({"t": time.time() - self.t0, **desc})
+        self.events.append({"t": self.now(), **desc})
         self._broadcast_network()
 
     def slow_server(self, server: str, factor: float, duration: float | None = None) -> None:
-        now = time.time() - self.t0
+        """Stretch processing on ``server`` by ``factor`` (for ``duration`` s, or until restored)."""
+        now = self.now()
         self.conditions.slow_server(server, now, now + duration if duration else float("inf"), factor)
         self._net_event({"event": "slow_server", "server": server, "factor": factor})
 
     def delay_link(self, a: str, b: str, extra_ms: float, duration: float | None = None,
                    both_directions: bool = True) -> None:
         """Add ``extra_ms`` to the emulated link ``a -> b`` (and ``b -> a`` unless told not to)."""
-        now = time.time() - self.t0
+        now = self.now()
         self.conditions.add_delay(a, b, now, now + duration if duration else float("inf"), extra_ms,
                                   both_directions)
         self._net_event({"event": "delay_link", "a": a, "b": b, "extra_ms": extra_ms,
                          "both_directions": both_directions})
 
     def cut_link(self, a: str, b: str, duration: float | None = None) -> None:
-        now = time.time() - self.t0
+        """Cut the emulated link between ``a`` and ``b`` (for ``duration`` s, or until restored)."""
+        now = self.now()
         self.conditions.cut(a, b, now, now + duration if duration else float("inf"))
         self._net_event({"event": "cut_link", "a": a, "b": b})
 
     def restore(self, a: str | None = None, b: str | None = None, server: str | None = None) -> None:
-        self.conditions.restore(a=a, b=b, server=server, at=time.time() - self.t0)
+        """End the delays, cuts and slow-downs on a link or a server."""
+        self.conditions.restore(a=a, b=b, server=server, at=self.now())
         self._net_event({"event": "restore", "a": a, "b": b, "server": server})
 
     def _broadcast_network(self) -> None:
-        calls = []
-        for l, h in self.handles.items():
-            if self.alive.get(l):
-                calls.append(h.set_network.remote(self.conditions))
-        _get_quietly(calls)
+        wait_quietly([h.set_network.remote(self.conditions) for _, h in self.topology.running()])
 
     def install_scenario(self, scenario) -> None:
         """Validate ``scenario`` against this deployment and install its network events."""
         ops = {n: self.k for n in self.query.operators}
-        ops[ENTRY] = len(self.entries)
+        ops[ENTRY] = len(self.topology.replicas(ENTRY))
         scenario.validate(servers=list(self.servers), operators=ops)
         self._pending_kills = scenario.apply_to(self.conditions, 0.0)
 
     def _start_scenario_thread(self, scenario) -> None:
-        kills = sorted(getattr(self, "_pending_kills", []), key=lambda e: e.at)
+        kills = sorted(self._pending_kills, key=lambda e: e.at)
 
         def loop():
             for ev in kills:
@@ -782,10 +654,10 @@ class Deployment:
                         self.kill_server(ev.server)
                     elif ev.action == "kill_replica":
                         self.kill_replica(ev.operator, ev.replica)
-                    self.events.append({"t": time.time() - self.t0, "event": ev.action,
+                    self.events.append({"t": self.now(), "event": ev.action,
                                         "target": ev.server or f"{ev.operator}#{ev.replica}"})
                 except Exception as e:  # recorded, not fatal
-                    self.events.append({"t": time.time() - self.t0, "event": "error", "error": repr(e)})
+                    self.events.append({"t": self.now(), "event": "error", "error": repr(e)})
 
         self._scenario_thread = threading.Thread(target=loop, daemon=True, name="replistream-scenario")
         self._scenario_thread.start()
@@ -794,52 +666,46 @@ class Deployment:
     def metrics(self) -> dict:
         """Per application: delivered tuples and latency; per actor: CPU seconds, links, drops."""
         actors = {}
-        for l, h in self.handles.items():
-            if not self.alive.get(l):
-                actors[l] = {"label": l, "server": self.actor_server[l], "alive": False}
+        for label, h in self.handles.items():
+            server = self.topology.server(label)
+            if not self.topology.is_running(label):
+                actors[label] = {"label": label, "server": server, "alive": False}
                 continue
             try:
                 s = ray.get(h.stats.remote(), timeout=10)
                 s["alive"] = True
-                actors[l] = s
-            except Exception as e:
-                actors[l] = {"label": l, "server": self.actor_server[l], "alive": False, "error": repr(e)}
+                actors[label] = s
+            except Exception as e:  # reported in the metrics
+                actors[label] = {"label": label, "server": server, "alive": False, "error": repr(e)}
         apps = {}
         for n in self.query.sinks:
             t, lat = self.latencies_ms(n)
             apps[n] = {
-                "delivered": int(sum(len(b) for b in self._outputs[n])),
-                "complete": self._punct[n] == END,
+                "delivered": self.delivered.count(n),
+                "complete": self.delivered.punctuation.get(n) == END,
                 "latency_ms": _percentiles(lat) if self.speed else None,
                 "filter_weights": actors.get(n, {}).get("filters", [{}])[0].get("weights"),
             }
         links = [lk for a in actors.values() for lk in a.get("links", [])]
+        out = {"applications": apps, "actors": actors, "stream_replicas": links, "events": list(self.events),
+               "coordinator": [], "placement": self.plan}
         try:
-            coordinator_log = ray.get(self.coordinator.log.remote(), timeout=10)
-        except Exception:
-            coordinator_log = []
-        return {"applications": apps, "actors": actors, "stream_replicas": links, "events": list(self.events),
-                "coordinator": coordinator_log, "placement": self.plan}
+            out["coordinator"] = ray.get(self.coordinator.log.remote(), timeout=10)
+        except Exception as e:  # reported in the metrics
+            out["coordinator_error"] = repr(e)
+        return out
 
     def metrics_json(self) -> str:
-        return json.dumps(self.metrics(), default=_json_default)
+        """:meth:`metrics` as JSON."""
+        return json.dumps(self.metrics(), default=json_default)
 
     # -- teardown ------------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Kill every actor of the deployment (Ray itself keeps running)."""
         if self.manager is not None:
             self.manager.stop()
-        for l, h in list(self.handles.items()):
-            if self.alive.get(l):
-                try:
-                    ray.kill(h, no_restart=True)
-                except Exception:
-                    pass
-                self.alive[l] = False
-        try:
-            ray.kill(self.coordinator, no_restart=True)
-        except Exception:
-            pass
+        self.stop_actors(self.topology.stop_all(), "shutdown")
+        self.stop_actors([("coordinator", self.coordinator)], "shutdown")
 
     def __enter__(self):
         return self
@@ -873,11 +739,13 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     deliver to memory (``Deployment.results``), to callbacks
     (``on_output={app: fn}``, run in the driver) and, with ``parquet_dir``,
     to Parquet files (``parquet_dir/<app>/*.parquet``). ``gc``: a
-    :class:`~replistream.runtime.manager.GCConfig` (or a mapping of its
+    :class:`~replistream.engines.ray.control.GCConfig` (or a mapping of its
     fields) turns on the coordinator loop of garbage collection (Algorithm 6)
     and revival (Hwang §V-C); its decisions are in ``dep.gc_events()`` and the
     network cost over time in ``dep.network_cost_history()``. Every error in
     the request is raised before any actor starts.
+
+    >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
     query.build()
     if int(k) < 1:
@@ -887,25 +755,23 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     if k > len(servers):
         raise ValueError(f"k={k} replicas need at least {k} distinct servers; {len(servers)} given")
     conditions = resolve_network(network, servers, seed)
-    placement_net = _placement_network(conditions, given_servers)
-    plan, placed = _resolve_placement(query, servers, k, placement, placement_net)
+    placement_net = placement_network(conditions, given_servers)
+    plan, placed = resolve_placement_with_cost(query, servers, k, placement, placement_net)
     if placed is None:
-        placed = _evaluate_plan(query, servers, plan, placement_net)
+        placed = evaluate_plan(query, servers, plan, placement_net)
     for s in servers:
-        _ray_options(s)  # a malformed Server.node fails here, before any actor starts
+        ray_options(s)  # a malformed Server.node fails here, before any actor starts
     if on_malformed not in ("raise", "dead_letter"):
         raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
     if gc is not None:
-        from .control import GCConfig
-
         gc = GCConfig(**gc) if isinstance(gc, Mapping) else gc
         if not isinstance(gc, GCConfig):
             raise ValueError(f"gc must be a GCConfig or a mapping of its fields, got {type(gc).__name__}")
         gc.validate()
-    init_ray(address, **(ray_init or {}))
     for app in on_output or {}:
         if app not in query.sinks:
             raise ValueError(f"on_output names {app!r}, not an application of query {query.name!r}")
+    init_ray(address, **(ray_init or {}))
     channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                     "drop_after_s": drop_after_s}
     dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
@@ -917,51 +783,9 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     return dep
 
 
-# -- helpers -----------------------------------------------------------------------------------
-
-def _placement_network(conditions, given_servers):
-    """What placement policies cost latencies with: the emulated network, unless it is
-    zero and the servers came with network coordinates (a ServerSet / server file)."""
-    from ...network import ZeroLatency
-    from ...placement.servers import ServerSet, load_servers
-
-    if isinstance(conditions.base, ZeroLatency):
-        ss = given_servers
-        if isinstance(ss, str) and ss.endswith((".csv", ".toml")):
-            ss = load_servers(ss)
-        if isinstance(ss, ServerSet) and ss.coords is not None:
-            return ss.latency()
-    return conditions
-
-
-def _evaluate_plan(query, servers, plan, network):
-    """A plan made without a placement policy, costed with the default cost model (None if it cannot be)."""
-    try:
-        return PlacementPolicy().evaluate(query, servers, plan, network)
-    except (ValueError, KeyError):  # e.g. a trace without samples for some pair of servers
-        return None
-
-
 def _percentiles(lat: np.ndarray) -> dict:
     if not len(lat):
         return {"count": 0}
     p = np.percentile(lat, [50, 90, 99])
     return {"count": int(len(lat)), "p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2]),
             "max": float(lat.max()), "mean": float(lat.mean())}
-
-
-def _get_quietly(refs, timeout: float = 30) -> None:
-    """Wait for each of ``refs``, ignoring failures (dead actors are noticed elsewhere)."""
-    for r in refs:
-        try:
-            ray.get(r, timeout=timeout)
-        except Exception:
-            pass
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return repr(o)
