@@ -38,9 +38,12 @@ above:
 4. ``Topology.lock`` (re-entrant; :mod:`.topology`): the replica and stream-replica
    table. Innermost: nothing is called (no actor call, no other lock) while it is held.
 
-The feeder thread takes 2 (then 4) per chunk and takes none while it runs a
-sentinel, so a sentinel may call anything that takes 1. Actor calls are only
-*sent* under 4's callers, never awaited under 4.
+Who takes what: the feeder thread takes 2 (then 4) per chunk, and none while it
+runs a sentinel, so a sentinel may call anything (including what takes 1); the
+control loop takes 1, and 2 only for a change to the running query
+(``Deployment.quiet()``: 1 then 2); :meth:`Deployment.poll` takes 3 (then 4);
+adding an operator takes 1, 2, 3, 4 in that order. Locks 1-3 may be held while
+waiting for actor calls; nothing waits for anything while holding 4.
 
 The package's names are loaded on first use (PEP 562): the data-path actors'
 processes import only :mod:`.actors` and :mod:`.channels` (and the core), never
