@@ -194,7 +194,7 @@ def inputs(keys: int, rate: int, steady_s: float, load_s: float = 20.0, chunk_ms
 
 def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail_s: float, steady_s: float,
             check: bool) -> dict:
-    from replistream.runtime import deploy
+    from replistream.engines.ray import deploy
     from replistream.testing import assert_same_output, run_reference
 
     q = Query("migration")
@@ -418,7 +418,7 @@ def main() -> None:
                   f"{r['one_bin_ms']:.1f} ms; whole layout then one bin {r['whole_then_select_ms']:.1f} ms; whole "
                   f"{r['whole_ms']:.1f} ms", flush=True)
     if not a.skip_migration:
-        from replistream.runtime import init_ray
+        from replistream.engines.ray import init_ray
 
         init_ray(num_cpus=2, object_store_memory=1024 * 1024 * 1024)
         runs = []

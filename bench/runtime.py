@@ -470,7 +470,7 @@ def main(argv=None) -> int:
     os.dup2(2, 1)
     t_all = time.time()
     try:  # the Ray settings replistream starts Ray with (packets inline in calls), where this version has them
-        from replistream.runtime import RAY_SYSTEM_CONFIG
+        from replistream.engines.ray import RAY_SYSTEM_CONFIG
         sysconf = {"_system_config": dict(RAY_SYSTEM_CONFIG)}
         sysconf_recorded = dict(RAY_SYSTEM_CONFIG)
     except ImportError:

@@ -36,7 +36,7 @@ import platform
 import time
 
 import replistream as rs
-from replistream.runtime.deploy import init_ray
+from replistream.engines.ray.deployment import init_ray
 
 
 def main(argv=None) -> dict:

@@ -12,11 +12,11 @@ Each change takes effect at a logical time carried by a marker, so the output
 equals a reference run of the changed query (``dep.query``) exactly.
 Run: python examples/live_reconfiguration.py [--duration S] [--strategy fluid|batched|all-at-once]
 The same script is ``replistream reconfigure``; its code is
-``replistream.runtime.reconfigure.live_reconfiguration``.
+``replistream.demos.live_reconfiguration``.
 """
 import argparse
 
-from replistream.runtime.reconfigure import live_reconfiguration
+from replistream.demos import live_reconfiguration
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--duration", type=float, default=12.0, help="seconds of readings (default 12)")

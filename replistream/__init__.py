@@ -26,16 +26,16 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # The Ray runtime is imported on first use, so the core stays light to import.
-    if name in ("deploy", "Deployment"):
-        from . import runtime
+    # The Ray engine is imported on first use, so the core stays light to import.
+    if name in ("deploy", "Deployment", "GCConfig"):
+        from .engines import ray
 
-        return getattr(runtime, name)
+        return getattr(ray, name)
     raise AttributeError(f"module 'replistream' has no attribute {name!r}")
 
 __all__ = [
     "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "SchemaError",
     "Summary", "END", "Punctuation", "Schema", "millis", "seconds", "Query", "Stream",
-    "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy",
+    "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy", "GCConfig",
     "Event", "Scenario", "__version__",
 ]

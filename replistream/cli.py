@@ -141,7 +141,7 @@ def _latency_bins(t_arr: np.ndarray, lat: np.ndarray, width: float) -> list[dict
 
 def _demo_ray(args) -> int:
     from .network import default_servers
-    from .runtime import deploy
+    from .engines.ray import deploy
     from .scenario import Event, Scenario
     from .testing import run_reference
     from .workloads import fig1_inputs, fig1_query
@@ -163,7 +163,7 @@ def _demo_ray(args) -> int:
         console.print("starting Ray and the replicas ...")
     gc_cfg = None
     if args.gc or args.revival:
-        from .runtime import GCConfig
+        from .engines.ray import GCConfig
 
         gc_cfg = GCConfig(utility_period_s=args.utility_period, gc_period_s=args.gc_period,
                           theta_fraction=args.theta_fraction, gc=args.gc, max_steps=None, kmin=args.kmin,
@@ -259,7 +259,7 @@ def _start_after_feed(dep, timer) -> None:
     import threading
 
     def go():
-        while dep._feeder is None:
+        while not dep.started:
             time.sleep(0.01)
         delay = timer.interval - (time.time() - dep.t0)
         timer.interval = max(0.0, delay)
@@ -436,14 +436,14 @@ def _demo(args) -> int:
 
 
 def _reconfigure(args) -> int:
-    from .runtime.reconfigure import live_reconfiguration
+    from .demos import live_reconfiguration
 
     rep = live_reconfiguration(n_servers=args.servers, duration_s=args.duration, k=args.k, strategy=args.strategy,
                                pace=args.pace, seed=args.seed)
     if args.json:
-        from .runtime.deploy import _json_default
+        from .engines.ray.common import json_default
 
-        print(json.dumps(rep, default=_json_default))
+        print(json.dumps(rep, default=json_default))
     else:
         from rich.console import Console
         from rich.table import Table

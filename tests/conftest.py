@@ -11,7 +11,7 @@ def ray_session():
     """A local Ray instance shared by every test that needs one."""
     import ray
 
-    from replistream.runtime import init_ray
+    from replistream.engines.ray import init_ray
 
     init_ray(num_cpus=2, object_store_memory=512 * 1024 * 1024)
     yield ray

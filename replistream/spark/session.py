@@ -88,7 +88,7 @@ def spark_session(app_name: str = "replistream", num_executors: int = 1, executo
 
     One session per process: later calls return the first session whatever
     their arguments (stop it with :func:`stop_spark` to change them). Ray is
-    started with :func:`replistream.runtime.deploy.init_ray` if it is not
+    started with :func:`replistream.engines.ray.init_ray` if it is not
     running. The defaults (one executor with one core and 1 GB) fit a 2-core
     machine next to a replicated query.
 
@@ -106,7 +106,7 @@ def spark_session(app_name: str = "replistream", num_executors: int = 1, executo
             raise SparkUnavailable(f"RayDP is not installed ({e}); `pip install raydp==1.6.5`") from e
         import ray
 
-        from ..runtime.deploy import init_ray
+        from ..engines.ray.deployment import init_ray
 
         if not ray.is_initialized():
             init_ray()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from replistream import Query, seconds
-from replistream.runtime import GCConfig, deploy
+from replistream.engines.ray import GCConfig, deploy
 from replistream.testing import AddReplica, Call, KillReplica, Revive, assert_same_output, run_reference
 from replistream.workloads import fig1_inputs, fig1_query
 
@@ -84,7 +84,7 @@ def test_handover_without_checkpoint_loses_output():
     # tuples with ts <= 6 s, so a fresh join#0 cannot get a-tuples in (3 s, 6 s] back; join#1 dies before
     # any b-tuple after 7.9 s is fed, so the pairs of those with b in (7.9 s, 9 s) are made by nobody.
     data["a"][8:8] = [Call(lambda d: wait_acked(d, "join#", seconds(6))),
-                      Call(lambda d: d._replicas().replace_replica("join#0", checkpoint=False)),
+                      Call(lambda d: d.control_loop().replace_replica("join#0", checkpoint=False)),
                       KillReplica("join", 1)]
     with deploy(q, servers=4, k=2) as dep:
         ref, res = run_checked(dep, q, data)
@@ -155,7 +155,7 @@ def test_link_bound_replica_is_told_apart_from_a_starved_one():
     from types import SimpleNamespace
 
     from replistream.gc import OperatorReplica, Snapshot, StreamReplica
-    from replistream.runtime.manager import ReplicaManager
+    from replistream.engines.ray.control import ReplicaManager
 
     def snap(discarded_ms, upstream_live=True):
         reps = [OperatorReplica("entry#0", "entry", "a", "entry"), OperatorReplica("entry#1", "entry", "b", "entry"),

@@ -8,8 +8,8 @@ import pytest
 
 from replistream.network import Server, default_servers
 from replistream.placement import PlacementError, PlacementPolicy, ServerSet, fig1_sources, load_servers
-from replistream.runtime import deploy
-from replistream.runtime.deploy import resolve_placement, resolve_servers
+from replistream.engines.ray import deploy
+from replistream.engines.ray.resolve import resolve_placement, resolve_servers
 from replistream.testing import as_multiset, run_reference
 from replistream.workloads import fig1_inputs, fig1_query
 
@@ -40,14 +40,14 @@ def test_strategies_by_name_through_resolve_placement():
 
 def test_a_plan_that_cannot_be_costed_does_not_stop_a_deployment():
     from replistream.network import NetworkConditions, TraceLatencyModel
-    from replistream.runtime.deploy import _evaluate_plan
+    from replistream.engines.ray.resolve import evaluate_plan
 
     q = fig1_query(1)
     servers = default_servers(3)
     trace = TraceLatencyModel({("boston", "london"): [(0.0, 40.0)]}, servers=[s.name for s in servers])
     plan = resolve_placement(q, servers, 2, "spread")
-    assert _evaluate_plan(q, servers, plan, NetworkConditions(trace)) is None  # no samples for tokyo
-    assert _evaluate_plan(q, servers, plan, None).network_cost > 0
+    assert evaluate_plan(q, servers, plan, NetworkConditions(trace)) is None  # no samples for tokyo
+    assert evaluate_plan(q, servers, plan, None).network_cost > 0
 
 
 def test_servers_from_a_file(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from replistream import Query, run_reference, seconds
 from replistream.errors import QueryError
 from replistream.replica.changes import CutSpec, TimeSwitch
-from replistream.runtime import deploy
+from replistream.engines.ray import deploy
 from replistream.testing import Call, KillReplica, assert_same_output, inject_at
 
 pytestmark = pytest.mark.usefixtures("ray_session")

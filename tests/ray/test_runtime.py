@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import replistream as rs
-from replistream.runtime import deploy
+from replistream.engines.ray import deploy
 from replistream.testing import Call, KillReplica, KillServer, assert_same_output, run_reference
 from replistream.workloads import fig1_inputs, fig1_query
 

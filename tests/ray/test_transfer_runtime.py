@@ -10,7 +10,7 @@ import pytest
 
 from replistream import Query, seconds
 from replistream.operators.keyed import KeyedCount
-from replistream.runtime import deploy
+from replistream.engines.ray import deploy
 from replistream.testing import Call, assert_same_output, run_reference
 
 pytestmark = pytest.mark.usefixtures("ray_session")

@@ -13,7 +13,7 @@ not asserted.
 import numpy as np
 import pytest
 
-from replistream.runtime import deploy
+from replistream.engines.ray import deploy
 from replistream.scenario import Scenario
 from replistream.sim import Simulator
 from replistream.sim.traces import load_trace, month_model, write_trace

@@ -19,7 +19,7 @@ from ray.cluster_utils import Cluster
 from replistream import Server
 from replistream.network import city
 from replistream.placement import PlacementPolicy, cluster_servers, fig1_sources
-from replistream.runtime import RAY_SYSTEM_CONFIG, deploy
+from replistream.engines.ray import RAY_SYSTEM_CONFIG, deploy
 from replistream.testing import as_multiset, run_reference
 from replistream.workloads import fig1_inputs, fig1_query
 

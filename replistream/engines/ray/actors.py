@@ -1,26 +1,50 @@
-"""The Ray actors of a deployment: entry points, operator replicas, applications, coordinator.
+"""The data-path Ray actors of a deployment: entry points, operator replicas, applications.
 
-Each actor hosts plain logic objects from the core (docs/design.md, decision 2) and
-an :class:`~replistream.runtime.channels.Outbox` per output stream. Actors
-are created with ``num_cpus=0`` so a replicated query fits on a small machine;
-a *server* is a label (and, on a cluster, a Ray node) that every actor knows,
-for the emulated network and for failure injection.
+Each actor hosts plain objects from the core (docs/design.md, decision 2): a
+:class:`~replistream.replica.ReplicaCore` (or the entry points'
+:class:`~replistream.operators.entry.EntryLogic`), and an
+:class:`~replistream.engines.ray.channels.Outbox` per output stream whose
+retention log is the core's :class:`~replistream.replica.ReplayLog`. Actors are
+created with ``num_cpus=0`` so a replicated query fits on a small machine; a
+*server* is a label (and, on a cluster, a Ray node) that every actor knows, for
+the emulated network and for failure injection.
+
+* :class:`EntryActor`: one replica of the entry points of every source (Hwang §II-B);
+* :class:`ReplicaActor`: one operator replica; started *pending* it buffers its input
+  until a hand-over installs a peer's checkpoint (docs/design.md, decision 7), whole
+  or in steps of bins (Megaphone §3.3: ``begin_transfer``/``install_step`` as
+  receiver, ``request_step`` as sender);
+* :class:`SinkActor`: an application, which records what it delivers.
+
+The coordinator actor is in :mod:`.coordinator`: it needs the placement library
+(scipy), which this module keeps out of the data-path actors' processes.
+
+Locks (each actor, in its own process): ``lock`` (the core and what it emitted)
+is taken before an outbox's lock; a receiver's ``staged_lock`` (a staged transfer)
+after ``lock``.
+
+>>> h = ReplicaActor.remote(query, "join", 0, "tokyo", [2, 2], network, t0, {})   # doctest: +SKIP
+>>> ray.get(h.connect.remote("join", "alerts", "boston", sink, 0, 0))          # doctest: +SKIP
+0
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
 import ray
 
-from ..replica import ReplicaCore
-from ..operators.entry import EntryLogic
-from ..schema import END, TS, Marker, Punctuation
+from ...replica import ReplicaCore, StagedReplica
+from ...schema import END, TS, Marker, Punctuation
 from .channels import NO_ACK, Link, Outbox, Sender
+
+__all__ = ["EntryActor", "ReplicaActor", "SinkActor"]
 
 
 def _cpu_seconds() -> float:
@@ -159,7 +183,7 @@ class _Base:
                 "age_s": time.time() - max(self.created, self.t0),
                 "emitted": {n: ob.emitted for n, ob in self.outboxes.items()},
                 "min_ack": {n: ob.min_ack() for n, ob in self.outboxes.items()},
-                "retained": {n: ob.log_tuples for n, ob in self.outboxes.items()}}
+                "retained": {n: ob.log.tuples for n, ob in self.outboxes.items()}}
 
     def _delay(self) -> float:
         return 0.0
@@ -217,7 +241,7 @@ class _Base:
             "blocked_seconds": sum(ob.blocked_s for ob in self.outboxes.values()),
             "last_push_s": self.last_push,
             "dropped": list(self.dropped),
-            "retained_tuples": {n: ob.log_tuples for n, ob in self.outboxes.items()},
+            "retained_tuples": {n: ob.log.tuples for n, ob in self.outboxes.items()},
         }
 
 
@@ -242,7 +266,7 @@ class ReplicaActor(_Base):
         self.core = None if pending else ReplicaCore(query, node, channels, strict)
         self.buffered: list[tuple[int, int, list]] = []  # (port, channel, packet) while pending
         self.installed: dict | None = None  # what install() put in place
-        # staged transfer (Megaphone §3.3, runtime/transfer.py): as receiver, the StagedReplica
+        # staged transfer (Megaphone §3.3, engines/ray/transfer.py): as receiver, the StagedReplica
         # and the steps it installed; as sender, the steps asked for, taken at our next punctuation
         self.staged = None
         self.steps_installed: dict[int, float] = {}
@@ -294,8 +318,6 @@ class ReplicaActor(_Base):
     def checkpoint(self):
         """This replica's hand-over checkpoint (docs/design.md, decision 7): its core's state, and as
         ``output`` what its outbox retains (flushed first), so the taker can replay it downstream."""
-        import dataclasses
-
         if self.core is None:
             raise RuntimeError(f"{self.label} is waiting for its own checkpoint; it cannot give one")
         with self.lock:
@@ -306,23 +328,19 @@ class ReplicaActor(_Base):
     def install(self, checkpoint=None) -> dict:
         """Leave pending mode: build the core from ``checkpoint`` (a peer's, or None for a fresh
         state), then process the input buffered meanwhile. Returns what was installed."""
-        from ..replica import ReplicaCore as Core
-
         if self.core is not None:
             raise RuntimeError(f"{self.label} already runs; install() is for a replica started pending")
         started = time.time()
         with self.lock:
             if checkpoint is None:
-                self.core = Core(self.query, self.node, self.channels, self.strict)
+                self.core = ReplicaCore(self.query, self.node, self.channels, self.strict)
                 info = {"checkpoint": None}
             else:
-                self.core = Core.from_checkpoint(self.query, checkpoint, self.channels, self.strict, retain=False)
+                self.core = ReplicaCore.from_checkpoint(self.query, checkpoint, self.channels, self.strict, retain=False)
                 info = {"checkpoint": checkpoint.summary()}
                 if checkpoint.output:
                     # the peer's retained output becomes ours: links added later replay it
-                    self.out.log.extend((_hi(it), it) for it in checkpoint.output)
-                    self.out.log_tuples += sum(len(it) for it in checkpoint.output
-                                               if not isinstance(it, Punctuation))
+                    self.out.adopt(checkpoint.output)
             out: list = []
             for port, channel, packet in self.buffered:
                 out.extend(self._process(port, channel, packet))
@@ -343,10 +361,6 @@ class ReplicaActor(_Base):
         The receiver's work (routing input to partial cores, installing steps, merging) runs in
         a worker thread: ``push`` and ``install_step`` only queue, so upstream replicas are never
         held back (backpressure) by a receiver busy installing a large step."""
-        from collections import deque
-
-        from ..replica import StagedReplica
-
         if self.core is not None or self.staged is not None:
             raise RuntimeError(f"{self.label} is not waiting for a checkpoint")
         with self.lock:
@@ -435,8 +449,7 @@ class ReplicaActor(_Base):
         self.core = staged.core
         self.staged = None
         # the peers' retained output and ours become our log: links added later replay it
-        self.out.log.extend((_hi(it), it) for it in items)
-        self.out.log_tuples += sum(len(it) for it in items if not isinstance(it, Punctuation))
+        self.out.adopt(items)
         self.installed = {"checkpoint": "staged", **staged.stats(),
                           "seconds": time.time() - getattr(self, "started_transfer", time.time())}
 
@@ -467,8 +480,6 @@ class ReplicaActor(_Base):
 
     def _take_steps(self) -> None:
         """Take every requested step now (under the lock, between two deliveries)."""
-        import dataclasses
-
         requests, self.step_requests = self.step_requests, {}
         for key, (receiver, step, bins, bits, asked) in requests.items():
             self.steps_sent.add(key)
@@ -501,10 +512,6 @@ class ReplicaActor(_Base):
                       "dead_letters": sum(d.count for d in self.core.dead_letters()),
                       "installed": self.installed})
         return s
-
-
-def _hi(it) -> int:
-    return it.p if isinstance(it, Punctuation) else int(it[TS].max())
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
@@ -659,120 +666,3 @@ class SinkActor(_Base):
                       "dead_letters": sum(d.count for d in self.core.dead_letters()),
                       "parquet_files": list(self.parquet_files)})
         return s
-
-
-@ray.remote(num_cpus=0, max_restarts=0)
-class CoordinatorActor:
-    """The deployment's coordinator (Hwang §II-B, §V): owns the placement plan.
-
-    It holds the plan the deployment was started with and the
-    :class:`~replistream.placement.Placement` behind it (its network cost and
-    why each replica went where it did), collects statistics from the
-    replicas (stream rates, per-replica load), computes placements with the
-    pure functions of :mod:`replistream.placement` under the measured
-    statistics (Algorithm 5 by default), and keeps the event log of reports
-    (dropped channels, failures) that the metrics expose. The deployment
-    applies the initial plan when it starts the actors; moving running
-    replicas to a new plan is left to the revival and state-transfer work.
-    """
-
-    def __init__(self, t0: float):
-        self.t0 = t0
-        self.events: list[dict] = []
-        self.query = None
-        self.servers: list = []
-        self._placement = None  # the Placement of the running plan (None if it could not be costed)
-        self._plan: dict[str, list[str]] = {}
-        self.handles: dict[str, Any] = {}
-        self.actor_server: dict[str, str] = {}
-        self.stats = None  # QueryStats from the last collect_stats()
-        self.proposed = None  # the last Placement computed by place()
-
-    def report(self, kind: str, info: dict) -> None:
-        self.events.append({"kind": kind, **info})
-
-    def log(self) -> list[dict]:
-        return list(self.events)
-
-    # -- the plan ------------------------------------------------------------------------------
-    def set_placement(self, query, servers: list, placement, handles: dict | None = None,
-                      actor_server: dict | None = None) -> bool:
-        """Take ownership of the running plan (``placement``: a Placement, or None) and the actors."""
-        self.query = query
-        self.servers = list(servers)
-        self._placement = placement
-        if placement is not None:
-            self._plan = placement.plan()
-        self.handles = dict(handles or {})
-        self.actor_server = dict(actor_server or {})
-        if not self._plan and self.actor_server:
-            plan: dict[str, list[str]] = {}
-            for label, srv in sorted(self.actor_server.items()):
-                plan.setdefault(label.rsplit("#", 1)[0], []).append(srv)
-            self._plan = plan
-        self.events.append({"kind": "placement", "t": time.time() - self.t0,
-                            "strategy": getattr(placement, "strategy", None),
-                            "network_cost": self.network_cost()})
-        return True
-
-    def plan(self) -> dict[str, list[str]]:
-        """``{node: [server, ...]}`` of the running deployment."""
-        return {n: list(v) for n, v in self._plan.items()}
-
-    def placement(self):
-        """The :class:`~replistream.placement.Placement` of the running plan (None if not costed)."""
-        return self._placement
-
-    def network_cost(self) -> float | None:
-        """Network cost (sum of rate x latency over stream replicas) of the running plan."""
-        return None if self._placement is None else float(self._placement.network_cost)
-
-    def explain(self) -> str:
-        """Why every replica runs where it does."""
-        return "no placement" if self._placement is None else self._placement.explain()
-
-    # -- statistics and new placements ----------------------------------------------------------
-    def collect_stats(self, duration_s: float | None = None):
-        """Ask every live actor for its statistics; returns and keeps the resulting QueryStats.
-
-        Rates: tuples each stream replica carried per second of ``duration_s``
-        (default: since the coordinator started), in bytes/s; loads: busy
-        time per second of each replica, averaged per operator.
-        """
-        from ..placement.model import QueryStats
-
-        if self.query is None:
-            raise RuntimeError("the coordinator has no deployment yet (set_placement was not called)")
-        duration = float(duration_s) if duration_s else max(time.time() - self.t0, 1e-3)
-        refs = {label: h.stats.remote() for label, h in self.handles.items()}
-        actors = {}
-        for label, ref in refs.items():
-            try:
-                actors[label] = ray.get(ref, timeout=10)
-            except Exception:
-                continue  # dead or unreachable: no statistics from it
-        self.stats = QueryStats.from_metrics(self.query, {"actors": actors}, duration)
-        self.events.append({"kind": "stats", "t": time.time() - self.t0, "actors": len(actors)})
-        return self.stats
-
-    def place(self, k: int | None = None, strategy: str = "min-cost", **params) -> dict:
-        """Compute a placement for the deployment's query with the latest statistics.
-
-        Returns ``{"strategy", "plan", "network_cost", "current_network_cost"}``,
-        both costs under the same (latest) statistics; the Placement is kept
-        as ``proposed``. Nothing is moved.
-        """
-        from ..placement.model import with_stats
-        from ..placement.policy import place
-        from ..placement.result import Placement
-
-        if self._placement is None:
-            raise RuntimeError("the running plan has no cost model (it could not be costed at deploy time)")
-        problem = self._placement.problem
-        if self.stats is not None:
-            problem = with_stats(problem, self.query, self.stats)
-        k = k or self._placement.k
-        self.proposed = place(problem, k, strategy, **params)
-        current = Placement(problem, {n: self._placement.replicas[n] for n in problem.nodes}, "current")
-        return {"strategy": strategy, "plan": self.proposed.plan(), "network_cost": self.proposed.network_cost,
-                "current_network_cost": current.network_cost}

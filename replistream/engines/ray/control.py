@@ -2,8 +2,16 @@
 
 The *decisions* are the pure functions of :mod:`replistream.gc` (utility,
 Algorithm 6, the revival policy). This module measures what they need on a
-running :class:`~replistream.runtime.deploy.Deployment`, calls them, and
+running :class:`~replistream.engines.ray.deployment.Deployment`, calls them, and
 applies what they return to the actors.
+
+**Its walls.** It reads and changes the replicas and stream replicas through
+the deployment's :class:`~replistream.engines.ray.topology.Topology` (its
+snapshots are built from it), asks the deployment to start, retire and report
+replicas (``start_replica``, ``retire``, ``mark_failed``), talks to actors
+through their public methods, and takes peer choices from
+:mod:`replistream.replica.handover`. Its ``lock`` is the outermost lock of the
+driver (see :mod:`replistream.engines.ray`).
 
 **Where the loop runs.** In a thread of the driver, owned by the
 deployment (:class:`ReplicaManager`), not inside the ``CoordinatorActor``:
@@ -76,15 +84,21 @@ import json
 import math
 import threading
 import time
+import traceback
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
 
-from ..gc import (ENTRY, OperatorReplica, RevivalPolicy, Snapshot, StreamReplica, collect_garbage,
-                  replica_index, snapshot_from_plan)
-from .deploy import _get_quietly, _json_default
+from ...gc import ENTRY, OperatorReplica, RevivalEvent, RevivalPolicy, Snapshot, StreamReplica, collect_garbage
+from ...plan import group_of
+from ...replica.handover import missing_feeders, rank_peers, shares_feeders
+from ...replica.transfer import STRATEGIES
+from .common import json_default, wait_quietly
+from .transfer import staged_install
+
+__all__ = ["CUT_MS", "GCConfig", "ReplicaManager"]
 
 #: Latency (ms) a cut link counts with in the snapshot (the cost model needs finite figures).
 CUT_MS = 60_000.0
@@ -172,8 +186,15 @@ class ReplicaManager:
     """The coordinator loop of one deployment (see the module doc); a driver-side thread.
 
     Created by ``deploy(..., gc=GCConfig(...))`` and started when feeding
-    starts. Read it through the deployment: ``dep.gc_events()``,
-    ``dep.network_cost_history()``, ``dep.manager.snapshot()``.
+    starts (or by ``dep.control_loop()``, then only applying requests). Read it
+    through the deployment: ``dep.gc_events()``, ``dep.network_cost_history()``,
+    ``dep.manager.snapshot()``.
+
+    ``dep`` is the :class:`~replistream.engines.ray.deployment.Deployment`; the loop
+    uses its public surface only: ``topology`` (read and changed under its own lock),
+    ``query``, ``servers``, ``conditions``, ``feeder.done_wall``, ``coordinator``,
+    ``now()``, ``start_replica``, ``retire``, ``mark_failed`` and ``delay_link``.
+    ``lock`` (re-entrant) is held for every period and every request.
 
     >>> dep = rs.deploy(query, servers=6, k=2, gc=GCConfig(utility_period_s=1, gc_period_s=2,
     ...                                                   theta_fraction=0.5))   # doctest: +SKIP
@@ -184,12 +205,8 @@ class ReplicaManager:
     def __init__(self, dep, config: GCConfig):
         self.dep = dep
         self.cfg = config.validate()
-        q = dep.query
-        base = snapshot_from_plan(q, dep.plan, kmin=config.kmin)
-        self.reps: dict[str, OperatorReplica] = {r.label: r for r in base.replicas}
-        self.streams: dict[str, StreamReplica] = {s.id: s for s in base.streams}
-        # filter channel of each stream replica at its destination (deploy: the source's replica index)
-        self.chan: dict[str, int] = {s.id: replica_index(s.src) or 0 for s in base.streams}
+        self.topology = dep.topology  # the replicas and stream replicas, with their filter channels
+        self.reported_failures: set[str] = set()  # failed replicas already logged
         self.theta = math.inf if config.theta is None else float(config.theta)
         self.events: list[dict] = []
         self.history: list[dict] = []
@@ -202,7 +219,7 @@ class ReplicaManager:
         self.cooling: dict[str, float] = {}  # label -> time (since t0) until which its delay is ignored
         self.hold_gc_until = 0.0  # no discard before this time: revived replicas first get measured weights
         self._last_none: dict[str, str] = {}
-        self.transfers: list[dict] = []  # staged transfers (runtime/transfer.py): progress, one dict each
+        self.transfers: list[dict] = []  # staged transfers (transfer.py): progress, one dict each
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -233,15 +250,13 @@ class ReplicaManager:
             try:
                 self.tick()
             except Exception as e:  # recorded, never fatal to the run
-                import traceback
-
                 self.errors += 1
-                self._event({"kind": "error", "action": "error", "error": repr(e),
+                self.record({"kind": "error", "action": "error", "error": repr(e),
                              "traceback": traceback.format_exc(limit=5)})
 
     def now(self) -> float:
         """Seconds since the run started (the deployment's ``t0``)."""
-        return time.time() - self.dep.t0
+        return self.dep.now()
 
     # -- measuring ---------------------------------------------------------------------------
     def _latency(self, a: str, b: str) -> float:
@@ -249,41 +264,44 @@ class ReplicaManager:
         return CUT_MS if not math.isfinite(lat) else lat
 
     def _reports(self) -> dict[str, dict]:
+        """The gc report of every running replica not failed; one that does not answer is left out
+        of this period (a death is noticed through the topology)."""
+        topo = self.topology
         refs = {}
-        for label, r in self.reps.items():
-            if r.state == "failed" or not self.dep.alive.get(label):
+        for r in topo.replicas():
+            if r.state == "failed" or not topo.is_running(r.label):
                 continue
-            refs[label] = self.dep.handles[label].gc_report.remote()
+            refs[r.label] = topo.handle(r.label).gc_report.remote()
         out = {}
         for label, ref in refs.items():
             try:
                 out[label] = ray.get(ref, timeout=30)
-            except Exception:
+            except Exception:  # no report from it this period; see the docstring
                 continue
         return out
 
-    def _notice_failures(self) -> None:
-        for label, r in list(self.reps.items()):
-            if r.state == "live" and not self.dep.alive.get(label, False):
-                self.reps[label] = replace(r, state="failed")
-                for sid, s in self.streams.items():
-                    if s.live and label in (s.src, s.dst):
-                        self.streams[sid] = replace(s, live=False)
-                self._event({"kind": "failure", "action": "failed", "replica": label,
-                             "text": f"{label} died (failure, not garbage collection)"})
+    def notice_failures(self) -> None:
+        """Log every replica that failed since the last call (failure, not garbage collection)."""
+        for r in self.topology.replicas(state="failed"):
+            if r.label not in self.reported_failures:
+                self.reported_failures.add(r.label)
+                self.record({"kind": "failure", "action": "failed", "replica": r.label,
+                             "text": f"{r.label} died (failure, not garbage collection)"})
 
     def measure(self) -> Snapshot:
         """Ask the actors and build the current snapshot (rates, latencies, weights of the last period)."""
+        topo = self.topology
         with self.lock:
-            self._notice_failures()
+            self.notice_failures()
             reports = self._reports()
             self._measure_rates(reports)
             weights: dict[str, float] = {}
-            for sid, s in self.streams.items():
+            for s in topo.streams():
+                sid = s.id
                 rep = reports.get(s.dst)
                 if rep is None or not rep.get("weights"):
                     continue
-                ch = self.chan.get(sid)
+                ch = topo.channel(sid)
                 port_w = rep["weights"][s.port] if s.port < len(rep["weights"]) else []
                 if ch is None or ch >= len(port_w):
                     continue
@@ -293,14 +311,17 @@ class ReplicaManager:
                 self.weights_prev[key] = w
             # once the feeder has sent everything, nothing newer is due: a replica's input stops
             # aging then (else every replica looks hindered at the end of a paced run)
-            done = getattr(self.dep, "feed_done_wall", None)
+            done = self.dep.feeder.done_wall
             idle = max(0.0, time.time() - done) if done is not None else 0.0
             self.delays = {label: max(0.0, float(rep.get("delay_s", 0.0)) - idle) for label, rep in reports.items()
-                           if self.reps[label].kind != "entry" and self.reps[label].live}
-            streams = [replace(s, rate=float(self.rates.get(s.stream, 0.0)),
-                               latency_ms=self._latency(self.reps[s.src].server, self.reps[s.dst].server),
-                               weight=weights.get(s.id, 0.0)) for s in self.streams.values()]
-            snap = Snapshot(list(self.reps.values()), streams, self.cfg.kmin, self.theta)
+                           if topo.replica(label).kind != "entry" and topo.replica(label).live}
+
+            def measured(s: StreamReplica) -> StreamReplica:
+                return replace(s, rate=float(self.rates.get(s.stream, 0.0)),
+                               latency_ms=self._latency(topo.server(s.src), topo.server(s.dst)),
+                               weight=weights.get(s.id, 0.0))
+
+            snap = topo.snapshot(self.cfg.kmin, self.theta, measured)
             self._floor_dormant_entries(reports)
             self.last_snapshot = snap
             return snap
@@ -330,16 +351,19 @@ class ReplicaManager:
         self.rates.update(best)
 
     def _floor_dormant_entries(self, reports: dict) -> None:
-        live = [reports[l] for l, r in self.reps.items() if r.kind == "entry" and r.live and l in reports]
-        dormant = [l for l, r in self.reps.items() if r.kind == "entry" and r.state == "dormant"
-                   and self.dep.alive.get(l)]
+        """A dormant entry replica (still fed, no links) trims its retention to what the live entry
+        replicas' consumers acknowledged."""
+        topo = self.topology
+        entries = topo.replicas(ENTRY)
+        live = [reports[r.label] for r in entries if r.live and r.label in reports]
+        dormant = [r.label for r in entries if r.state == "dormant" and topo.is_running(r.label)]
         if not live or not dormant:
             return
         acks = [a for rep in live for a in rep.get("min_ack", {}).values()]
         if acks:
             floor = min(acks)
             for l in dormant:
-                self.dep.handles[l].set_floor.remote(floor)
+                topo.handle(l).set_floor.remote(floor)
 
     def snapshot(self) -> Snapshot | None:
         """The snapshot of the last utility period (None before the first)."""
@@ -355,7 +379,7 @@ class ReplicaManager:
             if math.isinf(self.theta) and self.cfg.theta_fraction is not None and cost > 0:
                 self.theta = self.cfg.theta_fraction * cost
                 snap = snap.evolve(theta=self.theta)
-                self._event({"kind": "theta", "action": "theta", "theta": self.theta, "cost": cost,
+                self.record({"kind": "theta", "action": "theta", "theta": self.theta, "cost": cost,
                              "text": f"theta = {self.cfg.theta_fraction:g} x first measured cost {cost:.6g} "
                                      f"= {self.theta:.6g}"})
             self.history.append({"t": round(self.now(), 3), "network_cost": cost,
@@ -377,7 +401,7 @@ class ReplicaManager:
         for d in result.decisions:
             started = time.time()
             self._apply_discard(d.streams, d.replicas)
-            self._event({"kind": "gc", **d.to_dict(), "text": d.describe(),
+            self.record({"kind": "gc", **d.to_dict(), "text": d.describe(),
                          "apply_seconds": round(time.time() - started, 3), "live_after": self.live_counts()})
         return result.snapshot
 
@@ -410,7 +434,7 @@ class ReplicaManager:
             if e.action == "none":
                 if self._last_none.get(e.replica) != e.reason:
                     self._last_none[e.replica] = e.reason
-                    self._event({"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": False})
+                    self.record({"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": False})
                 continue
             if not self._apply_and_record(e):
                 break  # the snapshot the later events were planned on did not come about
@@ -418,7 +442,7 @@ class ReplicaManager:
     def _none_once(self, label: str, reason: str) -> None:
         if self._last_none.get(label) != reason:
             self._last_none[label] = reason
-            self._event({"kind": "revival", "action": "none", "trigger": "delay", "replica": label,
+            self.record({"kind": "revival", "action": "none", "trigger": "delay", "replica": label,
                          "reason": reason, "text": f"{label}: none; {reason}", "applied": False})
 
     def _apply_and_record(self, e) -> bool:
@@ -444,7 +468,7 @@ class ReplicaManager:
                "apply_seconds": round(time.time() - started, 3), **info}
         if err:
             rec["error"] = err
-        self._event(rec)
+        self.record(rec)
         return applied
 
     def link_bound(self, snap: Snapshot, delays: dict[str, float]) -> list[tuple[str, str]]:
@@ -491,16 +515,17 @@ class ReplicaManager:
     def live_counts(self) -> dict[str, int]:
         """Live replicas per operator (entry points as ``"entry"``), as the loop last left them."""
         out: dict[str, int] = {}
-        for r in self.reps.values():
+        for r in self.topology.replicas():
             out[r.operator] = out.get(r.operator, 0) + (1 if r.live else 0)
         return out
 
     def _downstream(self, label: str) -> set:
         seen, todo = set(), [label]
+        streams = self.topology.streams(live=True)
         while todo:
             x = todo.pop()
-            for s in self.streams.values():
-                if s.live and s.src == x and s.dst not in seen:
+            for s in streams:
+                if s.src == x and s.dst not in seen:
                     seen.add(s.dst)
                     todo.append(s.dst)
         return seen
@@ -563,7 +588,7 @@ class ReplicaManager:
         for s in streams:
             self.dep.delay_link(snap.replica(s.src).server, snap.replica(s.dst).server, extra_ms, duration_s,
                                 both_directions=False)
-        self._event({"kind": "congestion", "action": "delay_link", "streams": [s.id for s in streams],
+        self.record({"kind": "congestion", "action": "delay_link", "streams": [s.id for s in streams],
                      "extra_ms": extra_ms, "text": f"{extra_ms:g} ms added on {', '.join(s.id for s in streams)}"
                                                    f"{note}"})
         return [s.id for s in streams]
@@ -583,75 +608,71 @@ class ReplicaManager:
         (``"all-at-once"``, ``"batched"`` with ``bins_per_step``, ``"fluid"``; Megaphone §3.3)
         moves the checkpoint in steps of ``2**bits`` bins (default 8 bits), each taken at a
         punctuation of the sending peer while it keeps serving
-        (:func:`replistream.runtime.transfer.staged_install`); progress is in :attr:`transfers`.
+        (:func:`replistream.engines.ray.transfer.staged_install`); progress is in :attr:`transfers`.
         ``strategy=None`` is the single-step hand-over of docs/handover.md.
 
-        What ``Deployment.revive_replica``/``add_replica`` (and the
-        :class:`~replistream.testing.Revive` sentinel) run.
+        What ``Deployment.revive_replica``/``add_replica``/``move_replica`` (and the
+        :class:`~replistream.sources.Revive` sentinel) run.
+
+        >>> dep.control_loop().replace_replica("join#0", checkpoint=False)["action"]   # doctest: +SKIP
+        'replace-replica'
         """
+        topo = self.topology
         with self.lock:
-            if label not in self.reps:
-                raise ValueError(f"no replica {label!r}; replicas: {sorted(self.reps)}")
-            old = self.reps[label]
+            if label not in topo:
+                raise ValueError(f"no replica {label!r}; replicas: {sorted(r.label for r in topo.replicas())}")
+            old = topo.replica(label)
             if old.kind != "operator":
                 raise ValueError(f"{label!r} is {'an entry point' if old.kind == 'entry' else 'an application'}: "
                                  f"only operator replicas can be revived or added (an entry point's input "
                                  f"cannot be replayed; an application has one replica)")
-            if old.live and not self.dep.alive.get(label):
-                self._notice_failures()
-                old = self.reps[label]
+            if old.state == "failed":
+                self.notice_failures()
             if server is not None and server not in self.dep.servers:
                 raise ValueError(f"no server {server!r}; servers: {sorted(self.dep.servers)}")
-            if strategy is not None:
-                from ..replica.transfer import STRATEGIES
-
-                if strategy not in STRATEGIES:
-                    raise ValueError(f"unknown transfer strategy {strategy!r}; choose one of {STRATEGIES}")
+            if strategy is not None and strategy not in STRATEGIES:
+                raise ValueError(f"unknown transfer strategy {strategy!r}; choose one of {STRATEGIES}")
             given = server
             server = old.server if given is None else given
             if add and given is None:
-                snap = self.last_snapshot or Snapshot(list(self.reps.values()), list(self.streams.values()),
-                                                      self.cfg.kmin)
+                snap = self.last_snapshot or topo.snapshot(self.cfg.kmin)
                 server = self._place(old.operator, snap, label) or old.server
             e = self._replacement(label, server, add, "request",
                                   f"requested: {'add a replica of' if add else 'replace'} {label} by hand-over")
             started = time.time()
-            self._no_checkpoint = not checkpoint
-            self._strategy = None if strategy is None else {"strategy": strategy, "bins_per_step": bins_per_step,
-                                                            "bits": 8 if bits is None else int(bits)}
-            try:
-                info = self._apply_revival(e)
-            finally:
-                self._no_checkpoint = False
-                self._strategy = None
+            how = {"checkpoint": checkpoint,
+                   "staged": None if strategy is None else {"strategy": strategy, "bins_per_step": bins_per_step,
+                                                            "bits": 8 if bits is None else int(bits)}}
+            info = self._apply_revival(e, how)
             rec = {"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": True,
                    "apply_seconds": round(time.time() - started, 3), **info}
-            self._event(rec)
+            self.record(rec)
             return rec
 
-    def _replacement(self, label: str, server: str, add: bool, trigger: str, reason: str, **kw):
+    def discard(self, label: str, text: str) -> None:
+        """Discard the running replica ``label`` and its live stream replicas (as Algorithm 6 does), and
+        log it as a reconfiguration with ``text``."""
+        with self.lock:
+            self._apply_discard([s.id for s in self.topology.streams(live=True, touching=label)], [label])
+            self.record({"kind": "reconfiguration", "action": "discard", "replica": label, "text": text})
+
+    def _replacement(self, label: str, server: str, add: bool, trigger: str, reason: str, **kw) -> RevivalEvent:
         """The RevivalEvent that starts a new replica of ``label``'s operator on ``server``, fed by
         every live upstream replica and feeding every live downstream replica (and, unless
         ``add``, discards ``label`` and its stream replicas)."""
-        from ..gc import RevivalEvent
-
-        old = self.reps[label]
-        idx = [replica_index(x) for x in self.reps if self.reps[x].operator == old.operator]
-        new_label = f"{old.operator}#{max(i for i in idx if i is not None) + 1}"
+        topo = self.topology
+        old = topo.replica(label)
+        new_label = topo.next_label(old.operator)
         new = OperatorReplica(new_label, old.operator, server, "operator", "live", old.stateful)
         q = self.dep.query
         streams = []
         for p, up in enumerate(q.inputs_of(old.operator)):
-            up_op = ENTRY if q.spec(up).kind == "source" else up
-            for r in self.reps.values():
-                if r.operator == up_op and r.live:
-                    streams.append(StreamReplica(r.label, new_label, p, 0.0, 0.0, 0.0, True, up))
+            for r in topo.replicas(group_of(q, up), state="live"):
+                streams.append(StreamReplica(r.label, new_label, p, 0.0, 0.0, 0.0, True, up))
         for v, p in q.outputs_of(old.operator):
-            for r in self.reps.values():
-                if r.operator == v and r.live:
-                    streams.append(StreamReplica(new_label, r.label, p, 0.0, 0.0, 0.0, True, old.operator))
-        drop = [] if add or not old.live else [sid for sid, s in self.streams.items()
-                                                if s.live and label in (s.src, s.dst)]
+            for r in topo.replicas(v, state="live"):
+                streams.append(StreamReplica(new_label, r.label, p, 0.0, 0.0, 0.0, True, old.operator))
+        drop = [] if add or not old.live else [s.id for s in topo.streams(live=True, touching=label)]
         return RevivalEvent("create-replica" if add else "replace-replica", trigger, label, reason,
                             new_replicas=(new,), new_streams=tuple(streams), discard_streams=tuple(drop),
                             discard_replicas=() if add or not old.live else (label,),
@@ -696,60 +717,60 @@ class ReplicaManager:
         return min(cands, key=lambda s: (cost(s), list(self.dep.servers).index(s)))
 
     # -- applying decisions to the actors -----------------------------------------------------
-    def _handle(self, label: str):
-        return self.dep.handles[label]
-
     def _apply_discard(self, streams, replicas) -> None:
+        """Stop the discarded stream replicas at their sources; retire the replicas left dormant."""
+        topo = self.topology
         calls = []
         for sid in streams:
-            s = self.streams[sid]
-            self.streams[sid] = replace(s, live=False)
-            if self.dep.alive.get(s.src):
-                calls.append(self._handle(s.src).disconnect.remote(s.dst, s.port))
-        _get_quietly(calls, timeout=60)
+            s = topo.stream(sid)
+            topo.disconnect(sid)
+            if topo.is_running(s.src):
+                calls.append(topo.handle(s.src).disconnect.remote(s.dst, s.port))
+        wait_quietly(calls, timeout=60)
         for label in replicas:
-            r = self.reps[label]
-            self.reps[label] = replace(r, state="dormant")
-            if r.kind == "operator" and self.dep.alive.get(label):
-                self.dep.retire(label)
+            self.dep.retire(label)
 
     def _stream_name(self, s: StreamReplica) -> str:
-        return s.stream or self.reps[s.src].operator
+        return s.stream or self.topology.replica(s.src).operator
 
-    def _apply_revival(self, e) -> dict:
+    def _apply_revival(self, e: RevivalEvent, how: dict | None = None) -> dict:
+        """Apply a revival decision: start its replicas (pending, subscribed with replay), hand
+        state over to them, connect their outputs and the revived stream replicas, then discard
+        what the event replaces. ``how``: ``{"checkpoint": False}`` starts them fresh;
+        ``{"staged": {...}}`` moves the state in steps (:func:`.transfer.staged_install`)."""
+        topo = self.topology
+        how = {"checkpoint": True, "staged": None, **(how or {})}
         info: dict[str, Any] = {}
-        new_by_label = {r.label: r for r in e.new_replicas}
+        new_labels = [r.label for r in e.new_replicas]
         for r in e.new_replicas:
-            self.reps[r.label] = r
-        wanted = {sid: self.streams[sid] for sid in e.revive_streams}
+            topo.add_replica(r)
+        wanted = {sid: topo.stream(sid) for sid in e.revive_streams}
         for s in e.new_streams:
-            self.streams[s.id] = replace(s, live=False)
+            topo.put_stream(replace(s, live=False))
             wanted[s.id] = s
-        to_start = [lab for lab in list(e.revive_replicas) + list(new_by_label)
-                    if self.reps[lab].kind == "operator"]
+        to_start = [lab for lab in list(e.revive_replicas) + new_labels if topo.replica(lab).kind == "operator"]
         for lab in e.revive_replicas:
-            self.reps[lab] = replace(self.reps[lab], state="live")
+            topo.set_state(lab, "live")
         started: dict[str, Any] = {}
         try:
             # 1. start pending actors, 2. subscribe them to their upstream replicas (with replay)
             for lab in to_start:
                 ins = [s for s in wanted.values() if s.dst == lab and s.src not in to_start]
-                started[lab] = self._start(self.reps[lab], ins)
+                started[lab] = self._start(topo.replica(lab), ins)
             # 3. hand-over: a checkpoint from a live peer, taken after the subscription
             handover = {}
             for lab in to_start:
-                handover[lab] = self._install(lab, started[lab], set(started))
+                handover[lab] = self._install(lab, started[lab], set(started), how)
             info["handover"] = handover
             # 4. their outputs, 5. revived stream replicas between running replicas
             for s in wanted.values():
-                if self.streams[s.id].live:
+                if topo.stream(s.id).live:
                     continue  # connected in _start
                 self._connect(s)
         except Exception:
             for lab in started:  # a half-started replica must not linger
-                self.reps[lab] = replace(self.reps[lab], state="dormant")
-                self._apply_discard([sid for sid, s in self.streams.items() if s.live and lab in (s.src, s.dst)],
-                                    [lab])
+                topo.set_state(lab, "dormant")
+                self._apply_discard([s.id for s in topo.streams(live=True, touching=lab)], [lab])
             raise
         # 6. what a replacement discards
         if e.discard_streams or e.discard_replicas:
@@ -758,22 +779,18 @@ class ReplicaManager:
 
     def _connect(self, s: StreamReplica) -> int:
         """Connect ``s`` (both ends running) on a new filter channel, replaying the source's log."""
-        dst, src = self.reps[s.dst], self.reps[s.src]
-        ch = ray.get(self._handle(s.dst).add_channel.remote(s.port), timeout=60)
-        n = ray.get(self._handle(s.src).connect.remote(self._stream_name(s), s.dst, dst.server, self._handle(s.dst),
-                                                       s.port, ch, True), timeout=60)
-        self.chan[s.id] = ch
-        self.streams[s.id] = replace(s, live=True)
+        topo = self.topology
+        dst = topo.handle(s.dst)
+        ch = ray.get(dst.add_channel.remote(s.port), timeout=60)
+        n = ray.get(topo.handle(s.src).connect.remote(self._stream_name(s), s.dst, topo.server(s.dst), dst, s.port,
+                                                     ch, True), timeout=60)
+        topo.put_stream(replace(s, live=True), ch)
         return n
 
     def _start(self, rep: OperatorReplica, ins: list[StreamReplica]):
         """Create the actor of ``rep`` pending, fed by ``ins`` (each replaying its log)."""
-        from .actors import ReplicaActor
-        from .deploy import _ray_options
-
-        dep = self.dep
-        q = dep.query
-        n_ports = len(q.inputs_of(rep.operator))
+        topo = self.topology
+        n_ports = len(self.dep.query.inputs_of(rep.operator))
         channels = [0] * n_ports
         chan_of = {}
         for s in ins:
@@ -782,81 +799,65 @@ class ReplicaManager:
         for p in range(n_ports):
             if channels[p] == 0:
                 raise RuntimeError(f"cannot start {rep.label}: no live upstream replica feeds its port {p}")
-        idx = replica_index(rep.label)
-        h = ReplicaActor.options(**_ray_options(dep.servers[rep.server])).remote(
-            q, rep.operator, idx if idx is not None else 0, rep.server, channels, dep.conditions, dep.t0,
-            dep.channel_opts, dep.coordinator, dep.strict, True)
-        ray.get(h.set_clock.remote(dep.t0, dep.ts0, dep.speed), timeout=120)
-        dep.adopt(rep.label, rep.server, h)
+        h = self.dep.start_replica(rep.label, channels, pending=True)
         calls = []
         for s in ins:
-            calls.append(self._handle(s.src).connect.remote(self._stream_name(s), rep.label, rep.server, h, s.port,
+            calls.append(topo.handle(s.src).connect.remote(self._stream_name(s), rep.label, rep.server, h, s.port,
                                                            chan_of[s.id], True))
-            self.chan[s.id] = chan_of[s.id]
-            self.streams[s.id] = replace(s, live=True)
+            topo.put_stream(replace(s, live=True), chan_of[s.id])
         ray.get(calls, timeout=60)
         return h
 
-    def _peers(self, label: str, pending: set) -> list:
-        """Live peers of ``label``'s operator that can give it a checkpoint, those whose inputs
-        share a feeder with ``label`` on every port first."""
-        rep = self.reps[label]
-        peers = [r for r in self.reps.values() if r.operator == rep.operator and r.live and r.label != label
-                 and self.dep.alive.get(r.label) and r.label not in pending]
-        peers.sort(key=lambda r: (not self._shares_feeders(label, r.label), r.label))
-        return peers
+    # -- hand-over: the peer and its feeders (replistream.replica.handover) ---------------------
+    def peers(self, label: str, pending: set) -> list[str]:
+        """Running live peers of ``label``'s operator that can give it a checkpoint (not in
+        ``pending``), those whose inputs share a feeder with ``label`` on every port first."""
+        topo = self.topology
+        op = topo.replica(label).operator
+        candidates = [r.label for r in topo.replicas(op, state="live") if r.label != label
+                      and topo.is_running(r.label) and r.label not in pending]
+        return rank_peers(label, candidates, topo.streams())
 
-    def _shares_feeders(self, label: str, peer: str) -> bool:
-        feeders = {(s.src, s.port) for s in self.streams.values() if s.live and s.dst == label}
-        ports = {s.port for s in self.streams.values() if s.live and s.dst == peer}
-        return all(any((s.src, p) in feeders for s in self.streams.values()
-                       if s.live and s.dst == peer and s.port == p) for p in ports)
-
-    def _subscribe_like(self, label: str, peer: str) -> list[str]:
-        """Subscribe ``label`` to ``peer``'s feeders it lacks, so the replay covers everything above
-        the peer's ``p``; returns the stream ids added."""
-        feeders = {(s.src, s.port) for s in self.streams.values() if s.live and s.dst == label}
+    def cover_peer(self, label: str, peer: str) -> list[str]:
+        """Unless ``label`` shares a feeder with ``peer`` on every port, subscribe it to the peer's
+        feeders it lacks (with replay), so the replay covers everything above the peer's ``p``;
+        returns the stream ids added."""
+        streams = self.topology.streams()
+        if shares_feeders(streams, label, peer):
+            return []
         added = []
-        for s in list(self.streams.values()):
-            if s.live and s.dst == peer and (s.src, s.port) not in feeders:
-                ns = StreamReplica(s.src, label, s.port, s.rate, s.latency_ms, 0.0, True, s.stream)
-                if ns.id in self.streams and self.streams[ns.id].live:
-                    continue
-                self._connect(ns)
-                added.append(ns.id)
+        for s in missing_feeders(streams, label, peer):
+            self._connect(s)
+            added.append(s.id)
         return added
 
-    def _install(self, label: str, handle, pending: set) -> dict:
+    def _install(self, label: str, handle, pending: set, how: dict) -> dict:
         """Hand-over (docs/design.md, decision 7): install a checkpoint from a live peer whose inputs share
         a feeder with ``label`` on every port; subscribe ``label`` to more feeders if needed.
-        With a transfer strategy (``replace_replica(strategy=...)``), the checkpoint moves in
-        steps of bins instead (Megaphone §3.3, :mod:`replistream.runtime.transfer`)."""
-        rep = self.reps[label]
-        if getattr(self, "_no_checkpoint", False):
+        With a transfer strategy (``how["staged"]``), the checkpoint moves in steps of bins
+        instead (Megaphone §3.3, :mod:`.transfer`)."""
+        rep = self.topology.replica(label)
+        if not how["checkpoint"]:
             ray.get(handle.install.remote(None), timeout=120)
             return {"peer": None, "checkpoint": None}
-        peers = self._peers(label, pending)
+        peers = self.peers(label, pending)
         if not peers:
             if rep.stateful:
                 raise RuntimeError(f"no live peer of {rep.operator!r} can hand its state over to {label}")
             ray.get(handle.install.remote(None), timeout=120)
             return {"peer": None}
-        strategy = getattr(self, "_strategy", None)
-        if strategy is not None:
-            from .transfer import staged_install
-
-            return staged_install(self, label, handle, pending, **strategy)
+        if how["staged"] is not None:
+            return staged_install(self, label, handle, pending, **how["staged"])
         peer = peers[0]
-        added = []
-        if not self._shares_feeders(label, peer.label):
-            # subscribe to the peer's own feeders too, so the replay covers everything above its p
-            added = self._subscribe_like(label, peer.label)
-        ck = ray.get(self._handle(peer.label).checkpoint.remote(), timeout=120)
+        added = self.cover_peer(label, peer)
+        ck = ray.get(self.topology.handle(peer).checkpoint.remote(), timeout=120)
         got = ray.get(handle.install.remote(ck), timeout=300)
-        return {"peer": peer.label, "extra_streams": added, **got}
+        return {"peer": peer, "extra_streams": added, **got}
 
     # -- events ------------------------------------------------------------------------------
-    def _event(self, rec: dict) -> None:
+    def record(self, rec: dict) -> None:
+        """Log a decision or event: in :attr:`events`, in the coordinator actor's log, and as a JSON line
+        in ``log_path`` if the config gives one (``t``: seconds since the run started)."""
         rec = {"t": round(self.now(), 3), **rec}
         for k, v in list(rec.items()):
             if isinstance(v, float) and math.isinf(v):
@@ -864,8 +865,8 @@ class ReplicaManager:
         self.events.append(rec)
         try:
             self.dep.coordinator.report.remote(rec.get("kind", "gc"), rec)
-        except Exception:
-            pass
+        except Exception as e:  # the coordinator is gone (shutting down): the event stays in self.events
+            rec["coordinator_error"] = repr(e)
         if self.cfg.log_path:
             with open(self.cfg.log_path, "a") as f:
-                f.write(json.dumps(rec, default=_json_default) + "\n")
+                f.write(json.dumps(rec, default=json_default) + "\n")

@@ -1,7 +1,7 @@
 """The coordinator's side of a staged state transfer on Ray (Megaphone §3.3, docs/migration.md).
 
 :meth:`ReplicaManager.replace_replica(..., strategy=...)
-<replistream.runtime.manager.ReplicaManager.replace_replica>` starts the new
+<replistream.engines.ray.control.ReplicaManager.replace_replica>` starts the new
 replica pending and subscribed to every live upstream replica (as for any
 hand-over), then calls :func:`staged_install`, which
 
@@ -20,6 +20,10 @@ hand-over), then calls :func:`staged_install`, which
    (``transfer_status()["complete"]``), after which the manager connects its
    outputs and retires what the event replaces.
 
+It works through the control loop's public methods (``peers``, ``cover_peer``,
+``notice_failures``, ``record``), its topology and the deployment's
+``mark_failed``.
+
 Progress is a dict per transfer in ``manager.transfers`` (and
 ``Deployment.transfers()``): strategy, bins, steps done, peer(s), restarts,
 times; each step and restart is also a coordinator event (``kind="transfer"``).
@@ -32,11 +36,9 @@ import time
 
 import ray
 
-from ..replica.transfer import plan_transfer, splittable
+from ...replica.transfer import plan_transfer, splittable
 
-
-def _alive(mgr, label: str) -> bool:
-    return bool(mgr.dep.alive.get(label))
+__all__ = ["staged_install"]
 
 
 def staged_install(mgr, label: str, handle, pending: set, strategy: str, bins_per_step: int | None = None,
@@ -47,7 +49,8 @@ def staged_install(mgr, label: str, handle, pending: set, strategy: str, bins_pe
     ``force_after_s``: if the peer has not taken a step after this long (no punctuation came,
     e.g. the input paused), it is asked to take it at once. Returns the hand-over record.
     """
-    op = mgr.reps[label].operator
+    topo = mgr.topology
+    op = topo.replica(label).operator
     split = splittable(mgr.dep.query, op)
     steps = plan_transfer(strategy, bits, bins_per_step, split)
     ray.get(handle.begin_transfer.remote(bits), timeout=120)
@@ -59,13 +62,12 @@ def staged_install(mgr, label: str, handle, pending: set, strategy: str, bins_pe
     t0 = time.time()
 
     def pick_peer() -> str:
-        peers = mgr._peers(label, pending)
+        peers = mgr.peers(label, pending)
         if not peers:
             progress["state"] = "failed"
             raise RuntimeError(f"transfer to {label}: no live peer of {op!r} left")
-        peer = peers[0].label
-        if not mgr._shares_feeders(label, peer):
-            progress["added_streams"] += mgr._subscribe_like(label, peer)
+        peer = peers[0]
+        progress["added_streams"] += mgr.cover_peer(label, peer)
         progress["peer"] = peer
         return peer
 
@@ -74,22 +76,22 @@ def staged_install(mgr, label: str, handle, pending: set, strategy: str, bins_pe
         asked_at = None
         forced = False
         while True:
-            if not _alive(mgr, peer):
+            if not topo.is_running(peer):
                 dead = peer
-                mgr._notice_failures()
+                mgr.notice_failures()
                 peer = pick_peer()
                 progress["restarts"] += 1
-                mgr._event({"kind": "transfer", "action": "restart", "replica": label, "step": i,
+                mgr.record({"kind": "transfer", "action": "restart", "replica": label, "step": i,
                             "dead_peer": dead, "peer": peer,
                             "text": f"transfer to {label}: peer {dead} died before step {i}; "
                                     f"steps {i}..{len(steps) - 1} restart from {peer}"})
                 asked_at = None
             if asked_at is None:
                 try:
-                    ray.get(mgr._handle(peer).request_step.remote(handle, i, bins, bits), timeout=60)
-                except Exception:  # the peer died: the loop picks another
-                    if _alive(mgr, peer):
-                        mgr.dep._mark_dead(peer, "died during a state transfer")
+                    ray.get(topo.handle(peer).request_step.remote(handle, i, bins, bits), timeout=60)
+                except Exception:  # the peer died: marked failed, and the loop picks another
+                    if topo.is_running(peer):
+                        mgr.dep.mark_failed(peer, "died during a state transfer")
                     continue
                 asked_at, forced = time.time(), False
             status = ray.get(handle.transfer_status.remote(), timeout=60)
@@ -99,10 +101,8 @@ def staged_install(mgr, label: str, handle, pending: set, strategy: str, bins_pe
                 progress["state"] = "failed"
                 raise TimeoutError(f"transfer to {label}: step {i} not installed after {step_timeout_s} s")
             if not forced and time.time() - asked_at > force_after_s:
-                try:
-                    mgr._handle(peer).request_step.remote(handle, i, bins, bits, True)
-                except Exception:
-                    pass
+                # sent, not awaited: if the peer died, the next round notices it (topology)
+                topo.handle(peer).request_step.remote(handle, i, bins, bits, True)
                 forced = True
             time.sleep(poll_s)
         progress["done"] = i + 1
@@ -124,13 +124,13 @@ def staged_install(mgr, label: str, handle, pending: set, strategy: str, bins_pe
     reports = {}
     for p in set(progress["peers"]):
         try:
-            reports[p] = ray.get(mgr._handle(p).transfer_report.remote(), timeout=30)
-        except Exception:
+            reports[p] = ray.get(topo.handle(p).transfer_report.remote(), timeout=30)
+        except Exception:  # a peer that died after its steps: no report from it (its steps count anyway)
             reports[p] = None
     taken = [r for rep in reports.values() if rep for r in rep]
     progress["max_checkpoint_s"] = max((r["checkpoint_s"] + r["send_s"] for r in taken), default=None)
     progress["bytes"] = sum(r["bytes"] for r in taken)
-    mgr._event({"kind": "transfer", "action": "complete", "replica": label, "strategy": strategy,
+    mgr.record({"kind": "transfer", "action": "complete", "replica": label, "strategy": strategy,
                 "steps": len(steps), "seconds": progress["seconds"], "restarts": progress["restarts"],
                 "text": f"transfer to {label}: {len(steps)} step(s) of {strategy} in {progress['seconds']:.3f} s"})
     return {"peer": progress["peers"][-1] if progress["peers"] else None, "strategy": strategy,

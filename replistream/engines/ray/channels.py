@@ -23,9 +23,10 @@ upstream replica would slow its live peers' consumers.
 
 The receiver's ``push`` returns its current maximum punctuation on that input:
 the *acknowledgement*. Every outbox keeps what it flushed since the smallest
-punctuation all its active links acknowledged (its *retention log*,
-docs/design.md, decision 7), so a link added later (a new or revived downstream replica, or a
-revived stream replica; Hwang §V-C) starts with a replay of that log:
+punctuation all its active links acknowledged (its *retention log*, a
+:class:`~replistream.replica.ReplayLog`, the one replay log of every engine;
+docs/design.md, decision 7), so a link added later (a new or revived downstream
+replica, or a revived stream replica; Hwang §V-C) starts with a replay of that log:
 ``add_link(link, replay=True)``. Adding the link and taking the log happen
 under the outbox lock, so nothing emitted around that moment is missed. A
 discarded stream replica (garbage collection, Algorithm 6) is removed with
@@ -38,14 +39,19 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import ray
 
-from ..schema import Marker, Punctuation
+from ...network import delivery_time
+from ...replica import ReplayLog
+from ...schema import Marker, Punctuation
+
+__all__ = ["CONTROL", "NO_ACK", "Link", "Outbox", "Sender", "coalesce"]
 
 #: Items that carry no tuples: flushed at once, never merged into batches.
 CONTROL = (Punctuation, Marker)
@@ -55,7 +61,11 @@ NO_ACK = int(np.iinfo(np.int64).min)
 
 @dataclass
 class Link:
-    """One stream replica: this actor's output to one downstream replica's input port."""
+    """One stream replica: this actor's output to one downstream replica's input port.
+
+    >>> Link("join#1", "tokyo", None, port=0, channel=2).alive
+    True
+    """
 
     label: str  # receiver label, e.g. "join#1"
     server: str
@@ -77,7 +87,12 @@ class Link:
 
 
 def coalesce(items: list) -> list:
-    """Merge consecutive batches between punctuations into one batch each."""
+    """Merge consecutive batches between punctuations into one batch each (empty batches go).
+
+    >>> b = np.zeros(2, dtype=[("ts", "i8")])
+    >>> [len(it) if isinstance(it, np.ndarray) else it for it in coalesce([b, b[:0], b, Punctuation(3), b])]
+    [4, Punctuation(3), 2]
+    """
     out: list = []
     run: list[np.ndarray] = []
     for it in items:
@@ -94,7 +109,24 @@ def coalesce(items: list) -> list:
 
 
 class Outbox:
-    """One output stream of an actor, fanned out to its links (see the module doc)."""
+    """One output stream of an actor, fanned out to its links (see the module doc).
+
+    ``log`` is its retention log (a :class:`~replistream.replica.ReplayLog`): what it
+    flushed until every active link acknowledged a punctuation covering it; markers
+    of running changes are not kept (replicas started later are built from the
+    changed query). A batch straddling the acknowledgement keeps only its tuples
+    above it.
+
+    >>> from replistream import Schema
+    >>> s = Schema({"x": "i8"})
+    >>> ob = Outbox("f#0", "a", None, 0.0)
+    >>> ob.emit([s.from_columns({"ts": [1, 5], "x": [0, 0]}), Punctuation(2)])
+    >>> ob.log.tuples, ob.retained()[-1]
+    (2, Punctuation(2))
+    >>> ob.set_floor(2)  # no link: trimmed to the floor
+    >>> ob.log.tuples, [len(it) for it in ob.retained()]
+    (1, [1])
+    """
 
     def __init__(self, owner: str, server: str, network, t0: float, max_batch: int = 10_000,
                  flush_ms: float = 2.0, max_inflight: int = 16, max_queued: int = 20_000,
@@ -117,10 +149,9 @@ class Outbox:
         self.closed = False
         self.wake: threading.Event | None = None  # set by emit so an idle sender thread wakes up
         self.blocked_s = 0.0  # time emit() waited for room (backpressure)
-        # retention log: (highest ts or punctuation, item) of every flushed item, in flush order,
-        # until every active link acknowledged a punctuation covering it
-        self.log: deque = deque()
-        self.log_tuples = 0
+        # retention log: every flushed item, in flush order, until every active link
+        # acknowledged a punctuation covering it
+        self.log = ReplayLog()
         self.floor = NO_ACK  # trim point used while no link is active (set by the coordinator)
         self.emitted = 0  # tuples flushed since the start (the stream's rate)
 
@@ -138,9 +169,9 @@ class Outbox:
         """
         with self.lock:
             n = 0
-            if replay and self.log:
-                packet = coalesce([it for _, it in self.log])
-                n = self.log_tuples
+            if replay and len(self.log):
+                packet = coalesce(self.log.items())
+                n = self.log.tuples
                 now = time.time()
                 due = self._due(link, now)
                 link.last_due = due
@@ -177,14 +208,15 @@ class Outbox:
             self.floor = max(self.floor, int(acked))
             self._trim_locked()
 
+    def adopt(self, items: Iterable) -> None:
+        """Take ``items`` (a peer's retained output, handed over with its checkpoint) into the
+        retention log, after what it holds: links added later replay them."""
+        with self.lock:
+            self.log.append(items)
+
     def _trim_locked(self) -> None:
         acks = [l.acked for l in self.links if l.alive]
-        acked = min(acks) if acks else self.floor
-        log = self.log
-        while log and log[0][0] <= acked:
-            _, it = log.popleft()
-            if not isinstance(it, Punctuation):
-                self.log_tuples -= len(it)
+        self.log.trim(min(acks) if acks else self.floor)
 
     # -- producer side -------------------------------------------------------------
     def emit(self, items: list, wait: bool = True) -> None:
@@ -221,14 +253,7 @@ class Outbox:
         tuples = self.pending_tuples
         self.pending, self.pending_tuples, self.pending_since = [], 0, None
         self.emitted += tuples
-        for it in packet:
-            if isinstance(it, Punctuation):
-                self.log.append((it.p, it))
-            elif isinstance(it, Marker):
-                pass  # not replayed: replicas started later are built from the changed query
-            else:
-                self.log.append((int(it["ts"].max()), it))
-                self.log_tuples += len(it)
+        self.log.append(packet)  # a marker is not kept: replicas started later are built from the changed query
         live = [l for l in self.links if l.alive]
         if not live:
             return
@@ -249,8 +274,6 @@ class Outbox:
         if self.network is None:
             due = now
         else:
-            from ..network import delivery_time
-
             t_rel = now - self.t0
             due = self.t0 + delivery_time(self.network, self.server, link.server, t_rel)
         return max(due, link.last_due)  # FIFO: never overtake an earlier packet
@@ -315,9 +338,6 @@ class Outbox:
 
     def collect(self, ready: set) -> None:
         """Take the acknowledgements of completed calls (``ready``: ObjectRefs)."""
-        self._collect(ready)
-
-    def _collect(self, ready: set) -> None:
         with self.lock:
             for link in self.links:
                 while link.alive and link.inflight and link.inflight[0][0] in ready:
@@ -369,7 +389,7 @@ class Outbox:
     def retained(self) -> list:
         """The retention log's items (flushed, not yet acknowledged by every active link), in order."""
         with self.lock:
-            return [it for _, it in self.log]
+            return self.log.items()
 
     def stats(self) -> list[dict]:
         with self.lock:
@@ -404,9 +424,7 @@ class Sender(threading.Thread):
             for ob in outboxes:
                 try:
                     w = ob.service()
-                except Exception:  # never let the sender thread die silently
-                    import traceback
-
+                except Exception:  # never let the sender thread die silently: print it and go on
                     traceback.print_exc()
                     w = 0.01
                 if w is not None:

@@ -1,0 +1,791 @@
+"""Deploy a replicated query on Ray and run it (Hwang §II-B).
+
+:func:`deploy` checks the request before any actor starts (servers, placement,
+network, the garbage-collection settings: :mod:`.resolve`), places ``k`` replicas
+of every operator on distinct servers, starts the actors (entry points, operator
+replicas, applications: :mod:`.actors`; the coordinator: :mod:`.coordinator`),
+connects every upstream replica to every downstream replica as the
+:class:`~replistream.plan.PhysicalPlan` says, and returns a :class:`Deployment`.
+
+A :class:`Deployment` is what a user holds. It owns
+
+* the :class:`~.topology.Topology`, the one live view of replicas and stream replicas;
+* the :class:`~.feeder.Feeder`, which hands the input to the entry replicas;
+* :class:`Delivered`, what the applications delivered so far;
+* the control loop (:class:`~.control.ReplicaManager`: garbage collection, revival,
+  hand-over by request), when ``gc=`` is given or a hand-over is asked for;
+
+and offers: run, feed, wait, poll, results, collect, metrics; failure injection
+(kill a replica or a server) and network conditions (delay, cut, slow, restore);
+and thin methods handing over to the control loop (revive, add, move replicas)
+and to :mod:`.reconfigure` (changes to the running query).
+
+>>> import replistream as rs                                  # doctest: +SKIP
+>>> dep = rs.deploy(query, servers=6, k=2, network="geo")     # doctest: +SKIP
+>>> result = dep.run(inputs, pace=1.0)                        # doctest: +SKIP
+>>> result.outputs["alerts"][:3]                              # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import ray
+
+from ...errors import QueryError
+from ...placement.nodes import ray_options
+from ...plan import ENTRY, PhysicalPlan, replica_index
+from ...query import Query
+from ...schema import END, TS
+from ...sources import Sentinel
+from ..result import RunResult
+from . import reconfigure
+from .actors import EntryActor, ReplicaActor, SinkActor
+from .common import json_default, wait_quietly
+from .control import GCConfig, ReplicaManager
+from .coordinator import CoordinatorActor
+from .feeder import Feeder
+from .resolve import (evaluate_plan, placement_network, resolve_network, resolve_placement_with_cost,
+                      resolve_servers)
+from .topology import Topology
+
+__all__ = ["RAY_SYSTEM_CONFIG", "Delivered", "Deployment", "deploy", "init_ray"]
+
+#: Ray settings replistream starts Ray with. Packets up to this size travel inline
+#: in the actor call instead of through the object store (see channels.py: a dead
+#: sender's objects stall their receiver about a second each). On a cluster you
+#: start yourself, pass the same ``_system_config`` to ``ray.init``/``ray start``.
+RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 8 * 1024 * 1024}
+
+
+def init_ray(address: str | None = None, **kwargs) -> None:
+    """Start (or join) Ray the way replistream expects, if it is not running yet.
+
+    Without ``address`` a new local instance starts even when another Ray
+    cluster runs on the machine (``address="local"``); give ``address`` to join one.
+
+    >>> init_ray(num_cpus=2)  # doctest: +SKIP
+    """
+    if ray.is_initialized():
+        return
+    opts = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
+    if address is None or address == "local":
+        opts["address"] = "local"
+        opts["_system_config"] = dict(RAY_SYSTEM_CONFIG)
+    else:
+        opts["address"] = address
+    opts.update(kwargs)
+    ray.init(**opts)
+
+
+# -- what the applications delivered -------------------------------------------------------
+
+class Delivered:
+    """The applications' output fetched into the driver: per application its batches, their
+    arrival times (wall time), the last punctuation, and the callbacks to run on new batches.
+    ``lock`` (re-entrant) guards it (lock 3 of the deployment's order, :mod:`replistream.engines.ray`);
+    :meth:`Deployment.poll` holds it while it fetches, so two polls never fetch the same tuples.
+
+    >>> from replistream import Schema
+    >>> d = Delivered(["out"]); d.add_batch("out", np.zeros(2, dtype=[("ts", "i8")]), np.array([5.0, 6.0]))
+    >>> d.count("out"), d.arrivals("out").tolist()
+    (2, [5.0, 6.0])
+    """
+
+    def __init__(self, apps: Iterable[str]):
+        self.lock = threading.RLock()
+        self.fetched: dict[str, int] = {}
+        self.batches: dict[str, list] = {}
+        self.arrival_times: dict[str, list] = {}
+        self.punctuation: dict[str, int] = {}
+        self.callbacks: dict[str, list[Callable]] = {}
+        for app in apps:
+            self.add(app)
+
+    def add(self, app: str) -> None:
+        """Start tracking application ``app`` (one added at run time, too)."""
+        with self.lock:
+            self.fetched[app], self.batches[app], self.arrival_times[app] = 0, [], []
+            self.punctuation[app], self.callbacks[app] = int(np.iinfo(np.int64).min), []
+
+    def add_batch(self, app: str, data: np.ndarray, arrivals: np.ndarray) -> None:
+        """Record a newly fetched batch and run the callbacks on it."""
+        with self.lock:
+            self.batches[app].append(data)
+            self.arrival_times[app].append(arrivals)
+            self.fetched[app] += len(data)
+            for cb in self.callbacks[app]:
+                cb(data)
+
+    def complete(self) -> bool:
+        """True when every application received the end of every stream."""
+        with self.lock:
+            return all(p == END for p in self.punctuation.values())
+
+    def count(self, app: str) -> int:
+        """Tuples fetched from ``app`` so far."""
+        with self.lock:
+            return int(sum(len(b) for b in self.batches[app]))
+
+    def arrivals(self, app: str) -> np.ndarray:
+        """Wall times the tuples of ``app`` arrived at, in fetch order."""
+        with self.lock:
+            parts = list(self.arrival_times[app])
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def tuples(self, app: str, schema) -> np.ndarray:
+        """The tuples of ``app`` fetched so far, in arrival order."""
+        with self.lock:
+            parts = list(self.batches[app])
+        return np.concatenate(parts) if parts else schema.empty()
+
+
+# -- the deployment ------------------------------------------------------------------------
+
+class Deployment:
+    """A replicated query running on Ray. Created by :func:`deploy` (see the module doc).
+
+    Read-only views of its replicas (built from :attr:`topology`): :attr:`alive`,
+    :attr:`handles`, :attr:`actor_server`, :attr:`sinks`, :attr:`removed`. ``plan`` is
+    the placement ``{node: [server, ...]}`` it started with (plus operators added at run
+    time); ``query`` the query as changed at run time (:mod:`.reconfigure`).
+
+    >>> with deploy(query, servers=4, k=2) as dep:      # doctest: +SKIP
+    ...     res = dep.run(inputs)
+    """
+
+    def __init__(self, query: Query, servers: list, k: int, plan: dict, conditions, seed: int,
+                 channel_opts: dict, strict: bool, on_malformed: str, parquet_dir: str | None, cluster=None,
+                 gc: GCConfig | None = None):
+        self.query = query
+        self.channel_opts = dict(channel_opts)
+        self.strict = strict
+        self.servers = {s.name: s for s in servers}
+        self.k = k
+        self.plan = plan
+        self.conditions = conditions
+        self.seed = seed
+        self.cluster = cluster
+        self.placement = None  # the Placement behind the plan (set by deploy)
+        self.t0 = time.time()
+        self.speed: float | None = None
+        self.ts0 = 0.0  # timestamp replayed at t0 when paced
+        self.events: list[dict] = []
+        self.changes: list[dict] = []  # every change made to the running query (replistream.replica.changes)
+        self._pending_kills: list = []
+        self._scenario_thread: threading.Thread | None = None
+        physical = PhysicalPlan(query, plan)
+        self.topology = Topology(physical)
+        self.coordinator = CoordinatorActor.options(name=None).remote(self.t0)
+        for r in physical.replicas():
+            server = physical.server(r)
+            if r.node == ENTRY:
+                h = EntryActor.options(**ray_options(self.servers[server])).remote(
+                    query, r.index, server, conditions, self.t0, channel_opts, self.coordinator, strict,
+                    on_malformed)
+            else:
+                parquet = None if parquet_dir is None or not r.application else f"{parquet_dir}/{r.node}"
+                h = self.new_actor(query, r.node, r.index, server, physical.channels(r.node), parquet_dir=parquet)
+            self.topology.attach(r.label, h)
+        # every upstream replica feeds every downstream replica
+        topo = self.topology
+        ray.get([topo.handle(e.src.label).connect.remote(e.stream, e.dst.label, physical.server(e.dst),
+                                                          topo.handle(e.dst.label), e.port, e.channel)
+                 for e in physical.streams()])
+        self.delivered = Delivered(query.sinks)
+        self.feeder = Feeder(self.topology, on_start=self._feed_started, on_sentinel=self._run_sentinel,
+                             on_entry_failed=self.mark_failed)
+        self.manager: ReplicaManager | None = None if gc is None else ReplicaManager(self, gc)
+
+    # -- views of the topology ------------------------------------------------------------------
+    @property
+    def alive(self) -> dict[str, bool]:
+        """``{actor label: running}`` of every actor the deployment started."""
+        return self.topology.alive()
+
+    @property
+    def handles(self) -> dict[str, Any]:
+        """``{actor label: Ray actor handle}`` of every actor the deployment started."""
+        return self.topology.handles()
+
+    @property
+    def actor_server(self) -> dict[str, str]:
+        """``{actor label: server}`` of every actor the deployment started."""
+        return self.topology.servers()
+
+    @property
+    def sinks(self) -> dict[str, Any]:
+        """``{application: actor handle}``."""
+        return {r.label: self.topology.handle(r.label) for r in self.topology.replicas()
+                if r.kind == "application" and self.topology.handle(r.label) is not None}
+
+    @property
+    def removed(self) -> set[str]:
+        """Replicas of operators removed from the running query."""
+        return self.topology.removed()
+
+    @property
+    def fed(self) -> list[tuple[float, str, int]]:
+        """``(seconds since the start, source, chunk number)`` of every chunk the feeder sent."""
+        return self.feeder.fed
+
+    @property
+    def started(self) -> bool:
+        """True once :meth:`feed` started the run clock (``t0``)."""
+        return self.feeder.started
+
+    def now(self) -> float:
+        """Seconds since the run started (``t0``: set again when feeding starts)."""
+        return time.time() - self.t0
+
+    # -- actors -----------------------------------------------------------------------------------
+    def new_actor(self, query: Query, node: str, index: int, server: str, channels: list[int],
+                  pending: bool = False, parquet_dir: str | None = None):
+        """Start an actor for replica ``index`` of operator or application ``node`` of ``query`` on
+        ``server`` (``channels``: stream replicas per input port); not registered in the topology.
+        ``pending``: it waits for a hand-over before processing (:class:`~.actors.ReplicaActor`)."""
+        opts = ray_options(self.servers[server])
+        if query.spec(node).kind == "sink":
+            return SinkActor.options(**opts).remote(query, node, server, channels, self.conditions, self.t0,
+                                                    self.channel_opts, self.coordinator, self.strict, parquet_dir)
+        return ReplicaActor.options(**opts).remote(query, node, index, server, channels, self.conditions, self.t0,
+                                                   self.channel_opts, self.coordinator, self.strict, pending)
+
+    def set_clock(self, handles: Iterable, timeout: float = 120) -> None:
+        """Give the actors ``handles`` the feeder's clock (``t0``, ``ts0``, pace) and wait for them."""
+        ray.get([h.set_clock.remote(self.t0, self.ts0, self.speed) for h in handles], timeout=timeout)
+
+    def start_replica(self, label: str, channels: list[int], pending: bool = True):
+        """Start the actor of the topology's replica ``label`` (a revived or new one) with the
+        current query and clock and attach it; returns its handle."""
+        rep = self.topology.replica(label)
+        idx = replica_index(label)
+        h = self.new_actor(self.query, rep.operator, idx if idx is not None else 0, rep.server, channels, pending)
+        self.set_clock([h])
+        self.topology.attach(label, h)
+        return h
+
+    def stop_actors(self, actors: Iterable[tuple[str, Any]], why: str) -> None:
+        """``ray.kill`` each ``(label, handle)`` (no failure is reported: a retired or removed replica,
+        or the end of the deployment); a kill that raises is logged as a ``kill_failed`` event."""
+        for label, h in actors:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception as e:  # logged: the actor may already be gone
+                self.events.append({"t": self.now(), "event": "kill_failed", "actor": label, "why": why,
+                                    "error": repr(e)})
+
+    def retire(self, label: str) -> None:
+        """Garbage collection made ``label`` dormant: the topology says so, and an operator replica's
+        actor stops (not a failure: no drop broadcast); an entry replica keeps running, fed."""
+        if self.topology.retire(label):
+            self.stop_actors([(label, self.topology.handle(label))], "retired")
+
+    # -- the control loop: hand-over, revival, garbage collection ----------------------------------
+    def control_loop(self) -> ReplicaManager:
+        """The control loop (:class:`~.control.ReplicaManager`); without ``gc=``, one created on first
+        use that only applies requests (no periods run unless :meth:`feed` starts it later).
+
+        >>> dep.control_loop().replace_replica("join#0", checkpoint=False)   # doctest: +SKIP
+        """
+        if self.manager is None:
+            self.manager = ReplicaManager(self, GCConfig(gc=False))  # not started: applies requests only
+        return self.manager
+
+    @contextmanager
+    def quiet(self):
+        """No control action (if a control loop exists) and no chunk sent while the block runs
+        (locks 1 and 2 of :mod:`replistream.engines.ray`)."""
+        with (self.manager.lock if self.manager is not None else nullcontext()), self.feeder.held():
+            yield
+
+    def revive_replica(self, operator: str, replica: int, strategy: str | None = None,
+                       bins_per_step: int | None = None, bits: int | None = None) -> dict:
+        """Replace replica ``replica`` of ``operator`` (running or crashed) by a new replica on the same
+        server, built by hand-over from a live peer (docs/design.md, decision 7, Hwang §V-C); returns the event.
+
+        ``strategy`` (``"all-at-once"``, ``"batched"``, ``"fluid"``) moves the checkpoint in steps of
+        ``2**bits`` bins at the peer's punctuations (Megaphone §3.3; docs/migration.md).
+
+        >>> dep.revive_replica("correlate", 0)["new_replicas"][0]["label"]   # doctest: +SKIP
+        'correlate#2'
+        """
+        return self.control_loop().replace_replica(f"{operator}#{replica}", strategy=strategy,
+                                                   bins_per_step=bins_per_step, bits=bits)
+
+    def add_replica(self, operator: str, strategy: str | None = None, bins_per_step: int | None = None,
+                    bits: int | None = None) -> dict:
+        """Add a replica of ``operator`` (on the server Algorithm 5 picks) by hand-over from a live peer
+        (``strategy`` as for :meth:`revive_replica`).
+
+        >>> dep.add_replica("correlate")["action"]   # doctest: +SKIP
+        'create-replica'
+        """
+        first = next((r.label for r in self.topology.replicas(operator)), None)
+        if first is None:
+            raise ValueError(f"{operator!r} is not an operator of query {self.query.name!r}")
+        return self.control_loop().replace_replica(first, add=True, strategy=strategy, bins_per_step=bins_per_step,
+                                                   bits=bits)
+
+    def move_replica(self, operator: str, replica: int, server: str, strategy: str = "all-at-once",
+                     bins_per_step: int | None = None, bits: int | None = None) -> dict:
+        """Move replica ``replica`` of ``operator`` to ``server`` while the query runs: a new replica
+        there takes the state in steps (Megaphone §3.3: ``"all-at-once"``, ``"batched"`` with
+        ``bins_per_step``, ``"fluid"``; ``2**bits`` bins, default 256) from a live peer (the
+        replica itself if it is the only one) that keeps serving between steps; then the old
+        replica retires. Returns the logged event (``handover`` has the transfer's figures).
+
+        >>> ev = dep.move_replica("counts", 0, "s3", strategy="fluid", bits=6)   # doctest: +SKIP
+        >>> ev["new_replicas"][0]["server"], ev["handover"]["counts#1"]["steps"]   # doctest: +SKIP
+        ('s3', 64)
+        """
+        label = f"{operator}#{replica}"
+        if self.topology.handle(label) is None:
+            raise ValueError(f"no replica {label!r}")
+        if not self.topology.is_running(label):
+            raise ValueError(f"{label} is not running; revive it with revive_replica")
+        return self.control_loop().replace_replica(label, server=server, strategy=strategy or "all-at-once",
+                                                   bins_per_step=bins_per_step, bits=bits)
+
+    def transfers(self) -> list[dict]:
+        """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""
+        return [] if self.manager is None else [dict(t) for t in self.manager.transfers]
+
+    def gc_events(self) -> list[dict]:
+        """Every garbage-collection and revival decision so far, with reason and figures (JSON-ready)."""
+        return [] if self.manager is None else list(self.manager.events)
+
+    def network_cost_history(self) -> list[dict]:
+        """Network cost (and theta, live stream replicas, worst input delay) per utility period."""
+        return [] if self.manager is None else list(self.manager.history)
+
+    # -- changing the running query (Bartnik §3; replistream.replica.changes) -----------------------
+    def replace_function(self, operator: str, fn: Callable) -> dict:
+        """Give Filter/Map/FlatMap ``operator`` a new function for every tuple with ``ts > p``,
+        where ``p`` is the largest timestamp fed so far; returns the change's record (with ``p``).
+
+        A marker carries the change through the running replicas (Bartnik §3); the
+        output equals a reference run of ``dep.query``, which now holds both
+        functions (:class:`~replistream.replica.changes.TimeSwitch`).
+
+        >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
+        15000000
+        """
+        return reconfigure.replace_function(self, operator, fn)
+
+    def add_operator(self, upstream: str, build: Callable, servers=None) -> dict:
+        """Add operators and their application(s) reading stream ``upstream``; they see its
+        tuples with ``ts > p`` (``p``: the largest timestamp fed so far). ``build(stream)``
+        adds them with the usual :class:`~replistream.query.Stream` methods. Each new
+        operator gets ``k`` replicas on distinct servers, by default those of ``upstream``'s
+        running replicas (then other servers, in order, if they are fewer than ``k``).
+
+        >>> dep.add_operator("load", lambda s: s.filter(lambda b: b["cpu"] > 0.9, name="very_hot")
+        ...                  .sink("very_hot_alerts"))["added"]                      # doctest: +SKIP
+        ['very_hot', 'very_hot_alerts']
+        """
+        return reconfigure.add_operator(self, upstream, build, servers)
+
+    def remove_operator(self, operator: str) -> dict:
+        """Remove ``operator`` and the part of the query only it feeds: it sees its input up to
+        ``p`` (the largest timestamp fed so far), then its inputs close, its windows flush and
+        its applications complete; its replicas are then stopped (``changes[-1]["retired"]``).
+
+        >>> dep.remove_operator("load_per_minute")["removed"]      # doctest: +SKIP
+        ['load_per_minute', 'load_stats']
+        """
+        return reconfigure.remove_operator(self, operator)
+
+    def set_replication(self, operator: str, k: int) -> dict:
+        """Run ``k`` live replicas of ``operator``: new ones by hand-over from a live peer,
+        surplus ones discarded (their stream replicas first).
+
+        >>> dep.set_replication("correlate", 3)["added"]      # doctest: +SKIP
+        ['correlate#2']
+        """
+        return reconfigure.set_replication(self, operator, k)
+
+    def record_change(self, rec: dict) -> dict:
+        """Log a change to the running query (in :attr:`changes` and :attr:`events`); returns the record
+        with ``t`` (seconds since the start)."""
+        rec = {"t": round(self.now(), 3), **rec}
+        self.changes.append(rec)
+        self.events.append({"event": "change", **rec})
+        return rec
+
+    # -- feeding -------------------------------------------------------------------------------
+    def feed(self, inputs: Mapping[str, Iterable], pace: float | None = None, chunk_size: int = 10_000) -> None:
+        """Start feeding ``inputs`` (``{source: iterable of chunks or records}``) in a background thread.
+
+        With ``pace=s`` a tuple with timestamp ``ts`` is released at wall time
+        ``t0 + (ts - ts0) / (1e6 * s)`` (``s=1``: real time), where ``ts0`` is
+        the earliest first timestamp over the sources (so epoch timestamps
+        replay from now); without it, as fast as the entry points take it.
+        Records without ``ts`` are stamped by the feeder's clock (one clock
+        for every entry replica).
+
+        An input may also be a source object with a ``bind(source, schema)``
+        method, e.g. :class:`replistream.spark.SparkSource`: it is checked
+        against the source's schema before anything is sent (a mismatch
+        raises :class:`~replistream.errors.SchemaError` here) and then yields
+        :class:`~replistream.sources.ChunkRef` s, chunks already in Ray's object
+        store, which go to the entry points without passing through the driver.
+        """
+        unknown = set(inputs) - set(self.query.sources)
+        if unknown:
+            raise QueryError(f"inputs given for unknown source(s) {sorted(unknown)}; sources are {self.query.sources}")
+        if pace is not None and pace <= 0:
+            raise ValueError(f"pace must be > 0, got {pace}")
+        for src, data in inputs.items():
+            if hasattr(data, "bind"):
+                data.bind(src, self.query.schema_of(src))
+        self.speed = pace
+        self.t0 = time.time() + 0.05
+        wait_quietly([h.set_start.remote(self.t0) for _, h in self.topology.running()])
+        self._broadcast_network()
+        self.feeder.start(self.query.sources, inputs, pace, chunk_size, self.t0)
+
+    def _feed_started(self, ts0: float) -> None:
+        """The feeder knows ``ts0``: the replicas get the clock they measure input delay with (Hwang
+        §V-C), and the control loop, if any, starts."""
+        self.ts0 = ts0
+        wait_quietly([h.set_clock.remote(self.t0, self.ts0, self.speed) for _, h in self.topology.running()])
+        if self.manager is not None:
+            self.manager.start()
+
+    def _run_sentinel(self, sentinel: Sentinel) -> None:
+        sentinel.apply(self)
+        self.events.append({"t": self.now(), "event": repr(sentinel)})
+
+    # -- waiting and results ----------------------------------------------------------------
+    def wait(self, timeout: float = 600.0, progress: Callable[[dict], None] | None = None) -> bool:
+        """Wait until every application received the end of every stream (or ``timeout`` s)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.feeder.error is not None:
+                raise RuntimeError(f"feeding the sources failed: {self.feeder.error}") from self.feeder.error
+            self.poll()
+            if progress is not None:
+                progress({n: self.delivered.count(n) for n in self.query.sinks})
+            if self.delivered.complete():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def on_output(self, app: str, callback: Callable[[np.ndarray], None]) -> None:
+        """Call ``callback(batch)`` in the driver with every new batch application ``app`` receives.
+
+        Callbacks run while :meth:`run`/:meth:`wait` wait, or on each :meth:`poll`.
+
+        >>> dep.on_output("alerts", lambda batch: print(len(batch), "new alerts"))  # doctest: +SKIP
+        """
+        with self.delivered.lock:
+            if app not in self.delivered.callbacks:
+                raise ValueError(f"{app!r} is not an application of query {self.query.name!r}; "
+                                 f"applications: {self.query.sinks}")
+            self.delivered.callbacks[app].append(callback)
+
+    def poll(self) -> None:
+        """Fetch newly delivered tuples from the applications (and run output callbacks)."""
+        d = self.delivered
+        with d.lock:
+            for r in self.topology.replicas():  # add_operator may add applications meanwhile
+                node = r.label
+                if r.kind != "application" or not self.topology.is_running(node):
+                    continue
+                data, arr, count, punct = ray.get(self.topology.handle(node).fetch.remote(d.fetched[node]))
+                if len(data):
+                    d.add_batch(node, data, arr)
+                d.punctuation[node] = punct
+
+    def results(self, app: str) -> np.ndarray:
+        """Tuples the application ``app`` received so far (in arrival order)."""
+        self.poll()
+        return self.delivered.tuples(app, self.query.schema_of(app))
+
+    def latencies_ms(self, app: str) -> tuple[np.ndarray, np.ndarray]:
+        """(arrival time in s since start, end-to-end latency in ms) per delivered tuple.
+
+        Latency = arrival time minus the tuple's timestamp mapped to wall time
+        (``t0 + (ts - ts0) / (1e6 * pace)``); meaningful for paced runs.
+        """
+        data = self.results(app)
+        arr = self.delivered.arrivals(app)
+        speed = self.speed or 1.0
+        lat = (arr - (self.t0 + (data[TS] - self.ts0) / (1e6 * speed))) * 1000.0
+        return arr - self.t0, lat
+
+    def run(self, inputs: Mapping[str, Iterable], pace: float | None = None, timeout: float = 600.0,
+            scenario=None, progress: Callable[[dict], None] | None = None) -> RunResult:
+        """Feed ``inputs``, apply ``scenario`` (a :class:`~replistream.scenario.Scenario`), wait, collect."""
+        if scenario is not None:
+            self.install_scenario(scenario)
+        self.feed(inputs, pace)
+        if scenario is not None:
+            self._start_scenario_thread(scenario)
+        ok = self.wait(timeout, progress)
+        res = self.collect()
+        if not ok:
+            res.metrics["timed_out"] = True
+        return res
+
+    def collect(self) -> RunResult:
+        """What the applications received so far, as a :class:`~replistream.engines.result.RunResult`:
+        outputs, last punctuations, dead letters, ``arrivals`` in seconds since the start, ``ts0`` and
+        ``pace`` (so ``latencies(app)`` works), the deployment's ``events`` and ``metrics``, and per
+        stream replica what it carried (``links``)."""
+        self.poll()
+        outputs = {n: self.results(n) for n in self.query.sinks}
+        arrivals = {n: self.delivered.arrivals(n) - self.t0 for n in self.query.sinks}
+        dead = []
+        for label, h in self.topology.running(ENTRY):
+            try:
+                dead.extend(ray.get(h.dead_letters.remote()))
+                break  # every live entry replica holds the same dead letters
+            except Exception:  # this entry replica just died: ask the next one
+                continue
+        metrics = self.metrics()
+        with self.delivered.lock:
+            punct = dict(self.delivered.punctuation)
+        return RunResult(outputs, punct, dead, arrivals=arrivals, ts0=int(round(self.ts0)), pace=self.speed,
+                         events=list(self.events), links=metrics["stream_replicas"], metrics=metrics)
+
+    # -- failure injection ---------------------------------------------------------------------
+    def kill(self, label: str, reason: str = "killed") -> None:
+        """Kill one actor by label (``"join#1"``, ``"entry#0"``, an application name)."""
+        h = self.topology.handle(label)
+        if h is None:
+            raise ValueError(f"no actor {label!r}; actors: {sorted(self.handles)}")
+        if not self.topology.is_running(label):
+            return
+        ray.kill(h, no_restart=True)
+        self.mark_failed(label, reason)
+
+    def kill_replica(self, operator: str, replica: int) -> None:
+        """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point)."""
+        label = f"{operator}#{replica}"
+        if self.topology.handle(label) is None:
+            raise ValueError(f"{operator!r} has no replica {replica}; actors: {sorted(self.handles)}")
+        self.kill(label, "replica killed")
+
+    def kill_server(self, server: str) -> list[str]:
+        """Kill every actor on ``server``; on a cluster with ``Server.node`` set, remove the Ray node."""
+        if server not in self.servers:
+            raise ValueError(f"unknown server {server!r}; servers: {sorted(self.servers)}")
+        victims = [label for label, _ in self.topology.running() if self.topology.server(label) == server]
+        node = self.servers[server].node
+        if self.cluster is not None and node:
+            for n in list(self.cluster.list_all_nodes()):
+                if getattr(n, "node_id", None) == node:
+                    self.cluster.remove_node(n)
+            for label in victims:
+                self.mark_failed(label, f"server {server} removed")
+        else:
+            for label in victims:
+                self.kill(label, f"server {server} killed")
+        return victims
+
+    def mark_failed(self, label: str, reason: str) -> None:
+        """``label``'s actor died (``reason``): the topology marks it failed, the event is logged
+        (``"dead"``), and every running actor drops its links to it."""
+        if not self.topology.mark_failed(label):
+            return
+        self.events.append({"t": self.now(), "event": "dead", "actor": label, "reason": reason})
+        for other, h in self.topology.running():
+            if other != label:
+                h.drop_link.remote(label, reason)
+
+    # -- network conditions -------------------------------------------------------------------
+    def _net_event(self, desc: dict) -> None:
+        self.events.append({"t": self.now(), **desc})
+        self._broadcast_network()
+
+    def slow_server(self, server: str, factor: float, duration: float | None = None) -> None:
+        """Stretch processing on ``server`` by ``factor`` (for ``duration`` s, or until restored)."""
+        now = self.now()
+        self.conditions.slow_server(server, now, now + duration if duration else float("inf"), factor)
+        self._net_event({"event": "slow_server", "server": server, "factor": factor})
+
+    def delay_link(self, a: str, b: str, extra_ms: float, duration: float | None = None,
+                   both_directions: bool = True) -> None:
+        """Add ``extra_ms`` to the emulated link ``a -> b`` (and ``b -> a`` unless told not to)."""
+        now = self.now()
+        self.conditions.add_delay(a, b, now, now + duration if duration else float("inf"), extra_ms,
+                                  both_directions)
+        self._net_event({"event": "delay_link", "a": a, "b": b, "extra_ms": extra_ms,
+                         "both_directions": both_directions})
+
+    def cut_link(self, a: str, b: str, duration: float | None = None) -> None:
+        """Cut the emulated link between ``a`` and ``b`` (for ``duration`` s, or until restored)."""
+        now = self.now()
+        self.conditions.cut(a, b, now, now + duration if duration else float("inf"))
+        self._net_event({"event": "cut_link", "a": a, "b": b})
+
+    def restore(self, a: str | None = None, b: str | None = None, server: str | None = None) -> None:
+        """End the delays, cuts and slow-downs on a link or a server."""
+        self.conditions.restore(a=a, b=b, server=server, at=self.now())
+        self._net_event({"event": "restore", "a": a, "b": b, "server": server})
+
+    def _broadcast_network(self) -> None:
+        wait_quietly([h.set_network.remote(self.conditions) for _, h in self.topology.running()])
+
+    def install_scenario(self, scenario) -> None:
+        """Validate ``scenario`` against this deployment and install its network events."""
+        ops = {n: self.k for n in self.query.operators}
+        ops[ENTRY] = len(self.topology.replicas(ENTRY))
+        scenario.validate(servers=list(self.servers), operators=ops)
+        self._pending_kills = scenario.apply_to(self.conditions, 0.0)
+
+    def _start_scenario_thread(self, scenario) -> None:
+        kills = sorted(self._pending_kills, key=lambda e: e.at)
+
+        def loop():
+            for ev in kills:
+                delay = self.t0 + ev.at - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                try:
+                    if ev.action == "kill_server":
+                        self.kill_server(ev.server)
+                    elif ev.action == "kill_replica":
+                        self.kill_replica(ev.operator, ev.replica)
+                    self.events.append({"t": self.now(), "event": ev.action,
+                                        "target": ev.server or f"{ev.operator}#{ev.replica}"})
+                except Exception as e:  # recorded, not fatal
+                    self.events.append({"t": self.now(), "event": "error", "error": repr(e)})
+
+        self._scenario_thread = threading.Thread(target=loop, daemon=True, name="replistream-scenario")
+        self._scenario_thread.start()
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def metrics(self) -> dict:
+        """Per application: delivered tuples and latency; per actor: CPU seconds, links, drops."""
+        actors = {}
+        for label, h in self.handles.items():
+            server = self.topology.server(label)
+            if not self.topology.is_running(label):
+                actors[label] = {"label": label, "server": server, "alive": False}
+                continue
+            try:
+                s = ray.get(h.stats.remote(), timeout=10)
+                s["alive"] = True
+                actors[label] = s
+            except Exception as e:  # reported in the metrics
+                actors[label] = {"label": label, "server": server, "alive": False, "error": repr(e)}
+        apps = {}
+        for n in self.query.sinks:
+            t, lat = self.latencies_ms(n)
+            apps[n] = {
+                "delivered": self.delivered.count(n),
+                "complete": self.delivered.punctuation.get(n) == END,
+                "latency_ms": _percentiles(lat) if self.speed else None,
+                "filter_weights": actors.get(n, {}).get("filters", [{}])[0].get("weights"),
+            }
+        links = [lk for a in actors.values() for lk in a.get("links", [])]
+        out = {"applications": apps, "actors": actors, "stream_replicas": links, "events": list(self.events),
+               "coordinator": [], "placement": self.plan}
+        try:
+            out["coordinator"] = ray.get(self.coordinator.log.remote(), timeout=10)
+        except Exception as e:  # reported in the metrics
+            out["coordinator_error"] = repr(e)
+        return out
+
+    def metrics_json(self) -> str:
+        """:meth:`metrics` as JSON."""
+        return json.dumps(self.metrics(), default=json_default)
+
+    # -- teardown ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Kill every actor of the deployment (Ray itself keeps running)."""
+        if self.manager is not None:
+            self.manager.stop()
+        self.stop_actors(self.topology.stop_all(), "shutdown")
+        self.stop_actors([("coordinator", self.coordinator)], "shutdown")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+
+def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero", *, address: str | None = None,
+           seed: int = 0, flush_ms: float = 2.0, max_batch: int = 10_000, max_inflight: int = 16,
+           drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
+           parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None,
+           on_output: Mapping[str, Callable] | None = None, gc=None) -> Deployment:
+    """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
+
+    ``servers``: a count, city names, :class:`~replistream.network.Server`
+    objects (``Server.node`` pins it to a Ray node: a node id, ``label:K=V``
+    or ``resource:NAME``), a :class:`~replistream.placement.ServerSet` or a
+    server file. ``placement``: ``"spread"`` (default), ``"min-cost"``
+    (Algorithm 5, Hwang §V-A), ``"random"``, ``"non-replicated"`` (k=1), a
+    :class:`~replistream.placement.PlacementPolicy` (strategy with its
+    parameters, rates, source locations), a mapping ``{node: [server, ...]}``
+    (``"entry"`` for the entry points), or a callable ``(query, servers, k)
+    -> mapping``. Placement policies cost latencies with ``network`` (with
+    ``"zero"``: the servers' network coordinates or geography). The
+    coordinator actor holds the plan and its network cost
+    (``dep.placement``, ``dep.coordinator.network_cost.remote()``). ``network``:
+    ``"zero"`` (no emulated delay), ``"geo"`` (the built-in wide-area model),
+    ``"geo-static"``, a trace CSV path, or a latency model. Starts Ray if it
+    is not running (``address=`` joins an existing cluster). Applications
+    deliver to memory (``Deployment.results``), to callbacks
+    (``on_output={app: fn}``, run in the driver) and, with ``parquet_dir``,
+    to Parquet files (``parquet_dir/<app>/*.parquet``). ``gc``: a
+    :class:`~replistream.engines.ray.control.GCConfig` (or a mapping of its
+    fields) turns on the coordinator loop of garbage collection (Algorithm 6)
+    and revival (Hwang §V-C); its decisions are in ``dep.gc_events()`` and the
+    network cost over time in ``dep.network_cost_history()``. Every error in
+    the request is raised before any actor starts.
+
+    >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
+    """
+    query.build()
+    if int(k) < 1:
+        raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
+    given_servers = servers
+    servers = resolve_servers(servers)
+    if k > len(servers):
+        raise ValueError(f"k={k} replicas need at least {k} distinct servers; {len(servers)} given")
+    conditions = resolve_network(network, servers, seed)
+    placement_net = placement_network(conditions, given_servers)
+    plan, placed = resolve_placement_with_cost(query, servers, k, placement, placement_net)
+    if placed is None:
+        placed = evaluate_plan(query, servers, plan, placement_net)
+    for s in servers:
+        ray_options(s)  # a malformed Server.node fails here, before any actor starts
+    if on_malformed not in ("raise", "dead_letter"):
+        raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
+    if gc is not None:
+        gc = GCConfig(**gc) if isinstance(gc, Mapping) else gc
+        if not isinstance(gc, GCConfig):
+            raise ValueError(f"gc must be a GCConfig or a mapping of its fields, got {type(gc).__name__}")
+        gc.validate()
+    for app in on_output or {}:
+        if app not in query.sinks:
+            raise ValueError(f"on_output names {app!r}, not an application of query {query.name!r}")
+    init_ray(address, **(ray_init or {}))
+    channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
+                    "drop_after_s": drop_after_s}
+    dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
+                     parquet_dir, cluster, gc)
+    dep.placement = placed
+    ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server))
+    for app, cb in (on_output or {}).items():
+        dep.on_output(app, cb)
+    return dep
+
+
+def _percentiles(lat: np.ndarray) -> dict:
+    if not len(lat):
+        return {"count": 0}
+    p = np.percentile(lat, [50, 90, 99])
+    return {"count": int(len(lat)), "p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2]),
+            "max": float(lat.max()), "mean": float(lat.mean())}

@@ -1,0 +1,211 @@
+"""The feeder: the driver-side thread that hands the sources' input to the entry replicas
+(Hwang §II-B).
+
+It reads every source lazily (:func:`~replistream.sources.iter_chunks`), merges
+them in event-time order (:class:`~replistream.sources.TimeMerge`), and sends
+each chunk to **every** running entry replica (so each input tuple is held at k
+entry points; a dormant entry replica is fed too: its input cannot be replayed
+later). With a pace it releases a chunk at its first timestamp mapped to wall
+time (:func:`~replistream.sources.chunk_time`); records without ``ts`` are
+stamped with its clock (:func:`~replistream.sources.stamp`), one clock for every
+entry replica. A chunk already in Ray's object store
+(:class:`~replistream.sources.ChunkRef`) goes by reference: the rows never pass
+through the driver. At most 32 chunks per entry replica are in flight; an entry
+replica whose call fails is reported (``on_entry_failed``) and skipped.
+
+A :class:`~replistream.sources.Sentinel` among a source's chunks runs
+(``on_sentinel``) once everything before it has reached the entry points, and
+with no lock held.
+
+Changes at logical times (docs/design.md, decision 8) need a marker placed after
+everything fed so far: while :meth:`Feeder.held` is held no chunk is sent,
+:meth:`Feeder.marker_time` is the largest timestamp or punctuation sent, and
+:meth:`Feeder.send_marker` puts a marker on every source that has not ended.
+
+>>> feeder = Feeder(topology, on_start=print, on_sentinel=print, on_entry_failed=print)   # doctest: +SKIP
+>>> feeder.start(["s"], {"s": [[{"ts": 1, "x": 1}]]}, pace=None, chunk_size=100, t0=time.time())  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+import ray
+
+from ...operators.base import NO_PUNCTUATION
+from ...plan import ENTRY
+from ...sources import ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, needs_stamp, stamp
+from .topology import Topology
+
+__all__ = ["Feeder", "MAX_INFLIGHT_CHUNKS"]
+
+#: Chunks in flight per entry replica before the feeder waits for the oldest.
+MAX_INFLIGHT_CHUNKS = 32
+
+
+class Feeder:
+    """Feeds the sources to the running entry replicas of ``topology`` (see the module doc).
+
+    Hooks, each called from the feeder thread: ``on_start(ts0)`` once the sources'
+    earliest timestamp ``ts0`` is known, before the first chunk; ``on_sentinel(sentinel)``
+    for each sentinel; ``on_entry_failed(label, reason)`` when an entry replica's call fails.
+
+    State (``lock`` guards every field the feeder changes while it runs): ``seqs``
+    (next chunk number per source), ``open_sources`` (not ended yet), ``max_fed``
+    (largest timestamp or punctuation sent; None: nothing yet), ``tmax_unknown`` (some
+    chunk's largest timestamp could not be read), ``feeding`` (between ``on_start`` and
+    the end of the input), ``fed`` (``(seconds since t0, source, chunk number)`` per chunk
+    sent), ``error`` (what stopped the thread), ``done_wall`` (wall time it sent its last
+    chunk; input delays stop growing then).
+    """
+
+    def __init__(self, topology: Topology, on_start: Callable[[float], None],
+                 on_sentinel: Callable[[Sentinel], None], on_entry_failed: Callable[[str, str], None]):
+        self.topology = topology
+        self.on_start = on_start
+        self.on_sentinel = on_sentinel
+        self.on_entry_failed = on_entry_failed
+        self.lock = threading.RLock()
+        self.sources: list[str] = []
+        self.seqs: dict[str, int] = {}
+        self.open_sources: set[str] = set()
+        self.inflight: dict[str, list] = {}
+        self.max_fed: int | None = None
+        self.tmax_unknown = False
+        self.feeding = False
+        self.fed: list[tuple[float, str, int]] = []
+        self.error: BaseException | None = None
+        self.done_wall: float | None = None
+        self.t0 = time.time()
+        self.thread: threading.Thread | None = None
+
+    # -- running ---------------------------------------------------------------------------
+    def start(self, sources: list[str], inputs: Mapping[str, Any], pace: float | None, chunk_size: int,
+              t0: float) -> None:
+        """Feed ``inputs`` (``{source: input}``, sources in ``sources`` order) in a background
+        thread; ``t0`` is the run's start (wall time), ``pace`` event seconds per second (None:
+        as fast as the entry points take it)."""
+        self.t0 = t0
+        self.done_wall = None
+        self.thread = threading.Thread(target=self._run, args=(list(sources), dict(inputs), pace, chunk_size),
+                                       daemon=True, name="replistream-feeder")
+        self.thread.start()
+
+    @property
+    def started(self) -> bool:
+        """True once :meth:`start` was called."""
+        return self.thread is not None
+
+    def _run(self, sources, inputs, pace, chunk_size) -> None:
+        try:
+            self._feed(sources, inputs, pace, chunk_size)
+        except BaseException as e:  # surfaced by Deployment.wait()
+            self.error = e
+
+    def _feed(self, sources: list[str], inputs, pace, chunk_size) -> None:
+        iters: dict[str, Iterator] = {s: iter(iter_chunks(inputs.get(s, ()), chunk_size)) for s in sources}
+        with self.lock:
+            self.sources = list(sources)
+            self.seqs = {s: 0 for s in sources}
+            self.open_sources = set(sources)
+            self.inflight = {label: [] for label, _ in self.topology.running(ENTRY)}
+            self.max_fed, self.tmax_unknown = None, False
+        merge = TimeMerge(iters)  # the sources in event-time order (a sentinel keeps its source's time)
+        ts0 = float(merge.first) if merge.first is not None else 0.0
+        self.on_start(ts0)
+        self.feeding = True
+        for t, src, chunk in merge:
+            if isinstance(chunk, Sentinel):
+                for label in list(self.inflight):
+                    self._settle(label, 0)  # everything before the event has reached the entry points
+                self.on_sentinel(chunk)
+                continue
+            if pace is not None and chunk is not None and math.isfinite(t):
+                delay = self.t0 + (t - ts0) / (1e6 * pace) - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+            if chunk is not None and needs_stamp(chunk):
+                chunk = stamp(chunk, int((time.time() - self.t0) * 1e6))
+            with self.lock:
+                self._send(src, chunk)
+                if chunk is None:
+                    self.open_sources.discard(src)
+                else:
+                    hi = chunk_tmax(chunk)
+                    if hi is None:
+                        self.tmax_unknown = True
+                    elif self.max_fed is None or hi > self.max_fed:
+                        self.max_fed = hi
+        self.feeding = False
+        for label in list(self.inflight):
+            self._settle(label, 0)
+        self.done_wall = time.time()
+
+    def _send(self, src: str, chunk) -> None:
+        """Send the next chunk of ``src`` (None: its end) to every running entry replica (under the lock)."""
+        seq = self.seqs[src]
+        self.fed.append((time.time() - self.t0, src, seq))
+        if isinstance(chunk, ChunkRef):
+            ref = chunk.ref  # already in the object store: the driver never holds the rows
+        else:
+            ref = ray.put(chunk) if chunk is not None else None
+        sent = False
+        for label, h in self.topology.running(ENTRY):
+            self.inflight.setdefault(label, []).append(h.push_chunk.remote(src, seq, ref))
+            sent = True
+            self._settle(label, MAX_INFLIGHT_CHUNKS)
+        if not sent:
+            raise RuntimeError("every entry point replica is dead: the input cannot be delivered")
+        self.seqs[src] = seq + 1
+
+    def _settle(self, label: str, limit: int) -> None:
+        """Wait until at most ``limit`` chunks are in flight to entry replica ``label``; an entry
+        replica that stopped (or whose call failed: reported) is skipped."""
+        refs = self.inflight[label]
+        while len(refs) > limit:
+            ready, _ = ray.wait(refs[:1], timeout=1.0)
+            if not ready:
+                if not self.topology.is_running(label):
+                    refs.clear()
+                    return
+                continue
+            try:
+                ray.get(ready[0])
+            except Exception:  # the entry replica died: reported, and no longer fed
+                self.on_entry_failed(label, "entry point failed")
+                refs.clear()
+                return
+            refs.pop(0)
+
+    # -- markers after everything fed (changes at logical times) ------------------------------
+    @contextmanager
+    def held(self):
+        """No chunk is sent while the block runs (re-entrant)."""
+        with self.lock:
+            yield self
+
+    def marker_time(self) -> int:
+        """``p`` for a change now: the largest timestamp or punctuation sent so far (call under
+        :meth:`held`). Raises ``RuntimeError`` when no change can be placed: not feeding,
+        a chunk whose largest timestamp is unknown, every source ended."""
+        with self.lock:
+            if not self.feeding:
+                raise RuntimeError("a running query changes while it is fed: call feed() first (before it, deploy "
+                                   "the query you want; once every source has ended, nothing is left to change)")
+            if self.tmax_unknown:
+                raise RuntimeError("the feeder could not tell the largest timestamp of some input chunk, so it "
+                                   "cannot place a change after it; give chunks with a 'ts' column")
+            if not any(s in self.open_sources for s in self.sources):
+                raise RuntimeError("every source has ended: nothing is left to change")
+            return NO_PUNCTUATION if self.max_fed is None else int(self.max_fed)
+
+    def send_marker(self, marker) -> None:
+        """Put ``marker`` after everything sent so far on every source that has not ended, on
+        every running entry replica (call under :meth:`held`)."""
+        with self.lock:
+            for src in self.sources:
+                if src in self.open_sources:
+                    self._send(src, marker)

@@ -1,0 +1,228 @@
+"""Changes to a running deployment at logical times (Bartnik §3; docs/design.md, decision 8).
+
+The deployment's methods ``replace_function``, ``add_operator``,
+``remove_operator`` and ``set_replication`` call these functions; the model
+and why it is replication-transparent are in :mod:`replistream.replica.changes`.
+Each change with a marker:
+
+1. holds the deployment quiet (``Deployment.quiet()``: no control-loop action,
+   no chunk sent meanwhile);
+2. picks ``p``, the largest timestamp or punctuation the feeder has sent
+   (``Feeder.marker_time``; it raises if no change can be placed);
+3. writes the change into ``Deployment.query`` at ``p`` (replicas started
+   from now on are built from it: a revival never misses the change);
+4. sends a marker with the change into every source that has not ended, on
+   every running entry replica, after everything sent so far (``Feeder.send_marker``);
+5. records the change (``Deployment.record_change``) with ``p`` and its figures.
+
+Replicas apply the change when the marker's first copy reaches them (see
+:meth:`replistream.replica.ReplicaCore.process`). The replicas of an added
+operator, and the stream replicas into them, come from a
+:class:`~replistream.plan.PhysicalPlan` of the changed query; they are entered
+in the deployment's :class:`~.topology.Topology`.
+
+>>> dep.replace_function("hot", lambda b: b["cpu"] > 0.6)["change"]   # doctest: +SKIP
+'replace_function'
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+
+import ray
+
+from ...errors import QueryError
+from ...gc import OperatorReplica, StreamReplica
+from ...plan import PhysicalPlan, group_of
+from ...replica.changes import PENDING, AddOperator, CutSpec, RemoveOperator, ReplaceFunction, new_marker, set_spec
+from ...schema import END
+from .common import wait_quietly
+from .topology import kind_of
+
+__all__ = ["add_operator", "remove_operator", "replace_function", "set_replication"]
+
+
+def _send_marker(dep, p: int, change) -> int:
+    """Put the marker of ``change`` at ``p`` after everything sent so far; returns its id."""
+    marker = new_marker(p, change)
+    dep.feeder.send_marker(marker)
+    return marker.id
+
+
+def replace_function(dep, operator: str, fn) -> dict:
+    """See :meth:`Deployment.replace_function <replistream.engines.ray.deployment.Deployment.replace_function>`."""
+    ReplaceFunction(operator, fn).check(dep.query)
+    with dep.quiet():
+        p = dep.feeder.marker_time()
+        change = ReplaceFunction(operator, fn).resolve(dep.query, p)
+        dep.query = change.apply_query(dep.query, p)
+        mid = _send_marker(dep, p, change)
+    return dep.record_change({"change": "replace_function", "operator": operator, "p": p, "marker": mid,
+                              "text": f"{change.describe()} for tuples with ts > {p}"})
+
+
+def remove_operator(dep, operator: str, wait: float = 600.0) -> dict:
+    """See :meth:`Deployment.remove_operator <replistream.engines.ray.deployment.Deployment.remove_operator>`.
+
+    Once the removed part's applications got ``END`` (a background thread polls them), its
+    operator replicas are disconnected from their upstream replicas, stopped and removed from
+    the topology (``rec["retired"]``: when)."""
+    gone = RemoveOperator(operator).check(dep.query)
+    with dep.quiet():
+        p = dep.feeder.marker_time()
+        change = RemoveOperator(operator)
+        dep.query = change.apply_query(dep.query, p)
+        mid = _send_marker(dep, p, change)
+    topo = dep.topology
+    apps = [n for n in gone if dep.query.spec(n).kind == "sink"]
+    labels = [r.label for n in gone if n not in apps for r in topo.replicas(n)]
+    rec = dep.record_change({"change": "remove_operator", "operator": operator, "p": p, "marker": mid,
+                             "removed": gone, "applications": apps, "retired": None,
+                             "text": f"remove {gone}: they see their input up to ts {p}, then their inputs close"})
+
+    def retire():
+        # once the removed part's applications got END, nothing flows through it any more
+        # (an actor runs one call at a time: ask, never block it)
+        deadline = time.time() + wait
+        left = list(apps)
+        while left and time.time() < deadline:
+            try:
+                done = ray.get([topo.handle(a).stats.remote() for a in left], timeout=60)
+            except Exception as e:  # an application died: retire now, and say why
+                rec["retire_error"] = repr(e)
+                break
+            left = [a for a, st in zip(left, done) if st["punctuation"] != END]
+            if left:
+                time.sleep(0.1)
+        _retire(dep, labels)
+        rec["retired"] = round(dep.now(), 3)
+
+    threading.Thread(target=retire, daemon=True, name=f"replistream-remove-{operator}").start()
+    return rec
+
+
+def _retire(dep, labels: list[str]) -> None:
+    """Disconnect ``labels`` from their upstream replicas, stop them, forget them (topology)."""
+    with (dep.manager.lock if dep.manager is not None else nullcontext()):
+        running = dep.topology.running()
+        calls = [h.disconnect.remote(label) for src, h in running if src not in labels for label in labels]
+        wait_quietly(calls, timeout=60)
+        dep.stop_actors(dep.topology.remove(labels), "operator removed")
+
+
+def add_operator(dep, upstream: str, build, servers=None) -> dict:
+    """See :meth:`Deployment.add_operator <replistream.engines.ray.deployment.Deployment.add_operator>`.
+
+    The new replicas and their stream replicas are those of a
+    :class:`~replistream.plan.PhysicalPlan` of the changed query in which ``upstream``'s
+    replica group is its running replicas (so their channels are those replicas'
+    positions); links among the new replicas open now, links from ``upstream``'s
+    replicas when the marker passes each of them (:class:`~replistream.replica.changes.AddOperator`)."""
+    topo = dep.topology
+    with dep.quiet():
+        p = dep.feeder.marker_time()  # raises before anything starts if no change can be placed
+        q2, add = AddOperator(upstream, build).extend(dep.query, PENDING)
+        group = group_of(q2, upstream)
+        ups = topo.running(group)
+        if not ups:
+            raise RuntimeError(f"add_operator: no live replica produces {upstream!r}")
+        for n in add.added:
+            if n in dep.plan:
+                raise QueryError(f"add_operator: {n!r} was a node of this deployment; pick a new name")
+        if servers is None:
+            # beside the stream they read (no new WAN hop), then other servers if those are fewer than k
+            servers = list(dict.fromkeys(topo.server(label) for label, _ in ups))
+            servers += [s for s in dep.servers if s not in servers][:max(0, dep.k - len(servers))]
+        servers = [s if isinstance(s, str) else s.name for s in servers]
+        unknown = [s for s in servers if s not in dep.servers]
+        if unknown:
+            raise ValueError(f"add_operator: unknown server(s) {unknown}; servers: {sorted(dep.servers)}")
+        new_placement = {n: [servers[0]] if q2.spec(n).kind == "sink" else [servers[i % len(servers)]
+                                                                            for i in range(dep.k)]
+                         for n in add.added}
+        plan = PhysicalPlan(q2, {**dep.plan, group: [topo.server(label) for label, _ in ups], **new_placement})
+        created = {r.label: dep.new_actor(q2, n, r.index, plan.server(r), plan.channels(n))
+                   for n in add.added for r in plan.replicas(n)}
+        dep.set_clock(created.values())
+        with dep.delivered.lock:
+            for n in add.added:
+                if q2.spec(n).kind == "sink":
+                    dep.delivered.add(n)
+                for r in plan.replicas(n):
+                    topo.add_replica(OperatorReplica(r.label, n, plan.server(r), kind_of(q2, n),
+                                                     stateful=plan.stateful(n)))
+                    topo.attach(r.label, created[r.label])
+        # links among the new replicas now; from the stream's producers when the marker passes them
+        new_edges = [e for e in plan.streams() if e.dst.node in add.added]
+        ray.get([created[e.src.label].connect.remote(e.stream, e.dst.label, plan.server(e.dst), created[e.dst.label],
+                                                     e.port, e.channel)
+                 for e in new_edges if e.src.node in add.added], timeout=120)
+        links: dict[str, list] = {}
+        for e in new_edges:
+            if e.src.node == group and e.stream == upstream:
+                links.setdefault(ups[e.src.index][0], []).append(
+                    (upstream, e.dst.label, plan.server(e.dst), created[e.dst.label], e.port, e.channel))
+        change = replace(add, links=links)
+        for n in add.added:
+            spec = q2.spec(n)
+            if isinstance(spec, CutSpec) and spec.lower == PENDING:
+                set_spec(q2, n, CutSpec(spec.inner, p, spec.upper))
+        dep.query = q2
+        dep.plan = {**dep.plan, **new_placement}
+        mid = _send_marker(dep, p, change)
+        _enter_streams(dep, plan, add.added, upstream, [label for label, _ in ups])
+    return dep.record_change({"change": "add_operator", "upstream": upstream, "added": list(add.added), "p": p,
+                              "marker": mid, "placement": new_placement,
+                              "text": f"{change.describe()}: they see its tuples with ts > {p}"})
+
+
+def _enter_streams(dep, plan: PhysicalPlan, added, upstream: str, connected: list[str]) -> None:
+    """Enter the new stream replicas in the topology (for garbage collection and revival): among the
+    new replicas, live; from every replica of ``upstream``'s group, live for those ``connected``
+    (on the channel of their position), not live for the others (a revival may open them)."""
+    topo = dep.topology
+    q = plan.query
+    group = group_of(q, upstream)
+    chan_of = {label: i for i, label in enumerate(connected)}
+    for n in added:
+        dsts = plan.replicas(n)
+        for port, u in enumerate(q.inputs_of(n)):
+            if u == upstream:
+                for r in topo.replicas(group):
+                    for d in dsts:
+                        live = r.label in chan_of
+                        topo.put_stream(StreamReplica(r.label, d.label, port, 0.0, 0.0, 0.0, live, upstream),
+                                        chan_of.get(r.label))
+            else:
+                for e in plan.in_streams(dsts[0]):
+                    if e.port != port:
+                        continue
+                    for d in dsts:
+                        topo.put_stream(StreamReplica(e.src.label, d.label, port, 0.0, 0.0, 0.0, True, u), e.channel)
+
+
+def set_replication(dep, operator: str, k: int) -> dict:
+    """See :meth:`Deployment.set_replication <replistream.engines.ray.deployment.Deployment.set_replication>`."""
+    operators = dep.query.operators
+    if operator not in operators:
+        raise ValueError(f"set_replication: {operator!r} is not an operator of this deployment; operators: "
+                         f"{sorted(operators)}")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"set_replication: k must be an integer >= 1, got {k!r}")
+    mgr = dep.control_loop()
+    topo = dep.topology
+    added, discarded = [], []
+    with mgr.lock:
+        mgr.notice_failures()
+        live = sorted(r.label for r in topo.replicas(operator, state="live") if topo.is_running(r.label))
+        for _ in range(max(0, k - len(live))):
+            ev = dep.add_replica(operator)
+            added.extend(r["label"] for r in ev.get("new_replicas", []))
+        for label in live[k:][::-1] if len(live) > k else []:
+            mgr.discard(label, f"set_replication({operator!r}, {k}): {label} discarded")
+            discarded.append(label)
+    return dep.record_change({"change": "set_replication", "operator": operator, "k": k, "added": added,
+                              "discarded": discarded, "p": None,
+                              "text": f"{operator!r} now has {k} live replica(s)"})

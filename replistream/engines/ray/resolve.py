@@ -1,0 +1,210 @@
+"""What ``deploy()`` was given, resolved and checked before any actor starts: servers,
+placement, the emulated network (Hwang §II-B, §V-A; docs/design.md, decisions 5-6).
+
+* :func:`resolve_servers`: a count, city names, :class:`~replistream.network.Server`
+  objects, a :class:`~replistream.placement.ServerSet` or a server file;
+* :func:`spread_placement` and :data:`PLACEMENTS`, the strategies ``deploy(placement=name)``
+  knows; :func:`resolve_placement` turns a name, mapping, policy or callable into the
+  plan ``{node: [server, ...]}``, checked by :class:`~replistream.plan.PhysicalPlan`;
+* :func:`resolve_network`: the emulated network's
+  :class:`~replistream.network.NetworkConditions`; :func:`placement_network`: what
+  placement policies cost latencies with; :func:`evaluate_plan`: the cost of a plan
+  no policy made.
+
+>>> from replistream.workloads import fig1_query
+>>> servers = resolve_servers(3)
+>>> resolve_placement(fig1_query(2), servers, 2, "spread")["alerts"]
+['boston']
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Callable
+
+from ...network import (CITIES, GeoLatencyModel, LatencyModel, NetworkConditions, Server, TraceLatencyModel,
+                        ZeroLatency, default_servers)
+from ...placement.policy import STRATEGIES, PlacementPolicy
+from ...placement.servers import ServerSet, load_servers
+from ...plan import ENTRY, PhysicalPlan
+from ...query import Query
+
+__all__ = ["PLACEMENTS", "evaluate_plan", "placement_network", "resolve_network", "resolve_placement",
+           "resolve_placement_with_cost", "resolve_servers", "spread_placement"]
+
+
+def resolve_servers(servers) -> list:
+    """Servers from a count, names of known cities, :class:`~replistream.network.Server` objects,
+    a :class:`~replistream.placement.ServerSet`, or the path of a server file (``.csv``/``.toml``).
+
+    >>> [s.name for s in resolve_servers(["tokyo", "boston"])], len(resolve_servers(3))
+    (['tokyo', 'boston'], 3)
+    """
+    if servers is None:
+        return default_servers(6)
+    if isinstance(servers, (str, os.PathLike)):
+        if not str(servers).endswith((".csv", ".toml")):
+            raise ValueError(f"servers={servers!r}: give a count, a list of servers or city names, or the path "
+                             f"of a .csv/.toml server file")
+        servers = load_servers(servers)
+    if isinstance(servers, ServerSet):
+        return list(servers.servers)
+    if isinstance(servers, int):
+        if servers < 1:
+            raise ValueError(f"servers must be >= 1, got {servers}")
+        return default_servers(servers)
+    out = []
+    known = {c[0] if isinstance(c, tuple) else c.name: c for c in CITIES}
+    for s in servers:
+        if isinstance(s, Server):
+            out.append(s)
+        elif isinstance(s, str):
+            c = known.get(s)
+            if c is None:
+                raise ValueError(f"unknown server {s!r}: give a Server(name, lat, lon) or one of the built-in "
+                                 f"cities, e.g. {sorted(known)[:5]}")
+            out.append(c if isinstance(c, Server) else Server(*c))
+        else:
+            raise ValueError(f"servers must be Server objects or city names, got {type(s).__name__}")
+    names = [s.name for s in out]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"server names must be unique; repeated: {sorted(dup)}")
+    return out
+
+
+def spread_placement(query: Query, servers: list, k: int) -> dict[str, list[str]]:
+    """A simple deterministic spread: replicas of each operator on ``k`` distinct servers,
+    rotating the starting server per operator so load spreads evenly.
+
+    Every strategy has this signature: ``(query, servers, k) -> {node: [server
+    names]}``; the placement strategies (``"min-cost"``, ``"random"``,
+    ``"non-replicated"``) are :class:`~replistream.placement.PlacementPolicy`
+    objects, which also take the deployment's network.
+
+    >>> from replistream.workloads import fig1_query
+    >>> from replistream.network import default_servers
+    >>> spread_placement(fig1_query(2), default_servers(3), 2)["entry"]
+    ['boston', 'london']
+    """
+    names = [s.name for s in servers]
+    out: dict[str, list[str]] = {}
+    nodes = [ENTRY] + query.operators
+    for i, node in enumerate(nodes):
+        out[node] = [names[(i + j) % len(names)] for j in range(k)]
+    for node in query.sinks:
+        out[node] = [names[0]]
+    return out
+
+
+#: Placement strategies ``deploy(..., placement=name)`` knows: ``"spread"`` and those of
+#: :data:`replistream.placement.STRATEGIES` (``"min-cost"`` is Algorithm 5, Hwang §V-A).
+PLACEMENTS: dict[str, Callable] = {"spread": spread_placement,
+                                   **{name: PlacementPolicy(name) for name in STRATEGIES}}
+
+
+def resolve_placement(query: Query, servers: list, k: int, placement, network=None) -> dict[str, list[str]]:
+    """The validated plan ``{node: [server, ...]}`` of ``placement`` (a name, mapping or callable).
+
+    ``network`` (a latency model or matrix) is what placement policies cost
+    latencies with. Checked by :class:`~replistream.plan.PhysicalPlan`.
+
+    >>> from replistream.workloads import fig1_query
+    >>> from replistream.network import default_servers
+    >>> resolve_placement(fig1_query(2), default_servers(3), 2, {"hot": ["boston", "boston"]})
+    Traceback (most recent call last):
+    ...
+    ValueError: placement puts two replicas of 'hot' on one server: ['boston', 'boston']
+    """
+    return resolve_placement_with_cost(query, servers, k, placement, network)[0]
+
+
+def resolve_placement_with_cost(query: Query, servers: list, k: int, placement, network=None):
+    """(validated plan, the :class:`~replistream.placement.Placement` when a placement policy made it).
+
+    >>> from replistream.network import default_servers
+    >>> from replistream.workloads import fig1_query
+    >>> plan, placed = resolve_placement_with_cost(fig1_query(2), default_servers(3), 2, "spread")
+    >>> plan["entry"], placed is None
+    (['boston', 'london'], True)
+    """
+    placed = None
+    if placement is None:
+        placement = "spread"
+    if isinstance(placement, str):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement strategy {placement!r}; known: {sorted(PLACEMENTS)}")
+        placement = PLACEMENTS[placement]
+    if isinstance(placement, PlacementPolicy):
+        placed = placement.placement(query, servers, k, network)
+        plan = placed.plan()
+    elif callable(placement):
+        plan = placement(query, servers, k)
+    elif isinstance(placement, Mapping):
+        plan = dict(spread_placement(query, servers, k))
+        plan.update({n: list(v) for n, v in placement.items()})
+    else:
+        raise ValueError(f"placement must be a strategy name, a mapping or a callable, got {type(placement).__name__}")
+    if not isinstance(plan, Mapping):
+        raise ValueError("a placement strategy must return a mapping {node: [server, ...]}")
+    # the one plan checks it (every node placed, k distinct known servers, one per application)
+    PhysicalPlan(query, plan, k=k, servers=[s.name for s in servers])
+    return {n: list(v) for n, v in plan.items()}, placed
+
+
+def resolve_network(network, servers: list, seed: int) -> NetworkConditions:
+    """The emulated network of ``deploy(network=...)``: ``"zero"``, ``"geo"``, ``"geo-static"``, a trace
+    CSV path, a latency model or :class:`~replistream.network.NetworkConditions` (docs/design.md, decision 5).
+
+    >>> from replistream.network import default_servers
+    >>> type(resolve_network("geo", default_servers(2), seed=0).base).__name__
+    'GeoLatencyModel'
+    """
+    if network is None or network == "zero":
+        base = ZeroLatency([s.name for s in servers])
+    elif network == "geo":
+        base = GeoLatencyModel(servers, seed=seed)
+    elif network == "geo-static":
+        base = GeoLatencyModel(servers, seed=seed, static=True)
+    elif isinstance(network, str) and network.endswith(".csv"):
+        base = TraceLatencyModel.from_csv(network)
+    elif isinstance(network, (LatencyModel, NetworkConditions)):
+        base = network
+    else:
+        raise ValueError(f"network must be 'zero', 'geo', 'geo-static', a trace .csv path or a LatencyModel, "
+                         f"got {network!r}")
+    return base if isinstance(base, NetworkConditions) else NetworkConditions(base)
+
+
+def placement_network(conditions, given_servers):
+    """What placement policies cost latencies with: the emulated network, unless it is
+    zero and the servers came with network coordinates (a ServerSet / server file).
+
+    >>> from replistream.network import default_servers
+    >>> net = resolve_network("zero", default_servers(2), 0)
+    >>> placement_network(net, 2) is net
+    True
+    """
+    if isinstance(conditions.base, ZeroLatency):
+        ss = given_servers
+        if isinstance(ss, str) and ss.endswith((".csv", ".toml")):
+            ss = load_servers(ss)
+        if isinstance(ss, ServerSet) and ss.coords is not None:
+            return ss.latency()
+    return conditions
+
+
+def evaluate_plan(query, servers, plan, network):
+    """A plan made without a placement policy, costed with the default cost model (None if it cannot be:
+    e.g. a trace without samples for some pair of servers).
+
+    >>> from replistream.network import default_servers
+    >>> from replistream.workloads import fig1_query
+    >>> q, servers = fig1_query(1), default_servers(3)
+    >>> evaluate_plan(q, servers, resolve_placement(q, servers, 2, "spread"), None).network_cost > 0
+    True
+    """
+    try:
+        return PlacementPolicy().evaluate(query, servers, plan, network)
+    except (ValueError, KeyError):  # e.g. a trace without samples for some pair of servers
+        return None
