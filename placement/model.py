@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import ReplistreamError
 from ..plan import ENTRY, group_of
-from ..network import LOCAL_MS, GeoLatencyModel, LatencyModel, NetworkConditions, Server, TraceLatencyModel, ZeroLatency
+from ..network import GeoLatencyModel, LatencyModel, NetworkConditions, Server, TraceLatencyModel, ZeroLatency
 
 __all__ = ["ENTRY", "PlacementError", "Flow", "PlacementProblem", "QueryStats", "problem_from_query",
            "latency_matrix", "with_stats"]

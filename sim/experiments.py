@@ -39,7 +39,7 @@ from replistream.placement import QueryStats, fig1_sources, latency_matrix, min_
 from replistream.placement.result import Placement
 from replistream.workloads import fig1_inputs, fig1_query
 
-from .cpu import MEASURED_CPU_S, PAPER_TABLE1, PAPER_TABLE1_RATIOS, TABLE1_INPUT_TUPLES, CpuModel, fit_costs
+from .cpu import MEASURED_CPU_S, PAPER_TABLE1, PAPER_TABLE1_RATIOS, TABLE1_INPUT_TUPLES, fit_costs
 from .engine import Simulator
 from .traces import month_model
 

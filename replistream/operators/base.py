@@ -35,7 +35,7 @@ set ``stateless = True``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Union
+from typing import Iterable, Union
 
 import numpy as np
 

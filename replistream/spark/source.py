@@ -34,7 +34,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import SchemaError
-from ..schema import ID, RESERVED, TS, Punctuation, Schema
+from ..schema import RESERVED, TS, Punctuation, Schema
 from .convert import TIME_UNITS, ConversionPlan, convert_table
 
 _INT_BITS = {"ByteType": 8, "ShortType": 16, "IntegerType": 32, "LongType": 64}

@@ -224,9 +224,8 @@ class RayAdapter:
         q = plan.query
         with deploy(q, servers=SERVERS, k=K, placement=plan.placement, network="zero") as dep:
             res = dep.run(with_sentinels(q, inputs, faults), timeout=120)
-            killed = [e["actor"] for e in dep.events if e.get("event") == "dead"]
-        return RunResult(outputs=res.outputs, punctuation=res.punctuation, dead_letters=res.dead_letters,
-                         arrivals=res.arrivals, events=[{"event": "killed", "replica": l} for l in killed])
+        res.events = [{"event": "killed", "replica": e["actor"]} for e in res.events if e.get("event") == "dead"]
+        return res
 
 
 class SimAdapter:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from replistream.network import Server, default_servers
-from replistream.placement import PlacementError, PlacementPolicy, ServerSet, fig1_sources, load_servers
+from replistream.placement import PlacementError, PlacementPolicy, fig1_sources, load_servers
 from replistream.engines.ray import deploy
 from replistream.engines.ray.resolve import resolve_placement, resolve_servers
 from replistream.testing import as_multiset, run_reference

@@ -114,7 +114,7 @@ def resolve_placement(query: Query, servers: list, k: int, placement, network=No
     >>> resolve_placement(fig1_query(2), default_servers(3), 2, {"hot": ["boston", "boston"]})
     Traceback (most recent call last):
     ...
-    ValueError: placement puts two replicas of 'hot' on one server: ['boston', 'boston']
+    ValueError: placement puts two replicas of 'hot' on one server: ['boston', 'boston'] (a node's replicas need distinct servers)
     """
     return resolve_placement_with_cost(query, servers, k, placement, network)[0]
 
