@@ -537,8 +537,8 @@ class Deployment:
     def collect(self) -> RunResult:
         """What the applications received so far, as a :class:`~replistream.engines.result.RunResult`:
         outputs, last punctuations, dead letters, ``arrivals`` in seconds since the start, ``ts0`` and
-        ``pace`` (so ``latencies(app)`` works), the deployment's ``events`` and ``metrics``, and per
-        stream replica what it carried (``links``)."""
+        ``pace`` (so ``latencies(app)`` works), ``end_time`` (the last tuple's arrival), the deployment's
+        ``events`` and ``metrics``, and per stream replica what it carried (``links``)."""
         self.poll()
         outputs = {n: self.results(n) for n in self.query.sinks}
         arrivals = {n: self.delivered.arrivals(n) - self.t0 for n in self.query.sinks}
@@ -552,8 +552,9 @@ class Deployment:
         metrics = self.metrics()
         with self.delivered.lock:
             punct = dict(self.delivered.punctuation)
+        end = max((float(a.max()) for a in arrivals.values() if len(a)), default=0.0)  # the last tuple's arrival
         return RunResult(outputs, punct, dead, arrivals=arrivals, ts0=int(round(self.ts0)), pace=self.speed,
-                         events=list(self.events), links=metrics["stream_replicas"], metrics=metrics)
+                         end_time=end, events=list(self.events), links=metrics["stream_replicas"], metrics=metrics)
 
     # -- failure injection ---------------------------------------------------------------------
     def kill(self, label: str, reason: str = "killed") -> None:
