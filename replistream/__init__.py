@@ -13,7 +13,7 @@ Build a query, run it, compare with the ideal run:
 
 See README.md for the replicated engines and the CLI.
 """
-from .errors import DeadLetter, PunctuationViolation, QueryError, ReplistreamError, SchemaError
+from .errors import DeadLetter, PunctuationViolation, QueryError, ReplistreamError, RunFailed, SchemaError, UserFunctionError
 from .operators.aggregate import Summary
 from .schema import END, Punctuation, Schema, millis, seconds
 from .query import Query, Stream
@@ -34,7 +34,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'replistream' has no attribute {name!r}")
 
 __all__ = [
-    "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "SchemaError",
+    "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "RunFailed", "SchemaError",
+    "UserFunctionError",
     "Summary", "END", "Punctuation", "Schema", "millis", "seconds", "Query", "Stream",
     "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy", "GCConfig",
     "Event", "Scenario", "__version__",

@@ -34,6 +34,41 @@ class PunctuationViolation(ReplistreamError):
     dead-lettered (see :class:`DeadLetter`).
     """
 
+class UserFunctionError(ReplistreamError):
+    """A user function (a filter's predicate, a map's or flat map's function, a custom
+    operator) failed, or returned something of the wrong length or type, and the operator's
+    policy is to stop (``on_error="fail"``), or the failure cannot be pinned on input rows.
+
+    ``operator`` names the operator, ``row`` is a sample input row it failed on (None when
+    the failure is not a row's), ``cause`` the exception the function raised (or None).
+
+    >>> e = UserFunctionError("hot", "ZeroDivisionError: division by zero", row=(5, 17, 0.0))
+    >>> e.operator, str(e)
+    ('hot', "operator 'hot': ZeroDivisionError: division by zero (on input row (5, 17, 0.0))")
+    """
+
+    def __init__(self, operator: str, message: str, row=None, cause: BaseException | None = None):
+        self.operator, self.row, self.cause = operator, row, cause
+        where = f" (on input row {row})" if row is not None else ""
+        super().__init__(f"operator {operator!r}: {message}{where}")
+
+
+class RunFailed(ReplistreamError):
+    """A run ended without delivering everything: what was lost is named (operator, replica,
+    logical time) and the run's partial result is attached (``result``) when there is one.
+
+    Every run ends in one of two ways: complete and exact, or with this error (docs/reliability.md).
+
+    >>> e = RunFailed("every replica of 'correlate' is lost", operator="correlate", logical_time=15_000_000)
+    >>> e.operator, e.logical_time
+    ('correlate', 15000000)
+    """
+
+    def __init__(self, message: str, *, operator: str | None = None, replica: str | None = None,
+                 logical_time: int | None = None, result=None):
+        self.operator, self.replica, self.logical_time, self.result = operator, replica, logical_time, result
+        super().__init__(message)
+
 
 @dataclass
 class DeadLetter:
