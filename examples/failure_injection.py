@@ -42,16 +42,35 @@ print(f"{len(result.outputs['alerts'])} alerts, identical to the ideal run, thro
 for ev in scenario.events:
     print(f"  t={ev.at:g}s {ev.action} {ev.server or ''}{ev.a or ''}{'-' + ev.b if ev.b else ''}")
 
-fig, ax = plt.subplots(figsize=(9, 4))
-ax.scatter(t, latency, s=4, alpha=0.5, label="alert latency")
-for ev in scenario.events:
-    ax.axvline(ev.at, color="red", linestyle="--", linewidth=1)
-    label = f"{ev.action} {ev.server or ''}{ev.a or ''}{'-' + ev.b if ev.b else ''}"
-    ax.text(ev.at, ax.get_ylim()[1] * 0.95, label, rotation=90, va="top", ha="right", fontsize=8, color="red")
+def describe(ev) -> str:
+    """A scenario event in words: what, where, and for how long."""
+    where = ev.server or (f"{ev.a}-{ev.b}" if ev.a else f"{ev.operator}#{ev.replica}" if ev.operator else "")
+    detail = f" x{ev.factor:g}" if getattr(ev, "factor", None) else f" +{ev.extra_ms:g} ms" if ev.extra_ms else ""
+    lasting = f" for {ev.duration:g} s" if ev.duration else ""
+    return f"{ev.action.replace('_', ' ')} {where}{detail}{lasting}"
+
+
+fig, (strip, ax) = plt.subplots(2, 1, figsize=(10, 5), sharex=True, gridspec_kw={"height_ratios": [1, 4]})
+ax.scatter(t, latency, s=5, alpha=0.5, color="#4477aa", label="alert (one point per tuple)")
+colours = plt.get_cmap("Set2")
+for i, ev in enumerate(scenario.events):
+    c = colours(i % 8)
+    if ev.duration:  # an event that lasts: a shaded span in both panels
+        for a in (strip, ax):
+            a.axvspan(ev.at, ev.at + ev.duration, color=c, alpha=0.35, linewidth=0)
+    else:  # an instant (a kill): a line
+        for a in (strip, ax):
+            a.axvline(ev.at, color=c, linewidth=2)
+    strip.text(ev.at, 0.8 - 0.3 * (i % 3), describe(ev), fontsize=8, va="center",
+               bbox=dict(boxstyle="round,pad=0.2", fc="white", ec=c))
+strip.set_ylim(0, 1)
+strip.set_yticks([])
+strip.set_title("Fig. 1 query, k=2, through a failure scenario: events above, alert latency below", fontsize=10)
 ax.set_xlabel("time since start (s)")
 ax.set_ylabel("end-to-end latency (ms)")
-ax.set_title("Fig. 1 query, k=2, through a failure scenario")
-ax.legend(loc="upper left")
+ax.set_ylim(bottom=0)
+ax.legend(loc="upper left", fontsize=8)
+ax.grid(True, alpha=0.3)
 fig.tight_layout()
 fig.savefig(args.out, dpi=120)
 print(f"latency plot saved to {args.out}")
