@@ -17,3 +17,5 @@ def test_setup_commands_match_ci():
     assert 'pip install -e ".[test]" && python -m pytest' in ci
     assert "pip install -e . && replistream demo" in README
     assert "pip install -e . && replistream demo" in ci
+    assert "python3 -m venv .venv && . .venv/bin/activate" in README
+    assert "python3 -m venv .venv && . .venv/bin/activate" in ci
