@@ -91,3 +91,28 @@ class DeadLetter:
     @property
     def count(self) -> int:
         return int(len(self.batch))
+
+
+def merge_dead_letters(letters) -> list[DeadLetter]:
+    """The dead letters of a run, each set-aside tuple once: the replicas of an operator set the same
+    tuples aside (the same rows fail the same way on every replica, whatever its batching), so the
+    engines gather every replica's letters and merge them here. One :class:`DeadLetter` per
+    (``where``, ``reason``), holding each tuple id once, in order of first appearance.
+
+    >>> import numpy as np
+    >>> b = np.array([(1, 7), (2, 8)], dtype=[("ts", "i8"), ("id", "u8")])
+    >>> merged = merge_dead_letters([DeadLetter("f", "raised", b), DeadLetter("f", "raised", b[1:])])
+    >>> [(d.where, d.count) for d in merged]
+    [('f', 2)]
+    """
+    groups: dict[tuple[str, str], list[np.ndarray]] = {}
+    for d in letters:
+        groups.setdefault((d.where, d.reason), []).append(d.batch)
+    out = []
+    for (where, reason), parts in groups.items():
+        batch = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if "id" in (batch.dtype.names or ()) and len(parts) > 1:
+            _, first = np.unique(batch["id"], return_index=True)
+            batch = batch[np.sort(first)]
+        out.append(DeadLetter(where, reason, batch))
+    return out

@@ -20,7 +20,9 @@ order-sensitive operators and applications.
 """
 from __future__ import annotations
 
+import copy
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -210,17 +212,25 @@ class Stream:
     def schema(self) -> Schema:
         return self.query.schema_of(self.node)
 
-    def filter(self, predicate: Callable, name: str | None = None) -> "Stream":
-        """Keep tuples where ``predicate(batch)`` (a boolean array) is true (Hwang §IV-D)."""
-        return self.query._add(name, "filter", FilterSpec(predicate), [self])
+    def filter(self, predicate: Callable, name: str | None = None, on_error: str | None = None) -> "Stream":
+        """Keep tuples where ``predicate(batch)`` (a boolean array) is true (Hwang §IV-D).
 
-    def map(self, fn: Callable, schema: Mapping | Schema | None = None, name: str | None = None) -> "Stream":
-        """Convert tuples with vectorised ``fn(batch) -> {field: array}`` into ``schema`` (default: same)."""
-        return self.query._add(name, "map", MapSpec(fn, _schema(schema)), [self])
+        ``on_error`` says what happens to rows on which ``predicate`` raises: ``"dead_letter"``
+        (set them aside with the exception, go on) or ``"fail"`` (end the run with
+        :class:`~replistream.errors.UserFunctionError`); default: the query's (:class:`Query`)."""
+        return self.query._add(name, "filter", FilterSpec(predicate), [self], on_error=on_error)
 
-    def flat_map(self, fn: Callable, schema: Mapping | Schema | None = None, name: str | None = None) -> "Stream":
-        """``fn(batch) -> (parent_index, {field: array})``: zero or more outputs per input."""
-        return self.query._add(name, "flat_map", FlatMapSpec(fn, _schema(schema)), [self])
+    def map(self, fn: Callable, schema: Mapping | Schema | None = None, name: str | None = None,
+            on_error: str | None = None) -> "Stream":
+        """Convert tuples with vectorised ``fn(batch) -> {field: array}`` into ``schema`` (default: same).
+        ``on_error``: as for :meth:`filter`."""
+        return self.query._add(name, "map", MapSpec(fn, _schema(schema)), [self], on_error=on_error)
+
+    def flat_map(self, fn: Callable, schema: Mapping | Schema | None = None, name: str | None = None,
+                 on_error: str | None = None) -> "Stream":
+        """``fn(batch) -> (parent_index, {field: array})``: zero or more outputs per input.
+        ``on_error``: as for :meth:`filter`."""
+        return self.query._add(name, "flat_map", FlatMapSpec(fn, _schema(schema)), [self], on_error=on_error)
 
     def union(self, *others: "Stream", name: str | None = None) -> "Stream":
         """Merge this stream with ``others`` (equal schemas) (Hwang §IV-D)."""
@@ -229,12 +239,14 @@ class Stream:
     def join(self, other: "Stream", window: int, on: str | Sequence[str] | None = None,
              left_key: str | Sequence[str] | None = None, right_key: str | Sequence[str] | None = None,
              predicate: Callable | None = None, suffixes: tuple[str, str] = ("_l", "_r"),
-             name: str | None = None) -> "Stream":
-        """Windowed join with ``other`` (Algorithm 2, Hwang §IV-E); ``on`` sets both keys."""
+             name: str | None = None, on_error: str | None = None) -> "Stream":
+        """Windowed join with ``other`` (Algorithm 2, Hwang §IV-E); ``on`` sets both keys.
+        ``on_error``: what happens to pairs on which ``predicate`` raises (as for :meth:`filter`;
+        a dead-lettered pair is the joined tuple it would have made)."""
         if on is not None:
             left_key = right_key = on
         return self.query._add(name, "join", JoinSpec(window, left_key, right_key, predicate, suffixes),
-                               [self, other])
+                               [self, other], on_error=on_error)
 
     def window(self, size: int, slide: int | None = None, by: str | Sequence[str] | None = None,
                aggs: Mapping[str, Any] | None = None, name: str | None = None) -> "Stream":
@@ -271,8 +283,9 @@ class Query:
     ['filter_1']
     """
 
-    def __init__(self, name: str = "query"):
+    def __init__(self, name: str = "query", on_error: str = "dead_letter"):
         self.name = name
+        self.on_error = check_on_error(on_error, f"query {name!r}")
         self.graph = nx.MultiDiGraph()
         self._counter = 0
         self._built = False
@@ -294,7 +307,10 @@ class Query:
             raise QueryError("union needs at least one input stream")
         return self._add(name, "union", UnionSpec(), list(streams))
 
-    def _add(self, name: str | None, prefix: str, spec: Spec, inputs: list[Stream], explicit: bool = False):
+    def _add(self, name: str | None, prefix: str, spec: Spec, inputs: list[Stream], explicit: bool = False,
+             on_error: str | None = None):
+        if on_error is not None:
+            check_on_error(on_error, f"{prefix} {name!r}" if name else prefix)
         self._built = False
         if name is None:
             self._counter += 1
@@ -302,8 +318,7 @@ class Query:
             while name in self.graph:
                 self._counter += 1
                 name = f"{prefix}_{self._counter}"
-        if not isinstance(name, str) or not name:
-            raise QueryError(f"node names must be non-empty strings, got {name!r}")
+        check_name(name)
         if name in self.graph:
             raise QueryError(f"a node named {name!r} already exists in query {self.name!r}")
         for s in inputs:
@@ -313,7 +328,7 @@ class Query:
                 raise QueryError(f"{name!r}: input {s.node!r} belongs to another query")
             if self.graph.nodes[s.node]["spec"].kind == "sink":
                 raise QueryError(f"{name!r}: cannot read from application {s.node!r}")
-        self.graph.add_node(name, spec=spec)
+        self.graph.add_node(name, spec=spec, on_error=on_error)
         for port, s in enumerate(inputs):
             self.graph.add_edge(s.node, name, port=port)
         return Stream(self, name) if spec.kind != "sink" else name
@@ -404,7 +419,37 @@ class Query:
         return self.spec(source).build_entry(source, strict, on_malformed, self.window_grid(source))
 
     def build_logic(self, node: str, strict: bool = False) -> OperatorLogic:
-        return self.spec(node).build(node, self.in_schemas(node), strict)
+        """The running logic of ``node``, with its ``on_error`` policy (its own, else the query's)."""
+        logic = self.spec(node).build(node, self.in_schemas(node), strict)
+        logic.on_error = self.on_error_of(node)
+        return logic
+
+    def on_error_of(self, node: str) -> str:
+        """What ``node`` does with rows on which a user function raises: ``"dead_letter"`` or ``"fail"``.
+
+        >>> q = Query(on_error="fail"); s = q.source("s", {"x": "i8"})
+        >>> s.filter(lambda b: b["x"] > 0, name="f", on_error="dead_letter").map(lambda b: {"x": b["x"]}, name="m").sink("out")
+        'out'
+        >>> q.on_error_of("f"), q.on_error_of("m")
+        ('dead_letter', 'fail')
+        """
+        self.spec(node)
+        own = self.graph.nodes[node].get("on_error")
+        return own if own is not None else self.on_error
+
+    def with_on_error(self, on_error: str) -> "Query":
+        """A copy of this query whose default ``on_error`` policy is ``on_error`` (operators given
+        their own keep it): what ``deploy(..., on_error=)`` and ``run_reference(..., on_error=)`` run.
+
+        >>> q = Query(); s = q.source("s", {"x": "i8"}); _ = s.filter(lambda b: b["x"] > 0, name="f").sink("out")
+        >>> q.build().with_on_error("fail").on_error_of("f"), q.on_error_of("f")
+        ('fail', 'dead_letter')
+        """
+        check_on_error(on_error, f"query {self.name!r}")
+        other = copy.copy(self)
+        other.graph = self.graph.copy()
+        other.on_error = on_error
+        return other
 
     def build_sorter(self, node: str, port: int, strict: bool = False) -> SorterLogic:
         return SorterLogic(f"{node}.sort[{port}]", [self.in_schemas(node)[port]], strict)
@@ -451,6 +496,40 @@ class Query:
             sort = " [sorted inputs]" if self.sorted_inputs(n) else ""
             lines.append(f"  {spec.kind:<8} {n:<16} {type(spec).__name__:<16} <- {ins or '-'}{sort}")
         return "\n".join(lines)
+
+
+#: The policies for rows on which a user function raises (see :meth:`Stream.filter`).
+ON_ERROR = ("dead_letter", "fail")
+
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def check_on_error(on_error, where: str) -> str:
+    """``on_error`` if it is one of :data:`ON_ERROR`; otherwise a ValueError naming ``where``.
+
+    >>> check_on_error("fail", "query 'q'")
+    'fail'
+    """
+    if on_error not in ON_ERROR:
+        raise ValueError(f"{where}: on_error must be 'dead_letter' or 'fail', got {on_error!r}")
+    return on_error
+
+
+def check_name(name) -> str:
+    """A query node name: letters, digits, ``_`` and ``-`` only (names become file names and labels).
+
+    >>> check_name("load_2")
+    'load_2'
+    >>> check_name("../escape")
+    Traceback (most recent call last):
+    ...
+    replistream.errors.QueryError: node name '../escape' may contain only letters, digits, '_' and '-'
+    """
+    if not isinstance(name, str) or not name:
+        raise QueryError(f"node names must be non-empty strings, got {name!r}")
+    if not _NAME.fullmatch(name):
+        raise QueryError(f"node name {name!r} may contain only letters, digits, '_' and '-'")
+    return name
 
 
 def _schema(schema) -> Schema | None:
