@@ -128,9 +128,12 @@ def _num(row: Mapping[str, Any], key: str, where: str) -> float | None:
     if v is None or (isinstance(v, str) and not v.strip()):
         return None
     try:
-        return float(v)
+        x = float(v)
     except (TypeError, ValueError):
         raise ValueError(f"{where}: {key} must be a number, got {v!r}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{where}: {key} must be a finite number, got {v!r} (leave it empty when unknown)")
+    return x
 
 
 def servers_from_rows(rows: Iterable[Mapping[str, Any]], where: str = "servers") -> ServerSet:

@@ -216,6 +216,8 @@ class Scenario:
                 raise ValueError(f"{p}: unknown scenario format {ext!r} (use .json or .toml)")
         except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
             raise ValueError(f"{p}: cannot parse: {e}") from e
+        except RecursionError:
+            raise ValueError(f"{p}: cannot parse: nested too deeply (a scenario is a list of flat events)") from None
         try:
             return cls.from_dict(data)
         except ValueError as e:

@@ -282,13 +282,37 @@ def to_timestamps(values: Any, where: str = "stream") -> np.ndarray:
     ...
     replistream.errors.SchemaError: load: field 'ts' holds non-integer timestamp 1.5 (row 0); timestamps are integer microseconds
     """
-    arr = np.asarray(values)
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise SchemaError(f"{where}: field 'ts' holds mixed or non-scalar values ({e})") from None
     if arr.ndim != 1:
         arr = arr.reshape(-1)
+    return _in_range(_timestamps(arr, where), where)
+
+
+def _in_range(ts: np.ndarray, where: str) -> np.ndarray:
+    """Timestamps strictly between the int64 extremes: the smallest means "no punctuation yet",
+    the largest is :data:`END`, the end-of-stream punctuation."""
+    if ts.size:
+        bad = np.flatnonzero((ts == END) | (ts == _TS_MIN))
+        if bad.size:
+            v = int(ts[bad[0]])
+            raise SchemaError(f"{where}: field 'ts' holds {v} (row {bad[0]}), reserved for "
+                              f"{'the end of the stream (END)' if v == END else 'no punctuation'}; timestamps "
+                              f"lie strictly between {_TS_MIN} and {END}")
+    return ts
+
+
+_TS_MIN = int(np.iinfo(np.int64).min)
+
+
+def _timestamps(arr: np.ndarray, where: str) -> np.ndarray:
     kind = arr.dtype.kind
     if kind in "iu":
         if kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
-            raise SchemaError(f"{where}: field 'ts' holds a value beyond int64")
+            raise SchemaError(f"{where}: field 'ts' holds {int(arr.max())}, beyond int64 (timestamps are "
+                              f"integer microseconds)")
         return arr.astype(np.int64, copy=False)
     if kind == "b":
         raise SchemaError(f"{where}: field 'ts' holds booleans, expected integer microseconds")
@@ -302,6 +326,9 @@ def to_timestamps(values: Any, where: str = "stream") -> np.ndarray:
                 f"{where}: field 'ts' holds non-integer timestamp {arr[frac[0]]} (row {frac[0]}); "
                 "timestamps are integer microseconds"
             )
+        far = np.flatnonzero((arr >= 2.0 ** 63) | (arr < -(2.0 ** 63)))
+        if far.size:
+            raise SchemaError(f"{where}: field 'ts' holds {arr[far[0]]} (row {far[0]}), beyond int64")
         return arr.astype(np.int64)
     if kind == "M":
         return arr.astype("datetime64[us]").astype(np.int64)
@@ -312,13 +339,19 @@ def to_timestamps(values: Any, where: str = "stream") -> np.ndarray:
                 raise SchemaError(f"{where}: field 'ts' holds {v!r} (row {i}); expected an integer timestamp")
             if isinstance(v, (float, np.floating)) and (not np.isfinite(v) or v != int(v)):
                 raise SchemaError(f"{where}: field 'ts' holds {v!r} (row {i}); timestamps must be finite integers")
+            if not _TS_MIN <= int(v) <= END:
+                raise SchemaError(f"{where}: field 'ts' holds {int(v)} (row {i}), beyond int64 (timestamps are "
+                                  f"integer microseconds)")
             out[i] = int(v)
         return out
     raise SchemaError(f"{where}: field 'ts' has dtype {arr.dtype}, expected integer microseconds")
 
 
 def _convert(values: Any, dt: np.dtype, name: str, where: str, n: int) -> np.ndarray:
-    arr = np.asarray(values)
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError, OverflowError):
+        raise SchemaError(f"{where}: field {name!r} holds mixed or non-scalar values, expected {dt}") from None
     if arr.shape != (n,):
         raise SchemaError(f"{where}: field {name!r} has {arr.size} values, expected {n}")
     if arr.dtype == dt:
@@ -355,4 +388,10 @@ def _convert(values: Any, dt: np.dtype, name: str, where: str, n: int) -> np.nda
             return arr.astype(dt)
         except (UnicodeEncodeError, UnicodeDecodeError) as e:
             raise SchemaError(f"{where}: field {name!r} holds text that does not fit {dt}: {e.reason}") from None
-    return arr.astype(dt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = arr.astype(dt)
+    if dst == "f" and src in "iuf":  # a finite value too large for the field's width would become inf
+        blown = np.flatnonzero(np.isfinite(arr) & ~np.isfinite(out))
+        if blown.size:
+            raise SchemaError(f"{where}: field {name!r} holds {arr[blown[0]]} (row {blown[0]}), too large for {dt}")
+    return out

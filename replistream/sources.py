@@ -82,7 +82,7 @@ def iter_chunks(data: Any, chunk_size: int = 10_000):
         return
     group: list = []
     for item in data:
-        if isinstance(item, Mapping) and not any(isinstance(v, (np.ndarray, list, tuple)) for v in item.values()):
+        if _is_record(item):
             group.append(item)
             if len(group) >= chunk_size:
                 yield group
@@ -94,6 +94,17 @@ def iter_chunks(data: Any, chunk_size: int = 10_000):
         yield item
     if group:
         yield group
+
+
+def _is_record(item: Any) -> bool:
+    """Whether an item of a source's iterable is one record rather than a chunk: a mapping whose
+    ``ts`` is a scalar (a record with a bad value, e.g. a list, is still a record, set aside by the
+    entry point), or anything that is no kind of chunk (a tuple, None: a malformed record)."""
+    from .operators.entry import SourceBatch
+
+    if isinstance(item, Mapping):
+        return not isinstance(item.get(TS), (np.ndarray, list, tuple))
+    return not isinstance(item, (np.ndarray, list, Punctuation, Sentinel, ChunkRef, SourceBatch))
 
 
 def chunk_time(chunk: Any, punctuations: bool = True) -> int | None:

@@ -79,7 +79,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from replistream.engines.result import RunResult
-from replistream.errors import QueryError
+from replistream.errors import QueryError, merge_dead_letters
 from replistream.network import LatencyModel, NetworkConditions, ZeroLatency, delivery_time
 from replistream.operators.sorter import canonical_order
 from replistream.plan import ENTRY, PhysicalPlan, ReplicaId, StreamEdge
@@ -895,6 +895,11 @@ class Simulator:
             punct[node] = rec.punct
         for e in self.entries.values():
             dead.extend(e.dead_letters)
+        for g in self.groups.values():  # every replica, the crashed ones too: peers set the same rows aside
+            for r in g:
+                if r.core is not None:
+                    dead.extend(r.core.dead_letters())
+        dead = merge_dead_letters(dead)
         links = [{"id": lk.id, "sender": lk.sender.label, "receiver": lk.receiver.label, "port": lk.port,
                   "from": lk.sender.server, "to": lk.receiver.server, "tuples": lk.tuples, "packets": lk.packets,
                   "live": lk.live} for lk in self.links]

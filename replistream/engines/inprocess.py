@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import QueryError
+from ..errors import QueryError, merge_dead_letters
 from ..operators import Item
 from ..operators.base import NO_PUNCTUATION, OperatorState
 from ..plan import ENTRY, PhysicalPlan
@@ -432,7 +432,7 @@ class InProcessEngine:
         result = RunResult(
             outputs={n: c.result() for n, c in self.collectors.items()},
             punctuation={n: c.punctuation for n, c in self.collectors.items()},
-            dead_letters=dead,
+            dead_letters=merge_dead_letters(dead),
             stats={"harness": self.stats, "weights": weights,
                    "entries": {s: e.stats() for s, e in self.entries.items()}},
         )

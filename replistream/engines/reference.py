@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..errors import merge_dead_letters
 from ..operators import Item
 from ..query import Query
 from ..replica.core import ReplicaCore
@@ -74,7 +75,7 @@ def run_reference_on_streams(query: Query, streams: Mapping[str, list[Item]], en
     return RunResult(
         outputs={n: c.result() for n, c in sinks.items()},
         punctuation={n: c.punctuation for n, c in sinks.items()},
-        dead_letters=dead,
+        dead_letters=merge_dead_letters(dead),
         pace=None,
         stats={"entries": {s: e.stats() for s, e in entries.items()},
                "operators": {n: c.stats() for n, c in cores.items()},

@@ -54,6 +54,9 @@ class Server:
             raise ValueError(f"Server {self.name!r}: lat must be in [-90, 90], got {self.lat!r}")
         if not (math.isnan(self.lon) or -180.0 <= self.lon <= 180.0):
             raise ValueError(f"Server {self.name!r}: lon must be in [-180, 180], got {self.lon!r}")
+        if math.isnan(self.lat) != math.isnan(self.lon):
+            raise ValueError(f"Server {self.name!r}: lat and lon must both be numbers or both nan (unknown), "
+                             f"got lat={self.lat!r}, lon={self.lon!r}")
         if not (self.capacity > 0 and math.isfinite(self.capacity)):
             raise ValueError(f"Server {self.name!r}: capacity must be a positive number, got {self.capacity!r}")
 

@@ -39,7 +39,7 @@ from typing import Iterable, Union
 
 import numpy as np
 
-from ..errors import DeadLetter, PunctuationViolation, ReplistreamError
+from ..errors import DeadLetter, PunctuationViolation, ReplistreamError, UserFunctionError
 from ..schema import Punctuation, Schema, TS
 
 Item = Union[np.ndarray, Punctuation]
@@ -73,6 +73,46 @@ def bin_of(key_hash: np.ndarray, bits: int) -> np.ndarray:
     if bits == 0:
         return np.zeros(len(key_hash), dtype=np.int64)
     return (key_hash >> np.uint64(64 - bits)).astype(np.int64)
+
+
+def isolate_failures(n: int, call, first_only: bool = False):
+    """Run ``call(lo, hi)`` over rows ``0..n`` and pin every exception it raises on single rows, by
+    bisection: a range that raises is split in two until the rows that raise alone are found.
+    Returns ``(results, failures)``: ``results`` the ``(lo, hi, value)`` of every range that returned,
+    in row order; ``failures`` the ``(row, exception)`` of every row that raised alone.
+
+    A row-wise function raises on the same rows whatever the batch they come in, so every replica of
+    an operator (each batching its input its own way) isolates the same rows (#15's "data errors,
+    handled identically on every replica"). The cost is about ``2 f log2(n)`` extra calls for ``f``
+    failing rows. ``first_only`` stops at the first failing row (for ``on_error="fail"``).
+    A range that raises while both its halves return (a function that is not row-wise) keeps the
+    halves' results.
+
+    >>> def call(lo, hi):
+    ...     if lo <= 5 < hi: raise ValueError("row 5")
+    ...     return hi - lo
+    >>> results, failures = isolate_failures(8, call)
+    >>> [(lo, hi) for lo, hi, _ in results], [(i, str(e)) for i, e in failures]
+    ([(0, 4), (4, 5), (6, 8)], [(5, 'row 5')])
+    """
+    results, failures = [], []
+    stack = [(0, n)]
+    while stack:
+        lo, hi = stack.pop()
+        try:
+            value = call(lo, hi)
+        except Exception as e:  # the user function's; pinned on rows below, never swallowed
+            if hi - lo == 1:
+                failures.append((lo, e))
+                if first_only:
+                    break
+                continue
+            mid = (lo + hi) // 2
+            stack.append((mid, hi))
+            stack.append((lo, mid))
+            continue
+        results.append((lo, hi, value))
+    return results, failures
 
 
 Columns = dict  # column name -> numpy array (all of one table's columns have the same length)
@@ -310,6 +350,12 @@ class OperatorLogic:
     #: class (Filter, Map, FlatMap, Union): checkpoint and restore need nothing more.
     stateless: bool = False
 
+    #: What happens to rows on which a user function raises (set by
+    #: :meth:`~replistream.query.Query.build_logic` from the query): ``"dead_letter"`` sets them
+    #: aside with the exception and goes on, ``"fail"`` raises
+    #: :class:`~replistream.errors.UserFunctionError` naming the operator and the row.
+    on_error: str = "dead_letter"
+
     def __init__(self, name: str, in_schemas: list[Schema], out_schema: Schema, strict: bool = False):
         self.name = name
         self.in_schemas = list(in_schemas)
@@ -319,6 +365,7 @@ class OperatorLogic:
         self.watermark = NO_PUNCTUATION
         self.dead_letters: list[DeadLetter] = []
         self.late_count = 0
+        self.failed_count = 0  # rows a user function raised on, dead-lettered (on_error="dead_letter")
         self.tuples_in = 0
         self.tuples_out = 0
 
@@ -340,7 +387,13 @@ class OperatorLogic:
         if not len(batch):
             return []
         self.tuples_in += len(batch)
-        return self._tally([b for b in self._on_batch(port, batch) if len(b)])
+        try:
+            out = self._on_batch(port, batch)
+        except ReplistreamError:
+            raise
+        except Exception as e:  # user code (a custom operator, a summary) failed: named, never swallowed
+            raise UserFunctionError(self.name, f"{type(e).__name__}: {e}", row=_row(batch, 0), cause=e) from e
+        return self._tally([b for b in out if len(b)])
 
     def on_punctuation(self, port: int, p: int) -> list[Item]:
         self._check_port(port)
@@ -348,13 +401,59 @@ class OperatorLogic:
         if p <= self.in_punct[port]:
             return []  # a weaker or repeated promise says nothing new
         self.in_punct[port] = p
-        out: list[Item] = list(self._on_port_punctuation(port, p))
-        wm = min(self.in_punct)
-        if wm > self.watermark:
-            out.extend(b for b in self._on_watermark(wm) if len(b))
-            self.watermark = wm
-            out.append(Punctuation(wm))
+        try:
+            out: list[Item] = list(self._on_port_punctuation(port, p))
+            wm = min(self.in_punct)
+            if wm > self.watermark:
+                out.extend(b for b in self._on_watermark(wm) if len(b))
+                self.watermark = wm
+                out.append(Punctuation(wm))
+        except ReplistreamError:
+            raise
+        except Exception as e:  # user code run at a punctuation (a summary, a custom operator)
+            raise UserFunctionError(self.name, f"{type(e).__name__}: {e} (at punctuation {p} on input {port})",
+                                    cause=e) from e
         return self._tally(out)
+
+    def apply_user(self, fn, rows: np.ndarray, check, what: str = "user function", emit=None) -> list:
+        """Run a user function over ``rows`` the way :attr:`on_error` says; returns the checked results
+        of the ranges it accepted, in row order.
+
+        ``fn(rows[lo:hi])`` is the user's call; ``check(value, lo, hi)`` validates its result (a
+        wrong length or type is a programming error: it raises
+        :class:`~replistream.errors.UserFunctionError` naming the operator, whatever the policy) and
+        returns what to keep. Rows on which ``fn`` raises are found by bisection
+        (:func:`isolate_failures`); with ``on_error="dead_letter"`` they are dead-lettered here with
+        the exception (``emit(rows)`` gives the tuples to set aside, default the rows themselves),
+        with ``"fail"`` the first raises :class:`~replistream.errors.UserFunctionError` with the row.
+
+        >>> from replistream.operators import FilterLogic
+        >>> s = Schema({"x": "i8"})
+        >>> def positive(b):
+        ...     if (b["x"] == 0).any(): raise ValueError("x is 0")
+        ...     return b["x"] > 1
+        >>> f = FilterLogic("f", [s], positive)
+        >>> out = f.process(0, s.from_columns({"ts": [1, 2, 3], "x": [1, 0, 5]}))
+        >>> out[0]["x"].tolist(), f.dead_letters[0].reason, f.dead_letters[0].batch["x"].tolist()
+        ([5], 'predicate raised ValueError: x is 0', [0])
+        """
+        n = len(rows)
+        results, failures = isolate_failures(n, lambda lo, hi: fn(rows[lo:hi]), self.on_error == "fail")
+        kept = [check(value, lo, hi) for lo, hi, value in results]
+        if failures:
+            i, e = failures[0]
+            if self.on_error == "fail":
+                sample = rows[i:i + 1] if emit is None else emit(rows[i:i + 1])
+                raise UserFunctionError(self.name, f"{what} raised {type(e).__name__}: {e}", row=_row(sample, 0),
+                                        cause=e) from e
+            by_reason: dict[str, list[int]] = {}
+            for i, e in failures:
+                by_reason.setdefault(f"{what} raised {type(e).__name__}: {e}", []).append(i)
+            for reason, idx in by_reason.items():
+                bad = rows[np.asarray(idx, dtype=np.int64)]
+                self.dead_letters.append(DeadLetter(self.name, reason, bad if emit is None else emit(bad)))
+                self.failed_count += len(idx)
+        return kept
 
     def watermarks(self, ports, puncts) -> np.ndarray:
         """The watermark after each punctuation ``puncts[i]`` on input ``ports[i]``, in turn,
@@ -511,5 +610,11 @@ class OperatorLogic:
             "tuples_in": self.tuples_in,
             "tuples_out": self.tuples_out,
             "late": self.late_count,
+            "failed": self.failed_count,
             "watermark": self.watermark,
         }
+
+
+def _row(rows: np.ndarray, i: int):
+    """Row ``i`` as a plain tuple (for an error message), or None when there is none."""
+    return rows[i].tolist() if 0 <= i < len(rows) else None

@@ -201,7 +201,6 @@ class DuplicateFilter:
         if len(ids) > 1 and (sorted_ids[1:] == sorted_ids[:-1]).any():
             # The same id twice within one batch (a retransmission): resolve in arrival order.
             prev = prev.copy()
-            first = np.zeros(len(idl), dtype=bool)
             running: dict[int, int] = {}
             for i, x in enumerate(idl):
                 c = running.get(x, int(prev[i]))

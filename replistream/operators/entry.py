@@ -197,9 +197,12 @@ class EntryLogic:
         try:
             batch = self._convert(data, where)
         except SchemaError:
-            if self.on_malformed == "raise" or not is_records(data):
+            # a list of records with bad ones among them (or not records at all: each is then set
+            # aside with what it is); any other unreadable chunk is the caller's mistake
+            records = None if self.on_malformed == "raise" else _as_records(data)
+            if records is None:
                 raise
-            return self._convert_one_by_one(list(data), where)
+            return self._convert_one_by_one(records, where)
         n = len(batch)
         batch[ID] = mix(self._salt, np.arange(self.seq, self.seq + n, dtype=np.uint64))
         self.seq += n
@@ -239,15 +242,18 @@ class EntryLogic:
 
     def _convert_one_by_one(self, records: list, where: str) -> np.ndarray:
         good, ids = [], []
-        for r in records:
+        for i, r in enumerate(records):
             try:
+                if not isinstance(r, Mapping):
+                    raise SchemaError(f"{where}: a record is a {type(r).__name__}, expected a mapping of field to value")
                 good.append(self.schema.from_records([r], where))
                 ids.append(self.seq)
-            except SchemaError as e:
+            except (SchemaError, ValueError, TypeError, OverflowError) as e:  # set aside with its reason
                 self.malformed_count += 1
                 bad = np.empty(1, dtype=object)
                 bad[0] = r
-                self.dead_letters.append(DeadLetter(where, f"malformed: {e}", bad))
+                reason = str(e) if isinstance(e, SchemaError) else f"{type(e).__name__}: {e}"
+                self.dead_letters.append(DeadLetter(where, f"malformed: {reason}", bad))
             self.seq += 1
         if not good:
             return None
@@ -258,6 +264,26 @@ class EntryLogic:
     def stats(self) -> dict:
         return {"name": self.name, "tuples_out": self.tuples_out, "late": self.late_count,
                 "malformed": self.malformed_count, "punctuation": self.punct}
+
+
+def _as_records(data: Any) -> list | None:
+    """``data`` as a list of records, to set its bad rows aside one by one; None when it has no rows
+    (a chunk of an unreadable kind, or columns of unequal lengths: the caller's mistake, raised)."""
+    if isinstance(data, (list, tuple)):
+        return list(data)
+    if isinstance(data, np.ndarray) and data.dtype.names is not None:
+        names = [n for n in data.dtype.names if n != ID]
+        return [{n: row[n] for n in names} for row in data]
+    if isinstance(data, Mapping) and ID not in data:
+        try:
+            cols = {k: list(v) for k, v in data.items()}
+        except TypeError:
+            return None
+        lengths = {len(v) for v in cols.values()}
+        if len(lengths) != 1:
+            return None
+        return [{k: v[i] for k, v in cols.items()} for i in range(lengths.pop())]
+    return None
 
 
 def is_records(data: Any) -> bool:

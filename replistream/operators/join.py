@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import SchemaError
+from ..errors import SchemaError, UserFunctionError
 from ..ids import hash_columns, mix
 from ..schema import ID, TS, Schema
 from .base import OperatorLogic
@@ -181,13 +181,24 @@ class JoinLogic(OperatorLogic):
             mine, theirs = batch[pi[ok]], chunk[oi[ok]]
             left, right = (mine, theirs) if port == 0 else (theirs, mine)
             if self.predicate is not None and len(left):
-                m = np.asarray(self.predicate(left, right))
-                if m.shape != (len(left),) or m.dtype != np.bool_:
-                    raise SchemaError(f"join {self.name!r}: predicate must return a boolean array of length {len(left)}")
-                left, right = left[m], right[m]
-            if len(left):
+                outs.extend(self._predicate_pairs(left, right))
+            elif len(left):
                 outs.append(self._emit(left, right))
         return outs
+
+    def _predicate_pairs(self, left: np.ndarray, right: np.ndarray) -> list[np.ndarray]:
+        """The joined tuples of the candidate pairs the predicate accepts; pairs on which it raises
+        are dead-lettered as the joined tuple they would have made (``on_error``)."""
+        def check(result, lo, hi):
+            m = np.asarray(result)
+            if m.shape != (hi - lo,) or m.dtype != np.bool_:
+                raise UserFunctionError(self.name, f"join predicate must return a boolean array of length "
+                                                   f"{hi - lo}, got dtype {m.dtype} shape {m.shape}")
+            return self._emit(left[lo:hi][m], right[lo:hi][m])
+
+        pairs = np.arange(len(left))
+        return self.apply_user(lambda idx: self.predicate(left[idx], right[idx]), pairs, check, "predicate",
+                               emit=lambda idx: self._emit(left[idx], right[idx]))
 
     def _emit(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         out = np.empty(len(left), dtype=self.out_schema.dtype)

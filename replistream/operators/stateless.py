@@ -12,25 +12,35 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..errors import SchemaError
+from ..errors import SchemaError, UserFunctionError
 from ..ids import mix
 from ..schema import ID, TS, Schema
 from .base import OperatorLogic
 
 
-def _columns(result, out_schema: Schema, n: int, where: str) -> np.ndarray:
-    """Assemble a user function's result into a batch of ``out_schema`` (ts/id filled later)."""
+def _columns(result, out_schema: Schema, n: int, where: str, operator: str) -> np.ndarray:
+    """Assemble a user function's result into a batch of ``out_schema`` (ts/id filled later); a result
+    of the wrong type, fields or length is a :class:`~replistream.errors.UserFunctionError`."""
     if isinstance(result, np.ndarray) and result.dtype.names is not None:
         result = {name: result[name] for name in result.dtype.names}
     if not isinstance(result, Mapping):
-        raise SchemaError(f"{where}: function must return a mapping of field to array or a structured array, "
-                          f"got {type(result).__name__}")
+        raise UserFunctionError(operator, f"{where}: function must return a mapping of field to array or a "
+                                          f"structured array, got {type(result).__name__}")
     for reserved in (TS, ID):
         if reserved in result:
-            raise SchemaError(f"{where}: function returned {reserved!r}; timestamps and ids are kept by replistream")
+            raise UserFunctionError(operator, f"{where}: function returned {reserved!r}; timestamps and ids are "
+                                              f"kept by replistream")
     cols = dict(result)
+    for name, col in cols.items():
+        length = np.shape(col)[0] if np.ndim(col) else None
+        if length != n:
+            raise UserFunctionError(operator, f"{where}: function returned {length} value(s) for field {name!r} "
+                                              f"on a batch of {n} row(s); it must return one per row")
     cols[TS] = np.zeros(n, dtype=np.int64)
-    return out_schema.from_columns(cols, where)
+    try:
+        return out_schema.from_columns(cols, where)
+    except SchemaError as e:
+        raise UserFunctionError(operator, str(e)) from e
 
 
 class FilterLogic(OperatorLogic):
@@ -52,11 +62,14 @@ class FilterLogic(OperatorLogic):
         self.predicate = predicate
 
     def _on_batch(self, port, batch):
-        mask = np.asarray(self.predicate(batch))
-        if mask.shape != (len(batch),) or mask.dtype != np.bool_:
-            raise SchemaError(f"filter {self.name!r}: predicate must return a boolean array of length {len(batch)}, "
-                              f"got dtype {mask.dtype} shape {mask.shape}")
-        return [batch[mask]]
+        def check(result, lo, hi):
+            mask = np.asarray(result)
+            if mask.shape != (hi - lo,) or mask.dtype != np.bool_:
+                raise UserFunctionError(self.name, f"filter predicate must return a boolean array of length "
+                                                   f"{hi - lo}, got dtype {mask.dtype} shape {mask.shape}")
+            return batch[lo:hi][mask]
+
+        return self.apply_user(self.predicate, batch, check, "predicate")
 
 
 class MapLogic(OperatorLogic):
@@ -78,10 +91,13 @@ class MapLogic(OperatorLogic):
         self.fn = fn
 
     def _on_batch(self, port, batch):
-        out = _columns(self.fn(batch), self.out_schema, len(batch), f"map {self.name!r}")
-        out[TS] = batch[TS]
-        out[ID] = batch[ID]
-        return [out]
+        def check(result, lo, hi):
+            out = _columns(result, self.out_schema, hi - lo, f"map {self.name!r}", self.name)
+            out[TS] = batch[TS][lo:hi]
+            out[ID] = batch[ID][lo:hi]
+            return out
+
+        return self.apply_user(self.fn, batch, check, "map function")
 
 
 class FlatMapLogic(OperatorLogic):
@@ -108,16 +124,19 @@ class FlatMapLogic(OperatorLogic):
         self.fn = fn
 
     def _on_batch(self, port, batch):
-        result = self.fn(batch)
+        return self.apply_user(self.fn, batch, lambda result, lo, hi: self._expand(batch[lo:hi], result),
+                               "flat_map function")
+
+    def _expand(self, batch, result):
         where = f"flat_map {self.name!r}"
         if not (isinstance(result, tuple) and len(result) == 2):
-            raise SchemaError(f"{where}: function must return (parent_index, columns)")
+            raise UserFunctionError(self.name, f"{where}: function must return (parent_index, columns)")
         parent = np.asarray(result[0])
         if parent.ndim != 1 or parent.dtype.kind not in "iu":
-            raise SchemaError(f"{where}: parent_index must be a 1-D integer array")
+            raise UserFunctionError(self.name, f"{where}: parent_index must be a 1-D integer array")
         if len(parent) and (parent.min() < 0 or parent.max() >= len(batch)):
-            raise SchemaError(f"{where}: parent_index refers to rows outside the input batch")
-        out = _columns(result[1], self.out_schema, len(parent), where)
+            raise UserFunctionError(self.name, f"{where}: parent_index refers to rows outside the input batch")
+        out = _columns(result[1], self.out_schema, len(parent), where, self.name)
         out[TS] = batch[TS][parent]
         # index of each output among its parent's outputs, in the order returned
         order = np.argsort(parent, kind="stable")
@@ -132,7 +151,7 @@ class FlatMapLogic(OperatorLogic):
         ordinal = np.empty(len(sp), dtype=np.uint64)
         ordinal[order] = run.astype(np.uint64)
         out[ID] = mix(batch[ID][parent], ordinal)
-        return [out]
+        return out
 
 
 class UnionLogic(OperatorLogic):

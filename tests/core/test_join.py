@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replistream.errors import SchemaError
+from replistream.errors import SchemaError, UserFunctionError
 from replistream.ids import mix
 from replistream.operators.join import JoinLogic, join_schema
 from replistream.schema import END, Punctuation, Schema
@@ -213,7 +213,7 @@ def test_join_validation():
 def test_join_bad_predicate_names_join():
     j = JoinLogic("pairs", [L, R], window=10, predicate=lambda l, r: l["a"])
     j.process(0, L.from_columns({"ts": [1], "k": [1], "s": ["a"], "m": [0], "a": [0.5]}, ids=[1]))
-    with pytest.raises(SchemaError, match="join 'pairs'"):
+    with pytest.raises(UserFunctionError, match="operator 'pairs': join predicate"):
         j.process(1, R.from_columns({"ts": [2], "k": [1], "s": ["a"], "m": [0], "b": [1]}, ids=[2]))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replistream.errors import SchemaError
+from replistream.errors import UserFunctionError
 from replistream.ids import mix
 from replistream.operators import FilterLogic, FlatMapLogic, MapLogic, UnionLogic
 from replistream.schema import Punctuation, Schema
@@ -50,7 +50,7 @@ def test_filter_forwards_punctuation():
 ])
 def test_filter_bad_predicate_names_operator(pred):
     f = FilterLogic("pick", [S], pred)
-    with pytest.raises(SchemaError, match="filter 'pick'"):
+    with pytest.raises(UserFunctionError, match="operator 'pick': filter predicate"):
         f.process(0, B)
 
 
@@ -90,7 +90,7 @@ def test_map_accepts_structured_result_and_converts_dtypes():
 ])
 def test_map_bad_results_name_operator(fn, word):
     m = MapLogic("scale", [S], fn, Schema({"w": "f8"}))
-    with pytest.raises(SchemaError, match="map 'scale'") as ei:
+    with pytest.raises(UserFunctionError, match="operator 'scale': map 'scale'") as ei:
         m.process(0, B)
     assert word in str(ei.value)
 
@@ -158,7 +158,7 @@ def test_flat_map_zero_outputs():
 ])
 def test_flat_map_bad_results_name_operator(fn, word):
     fm = FlatMapLogic("split", [S], fn, OUT)
-    with pytest.raises(SchemaError, match="flat_map 'split'") as ei:
+    with pytest.raises(UserFunctionError, match="operator 'split': flat_map 'split'") as ei:
         fm.process(0, B)
     assert word in str(ei.value)
 

@@ -22,10 +22,12 @@ An engine is one fixture registered with :func:`engine`: an adapter with one met
 ``"entry#1"``, ``"join#0"``), and a flag ``runs_faults`` (the reference engine ignores faults).
 Adding an engine means adding one such fixture.
 
-Next case to add: a user function that raises, once issue #15 defines what the engines do then.
+* a user function that raises: a map raising on a seeded tenth of its rows; every engine dead-letters
+  exactly those rows, once each, with the exception (docs/reliability.md), and nothing else is lost.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -108,8 +110,33 @@ def union_case() -> tuple[Query, dict]:
     return q.build(), inputs
 
 
+def raising(b):
+    """A map that raises on rows whose ``k`` is 7 (about a tenth of them), whatever the batch."""
+    if (b["k"] == 7).any():
+        raise ValueError("k is 7")
+    return {"k": b["k"], "w": b["v"] * 2.0}
+
+
+def user_error_case() -> tuple[Query, dict]:
+    q = Query("user_error")
+    s = q.source("events", {"k": "i8", "v": "f8"}, punctuate_every=seconds(1))
+    s.map(raising, schema={"k": "i8", "w": "f8"}, name="double").window(
+        size=seconds(4), by="k", aggs={"n": "count", "total": ("w", "sum")}, name="per_key").sink("sums")
+    rng = np.random.default_rng(5)
+    n = 300
+    ts = np.sort(rng.integers(0, seconds(60), n))
+    return q.build(), {"events": columns(ts, 7, k=rng.integers(0, 10, n), v=rng.normal(size=n))}
+
+
 CASES = [Case("fig1", fig1_case, "correlate"), Case("sliding_window", sliding_case, "sliding"),
-         Case("count_window", count_window_case, "per_user"), Case("union_filter", union_case, "positive")]
+         Case("count_window", count_window_case, "per_user"), Case("union_filter", union_case, "positive"),
+         Case("user_error", user_error_case, "double")]
+
+
+def raised_rows(result: RunResult) -> Counter:
+    """The dead-lettered rows a user function raised on, as a multiset of (where, reason, id)."""
+    return Counter((d.where, d.reason, int(i)) for d in result.dead_letters if " raised " in d.reason
+                   for i in d.batch["id"])
 
 
 def plan_for(query: Query) -> PhysicalPlan:
@@ -282,6 +309,9 @@ def test_engine_matches_the_ideal_run(engine_under_test, case, script):
     for app in query.sinks:
         assert len(expected.outputs[app]) > 0, f"case {case.name}: {app} receives nothing; a vacuous case"
         assert_same_output(expected.outputs[app], got.outputs[app])
+    assert raised_rows(got) == raised_rows(expected)
+    if case.name == "user_error":
+        assert sum(raised_rows(expected).values()) > 0, "the user_error case sets nothing aside; a vacuous case"
     if engine_under_test.runs_faults:
         killed = {e["replica"] for e in got.events if e.get("event") == "killed"}
         assert killed == expected_kills(plan, faults)
