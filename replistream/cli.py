@@ -28,12 +28,174 @@ placement (k=1); ``--plot`` draws it on a world map.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import os
+import re
 import sys
 import threading
 import time
 
 import numpy as np
+
+
+class CliError(Exception):
+    """A mistake on the command line, found before anything slow starts: ``main`` prints it as one
+    line, ``replistream <command>: error: <what is wrong and the fix>``, and exits with 2.
+
+    >>> str(CliError("--duration must be > 0 seconds, got -5"))
+    '--duration must be > 0 seconds, got -5'
+    """
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, answering a mistake with one line (no usage block) and, for an unknown option, the
+    nearest known one."""
+
+    def error(self, message):
+        hint = ""
+        unknown = re.match(r"unrecognized arguments: (\S+)", message)
+        if unknown:
+            near = difflib.get_close_matches(unknown.group(1).split("=")[0], sorted(_all_options(self)), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}; see {self.prog} --help\n")
+
+
+def _all_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``parser`` and of its subcommands."""
+    out = set()
+    for action in parser._actions:
+        out.update(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _all_options(sub)
+    return out
+
+
+def _positive(args, *names: str, unit: str = "") -> None:
+    for name in names:
+        v = getattr(args, name.replace("-", "_"))
+        if v is not None and not (np.isfinite(v) and v > 0):
+            raise CliError(f"--{name} must be > 0{' ' + unit if unit else ''}, got {v:g}")
+
+
+def _check_file(path: str, what: str, flag: str) -> None:
+    if not os.path.isfile(path):
+        raise CliError(f"{flag}: no {what} at {path!r}" + ("" if os.path.exists(path) else
+                       " (the file does not exist; check the path)"))
+    if not os.access(path, os.R_OK):
+        raise CliError(f"{flag}: cannot read {path!r} (permission denied)")
+
+
+def _check_out_file(path: str, flag: str, suffixes: tuple[str, ...] = ()) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if suffixes and not path.lower().endswith(suffixes):
+        raise CliError(f"{flag}: {path!r} must end in {' or '.join(suffixes)}")
+    if not os.path.isdir(folder):
+        raise CliError(f"{flag}: the folder {folder!r} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"{flag}: cannot write in {folder!r} (permission denied)")
+
+
+def check_demo(args) -> None:
+    """Every argument of ``demo`` checked before Ray starts; raises :class:`CliError` naming the mistake.
+
+    >>> args = build_parser().parse_args(["demo", "--servers", "1", "--k", "3"])
+    >>> check_demo(args)
+    Traceback (most recent call last):
+    ...
+    replistream.cli.CliError: --k 3 needs at least 3 servers (replicas of an operator run on distinct servers); got --servers 1
+    """
+    if args.k < 1:
+        raise CliError(f"--k must be >= 1, got {args.k}")
+    if args.servers < 1:
+        raise CliError(f"--servers must be >= 1, got {args.servers}")
+    from .network.servers import CITIES
+
+    if args.servers > len(CITIES):
+        raise CliError(f"--servers must be <= {len(CITIES)} (the built-in cities), got {args.servers}")
+    if args.k > args.servers:
+        raise CliError(f"--k {args.k} needs at least {args.k} servers (replicas of an operator run on distinct "
+                       f"servers); got --servers {args.servers}")
+    _positive(args, "duration", "period", "window", "latency-bin", "utility-period", "gc-period", "threshold",
+              unit="seconds")
+    if args.period > args.duration:
+        raise CliError(f"--period {args.period:g} s is longer than --duration {args.duration:g} s: no reading "
+                       f"would be sent")
+    if not 0 < args.theta_fraction <= 1:
+        raise CliError(f"--theta-fraction must be in (0, 1], got {args.theta_fraction:g}")
+    if args.kmin is not None and not 1 <= args.kmin <= args.k:
+        raise CliError(f"--kmin must be between 1 and --k {args.k}, got {args.kmin}")
+    if args.congest_ms < 0:
+        raise CliError(f"--congest-ms must be >= 0, got {args.congest_ms:g}")
+    if args.congest_at is not None and not 0 <= args.congest_at <= args.duration:
+        raise CliError(f"--congest-at must be within the run (0..{args.duration:g} s), got {args.congest_at:g}")
+    if args.engine == "inprocess" and args.scenario not in (None, "none"):
+        raise CliError("--scenario FILE needs the Ray engine (the in-process engine has no clock: it crashes "
+                       "replicas at random); drop --engine inprocess, or use --scenario none")
+    if args.engine == "inprocess" and (args.gc or args.revival):
+        raise CliError("--gc and --revival need the Ray engine; drop --engine inprocess")
+    from .network.servers import default_servers
+
+    names = [s.name for s in default_servers(args.servers)]
+    if args.network not in ("geo", "geo-static", "zero"):
+        if not args.network.endswith(".csv"):
+            raise CliError(f"--network must be geo, geo-static, zero or a trace .csv file, got {args.network!r}")
+        _check_file(args.network, "latency trace", "--network")
+        from .network import TraceLatencyModel
+
+        try:
+            TraceLatencyModel.from_csv(args.network)
+        except ValueError as e:
+            raise CliError(f"--network: {e}") from None
+    if args.scenario not in (None, "none"):
+        _check_file(args.scenario, "scenario file", "--scenario")
+        from .scenario import Scenario
+        from .workloads import fig1_query
+
+        try:
+            scenario = Scenario.from_file(args.scenario)
+            query = fig1_query(n_servers=args.servers, window_s=args.window, punctuate_s=args.period)
+            scenario.validate(servers=names, operators={n: args.k for n in query.operators})
+        except ValueError as e:
+            raise CliError(f"--scenario: {e}") from None
+        late = [e for e in scenario.events if e.at > args.duration]
+        if late:
+            raise CliError(f"--scenario: the event at {late[0].at:g} s ({late[0].action}) comes after the run's "
+                           f"{args.duration:g} s; lengthen --duration or move the event")
+
+
+def check_place(args) -> None:
+    """Every argument of ``place`` checked before any work; raises :class:`CliError`."""
+    if args.k < 1:
+        raise CliError(f"--k must be >= 1, got {args.k}")
+    spec = args.server_spec
+    if not spec.isdigit():
+        if not spec.lower().endswith((".csv", ".toml")):
+            raise CliError(f"--servers must be a number of built-in cities or a .csv/.toml server file, got {spec!r}")
+        _check_file(spec, "server file", "--servers")
+    elif int(spec) < 1:
+        raise CliError(f"--servers must be >= 1, got {spec}")
+    if args.monitored is not None and args.monitored < 1:
+        raise CliError(f"--monitored must be >= 1, got {args.monitored}")
+    _positive(args, "alpha")
+    if args.d_min is not None and not (np.isfinite(args.d_min) and args.d_min >= 0):
+        raise CliError(f"--d-min must be >= 0 ms, got {args.d_min:g}")
+    if args.plot:
+        _check_out_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
+
+
+def check_reconfigure(args) -> None:
+    """Every argument of ``reconfigure`` checked before Ray starts; raises :class:`CliError`."""
+    if args.k < 1:
+        raise CliError(f"--k must be >= 1, got {args.k}")
+    if args.servers < 1:
+        raise CliError(f"--servers must be >= 1, got {args.servers}")
+    if args.k > args.servers:
+        raise CliError(f"--k {args.k} needs at least {args.k} servers (replicas of an operator run on distinct "
+                       f"servers); got --servers {args.servers}")
+    _positive(args, "duration", unit="seconds")
+    _positive(args, "pace")
 
 
 def _demo_inprocess(args) -> int:
@@ -166,7 +328,8 @@ def _demo_ray(args) -> int:
         from .engines.ray import GCConfig
 
         gc_cfg = GCConfig(utility_period_s=args.utility_period, gc_period_s=args.gc_period,
-                          theta_fraction=args.theta_fraction, gc=args.gc, max_steps=None, kmin=args.kmin,
+                          theta_fraction=args.theta_fraction, gc=args.gc, max_steps=None,
+                          kmin=min(2, args.k) if args.kmin is None else args.kmin,
                           revival=args.revival, threshold_s=args.threshold, proactive=args.revival)
     dep = deploy(query, servers=servers, k=args.k, network=args.network, seed=args.seed, gc=gc_cfg)
     congest = None
@@ -465,10 +628,11 @@ def _reconfigure(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="replistream",
         description="Replicated, replication-transparent stream processing (Hwang, Cetintemel, Zdonik 2008).")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="run the Fig. 1 monitoring query replicated, with crashes, "
                                        "and compare with the ideal run")
@@ -497,7 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "theta; injects --congest-ms on the surviving path at --congest-at")
     demo.add_argument("--theta-fraction", type=float, default=0.3, help="--gc: theta as a fraction of the first "
                                                                        "measured network cost (default 0.3)")
-    demo.add_argument("--kmin", type=int, default=1, help="--gc: fewest live replicas per operator (default 1)")
+    demo.add_argument("--kmin", type=int, default=None, help="--gc: fewest live replicas per operator, so that "
+                                                            "k-1 failures stay masked (default min(2, k))")
     demo.add_argument("--utility-period", type=float, default=1.0, help="seconds between utility/cost/delay "
                                                                        "measurements (default 1; paper 30)")
     demo.add_argument("--gc-period", type=float, default=2.0, help="seconds between garbage collections "
@@ -507,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--congest-at", type=float, default=None, help="--revival: when (s) to add delay on the "
                                                                     "surviving path (default: half the duration)")
     demo.add_argument("--congest-ms", type=float, default=3000.0, help="--revival: extra delay in ms (default 3000)")
-    demo.set_defaults(func=_demo)
+    demo.set_defaults(func=_demo, check=check_demo)
 
     place = sub.add_parser("place", help="place k replicas of every operator of a query on servers "
                                          "(min-cost Algorithm 5 or a baseline) and print the network cost")
@@ -533,7 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
     place.add_argument("--explain", action="store_true", help="also print why every replica went where it did")
     place.add_argument("--plot", metavar="FILE.png", default=None,
                        help="draw servers, replicas and stream replicas on a world map")
-    place.set_defaults(func=_place)
+    place.set_defaults(func=_place, check=check_place)
 
     rec = sub.add_parser("reconfigure", help="change a running Fig. 1 query (replace a filter's function, add "
                                              "an operator, move a stateful replica) and compare with the "
@@ -547,7 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "as the entry points take it)")
     rec.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     rec.add_argument("--json", action="store_true", help="print one JSON object")
-    rec.set_defaults(func=_reconfigure)
+    rec.set_defaults(func=_reconfigure, check=check_reconfigure)
 
     from .sim.cli import register as register_sim, run as run_sim  # replistream sim <experiment> (Hwang §VI)
 
@@ -566,11 +731,22 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    if getattr(args, "k", 1) < 1:
-        parser.error(f"--k must be >= 1, got {args.k}")
-    if getattr(args, "servers", 1) < 1:
-        parser.error(f"--servers must be >= 1, got {args.servers}")
-    return args.func(args)
+    prog = f"replistream {args.command}"
+    try:
+        if getattr(args, "check", None):
+            args.check(args)
+        return args.func(args)
+    except CliError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line naming it; --debug shows where
+        if args.debug:
+            raise
+        print(f"{prog}: error: {type(e).__name__}: {e} (run with --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

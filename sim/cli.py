@@ -50,8 +50,44 @@ def register(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def check(args) -> str | None:
+    """What is wrong with the parsed ``sim`` arguments, in one line with the fix (None when nothing is),
+    found before any simulation starts.
+
+    >>> import argparse
+    >>> check(argparse.Namespace(experiment="fig2", out="/proc/nope", jobs=None, servers=100, days=30.0, step=10.0))
+    "--out: cannot create or write the folder '/proc/nope' (No such file or directory); choose a folder you can write"
+    """
+    import os
+
+    if args.out is not None:
+        try:  # the folder is made now rather than after a long run; a probe file shows it takes files
+            os.makedirs(args.out, exist_ok=True)
+            probe = os.path.join(args.out, ".replistream-write-test")
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            return (f"--out: cannot create or write the folder {args.out!r} ({e.strerror}); choose a folder "
+                    f"you can write")
+    if args.jobs is not None and args.jobs < 1:
+        return f"--jobs must be >= 1, got {args.jobs}"
+    if args.experiment == "trace":
+        if not 1 <= args.servers <= 119:
+            return f"--servers must be between 1 and 119 (the built-in cities), got {args.servers}"
+        if not args.days > 0:
+            return f"--days must be > 0, got {args.days:g}"
+        if not args.step > 0:
+            return f"--step must be > 0 seconds, got {args.step:g}"
+    return None
+
+
 def run(args) -> int:
     """Run the parsed ``sim`` command; returns the exit status."""
+    problem = check(args)
+    if problem:
+        print(f"replistream sim {args.experiment}: error: {problem}", file=sys.stderr)
+        return 2
     if args.experiment == "trace":
         return _trace(args)
     if args.progress and args.json:
