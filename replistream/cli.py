@@ -205,11 +205,10 @@ def _demo_inprocess(args) -> int:
     t0 = time.perf_counter()
     query = fig1_query(n_servers=args.servers, window_s=args.window)
     inputs = fig1_inputs(n_servers=args.servers, duration_s=args.duration, period_s=args.period, seed=args.seed)
-    progress = None
-    if not args.json:
-        from rich.console import Console
+    from rich.console import Console
 
-        progress = Console(stderr=True)
+    progress = Console(stderr=True)  # on stderr, also with --json
+    if progress:
         progress.print(f"[bold]replistream demo[/]: Fig. 1 query, {args.servers} servers, k={args.k}, "
                        f"{args.duration:g} s of readings every {args.period:g} s, seed {args.seed}")
         progress.print("running the reference (ideal, non-replicated) run ...")
@@ -234,30 +233,68 @@ def _demo_inprocess(args) -> int:
         "delivery_steps": h.steps,
         "seconds": round(time.perf_counter() - t0, 3),
     }
+    crashed = len(summary["crashed_replicas"])
+    summary["verdict"] = _verdict(summary, [f"{crashed} replica(s) crashed at random" if crashed else "no crash"])
     if args.json:
         print(json.dumps(summary))
     else:
-        table = _summary_table("Fig. 1 query: replicated run vs. ideal run", summary,
-                               ("inputs", "reference_outputs", "outputs", "lost", "duplicates", "unexpected",
-                                "matches_reference", "complete", "dead_letters", "delivery_steps", "seconds"))
-        table.add_row("crashed replicas", ", ".join(summary["crashed_replicas"]) or "none")
-        table.add_row("filter weights at 'alerts'", " ".join(f"{w:g}" for w in summary["stream_replica_weights"]))
-        progress.print(table)
+        print(summary["verdict"])
+        table = _result_table("Fig. 1 query, in-process replicated run against the ideal run", summary)
+        table.add_row("replicas crashed", ", ".join(summary["crashed_replicas"]) or "none")
+        table.add_row("delivery steps (items moved between replicas)", f"{summary['delivery_steps']:,}")
+        table.add_row("contribution weight per upstream replica at 'alerts' (1 per first copy, 1/j per j-th; §V-B)",
+                      " ".join(f"{w:g}" for w in summary["stream_replica_weights"]))
+        table.add_row("run time (s)", f"{summary['seconds']:g}")
+        _print(table)
         if len(got):
-            first = got[np.argsort(got["ts"])][:3]
-            progress.print("first alerts (ts in µs):", first[["ts", "server", "cpu", "dst", "rtt_ms"]].tolist())
+            from .engines.result import format_rows
+
+            print("first alerts:")
+            print(format_rows(got[np.argsort(got["ts"])][:3], ["ts", "server", "cpu", "dst", "rtt_ms"]))
     return 0 if summary["matches_reference"] and summary["complete"] else 1
 
 
-def _summary_table(title: str, summary: dict, keys: tuple):
-    """A two-column rich table of ``summary[key]`` for ``keys``; callers add further rows."""
+def _print(renderable) -> None:
+    """A rich table on stdout (so ``replistream demo > out.txt`` keeps it), at a readable width."""
+    from rich.console import Console
+
+    Console(width=max(120, Console().width)).print(renderable)
+
+
+def _verdict(summary: dict, notes: list[str]) -> str:
+    """The one-line verdict a run command prints first: PASS or FAIL, what was compared, what happened.
+
+    >>> _verdict({"matches_reference": True, "complete": True, "outputs": 2784, "reference_outputs": 2784,
+    ...           "lost": 0, "duplicates": 0, "unexpected": 0}, ["saopaulo killed at 15.1 s"])
+    'PASS: 2,784 alerts identical to the ideal run (0 lost, 0 duplicated); saopaulo killed at 15.1 s'
+    """
+    ok = summary["matches_reference"] and summary["complete"]
+    if ok:
+        head = f"PASS: {summary['outputs']:,} alerts identical to the ideal run (0 lost, 0 duplicated)"
+    else:
+        head = (f"FAIL: {summary['outputs']:,} alerts against {summary['reference_outputs']:,} in the ideal run: "
+                f"{summary['lost']:,} lost, {summary['duplicates']:,} duplicated, {summary['unexpected']:,} not in "
+                f"the ideal run" + ("" if summary["complete"] else "; the end of the stream never arrived"))
+    return "; ".join([head, *[n for n in notes if n]])
+
+
+def _result_table(title: str, summary: dict):
+    """The rows every run command shares, named in plain words; callers add their own."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, title_justify="left")
     table.add_column("what")
     table.add_column("value", justify="right")
-    for key in keys:
-        table.add_row(key, str(summary[key]))
+    rows = [("alerts in the ideal (non-replicated, failure-free) run", summary["reference_outputs"]),
+            ("alerts delivered", summary["outputs"]),
+            ("lost (in the ideal run, never delivered)", summary["lost"]),
+            ("duplicated (delivered more than once)", summary["duplicates"]),
+            ("unexpected (not in the ideal run)", summary["unexpected"]),
+            ("output identical to the ideal run", "yes" if summary["matches_reference"] else "NO"),
+            ("end of stream reached", "yes" if summary["complete"] else "NO"),
+            ("records set aside (dead letters)", summary["dead_letters"])]
+    for what, value in rows:
+        table.add_row(what, f"{value:,}" if isinstance(value, int) else str(value))
     return table
 
 
@@ -308,12 +345,10 @@ def _demo_ray(args) -> int:
     from .testing import run_reference
     from .workloads import fig1_inputs, fig1_query
 
-    t0 = time.perf_counter()
-    console = None
-    if not args.json:
-        from rich.console import Console
+    from rich.console import Console
 
-        console = Console(stderr=True)
+    t0 = time.perf_counter()
+    console = Console(stderr=True)  # progress on stderr, also with --json (stdout stays the report)
     servers = default_servers(args.servers)
     query = fig1_query(n_servers=args.servers, window_s=args.window, punctuate_s=args.period)
     inputs = fig1_inputs(n_servers=args.servers, duration_s=args.duration, period_s=args.period, seed=args.seed,
@@ -332,6 +367,9 @@ def _demo_ray(args) -> int:
                           kmin=min(2, args.k) if args.kmin is None else args.kmin,
                           revival=args.revival, threshold_s=args.threshold, proactive=args.revival)
     dep = deploy(query, servers=servers, k=args.k, network=args.network, seed=args.seed, gc=gc_cfg)
+    if console:
+        console.print(f"Ray and {len(dep.handles)} replicas up after {time.perf_counter() - t0:.1f} s; "
+                      f"computing the ideal run to compare with ...")
     congest = None
     try:
         app_server = dep.plan["alerts"][0]
@@ -392,29 +430,78 @@ def _demo_ray(args) -> int:
         if congest is not None:
             congest.cancel()
         dep.shutdown()
+    summary["verdict"] = _verdict(summary, _ray_notes(summary, gc_cfg is not None))
     if args.json:
         print(json.dumps(summary))
+        return 0 if summary["matches_reference"] and summary["complete"] else 1
+    print(summary["verdict"])
+    table = _result_table("Fig. 1 query on Ray, replicated, against the ideal run", summary)
+    failures = [f"{'server' if e['event'] == 'kill_server' else 'replica'} {e.get('target')} killed at {e['t']:.1f} s"
+                for e in summary["failures"] if e.get("event") in ("kill_server", "kill_replica")]
+    table.add_row("failures injected", "; ".join(failures) or "none")
+    lat = summary["latency_ms"]
+    if summary["failure_at_s"] is not None:
+        for phase, words in (("before_failure", "before the failure"), ("after_failure", "after the failure")):
+            p = lat[phase]
+            table.add_row(f"latency {words}, p50 / p99 (ms)", f"{p['p50']} / {p['p99']}  ({p['count']:,} alerts)")
     else:
-        table = _summary_table("Fig. 1 query on Ray: replicated run vs. ideal run", summary,
-                               ("reference_outputs", "outputs", "lost", "duplicates", "unexpected",
-                                "matches_reference", "complete", "dead_letters", "failure_at_s",
-                                "dropped_stream_replicas", "seconds"))
-        for phase in ("before_failure", "after_failure"):
-            p = summary["latency_ms"][phase]
-            table.add_row(f"latency {phase.replace('_', ' ')} (ms)",
-                          f"p50 {p['p50']}  p99 {p['p99']}  (n={p['count']})")
-        table.add_row("filter weights at 'alerts'", " ".join(f"{w:.1f}" for w in summary["filter_weights"] or []))
-        if gc_cfg is not None:
-            table.add_row("theta", f"{summary['theta']}")
-            table.add_row("network cost (first, last)", f"{summary['network_cost'][0]['cost'] if summary['network_cost'] else None}"
-                          f" -> {summary['network_cost'][-1]['cost'] if summary['network_cost'] else None}")
-            for phase, p in summary["latency_phases_ms"].items():
-                table.add_row(f"latency {phase.replace('_', ' ')} (ms)", f"p50 {p['p50']}  p99 {p['p99']}  (n={p['count']})")
-        console.print(table)
-        if gc_cfg is not None:
+        p = lat["all"]
+        table.add_row("latency, p50 / p99 (ms)", f"{p['p50']} / {p['p99']}  ({p['count']:,} alerts)")
+    table.add_row("stream replicas dropped (links from or to a replica that died)",
+                  f"{summary['dropped_stream_replicas']:,}")
+    if summary.get("fault_tolerance") is not None:
+        table.add_row("fault tolerance at the end (fewest live replicas - 1, over operators)",
+                      str(summary["fault_tolerance"]))
+    table.add_row("contribution weight per upstream replica at 'alerts' (1 per first copy, 1/j per j-th; §V-B)",
+                  " ".join(f"{w:.1f}" for w in summary["filter_weights"] or []))
+    if gc_cfg is not None:
+        cost = [h["cost"] for h in summary["network_cost"]]
+        if cost:
+            table.add_row("network cost, static deployment -> lowest -> at the end (bytes/s x ms)",
+                          f"{cost[0]:,.0f} -> {min(cost):,.0f} -> {cost[-1]:,.0f}")
+        table.add_row("theta, the cost GC aims under (bytes/s x ms)",
+                      "-" if summary["theta"] is None else f"{summary['theta']:,.0f}")
+        table.add_row("replicas discarded by GC / revived", f"{summary['gc_discards']} / {summary['revivals']}")
+        for phase, p in summary["latency_phases_ms"].items():
+            table.add_row(f"latency {phase.replace('_', ' ')}, p50 / p99 (ms)",
+                          f"{p['p50']} / {p['p99']}  ({p['count']:,} alerts)")
+    table.add_row("run time (s)", f"{summary['seconds']:g}")
+    _print(table)
+    after, before = lat["after_failure"], lat["before_failure"]
+    if summary["failure_at_s"] is not None and after["p50"] is not None and before["p50"] is not None \
+            and after["p50"] < before["p50"]:
+        print("note: latency after the failure is lower than before: each alert is the first of its copies to "
+              "arrive, and with fewer replicas there is less queueing on the servers that remain.")
+    if gc_cfg is not None:
+        if args.verbose:
+            print("decisions (time since the start, kind, what and why):")
             for e in summary["events"]:
-                console.print(f"{e['t']:7.2f} s  {e['kind']:<10} {e['text']}", markup=False, highlight=False)
+                print(f"{e['t']:7.2f} s  {e['kind']:<10} {e['text']}")
+        else:
+            print(f"{len(summary['events'])} GC and revival decisions: --verbose lists them, --json gives them all")
     return 0 if summary["matches_reference"] and summary["complete"] else 1
+
+
+def _ray_notes(summary: dict, gc: bool) -> list[str]:
+    """The verdict's notes for a Ray demo: the failure and latency around it, or what GC saved."""
+    notes = []
+    kills = [e for e in summary["failures"] if e.get("event") in ("kill_server", "kill_replica")]
+    lat = summary["latency_ms"]
+    if kills:
+        e = kills[0]
+        notes.append(f"{e.get('target')} killed at {e['t']:.1f} s")
+        b, a = lat["before_failure"], lat["after_failure"]
+        if b["p99"] is not None and a["p99"] is not None:
+            notes.append(f"p99 latency {b['p99']:.0f} ms before, {a['p99']:.0f} ms after")
+    elif lat["all"]["p99"] is not None:
+        notes.append(f"p99 latency {lat['all']['p99']:.0f} ms")
+    if gc and summary.get("network_cost"):
+        cost = [h["cost"] for h in summary["network_cost"]]
+        notes.append(f"network cost {cost[0]:,.0f} -> {cost[-1]:,.0f} bytes/s x ms "
+                     f"({summary['gc_discards']} replicas discarded, {summary['revivals']} revived)")
+    if summary.get("fault_tolerance") is not None:
+        notes.append(f"fault tolerance {summary['fault_tolerance']} at the end")
+    return notes
 
 
 def _start_after_feed(dep, timer) -> None:
@@ -601,8 +688,11 @@ def _demo(args) -> int:
 def _reconfigure(args) -> int:
     from .demos import live_reconfiguration
 
+    from rich.console import Console
+
+    err = Console(stderr=True, highlight=False)
     rep = live_reconfiguration(n_servers=args.servers, duration_s=args.duration, k=args.k, strategy=args.strategy,
-                               pace=args.pace, seed=args.seed)
+                               pace=args.pace, seed=args.seed, say=lambda text: err.print(text, markup=False))
     if args.json:
         from .engines.ray.common import json_default
 
@@ -611,19 +701,26 @@ def _reconfigure(args) -> int:
         from rich.console import Console
         from rich.table import Table
 
-        console = Console()
+        console = Console(width=max(120, Console().width))
+        apps = rep["applications"].values()
+        lost, dup = sum(a["lost"] for a in apps), sum(a["duplicates"] for a in apps)
+        outs = sum(a["outputs"] for a in apps)
+        head = "PASS" if rep["matches_reference"] else "FAIL"
+        print(f"{head}: {outs:,} outputs against the reference run of the changed query ({lost:,} lost, {dup:,} "
+              f"duplicated); {len(rep['changes'])} change(s) at run time and one live move of a Join replica")
         for c in rep["changes"]:
-            console.print(f"[bold]{c['change']}[/bold] at p={c['p']}: {c['text']}")
+            console.print(f"[bold]{c['change']}[/bold] at logical time {c['p'] / 1e6:.3f} s: {c['text']}",
+                          highlight=False)
         mv = rep["move"]
         console.print(f"[bold]move_replica[/bold] correlate#0 -> {mv['new_replicas']} on {mv['server']} "
-                      f"({mv['strategy']}, {mv['apply_seconds']} s){' ERROR ' + mv['error'] if mv['error'] else ''}")
-        table = Table(title="applications against the reference run of the changed query")
+                      f"({mv['strategy']}, {mv['apply_seconds']} s){' ERROR ' + mv['error'] if mv['error'] else ''}",
+                      highlight=False)
+        table = Table(title="applications against the reference run of the changed query", title_justify="left")
         for col in ("application", "outputs", "reference", "lost", "duplicates"):
             table.add_column(col)
         for app, a in rep["applications"].items():
-            table.add_row(app, str(a["outputs"]), str(a["reference_outputs"]), str(a["lost"]), str(a["duplicates"]))
+            table.add_row(app, f"{a['outputs']:,}", f"{a['reference_outputs']:,}", str(a["lost"]), str(a["duplicates"]))
         console.print(table)
-        console.print("[green]exact match[/green]" if rep["matches_reference"] else "[red]MISMATCH[/red]")
     return 0 if rep["matches_reference"] else 1
 
 
@@ -672,6 +769,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--congest-at", type=float, default=None, help="--revival: when (s) to add delay on the "
                                                                     "surviving path (default: half the duration)")
     demo.add_argument("--congest-ms", type=float, default=3000.0, help="--revival: extra delay in ms (default 3000)")
+    demo.add_argument("--verbose", action="store_true", help="also list every GC and revival decision, and let "
+                                                             "Ray's own log lines through")
     demo.set_defaults(func=_demo, check=check_demo)
 
     place = sub.add_parser("place", help="place k replicas of every operator of a query on servers "

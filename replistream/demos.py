@@ -11,6 +11,8 @@ True
 from __future__ import annotations
 
 import threading
+import time
+from typing import Callable
 
 from .engines.ray import deploy
 from .engines.reference import run_reference
@@ -24,7 +26,7 @@ __all__ = ["live_reconfiguration"]
 
 def live_reconfiguration(n_servers: int = 4, duration_s: float = 16.0, period_s: float = 0.25, k: int = 2,
                          strategy: str = "fluid", pace: float | None = None, seed: int = 0,
-                         network="geo-static") -> dict:
+                         network="geo-static", say: Callable[[str], None] | None = None) -> dict:
     """The scripted example behind ``replistream reconfigure`` and ``examples/live_reconfiguration.py``.
 
     The Fig. 1 query runs with ``k`` replicas; at known points of the input
@@ -40,7 +42,8 @@ def live_reconfiguration(n_servers: int = 4, duration_s: float = 16.0, period_s:
     Returns a JSON-ready report: the changes with their ``p``, the move's
     hand-over figures, and per application the output size and whether it
     equals the reference run of the changed query exactly (``lost``,
-    ``duplicates``, ``matches_reference``).
+    ``duplicates``, ``matches_reference``). ``say``, when given, hears each phase
+    as it starts (the CLI prints them on stderr), and each change as it happens.
 
     >>> live_reconfiguration(duration_s=8)["matches_reference"]   # doctest: +SKIP
     True
@@ -62,16 +65,31 @@ def live_reconfiguration(n_servers: int = 4, duration_s: float = 16.0, period_s:
         moved["thread"] = threading.Thread(target=run, name="replistream-move")
         moved["thread"].start()
 
-    script = inject_at(inputs["load_0"], seconds(0.25 * duration_s),
-                       Call(lambda d: d.replace_function("hot", lambda b: (b["cpu"] > 0.6) & (b["rtt_ms"] > 0))))
-    script = inject_at(script, seconds(0.40 * duration_s), Call(lambda d: d.add_operator(
-        "loads", lambda s: s.window(size=seconds(2), by="server", aggs={"n": "count", "avg_cpu": ("cpu", "mean")},
-                                    name="load_stats").sink("load_per_server"))))
-    script = inject_at(script, seconds(0.55 * duration_s), Call(move))
+    t0 = time.perf_counter()
+    tell = say or (lambda text: None)
+
+    def told(text, fn):
+        def call(d):
+            tell(f"{time.perf_counter() - t0:6.1f} s  {text}")
+            return fn(d)
+        return call
+
+    script = inject_at(inputs["load_0"], seconds(0.25 * duration_s), Call(told(
+        "replacing the filter 'hot' (cpu > 0.6 from now on)",
+        lambda d: d.replace_function("hot", lambda b: (b["cpu"] > 0.6) & (b["rtt_ms"] > 0)))))
+    script = inject_at(script, seconds(0.40 * duration_s), Call(told(
+        "adding the aggregate 'load_stats' and its application", lambda d: d.add_operator(
+            "loads", lambda s: s.window(size=seconds(2), by="server", aggs={"n": "count", "avg_cpu": ("cpu", "mean")},
+                                        name="load_stats").sink("load_per_server")))))
+    script = inject_at(script, seconds(0.55 * duration_s), Call(told(f"moving correlate#0 ({strategy})", move)))
+    tell(f"starting Ray and {k} replicas of every operator on {n_servers} servers ...")
     with deploy(query, servers=n_servers, k=k, network=network, seed=seed) as dep:
+        tell(f"{time.perf_counter() - t0:6.1f} s  up; feeding {duration_s:g} s of readings")
         res = dep.run({**inputs, "load_0": script}, pace=pace, timeout=300)
         if "thread" in moved:
             moved["thread"].join(timeout=300)
+        tell(f"{time.perf_counter() - t0:6.1f} s  run complete; comparing with the reference run of the changed "
+             f"query")
         changed = dep.query
         changes = [{k: c[k] for k in ("change", "p", "text") if k in c} for c in dep.changes]
         transfers = dep.transfers()

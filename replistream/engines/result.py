@@ -17,7 +17,7 @@ from ..errors import DeadLetter
 from ..operators.base import NO_PUNCTUATION, Item
 from ..schema import END, TS, Punctuation
 
-__all__ = ["RunResult", "Collector", "as_multiset", "multiset_diff"]
+__all__ = ["RunResult", "Collector", "as_multiset", "multiset_diff", "format_rows", "dead_letter_summary"]
 
 
 @dataclass
@@ -71,6 +71,86 @@ class RunResult:
         if not len(out) or len(arr) != len(out):
             return arr, np.zeros(0)
         return arr, arr - (out[TS] - self.ts0) / (1e6 * (self.pace or 1.0))
+
+    def show(self, app: str, n: int = 10, columns: list[str] | None = None) -> str:
+        """The first ``n`` tuples ``app`` received (by timestamp), as a readable table with named
+        columns and ``ts`` in seconds (:func:`format_rows`).
+
+        >>> from replistream import Schema
+        >>> b = Schema({"x": "i8"}).from_columns({"ts": [2_500_000, 1_000_000], "x": [7, 5]})
+        >>> print(RunResult({"a": b}, {"a": END}).show("a"))
+        ts (s)  x
+             1  5
+           2.5  7
+        """
+        if app not in self.outputs:
+            raise KeyError(f"{app!r} is not an application of this run; applications: {sorted(self.outputs)}")
+        out = self.outputs[app]
+        return format_rows(out[np.argsort(out[TS], kind="stable")][:n], columns)
+
+    def to_pandas(self, app: str):
+        """The tuples ``app`` received as a pandas DataFrame, in arrival order, with ``ts`` also as a
+        datetime column ``time`` (µs since the epoch) and, with a clock, ``arrival_s``.
+
+        >>> from replistream import Schema
+        >>> b = Schema({"x": "i8"}).from_columns({"ts": [1_000_000], "x": [5]})
+        >>> RunResult({"a": b}, {"a": END}).to_pandas("a")[["time", "x"]].to_dict("records")
+        [{'time': Timestamp('1970-01-01 00:00:01'), 'x': 5}]
+        """
+        import pandas as pd
+
+        out = self.outputs[app]
+        df = pd.DataFrame({name: out[name] for name in out.dtype.names})
+        df.insert(1, "time", pd.to_datetime(out[TS], unit="us"))
+        arr = self.arrivals.get(app)
+        if arr is not None and len(arr) == len(out):
+            df["arrival_s"] = arr
+        return df
+
+    def dead_letter_summary(self) -> dict[tuple[str, str], int]:
+        """Set-aside tuples counted per (where, reason) (:func:`dead_letter_summary`)."""
+        return dead_letter_summary(self.dead_letters)
+
+
+def dead_letter_summary(letters: Iterable[DeadLetter]) -> dict[tuple[str, str], int]:
+    """Set-aside tuples counted per (where, reason), largest first: what a report prints.
+
+    >>> dead_letter_summary([DeadLetter("f", "predicate raised ValueError: x", np.zeros(3, [("ts", "i8")]))])
+    {('f', 'predicate raised ValueError: x'): 3}
+    """
+    counts: Counter = Counter()
+    for d in letters:
+        counts[(d.where, d.reason)] += d.count
+    return dict(counts.most_common())
+
+
+def format_rows(batch: np.ndarray, columns: list[str] | None = None) -> str:
+    """Tuples as a plain-text table: named columns, ``ts`` in seconds, floats to 4 significant digits,
+    ``id`` left out unless asked for.
+
+    >>> from replistream import Schema
+    >>> print(format_rows(Schema({"cpu": "f8"}).from_columns({"ts": [1_500_000], "cpu": [0.912345]})))
+    ts (s)     cpu
+       1.5  0.9123
+    """
+    names = [n for n in (columns or batch.dtype.names) if columns or n != "id"]
+    head = ["ts (s)" if n == TS else n for n in names]
+    cells = []
+    for row in batch:
+        line = []
+        for n in names:
+            v = row[n]
+            if n == TS:
+                line.append(f"{int(v) / 1e6:g}")
+            elif isinstance(v, (float, np.floating)):
+                line.append(f"{float(v):.4g}")
+            else:
+                line.append(str(v.item() if hasattr(v, "item") else v))
+        cells.append(line)
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
+    return "\n".join(lines)
 
 
 class Collector:
