@@ -423,6 +423,8 @@ def _demo_ray(args) -> int:
                    "filter_weights": res.metrics["applications"]["alerts"]["filter_weights"],
                    "dropped_stream_replicas": len([e for e in res.metrics["coordinator"]
                                                    if e.get("kind") == "channel_dropped"]),
+                   "fault_tolerance": res.metrics.get("fault_tolerance"),
+                   "fault_tolerance_per_node": res.metrics.get("fault_tolerance_per_node"),
                    "seconds": round(time.perf_counter() - t0, 2)}
         if gc_cfg is not None:
             summary.update(_gc_summary(dep, t_arr, lat, args))
@@ -679,6 +681,46 @@ def _place(args) -> int:
     return 0
 
 
+def check_chaos(args) -> None:
+    """Every argument of ``chaos`` checked before Ray starts; raises :class:`CliError`."""
+    if not (np.isfinite(args.minutes) and args.minutes > 0):
+        raise CliError(f"--minutes must be > 0, got {args.minutes:g}")
+    if args.trials is not None and args.trials < 1:
+        raise CliError(f"--trials must be >= 1, got {args.trials}")
+    if not 1 <= args.k <= 6:
+        raise CliError(f"--k must be between 1 and 6 (the campaign uses k + 2 servers), got {args.k}")
+
+
+def _chaos(args) -> int:
+    from rich.console import Console
+
+    from .chaos import format_report, run_campaign
+
+    err = Console(stderr=True, highlight=False)
+    planned = f"{args.trials} trials" if args.trials else f"trials for {args.minutes:g} min"
+    err.print(f"replistream chaos: {planned}, k={args.k}, seed {args.seed}; starting Ray ...", markup=False)
+    t0 = time.perf_counter()
+
+    def progress(trial):
+        r = trial.result
+        verdict = "ok" if r.get("ok") else f"FAIL {r.get('error') or ''}".strip()
+        err.print(f"{time.perf_counter() - t0:7.1f} s  trial {trial.index} ({trial.query}): {r.get('outputs', 0):,} "
+                  f"outputs, {r.get('lost', 0)} lost, {r.get('duplicated', 0)} duplicated, "
+                  f"{sum(r.get('dead_letters_received', {}).values())} set aside; {verdict}; faults: "
+                  f"{'; '.join(r['faults']) or 'none'}; {len(trial.bad_records)} malformed records", markup=False)
+
+    report = run_campaign(minutes=args.minutes, seed=args.seed, k=args.k, trials=args.trials, progress=progress)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(report["verdict"])
+        print(format_report(report))
+        if report["dead_letters"]["expected"] != report["dead_letters"]["received"]:
+            print("dead letters expected:", report["dead_letters"]["expected"])
+            print("dead letters received:", report["dead_letters"]["received"])
+    return 0 if report["matches_reference"] else 1
+
+
 def _demo(args) -> int:
     if args.engine == "inprocess":
         return _demo_inprocess(args)
@@ -812,6 +854,17 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     rec.add_argument("--json", action="store_true", help="print one JSON object")
     rec.set_defaults(func=_reconfigure, check=check_reconfigure)
+
+    chaos = sub.add_parser("chaos", help="a seeded campaign of random faults (kills, server kills, delayed and "
+                                         "cut links, malformed records, failing user-function rows, live moves) "
+                                         "checked against the ideal run")
+    chaos.add_argument("--minutes", type=float, default=1.0, help="run trials until this many minutes have passed "
+                                                                  "(default 1; each trial takes 10-30 s)")
+    chaos.add_argument("--trials", type=int, default=None, help="run exactly this many trials instead")
+    chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedules and inputs (default 0)")
+    chaos.add_argument("--k", type=int, default=2, help="replicas per operator (default 2)")
+    chaos.add_argument("--json", action="store_true", help="print one JSON object (the verdict is in it)")
+    chaos.set_defaults(func=_chaos, check=check_chaos)
 
     from .sim.cli import register as register_sim, run as run_sim  # replistream sim <experiment> (Hwang §VI)
 

@@ -11,20 +11,36 @@ import numpy as np
 
 
 class ReplistreamError(Exception):
-    """Base class of every error replistream raises on purpose."""
+    """Base class of every error replistream raises on purpose: catch it to catch them all.
+
+    >>> issubclass(SchemaError, ReplistreamError) and issubclass(RunFailed, ReplistreamError)
+    True
+    """
 
 
 class SchemaError(ReplistreamError, ValueError):
     """A batch or record does not match the declared schema of its stream.
 
-    The message names the offending field, e.g.::
+    The message names the offending field:
 
-        SchemaError: stream 'load': field 'cpu' has dtype <U3, expected float64
+    >>> from replistream import Schema
+    >>> Schema({"cpu": "f8"}).from_columns({"ts": [1], "cpu": ["high"]}, "stream 'load'")
+    Traceback (most recent call last):
+    ...
+    replistream.errors.SchemaError: stream 'load': field 'cpu' has values of dtype <U4, expected float64
     """
 
 
 class QueryError(ReplistreamError, ValueError):
-    """A query failed validation (cycle, arity, window parameters, schemas)."""
+    """A query failed validation (cycle, arity, window parameters, schemas, node names).
+
+    >>> from replistream import Query
+    >>> q = Query("q"); _ = q.source("s", {"x": "i8"})
+    >>> q.build()
+    Traceback (most recent call last):
+    ...
+    replistream.errors.QueryError: query 'q' has no application: add .sink(name) to a stream
+    """
 
 
 class PunctuationViolation(ReplistreamError):
@@ -32,6 +48,15 @@ class PunctuationViolation(ReplistreamError):
 
     Raised only in strict mode; otherwise such tuples are counted and
     dead-lettered (see :class:`DeadLetter`).
+
+    >>> from replistream import Schema, Punctuation
+    >>> from replistream.operators import FilterLogic
+    >>> s = Schema({"x": "i8"}); f = FilterLogic("f", [s], lambda b: b["x"] > 0, strict=True)
+    >>> _ = f.process(0, Punctuation(5))
+    >>> f.process(0, s.from_columns({"ts": [3], "x": [1]}))
+    Traceback (most recent call last):
+    ...
+    replistream.errors.PunctuationViolation: f input 0: tuple with ts=3 arrived after punctuation 5
     """
 
 class UserFunctionError(ReplistreamError):
@@ -48,7 +73,7 @@ class UserFunctionError(ReplistreamError):
     """
 
     def __init__(self, operator: str, message: str, row=None, cause: BaseException | None = None):
-        self.operator, self.row, self.cause = operator, row, cause
+        self.operator, self.message, self.row, self.cause = operator, message, row, cause
         where = f" (on input row {row})" if row is not None else ""
         super().__init__(f"operator {operator!r}: {message}{where}")
 

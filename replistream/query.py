@@ -199,6 +199,10 @@ class Stream:
     """A stream in a query under construction: the output of one node.
 
     Methods add an operator reading this stream and return its output stream.
+
+    >>> q = Query(); s = q.source("s", {"x": "i8"})
+    >>> s.filter(lambda b: b["x"] > 0, name="pos").map(lambda b: {"y": b["x"] * 2.0}, {"y": "f8"}, name="dbl")
+    Stream('dbl')
     """
 
     def __init__(self, query: "Query", node: str):

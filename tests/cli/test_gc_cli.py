@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 def test_demo_gc_revival_json(capsys):
     code = main(["demo", "--gc", "--revival", "--json", "--servers", "4", "--duration", "12", "--period", "0.5",
-                 "--congest-at", "6"])
+                 "--congest-at", "6", "--kmin", "1"])  # GC may leave one path (the default kmin is min(2, k))
     out = json.loads(capsys.readouterr().out)
     assert code == 0, out
     assert out["matches_reference"] and out["lost"] == 0 and out["duplicates"] == 0 and out["complete"], out
@@ -32,3 +32,13 @@ def test_demo_gc_revival_json(capsys):
     assert min(h["live_stream_replicas"] for h in costs) < costs[0]["live_stream_replicas"]
     assert set(out["latency_phases_ms"]) == {"before_congestion", "congested", "after_revival"}
     assert sum(b["count"] for b in out["latency_over_time_ms"]) == out["latency_ms"]["all"]["count"]
+
+
+def test_demo_gc_keeps_fault_tolerance_by_default(capsys):
+    """kmin defaults to min(2, k): with k = 2, collection never takes an operator below two live
+    replicas, and the report says the deployment still masks one crash."""
+    code = main(["demo", "--gc", "--json", "--servers", "4", "--duration", "8", "--period", "0.5"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["matches_reference"], out
+    assert out["fault_tolerance"] == 1, out.get("fault_tolerance_per_node")
+    assert all(v >= 1 for n, v in out["fault_tolerance_per_node"].items() if n != "alerts")

@@ -130,7 +130,7 @@ def test_invalid_deployments_fail_before_any_actor_starts():
         deploy(q, servers=3, k=1, placement={"hot": ["nowhere"]})
     with pytest.raises(ValueError, match="two replicas of 'hot' on one server"):
         deploy(q, servers=3, k=2, placement={"hot": ["boston", "boston"]})
-    with pytest.raises(ValueError, match="k \\(the degree of replication\\) must be >= 1"):
+    with pytest.raises(ValueError, match="k \\(the degree of replication\\) must be an integer >= 1"):
         deploy(q, servers=3, k=0)
     bad = rs.Query("dangling")
     bad.source("s", {"x": "i8"}).filter(lambda b: b["x"] > 0)

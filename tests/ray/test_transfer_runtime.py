@@ -129,3 +129,36 @@ def test_a_transfer_whose_peer_dies_restarts_from_another_live_peer():
         assert first != last and not dep.alive[first] and dep.alive[last]
         assert any(e.get("action") == "restart" for e in dep.gc_events())
         assert ev["handover"][ev["new_replicas"][0]["label"]]["restarts"] == 1
+
+
+def test_a_transfer_whose_receiver_dies_is_reported_failed_and_the_run_stays_exact():
+    """The new replica dies mid-transfer: dep.transfers() says failed with the reason (not "running"),
+    add_replica raises, and the other replicas keep the output exact (#15)."""
+    q = count_and_window_query()
+    data = chunks()
+    bg = Background()
+
+    def start(dep):
+        bg.start(lambda: dep.add_replica("counts", strategy="fluid", bits=4))
+
+    def kill_receiver_mid_transfer(dep):
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            tr = dep.transfers()
+            if tr and tr[-1]["done"] >= 2:
+                dep.kill(tr[-1]["replica"], "receiver killed mid-transfer")
+                return
+            time.sleep(0.01)
+        raise AssertionError("the transfer never got to step 2")
+
+    inputs = {"s": data[:10] + [Call(start)] + data[10:12] + [Call(kill_receiver_mid_transfer)] + data[12:]}
+    ref = run_reference(q, inputs)
+    with deploy(q, servers=4, k=2) as dep:
+        res = dep.run(inputs, pace=4.0, timeout=180)
+        with pytest.raises(Exception):
+            bg.join()
+        for app in q.sinks:
+            assert_same_output(ref.outputs[app], res.outputs[app])
+        (tr,) = dep.transfers()
+        assert tr["state"] == "failed" and "died" in tr["error"], tr
+        assert any(e.get("action") == "failed" for e in dep.gc_events())

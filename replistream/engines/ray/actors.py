@@ -43,6 +43,7 @@ import ray
 from ...replica import ReplicaCore, StagedReplica
 from ...schema import END, TS, Marker, Punctuation
 from .channels import NO_ACK, Link, Outbox, Sender
+from .common import failure_record
 
 __all__ = ["EntryActor", "ReplicaActor", "SinkActor"]
 
@@ -57,6 +58,7 @@ class _Base:
 
     def _setup(self, label: str, server: str, network, t0: float, channel_opts: dict, coordinator=None):
         self.label = label
+        self.failure: dict | None = None  # set when this replica's own code raised (_fatal)
         self.server = server
         self.network = network
         self.t0 = t0
@@ -90,10 +92,7 @@ class _Base:
         rec = {"from": owner, "to": link.label, "reason": reason, "t": time.time() - self.t0}
         self.dropped.append(rec)
         if self.coordinator is not None:
-            try:
-                self.coordinator.report.remote("channel_dropped", rec)
-            except Exception:
-                pass
+            self.coordinator.report.remote("channel_dropped", rec)
 
     def connect(self, stream: str, label: str, server: str, handle, port: int, channel: int,
                 replay: bool = False) -> int:
@@ -229,6 +228,26 @@ class _Base:
     def idle(self) -> bool:
         return all(ob.idle() for ob in self.outboxes.values())
 
+    def dead_letters(self) -> list:
+        """Every tuple this replica set aside, with where and why (its core's; an entry replica's own
+        method gives its entry points')."""
+        core = getattr(self, "core", None)
+        if core is None:
+            return []
+        with self.lock:
+            return core.dead_letters()
+
+    def _fatal(self, operator: str, logical_time, error: BaseException) -> None:
+        """This replica's own code raised (a user function with ``on_error="fail"``, a wrong result, a
+        bug): the run cannot complete exactly. Reported to the coordinator, which the driver reads
+        while it waits (``Deployment.wait`` raises it at once); the caller re-raises, so the sender
+        sees a ``RayTaskError``, which is not the death of this actor (:func:`.common.is_actor_death`)."""
+        rec = failure_record(self.label, operator, None if logical_time is None else int(logical_time), error)
+        rec["t"] = time.time() - self.t0
+        self.failure = rec
+        if self.coordinator is not None:
+            self.coordinator.report.remote("fatal", rec)
+
     def _common_stats(self) -> dict:
         return {
             "label": self.label,
@@ -299,8 +318,12 @@ class ReplicaActor(_Base):
 
     def _process(self, port: int, channel: int, packet: list) -> list:
         out: list = []
-        for item in packet:
-            out.extend(self.core.process(port, channel, item))
+        try:
+            for item in packet:
+                out.extend(self.core.process(port, channel, item))
+        except Exception as e:  # reported as the run's failure, then raised to the sender
+            self._fatal(self.node, self.core.logic.watermark, e)
+            raise
         return out
 
     def add_channel(self, port: int) -> int:
@@ -551,7 +574,11 @@ class EntryActor(_Base):
             if isinstance(chunk, Marker):  # a change to the running query (replistream.replica.changes)
                 self._emit(self.outboxes[source], [chunk])
             else:
-                items = entry.close() if chunk is None else entry.push(chunk)
+                try:
+                    items = entry.close() if chunk is None else entry.push(chunk)
+                except Exception as e:  # a chunk the entry point refuses (on_malformed="raise"): the run's failure
+                    self._fatal(source, entry.punct, e)
+                    raise
                 self.outboxes[source].emit(items, wait=False)
         self.outboxes[source].wait_for_room()
         self._slowdown(started)
@@ -603,7 +630,12 @@ class SinkActor(_Base):
             for item in packet:
                 if isinstance(item, Marker):
                     continue  # the change concerns operators; nothing changes for an application
-                for out in self.core.process(port, channel, item):
+                try:
+                    outs = self.core.process(port, channel, item)
+                except Exception as e:  # reported as the run's failure, then raised to the sender
+                    self._fatal(self.node, self.punctuation, e)
+                    raise
+                for out in outs:
                     if isinstance(out, Punctuation):
                         self.punctuation = max(self.punctuation, out.p)
                         if out.p == END:
@@ -622,6 +654,9 @@ class SinkActor(_Base):
 
         os.makedirs(self.parquet_dir, exist_ok=True)
         path = os.path.join(self.parquet_dir, f"{self.node}-{len(self.parquet_files):06d}.parquet")
+        root = os.path.realpath(self.parquet_dir)
+        if os.path.dirname(os.path.realpath(path)) != root:  # never outside the folder given (names are checked too)
+            raise ValueError(f"application {self.node!r}: its Parquet file {path!r} would lie outside {root!r}")
         table = pa.table({n: batch[n] for n in batch.dtype.names})
         pq.write_table(table, path)
         self.parquet_files.append(path)

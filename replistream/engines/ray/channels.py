@@ -50,6 +50,7 @@ import ray
 from ...network import delivery_time
 from ...replica import ReplayLog
 from ...schema import Marker, Punctuation
+from .common import is_actor_death
 
 __all__ = ["CONTROL", "NO_ACK", "Link", "Outbox", "Sender", "coalesce"]
 
@@ -344,8 +345,11 @@ class Outbox:
                     call, _, _ = link.inflight.popleft()
                     try:
                         ack = ray.get(call)
-                    except Exception as e:  # receiver died (RayActorError) or failed
-                        self._drop_locked(link, f"receiver failed: {type(e).__name__}")
+                    except Exception as e:
+                        if is_actor_death(e):  # the receiver is gone: its peers carry on (Hwang §II-B)
+                            self._drop_locked(link, f"receiver died: {type(e).__name__}")
+                        else:  # its code raised: it reported the run's failure itself (actors._Base._fatal)
+                            self._drop_locked(link, f"receiver raised: {_cause(e)}")
                         break
                     if ack is not None:
                         link.acked = max(link.acked, int(ack))
@@ -400,6 +404,12 @@ class Outbox:
                 "max_delay_ms": 1000.0 * l.delay_max, "queued": len(l.queue), "inflight": len(l.inflight),
                 "acked": l.acked, "replayed": l.replayed,
             } for l in self.links]
+
+
+def _cause(e: BaseException) -> str:
+    """The error a remote call raised, in one line (a RayTaskError's cause when it has one)."""
+    cause = getattr(e, "cause", None) or e
+    return f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
 
 
 class Sender(threading.Thread):

@@ -12,7 +12,40 @@ from __future__ import annotations
 import numpy as np
 import ray
 
-__all__ = ["json_default", "wait_quietly"]
+__all__ = ["json_default", "wait_quietly", "is_actor_death", "failure_record"]
+
+
+def is_actor_death(e: BaseException) -> bool:
+    """Whether a failed actor call means the actor is gone (its process died, its node was lost, it
+    was killed) rather than that the actor's own code raised (``RayTaskError``: the actor still runs,
+    and the error is the run's, reported by the actor itself, :func:`failure_record`).
+
+    >>> import ray.exceptions as rx
+    >>> is_actor_death(rx.ActorDiedError()), is_actor_death(ValueError("raised in the replica"))
+    (True, False)
+    """
+    import ray.exceptions as rx
+
+    return isinstance(e, (rx.RayActorError, rx.WorkerCrashedError, rx.OutOfMemoryError, rx.NodeDiedError))
+
+
+def failure_record(replica: str, operator: str, logical_time: int | None, error: BaseException) -> dict:
+    """What a replica reports when its own code raised (docs/reliability.md): which replica of which
+    operator, the logical time it had reached (the largest punctuation it had passed on), and the
+    error, as plain values (so it pickles whatever the exception).
+
+    >>> from replistream.errors import UserFunctionError
+    >>> r = failure_record("hot#1", "hot", 15_000_000, UserFunctionError("hot", "predicate raised", row=(1, 2)))
+    >>> r["operator"], r["user_function"], r["row"], r["logical_time"]
+    ('hot', True, (1, 2), 15000000)
+    """
+    from ...errors import UserFunctionError
+
+    user = isinstance(error, UserFunctionError)
+    return {"replica": replica, "operator": operator, "logical_time": logical_time, "user_function": user,
+            "error": type(error).__name__, "message": error.message if user else str(error),
+            "row": error.row if user else None,
+            "cause": None if not user or error.cause is None else f"{type(error.cause).__name__}: {error.cause}"}
 
 
 def wait_quietly(refs, timeout: float = 30) -> list[BaseException]:

@@ -95,7 +95,7 @@ from ...gc import ENTRY, OperatorReplica, RevivalEvent, RevivalPolicy, Snapshot,
 from ...plan import group_of
 from ...replica.handover import missing_feeders, rank_peers, shares_feeders
 from ...replica.transfer import STRATEGIES
-from .common import json_default, wait_quietly
+from .common import is_actor_death, json_default, wait_quietly
 from .transfer import staged_install
 
 __all__ = ["CUT_MS", "GCConfig", "ReplicaManager"]
@@ -112,7 +112,8 @@ class GCConfig:
     * ``gc_period_s``: how often Algorithm 6 may discard (paper 5 min); ``gc=False`` never;
     * ``theta`` (absolute, tuples/s x ms) or ``theta_fraction`` (of the first measured
       cost): the target network cost; neither: no target (nothing is discarded);
-    * ``kmin``: fewest live replicas an operator keeps (Algorithm 6 never goes below);
+    * ``kmin``: fewest live replicas an operator keeps (Algorithm 6 never goes below); None
+      (default): ``min(2, k)``, so one crash per operator stays masked after collection;
     * ``max_steps``: discards per GC period (paper 1; None: until cost <= theta);
     * ``revival``, ``threshold_s`` (paper 10 s), ``proactive`` (revive while cost < theta),
       ``max_proactive`` items per period;
@@ -138,7 +139,7 @@ class GCConfig:
     gc_period_s: float = 300.0
     theta: float | None = None
     theta_fraction: float | None = None
-    kmin: int = 1
+    kmin: int | None = None
     gc: bool = True
     max_steps: int | None = 1
     revival: bool = False
@@ -156,7 +157,7 @@ class GCConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"GCConfig.{name} must be a finite number > 0 (seconds), got {v!r}")
-        if not isinstance(self.kmin, int) or isinstance(self.kmin, bool) or self.kmin < 1:
+        if self.kmin is not None and (not isinstance(self.kmin, int) or isinstance(self.kmin, bool) or self.kmin < 1):
             raise ValueError(f"GCConfig.kmin must be an integer >= 1, got {self.kmin!r}")
         if self.theta is not None and not (self.theta >= 0):
             raise ValueError(f"GCConfig.theta must be >= 0, got {self.theta!r}")
@@ -205,6 +206,8 @@ class ReplicaManager:
     def __init__(self, dep, config: GCConfig):
         self.dep = dep
         self.cfg = config.validate()
+        #: fewest live replicas per operator: the config's, else min(2, k) (docs/reliability.md)
+        self.kmin = config.kmin if config.kmin is not None else min(2, dep.k)
         self.topology = dep.topology  # the replicas and stream replicas, with their filter channels
         self.reported_failures: set[str] = set()  # failed replicas already logged
         self.theta = math.inf if config.theta is None else float(config.theta)
@@ -321,7 +324,7 @@ class ReplicaManager:
                                latency_ms=self._latency(topo.server(s.src), topo.server(s.dst)),
                                weight=weights.get(s.id, 0.0))
 
-            snap = topo.snapshot(self.cfg.kmin, self.theta, measured)
+            snap = topo.snapshot(self.kmin, self.theta, measured)
             self._floor_dormant_entries(reports)
             self.last_snapshot = snap
             return snap
@@ -635,7 +638,7 @@ class ReplicaManager:
             given = server
             server = old.server if given is None else given
             if add and given is None:
-                snap = self.last_snapshot or topo.snapshot(self.cfg.kmin)
+                snap = self.last_snapshot or topo.snapshot(self.kmin)
                 server = self._place(old.operator, snap, label) or old.server
             e = self._replacement(label, server, add, "request",
                                   f"requested: {'add a replica of' if add else 'replace'} {label} by hand-over")
@@ -782,8 +785,15 @@ class ReplicaManager:
         topo = self.topology
         dst = topo.handle(s.dst)
         ch = ray.get(dst.add_channel.remote(s.port), timeout=60)
-        n = ray.get(topo.handle(s.src).connect.remote(self._stream_name(s), s.dst, topo.server(s.dst), dst, s.port,
-                                                     ch, True), timeout=60)
+        try:
+            n = ray.get(topo.handle(s.src).connect.remote(self._stream_name(s), s.dst, topo.server(s.dst), dst,
+                                                         s.port, ch, True), timeout=60)
+        except Exception as e:
+            if not is_actor_death(e):
+                raise
+            # the upstream replica died meanwhile (a crash within the fault model): its peers feed on
+            self.dep.mark_failed(s.src, f"died while connecting to {s.dst}: {type(e).__name__}")
+            return 0
         topo.put_stream(replace(s, live=True), ch)
         return n
 
@@ -802,10 +812,22 @@ class ReplicaManager:
         h = self.dep.start_replica(rep.label, channels, pending=True)
         calls = []
         for s in ins:
-            calls.append(topo.handle(s.src).connect.remote(self._stream_name(s), rep.label, rep.server, h, s.port,
-                                                           chan_of[s.id], True))
+            calls.append((s, topo.handle(s.src).connect.remote(self._stream_name(s), rep.label, rep.server, h,
+                                                               s.port, chan_of[s.id], True)))
             topo.put_stream(replace(s, live=True), chan_of[s.id])
-        ray.get(calls, timeout=60)
+        fed = [0] * n_ports
+        for s, call in calls:
+            try:
+                ray.get(call, timeout=60)
+                fed[s.port] += 1
+            except Exception as e:
+                if not is_actor_death(e):
+                    raise
+                # an upstream replica died meanwhile (within the fault model): its peers feed the new one
+                self.dep.mark_failed(s.src, f"died while connecting to {rep.label}: {type(e).__name__}")
+        for p in range(n_ports):
+            if fed[p] == 0:
+                raise RuntimeError(f"cannot start {rep.label}: every upstream replica feeding its port {p} died")
         return h
 
     # -- hand-over: the peer and its feeders (replistream.replica.handover) ---------------------

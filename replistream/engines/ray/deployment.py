@@ -28,6 +28,7 @@ and to :mod:`.reconfigure` (changes to the running query).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -37,16 +38,17 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import ray
 
-from ...errors import QueryError
+from ...errors import QueryError, RunFailed, UserFunctionError, merge_dead_letters
+from ...operators.base import NO_PUNCTUATION
 from ...placement.nodes import ray_options
 from ...plan import ENTRY, PhysicalPlan, replica_index
-from ...query import Query
+from ...query import Query, check_on_error
 from ...schema import END, TS
 from ...sources import Sentinel
 from ..result import RunResult
 from . import reconfigure
 from .actors import EntryActor, ReplicaActor, SinkActor
-from .common import json_default, wait_quietly
+from .common import is_actor_death, json_default, wait_quietly
 from .control import GCConfig, ReplicaManager
 from .coordinator import CoordinatorActor
 from .feeder import Feeder
@@ -74,13 +76,99 @@ def init_ray(address: str | None = None, **kwargs) -> None:
     if ray.is_initialized():
         return
     opts = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
-    if address is None or address == "local":
+    local = address is None or address == "local"
+    if local:
         opts["address"] = "local"
         opts["_system_config"] = dict(RAY_SYSTEM_CONFIG)
     else:
         opts["address"] = address
     opts.update(kwargs)
-    ray.init(**opts)
+    if not local or "_node_ip_address" in kwargs:
+        ray.init(**opts)
+        return
+    with _loopback():
+        ray.init(**opts)
+
+
+@contextmanager
+def _loopback():
+    """A local Ray instance on the loopback interface only (docs/reliability.md): its node address is
+    127.0.0.1, so its servers (GCS, raylet, object manager, every worker's) listen there and not on
+    every interface. Ray turns a given 127.0.0.1 into the machine's address unless it runs in its
+    single-machine mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), which this sets while Ray starts
+    (the processes it starts keep it)."""
+    from ray._private import ray_constants
+
+    name = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    before_env, before = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[name], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+        if before_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before_env
+
+
+def inside(folder: str, name: str) -> str:
+    """``folder/name``, refused (ValueError) unless it lies inside ``folder`` once resolved: every
+    output path replistream writes is built this way (docs/reliability.md).
+
+    >>> inside("/tmp/out", "alerts")
+    '/tmp/out/alerts'
+    >>> inside("/tmp/out/inner", "../escape")
+    Traceback (most recent call last):
+    ...
+    ValueError: output path for '../escape' would lie outside '/tmp/out/inner'
+    """
+    base = os.path.realpath(folder)
+    path = os.path.realpath(os.path.join(base, name))
+    if os.path.commonpath([base, path]) != base or path == base:
+        raise ValueError(f"output path for {name!r} would lie outside {folder!r}")
+    return path
+
+
+def ship_user_code(query: Query) -> list[str]:
+    """Make the modules that define the query's user functions travel with them by value.
+
+    Ray pickles a function by reference to its module, which the actor processes must then be able
+    to import; a function defined in the user's own script or module (not an installed package)
+    could not be, and every replica would fail to start. Such modules are registered with
+    cloudpickle to be pickled by value; returns their names.
+
+    >>> ship_user_code(Query())
+    []
+    """
+    import dataclasses
+    import sys
+    import sysconfig
+
+    from ray import cloudpickle
+
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+    found = []
+    for node in query.graph.nodes:
+        spec = query.spec(node)
+        values = [getattr(spec, f.name) for f in dataclasses.fields(spec)] if dataclasses.is_dataclass(spec) else []
+        for v in list(values):
+            if isinstance(v, Mapping):
+                values.extend(v.values())
+            elif isinstance(v, tuple):
+                values.extend(v)
+            elif hasattr(v, "fn"):
+                values.append(v.fn)
+        for fn in values:
+            name = getattr(fn, "__module__", None) if callable(fn) else None
+            mod = sys.modules.get(name) if name else None
+            path = getattr(mod, "__file__", None)
+            if (mod is None or path is None or name == "__main__" or name.split(".")[0] == "replistream"
+                    or any(path.startswith(p) for p in installed) or name in found):
+                continue
+            cloudpickle.register_pickle_by_value(mod)
+            found.append(name)
+    return found
 
 
 # -- what the applications delivered -------------------------------------------------------
@@ -189,7 +277,7 @@ class Deployment:
                     query, r.index, server, conditions, self.t0, channel_opts, self.coordinator, strict,
                     on_malformed)
             else:
-                parquet = None if parquet_dir is None or not r.application else f"{parquet_dir}/{r.node}"
+                parquet = None if parquet_dir is None or not r.application else inside(parquet_dir, r.node)
                 h = self.new_actor(query, r.node, r.index, server, physical.channels(r.node), parquet_dir=parquet)
             self.topology.attach(r.label, h)
         # every upstream replica feeds every downstream replica
@@ -198,6 +286,8 @@ class Deployment:
                                                           topo.handle(e.dst.label), e.port, e.channel)
                  for e in physical.streams()])
         self.delivered = Delivered(query.sinks)
+        self._raised_since: float | None = None  # when a sender first reported that its receiver raised
+        self.shut_down = False
         self.feeder = Feeder(self.topology, on_start=self._feed_started, on_sentinel=self._run_sentinel,
                              on_entry_failed=self.mark_failed)
         self.manager: ReplicaManager | None = None if gc is None else ReplicaManager(self, gc)
@@ -436,6 +526,11 @@ class Deployment:
         :class:`~replistream.sources.ChunkRef` s, chunks already in Ray's object
         store, which go to the entry points without passing through the driver.
         """
+        if self.shut_down:
+            raise RuntimeError("this deployment was shut down: deploy the query again to run it")
+        if self.started:
+            raise RuntimeError("this deployment has already been fed: a deployment runs its query once (its "
+                               "replicas hold that run's state); deploy the query again for another run")
         unknown = set(inputs) - set(self.query.sources)
         if unknown:
             raise QueryError(f"inputs given for unknown source(s) {sorted(unknown)}; sources are {self.query.sources}")
@@ -464,18 +559,67 @@ class Deployment:
 
     # -- waiting and results ----------------------------------------------------------------
     def wait(self, timeout: float = 600.0, progress: Callable[[dict], None] | None = None) -> bool:
-        """Wait until every application received the end of every stream (or ``timeout`` s)."""
+        """Wait until every application received the end of every stream: returns True. Ends at once,
+        raising, when the run can no longer complete exactly (docs/reliability.md): a replica's own
+        code raised (:class:`~replistream.errors.UserFunctionError` for a user function, else
+        :class:`~replistream.errors.RunFailed`), or every replica of an operator, application or of
+        the entry points is lost (``RunFailed`` naming it); returns False after ``timeout`` s."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self.feeder.error is not None:
-                raise RuntimeError(f"feeding the sources failed: {self.feeder.error}") from self.feeder.error
             self.poll()
             if progress is not None:
                 progress({n: self.delivered.count(n) for n in self.query.sinks})
+            self.check_failures()
             if self.delivered.complete():
+                if self.feeder.thread is not None:  # every chunk's call has returned (or raised)
+                    self.feeder.thread.join(max(0.0, deadline - time.time()))
+                self.check_failures()  # a failure reported as the end arrived still ends the run in error
                 return True
             time.sleep(0.05)
         return False
+
+    def reached(self) -> int | None:
+        """The logical time every application has reached: the smallest last punctuation they
+        received (None before any); output up to it is complete."""
+        with self.delivered.lock:
+            puncts = [self.delivered.punctuation.get(n, NO_PUNCTUATION) for n in self.query.sinks]
+        low = min(puncts, default=NO_PUNCTUATION)
+        return None if low == NO_PUNCTUATION else int(low)
+
+    def check_failures(self) -> None:
+        """Raise the run's failure if it has one (see :meth:`wait`); nothing otherwise."""
+        failed = ray.get(self.coordinator.failures.remote(), timeout=30)
+        if failed and failed[0]["kind"] != "fatal":  # only a sender's report so far: give the replica's own
+            self._raised_since = self._raised_since or time.time()  # report (which names more) a moment
+            if time.time() - self._raised_since < 1.0:
+                failed = []
+        if failed:
+            f = failed[0]
+            t = f.get("logical_time")
+            at = "" if t is None or t == NO_PUNCTUATION else f", at logical time {t / 1e6:.6g} s"
+            where = f"replica {f['replica']}{at}"
+            if f.get("user_function"):
+                err = UserFunctionError(f["operator"], f"{f['message']} ({where})", row=f.get("row"))
+                err.replica, err.logical_time, err.result = f["replica"], t, self.collect()
+                raise err
+            raise RunFailed(f"{f['operator']!r} failed ({where}): {f['error']}: {f['message']}; the run cannot "
+                            f"complete exactly", operator=f["operator"], replica=f["replica"], logical_time=t,
+                            result=self.collect())
+        for node in [ENTRY, *self.query.operators, *self.query.sinks]:
+            replicas = self.topology.replicas(node)
+            if not replicas or any(r.state == "live" for r in replicas):
+                continue
+            reasons = {e["actor"]: e.get("reason") for e in self.events if e.get("event") == "dead"}
+            lost = ", ".join(f"{r.label} ({reasons.get(r.label) or r.state})" for r in replicas)
+            reached = self.reached()
+            what = "the entry points" if node == ENTRY else repr(node)
+            after = "" if reached is None else f" after logical time {reached / 1e6:.6g} s"
+            raise RunFailed(f"every replica of {what} is lost: {lost}; the output{after} cannot be computed "
+                            f"(a fault beyond the model: fewer than k replicas failed, docs/reliability.md)",
+                            operator=node, replica=", ".join(r.label for r in replicas), logical_time=reached,
+                            result=self.collect())
+        if self.feeder.error is not None:
+            raise RunFailed(f"feeding the sources failed: {self.feeder.error}") from self.feeder.error
 
     def on_output(self, app: str, callback: Callable[[np.ndarray], None]) -> None:
         """Call ``callback(batch)`` in the driver with every new batch application ``app`` receives.
@@ -493,15 +637,24 @@ class Deployment:
     def poll(self) -> None:
         """Fetch newly delivered tuples from the applications (and run output callbacks)."""
         d = self.delivered
+        died = []
         with d.lock:
             for r in self.topology.replicas():  # add_operator may add applications meanwhile
                 node = r.label
                 if r.kind != "application" or not self.topology.is_running(node):
                     continue
-                data, arr, count, punct = ray.get(self.topology.handle(node).fetch.remote(d.fetched[node]))
+                try:
+                    data, arr, count, punct = ray.get(self.topology.handle(node).fetch.remote(d.fetched[node]))
+                except Exception as e:
+                    if not is_actor_death(e):
+                        raise
+                    died.append((node, f"application died: {type(e).__name__}"))  # recorded below
+                    continue
                 if len(data):
                     d.add_batch(node, data, arr)
                 d.punctuation[node] = punct
+        for node, reason in died:  # a kill we asked for is recorded already (mark_failed is idempotent)
+            self.mark_failed(node, reason)
 
     def results(self, app: str) -> np.ndarray:
         """Tuples the application ``app`` received so far (in arrival order)."""
@@ -531,7 +684,11 @@ class Deployment:
         ok = self.wait(timeout, progress)
         res = self.collect()
         if not ok:
-            res.metrics["timed_out"] = True
+            waiting = {n: int(p) for n, p in res.punctuation.items() if p != END}
+            raise RunFailed(f"the run did not complete within {timeout:g} s and no failure explains it: "
+                            f"applications {sorted(waiting)} have not received the end of the stream "
+                            f"(last punctuations {waiting}); raise the timeout if the input is that long",
+                            logical_time=self.reached(), result=res)
         return res
 
     def collect(self) -> RunResult:
@@ -542,13 +699,24 @@ class Deployment:
         self.poll()
         outputs = {n: self.results(n) for n in self.query.sinks}
         arrivals = {n: self.delivered.arrivals(n) - self.t0 for n in self.query.sinks}
-        dead = []
-        for label, h in self.topology.running(ENTRY):
-            try:
-                dead.extend(ray.get(h.dead_letters.remote()))
-                break  # every live entry replica holds the same dead letters
-            except Exception:  # this entry replica just died: ask the next one
+        # every running replica's dead letters, merged: the replicas of a node set the same tuples
+        # aside, so a replica that died took only copies with it (its live peers hold the same)
+        # (entry replicas: one answer, as malformed records have no id to merge by)
+        running = self.topology.running()
+        answers = [h.dead_letters.remote() for _, h in running]
+        dead, entry_done = [], False
+        for (label, _), ref in zip(running, answers):
+            is_entry = self.topology.replica(label).kind == "entry"
+            if is_entry and entry_done:
                 continue
+            try:
+                dead.extend(ray.get(ref, timeout=60))
+                entry_done = entry_done or is_entry
+            except Exception as e:
+                if not is_actor_death(e):
+                    raise
+                # it died after the topology listed it: its peers' letters stand for its own
+        dead = merge_dead_letters(dead)
         metrics = self.metrics()
         with self.delivered.lock:
             punct = dict(self.delivered.punctuation)
@@ -689,12 +857,26 @@ class Deployment:
             }
         links = [lk for a in actors.values() for lk in a.get("links", [])]
         out = {"applications": apps, "actors": actors, "stream_replicas": links, "events": list(self.events),
-               "coordinator": [], "placement": self.plan}
+               "coordinator": [], "placement": self.plan, **self.fault_tolerance()}
         try:
             out["coordinator"] = ray.get(self.coordinator.log.remote(), timeout=10)
         except Exception as e:  # reported in the metrics
             out["coordinator_error"] = repr(e)
         return out
+
+    def fault_tolerance(self) -> dict:
+        """How many more crashes the deployment masks: per node (the entry points as ``"entry"``) its
+        live replicas - 1, and the smallest of them (``fault_tolerance``; -1 once a node has no live
+        replica). Garbage collection lowers it down to ``kmin - 1`` (docs/reliability.md).
+
+        >>> dep.fault_tolerance()                      # doctest: +SKIP
+        {'fault_tolerance': 1, 'fault_tolerance_per_node': {'entry': 1, 'correlate': 1, ...}}
+        """
+        per = {}
+        for node in [ENTRY, *self.query.operators, *self.query.sinks]:
+            per[node] = sum(r.state == "live" for r in self.topology.replicas(node)) - 1
+        ops = [v for n, v in per.items() if n not in self.query.sinks]
+        return {"fault_tolerance": min(ops, default=0), "fault_tolerance_per_node": per}
 
     def metrics_json(self) -> str:
         """:meth:`metrics` as JSON."""
@@ -703,6 +885,7 @@ class Deployment:
     # -- teardown ------------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Kill every actor of the deployment (Ray itself keeps running)."""
+        self.shut_down = True
         if self.manager is not None:
             self.manager.stop()
         self.stop_actors(self.topology.stop_all(), "shutdown")
@@ -719,7 +902,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            seed: int = 0, flush_ms: float = 2.0, max_batch: int = 10_000, max_inflight: int = 16,
            drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
            parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None,
-           on_output: Mapping[str, Callable] | None = None, gc=None) -> Deployment:
+           on_output: Mapping[str, Callable] | None = None, gc=None, on_error: str | None = None) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -743,14 +926,18 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     :class:`~replistream.engines.ray.control.GCConfig` (or a mapping of its
     fields) turns on the coordinator loop of garbage collection (Algorithm 6)
     and revival (Hwang §V-C); its decisions are in ``dep.gc_events()`` and the
-    network cost over time in ``dep.network_cost_history()``. Every error in
-    the request is raised before any actor starts.
+    network cost over time in ``dep.network_cost_history()``. ``on_error``
+    (``"dead_letter"`` or ``"fail"``) overrides the query's policy for rows a
+    user function raises on (:meth:`~replistream.query.Query.with_on_error`).
+    Every error in the request is raised before any actor starts.
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
     query.build()
-    if int(k) < 1:
-        raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) < 1:
+        raise ValueError(f"k (the degree of replication) must be an integer >= 1, got {k!r}")
+    if on_error is not None:
+        query = query.with_on_error(check_on_error(on_error, "deploy"))
     given_servers = servers
     servers = resolve_servers(servers)
     if k > len(servers):
@@ -769,10 +956,13 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         if not isinstance(gc, GCConfig):
             raise ValueError(f"gc must be a GCConfig or a mapping of its fields, got {type(gc).__name__}")
         gc.validate()
+        if gc.kmin is not None and gc.kmin > k:
+            raise ValueError(f"GCConfig.kmin={gc.kmin} is more than k={k} replicas")
     for app in on_output or {}:
         if app not in query.sinks:
             raise ValueError(f"on_output names {app!r}, not an application of query {query.name!r}")
     init_ray(address, **(ray_init or {}))
+    ship_user_code(query)
     channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                     "drop_after_s": drop_after_s}
     dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,

@@ -38,6 +38,7 @@ import ray
 from ...operators.base import NO_PUNCTUATION
 from ...plan import ENTRY
 from ...sources import ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, needs_stamp, stamp
+from .common import is_actor_death
 from .topology import Topology
 
 __all__ = ["Feeder", "MAX_INFLIGHT_CHUNKS"]
@@ -174,8 +175,10 @@ class Feeder:
                 continue
             try:
                 ray.get(ready[0])
-            except Exception:  # the entry replica died: reported, and no longer fed
-                self.on_entry_failed(label, "entry point failed")
+            except Exception as e:
+                if not is_actor_death(e):
+                    raise  # its code refused a chunk: it reported the run's failure; the feed ends here
+                self.on_entry_failed(label, f"entry point died: {type(e).__name__}")  # its peers go on
                 refs.clear()
                 return
             refs.pop(0)

@@ -37,6 +37,7 @@ import time
 import ray
 
 from ...replica.transfer import plan_transfer, splittable
+from .common import is_actor_death
 
 __all__ = ["staged_install"]
 
@@ -47,8 +48,27 @@ def staged_install(mgr, label: str, handle, pending: set, strategy: str, bins_pe
     """Move a live peer's state into the pending replica ``label`` (``handle``) in steps.
 
     ``force_after_s``: if the peer has not taken a step after this long (no punctuation came,
-    e.g. the input paused), it is asked to take it at once. Returns the hand-over record.
+    e.g. the input paused), it is asked to take it at once. Returns the hand-over record. A
+    transfer that cannot finish (the receiver died, no live peer is left, a step timed out) is
+    marked ``"failed"`` with the reason in ``dep.transfers()``, and the error is raised.
     """
+    before = len(mgr.transfers)
+    try:
+        return _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, step_timeout_s,
+                               force_after_s, poll_s)
+    except Exception as e:
+        progress = mgr.transfers[before] if len(mgr.transfers) > before else None
+        receiver_died = is_actor_death(e) or not mgr.topology.is_running(label)
+        why = (f"receiver {label} died: {type(e).__name__}" if receiver_died else f"{type(e).__name__}: {e}")
+        if progress is not None:
+            progress["state"], progress["error"] = "failed", why
+        mgr.record({"kind": "transfer", "action": "failed", "replica": label, "error": why,
+                    "text": f"transfer to {label} failed: {why}"})
+        raise
+
+
+def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, step_timeout_s, force_after_s,
+                    poll_s) -> dict:
     topo = mgr.topology
     op = topo.replica(label).operator
     split = splittable(mgr.dep.query, op)

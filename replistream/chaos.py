@@ -1,0 +1,357 @@
+"""``replistream chaos``: a seeded campaign of random faults, each run checked against the ideal run.
+
+Every trial deploys one of two queries on local Ray with ``k`` replicas of every operator, feeds a
+seeded input that holds malformed records, and injects seeded faults at event times of the input
+(sentinels, :mod:`replistream.sources`):
+
+* kills of replicas of every operator and of the entry points, at most ``k - 1`` per node;
+* server kills that stay within the fault model (every node keeps a live replica; the
+  application's server is spared, as it runs one replica);
+* delayed and cut links, for a few seconds each;
+* on the keyed query: rows on which the user's map raises (a seeded subset of keys, known in
+  advance), a live move of a stateful replica to another server (Megaphone's fluid migration),
+  and a runtime change of the map's function to an equivalent one.
+
+The applications' output is compared with :func:`~replistream.engines.reference.run_reference` of
+the same query and input as a multiset (lost, duplicated, unexpected), and the dead letters with the
+reference's, per place and reason (every malformed record and every failing row set aside once,
+with its reason). A trial that raises or times out fails with its reason. The schedule of faults is
+a pure function of the seed (timings of course vary).
+
+>>> report = run_campaign(minutes=0.5, seed=1, k=2)   # doctest: +SKIP
+>>> report["verdict"]                                   # doctest: +SKIP
+'PASS: 3 trials, 9,012 outputs identical to the reference, 0 lost, 0 duplicated, ...'
+"""
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .engines.result import multiset_diff
+from .errors import ReplistreamError
+from .network import default_servers
+from .plan import ENTRY
+from .query import Query
+from .schema import END, seconds
+from .sources import Call, KillReplica, KillServer, inject_at
+from .workloads import fig1_inputs, fig1_query
+
+__all__ = ["run_campaign", "Trial", "plan_faults", "format_report", "QUERIES"]
+
+#: The queries a campaign alternates between.
+QUERIES = ("fig1", "keyed")
+
+
+def _failing_keys(seed: int, n_keys: int) -> np.ndarray:
+    """The keys on which the keyed query's map raises: a seeded tenth of them."""
+    rng = np.random.default_rng(zlib.crc32(f"keys:{seed}".encode()))
+    return np.sort(rng.choice(n_keys, size=max(1, n_keys // 10), replace=False))
+
+
+def _scaler(bad: np.ndarray) -> Callable:
+    """The keyed query's map: ``v * 2``, raising on rows whose key is in ``bad`` (row-wise, so
+    every replica sets aside the same rows)."""
+    bad_set = np.asarray(bad)
+
+    def scale(b):
+        hit = np.isin(b["key"], bad_set)
+        if hit.any():
+            raise ValueError("key not accepted")
+        return {"key": b["key"], "v": b["v"] * 2.0}
+
+    return scale
+
+
+def keyed_query(seed: int, n_keys: int = 200) -> Query:
+    """A stateful keyed aggregate: a map (raising on a seeded tenth of the keys), then a sliding
+    2 s window per key counting and summing."""
+    q = Query("keyed")
+    s = q.source("events", {"key": "i8", "v": "f8"}, punctuate_every=seconds(0.5))
+    s.map(_scaler(_failing_keys(seed, n_keys)), name="scale").window(
+        size=seconds(2), slide=seconds(1), by="key", aggs={"n": "count", "total": ("v", "sum")},
+        name="per_key").sink("totals")
+    return q.build()
+
+
+def keyed_inputs(seed: int, n: int = 3000, n_keys: int = 200, span_s: float = 30.0, chunk: int = 50) -> dict:
+    rng = np.random.default_rng(seed)
+    ts = np.sort(rng.integers(0, seconds(span_s), n))
+    key, v = rng.integers(0, n_keys, n), np.round(rng.normal(size=n), 3)
+    return {"events": [{"ts": ts[a:a + chunk], "key": key[a:a + chunk], "v": v[a:a + chunk]}
+                       for a in range(0, n, chunk)]}
+
+
+def _with_malformed(records: list, rng: np.random.Generator, source: str, count: int) -> tuple[list, list]:
+    """``records`` (column chunks) with ``count`` unreadable records put between chunks; returns the new
+    list and a description of each bad record."""
+    bad_kinds = [({"ts": None}, "ts is None"), ("not a record", "a string"), (None, "None"),
+                 ({"ts": END}, "ts = END")]
+    out = list(records)
+    described = []
+    for _ in range(count):
+        template, what = bad_kinds[int(rng.integers(len(bad_kinds)))]
+        pos = int(rng.integers(1, len(out)))
+        rec = dict(template, **{k: 0 for k in _fields_of(out[0]) if k != "ts"}) if isinstance(template, dict) \
+            else template
+        out.insert(pos, [rec])
+        described.append(f"{source}: {what}")
+    return out, described
+
+
+def _fields_of(chunk) -> list[str]:
+    return list(chunk) if isinstance(chunk, dict) else []
+
+
+@dataclass
+class Trial:
+    """One trial of a campaign: which query, the faults (event time µs, description, sentinel), and
+    the result of the comparison once it ran."""
+
+    index: int
+    seed: int
+    query: str
+    faults: list = field(default_factory=list)
+    bad_records: list = field(default_factory=list)
+    result: dict = field(default_factory=dict)
+
+    def describe(self) -> list[str]:
+        return [f"{t / 1e6:.1f} s {what}" for t, what, _ in self.faults]
+
+
+def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Query, k: int, t0: int, t1: int,
+                spare: frozenset = frozenset()) -> list[tuple[int, str, object]]:
+    """A seeded fault schedule within the fault model, as ``(event time, description, sentinel)``.
+
+    ``plan`` is the deployment's ``{node: [server, ...]}`` (``"entry"`` for the entry points). Kills
+    of replicas take at most ``k - 1`` of each node; a server kill is chosen only if it leaves every
+    node a live replica and spares the applications' servers; links are delayed or cut for 1-3 s.
+    Nodes in ``spare`` (one whose replica moves live meanwhile) lose no replica.
+
+    >>> q = fig1_query(n_servers=2)
+    >>> plan = {"entry": ["a", "b"], "loads": ["a", "b"], "pings": ["b", "c"], "correlate": ["c", "a"],
+    ...         "hot": ["b", "c"], "alerts": ["a"]}
+    >>> faults = plan_faults(np.random.default_rng(1), plan, q, 2, 0, 10_000_000)
+    >>> all(0 <= t <= 10_000_000 for t, _, _ in faults)
+    True
+    """
+    groups = [ENTRY, *query.operators]
+    apps_servers = {s for a in query.sinks for s in plan[a]}
+    killed = {g: set() for g in groups}
+    faults = []
+    span = t1 - t0
+
+    def at() -> int:
+        return int(t0 + span * (0.15 + 0.7 * rng.random()))
+
+    servers = sorted({s for where in plan.values() for s in where})
+    for g in groups:  # some replicas of some nodes, never all
+        if k > 1 and rng.random() < 0.6 and g not in spare:
+            for i in rng.choice(k, size=int(rng.integers(1, k)), replace=False).tolist():
+                if len(killed[g]) < k - 1:
+                    killed[g].add(i)
+                    faults.append((at(), f"kill {g}#{i}", KillReplica(g, int(i))))
+    candidates = [s for s in servers if s not in apps_servers]
+    rng.shuffle(candidates)
+    for s in candidates[:1]:  # one server, if the model allows it
+        hit = {g: {i for i, srv in enumerate(plan[g]) if srv == s} for g in groups}
+        if all(len(killed[g] | hit[g]) <= k - 1 for g in groups) and any(hit.values()) \
+                and not any(hit[g] for g in spare):
+            for g in groups:
+                killed[g] |= hit[g]
+            faults.append((at(), f"kill server {s}", KillServer(s)))
+    for _ in range(int(rng.integers(1, 3))):
+        a, b = rng.choice(servers, size=2, replace=False).tolist()
+        dur = float(np.round(1.0 + 2.0 * rng.random(), 1))
+        if rng.random() < 0.5:
+            ms = float(np.round(50 + 250 * rng.random()))
+            faults.append((at(), f"delay {a}<->{b} +{ms:g} ms for {dur:g} s",
+                           Call(lambda d, a=a, b=b, ms=ms, dur=dur: d.delay_link(a, b, ms, dur))))
+        else:
+            faults.append((at(), f"cut {a}<->{b} for {dur:g} s",
+                           Call(lambda d, a=a, b=b, dur=dur: d.cut_link(a, b, dur))))
+    return sorted(faults, key=lambda f: f[0])
+
+
+def _time_span(inputs: dict) -> tuple[int, int]:
+    lo, hi = None, None
+    for chunks in inputs.values():
+        for c in chunks:
+            if isinstance(c, dict) and len(np.asarray(c["ts"])):
+                ts = np.asarray(c["ts"])
+                lo = int(ts.min()) if lo is None else min(lo, int(ts.min()))
+                hi = int(ts.max()) if hi is None else max(hi, int(ts.max()))
+    return lo or 0, hi or 0
+
+
+def _inject(inputs: dict, faults: list) -> dict:
+    """Each fault's sentinel in the first source whose input reaches its time."""
+    from .sources import chunk_time
+
+    out = dict(inputs)
+    for t, _, sentinel in faults:
+        src = next((s for s in sorted(out) if any(chunk_time(c) is not None and chunk_time(c) >= t
+                                                  for c in inputs[s])), sorted(out)[0])
+        out[src] = inject_at(out[src], t, sentinel)
+    return out
+
+
+def _dead_letters(result) -> dict[str, int]:
+    """Dead letters per "where: reason" (late ones included: a correct run has none the reference lacks)."""
+    return {f"{where}: {reason}": n for (where, reason), n in result.dead_letter_summary().items()}
+
+
+def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0) -> dict:
+    """Deploy, inject, run, compare; fills and returns ``trial.result``."""
+    from .engines.ray import deploy
+    from .engines.reference import run_reference
+
+    rng = np.random.default_rng(trial.seed)
+    if trial.query == "fig1":
+        query = fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.5)
+        inputs = fig1_inputs(n_servers=3, duration_s=30, period_s=0.1, seed=trial.seed, chunk=10)
+        bad_source = "load_0"
+    else:
+        query = keyed_query(trial.seed)
+        inputs = keyed_inputs(trial.seed)
+        bad_source = "events"
+    inputs[bad_source], trial.bad_records = _with_malformed(inputs[bad_source], rng, bad_source,
+                                                            int(rng.integers(1, 4)))
+    started = time.perf_counter()
+    res: dict = {"query": trial.query, "seed": trial.seed}
+    moved: dict = {}
+    try:
+        ref = run_reference(query, inputs, on_malformed="dead_letter")
+        with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed,
+                    on_malformed="dead_letter") as dep:
+            t0, t1 = _time_span(inputs)
+            trial.faults = plan_faults(rng, dep.plan, query, k, t0, t1,
+                                       spare=frozenset({"per_key"}) if trial.query == "keyed" else frozenset())
+            if trial.query == "keyed":
+                trial.faults += _runtime_changes(rng, dep, trial.seed, t0, t1, moved)
+                trial.faults.sort(key=lambda f: f[0])
+            got = dep.run(_inject(inputs, trial.faults), timeout=timeout)
+            if "thread" in moved:
+                moved["thread"].join(timeout)
+        for app in query.sinks:
+            lost, extra = multiset_diff(ref.outputs[app], got.outputs[app])
+            res.setdefault("outputs", 0)
+            res["outputs"] += int(len(got.outputs[app]))
+            res["reference_outputs"] = res.get("reference_outputs", 0) + int(len(ref.outputs[app]))
+            res["lost"] = res.get("lost", 0) + int(len(lost))
+            expected_ids = set(ref.outputs[app]["id"].tolist())
+            dup = int(np.isin(extra["id"], list(expected_ids)).sum()) if len(extra) else 0
+            res["duplicated"] = res.get("duplicated", 0) + dup
+            res["unexpected"] = res.get("unexpected", 0) + int(len(extra)) - dup
+        res["dead_letters_expected"] = _dead_letters(ref)
+        res["dead_letters_received"] = _dead_letters(got)
+        res["complete"] = bool(got.complete)
+        res["error"] = moved.get("error")
+        res["ok"] = (res["lost"] == 0 and res["duplicated"] == 0 and res["unexpected"] == 0 and res["complete"]
+                     and res["dead_letters_expected"] == res["dead_letters_received"] and res["error"] is None)
+    except (ReplistreamError, RuntimeError, ValueError) as e:
+        res.update({"ok": False, "error": f"{type(e).__name__}: {e}"})
+    res["faults"] = trial.describe()
+    res["bad_records"] = list(trial.bad_records)
+    res["seconds"] = round(time.perf_counter() - started, 2)
+    trial.result = res
+    return res
+
+
+def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict) -> list:
+    """On the keyed query: replace the map's function with an equivalent one, and move a replica of
+    the stateful window to a server that holds none (fluid migration, in a thread as a user would)."""
+    span = t1 - t0
+    out = [(int(t0 + span * 0.3), "replace the function of 'scale' (equivalent)",
+            Call(lambda d: d.replace_function("scale", _scaler(_failing_keys(seed, 200)))))]
+    taken = set(dep.plan["per_key"])
+    free = [s for s in dep.servers if s not in taken]
+    if free:
+        target, index = free[int(rng.integers(len(free)))], int(rng.integers(dep.k))
+
+        def move(d):
+            def go():
+                try:
+                    moved["event"] = d.move_replica("per_key", index, target, strategy="fluid")
+                except Exception as e:  # the trial fails with it (res["error"])
+                    moved["error"] = f"move_replica: {type(e).__name__}: {e}"
+            moved["thread"] = threading.Thread(target=go, name="replistream-chaos-move")
+            moved["thread"].start()
+
+        out.append((int(t0 + span * 0.5), f"move per_key#{index} to {target} (live, fluid)", Call(move)))
+    return out
+
+
+def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | None = None,
+                 progress: Callable[[Trial], None] | None = None) -> dict:
+    """Run trials until ``minutes`` have passed (or ``trials`` trials); the report as a dict (JSON-ready):
+    ``verdict`` (one line), ``matches_reference``, ``lost``, ``duplicated``, ``dead_letters`` (expected,
+    received, by reason), ``faults`` (counted by kind) and ``trials`` (each with its seed, faults and
+    result). ``progress(trial)`` hears each finished trial."""
+    from .engines.ray import init_ray
+
+    if not k >= 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    init_ray()
+    servers = [s.name for s in default_servers(k + 2)]
+    deadline = time.time() + 60.0 * minutes
+    done: list[Trial] = []
+    i = 0
+    while (trials is None and (time.time() < deadline or not done)) or (trials is not None and i < trials):
+        t = Trial(i, int(zlib.crc32(f"{seed}:{i}".encode())), QUERIES[i % len(QUERIES)])
+        run_trial(t, k, servers)
+        done.append(t)
+        if progress is not None:
+            progress(t)
+        i += 1
+    return _summarise(done, seed, k, minutes)
+
+
+def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
+    results = [t.result for t in done]
+    total = {key: sum(r.get(key, 0) for r in results) for key in ("outputs", "lost", "duplicated", "unexpected")}
+    expected: dict[str, int] = {}
+    received: dict[str, int] = {}
+    for r in results:
+        for kk, v in r.get("dead_letters_expected", {}).items():
+            expected[kk] = expected.get(kk, 0) + v
+        for kk, v in r.get("dead_letters_received", {}).items():
+            received[kk] = received.get(kk, 0) + v
+    kinds: dict[str, int] = {}
+    for t in done:
+        for _, what, _ in t.faults:
+            kind = ("server kill" if what.startswith("kill server") else "replica kill" if what.startswith("kill")
+                    else "link delay" if what.startswith("delay") else "link cut" if what.startswith("cut")
+                    else "live move" if what.startswith("move") else "runtime change")
+            kinds[kind] = kinds.get(kind, 0) + 1
+        kinds["malformed record"] = kinds.get("malformed record", 0) + len(t.bad_records)
+    ok = all(r.get("ok") for r in results)
+    failed = [t for t in done if not t.result.get("ok")]
+    n_bad = sum(expected.values())
+    head = "PASS" if ok else "FAIL"
+    verdict = (f"{head}: {len(done)} trials, {total['outputs']:,} outputs "
+               f"{'identical to the reference' if ok else 'compared with the reference'}, {total['lost']:,} lost, "
+               f"{total['duplicated']:,} duplicated, {sum(received.values()):,} bad rows dead-lettered with a reason "
+               f"({n_bad:,} expected); faults: " + ", ".join(f"{n} {kk}s" for kk, n in sorted(kinds.items())))
+    if failed:
+        verdict += f"; failed trials: {', '.join(str(t.index) for t in failed)}"
+    return {"verdict": verdict, "matches_reference": ok, "seed": seed, "k": k, "minutes": minutes,
+            "trials_run": len(done), **total, "dead_letters": {"expected": expected, "received": received},
+            "faults": kinds, "trials": results}
+
+
+def format_report(report: dict) -> str:
+    """The campaign as a table (one row per trial), for the command line."""
+    lines = [f"{'#':>3} {'query':<6} {'outputs':>8} {'lost':>5} {'dup':>4} {'dead letters':>13} {'s':>6}  "
+             f"verdict / faults"]
+    for i, r in enumerate(report["trials"]):
+        exp, rec = sum(r.get("dead_letters_expected", {}).values()), sum(r.get("dead_letters_received", {}).values())
+        verdict = "ok" if r.get("ok") else f"FAIL {r.get('error') or ''}".strip()
+        lines.append(f"{i:>3} {r['query']:<6} {r.get('outputs', 0):>8,} {r.get('lost', 0):>5} "
+                     f"{r.get('duplicated', 0):>4} {f'{rec}/{exp}':>13} {r['seconds']:>6.1f}  {verdict}: "
+                     + "; ".join(r["faults"]))
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""``replistream chaos``: seeded fault campaigns checked against the ideal run (#15)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from replistream.chaos import _summarise, Trial, keyed_query, plan_faults, run_campaign
+from replistream.plan import ENTRY
+from replistream.sources import KillReplica, KillServer
+from replistream.workloads import fig1_query
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_fault_schedules_stay_within_the_fault_model(k):
+    """Over many seeds: at most k - 1 replicas of each node killed (server kills included), never the
+    applications' server, never a spared node; the same seed gives the same schedule."""
+    q = fig1_query(n_servers=3)
+    servers = [f"s{i}" for i in range(k + 2)]
+    nodes = [ENTRY, *q.operators]
+    plan = {n: [servers[(j + i) % len(servers)] for i in range(k)] for j, n in enumerate(nodes)}
+    plan["alerts"] = [servers[0]]
+    kinds = set()
+    for seed in range(300):
+        faults = plan_faults(np.random.default_rng(seed), plan, q, k, 0, 10**7, spare=frozenset({"hot"}))
+        again = plan_faults(np.random.default_rng(seed), plan, q, k, 0, 10**7, spare=frozenset({"hot"}))
+        assert [(t, what) for t, what, _ in faults] == [(t, what) for t, what, _ in again]
+        killed = {n: set() for n in nodes}
+        for _, what, ev in faults:
+            kinds.add(what.split()[0] + (" server" if isinstance(ev, KillServer) else ""))
+            if isinstance(ev, KillReplica):
+                killed[ev.operator].add(ev.replica)
+            elif isinstance(ev, KillServer):
+                assert ev.server not in plan["alerts"]
+                for n in nodes:
+                    killed[n] |= {i for i, s in enumerate(plan[n]) if s == ev.server}
+        assert all(len(v) <= k - 1 for v in killed.values()), (seed, faults)
+        assert not killed["hot"]
+    assert {"kill", "kill server", "delay", "cut"} <= kinds
+
+
+def test_the_report_fails_on_any_difference():
+    """A checker that cannot fail is worthless: one lost tuple, one missing dead letter, or one
+    trial that raised makes the verdict FAIL."""
+    good = {"query": "keyed", "seed": 1, "outputs": 10, "reference_outputs": 10, "lost": 0, "duplicated": 0,
+            "unexpected": 0, "dead_letters_expected": {"scale: map function raised": 2},
+            "dead_letters_received": {"scale: map function raised": 2}, "complete": True, "error": None,
+            "ok": True, "faults": [], "bad_records": [], "seconds": 1.0}
+    trials = [Trial(0, 1, "keyed", result=dict(good))]
+    assert _summarise(trials, 0, 2, 1.0)["verdict"].startswith("PASS")
+    for change in ({"lost": 1, "ok": False}, {"dead_letters_received": {}, "ok": False},
+                   {"ok": False, "error": "RunFailed: every replica of 'per_key' is lost"}):
+        bad = Trial(1, 2, "keyed", result={**good, **change})
+        report = _summarise(trials + [bad], 0, 2, 1.0)
+        assert not report["matches_reference"] and report["verdict"].startswith("FAIL")
+        assert "failed trials: 1" in report["verdict"]
+
+
+def test_the_keyed_query_fails_on_a_known_tenth_of_its_keys():
+    from replistream.chaos import keyed_inputs
+    from replistream.testing import run_reference
+
+    r = run_reference(keyed_query(4), keyed_inputs(4))
+    letters = r.dead_letter_summary()
+    assert letters and all(where == "scale" and "raised ValueError" in reason for where, reason in letters)
+    assert 0.03 < sum(letters.values()) / 3000 < 0.2
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_short_campaign_passes_on_both_queries():
+    report = run_campaign(trials=2, seed=3, k=2)
+    assert report["trials_run"] == 2 and {t["query"] for t in report["trials"]} == {"fig1", "keyed"}
+    assert report["matches_reference"], json.dumps(report["trials"], indent=1)[:4000]
+    assert report["verdict"].startswith("PASS: 2 trials")
+    assert report["lost"] == 0 and report["duplicated"] == 0 and report["outputs"] > 1000
+    assert report["dead_letters"]["expected"] == report["dead_letters"]["received"]
+    assert sum(report["dead_letters"]["expected"].values()) > 0
+    assert report["faults"].get("malformed record", 0) >= 2
+
+
+def test_the_command_line_prints_the_verdict_first(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "replistream.cli", "chaos", "--trials", "1", "--seed", "5"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("PASS: 1 trials") and "0 lost, 0 duplicated" in first
+    assert "trial 0 (fig1)" in out.stderr
