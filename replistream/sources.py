@@ -138,10 +138,14 @@ def chunk_time(chunk: Any, punctuations: bool = True) -> int | None:
 
 def chunk_tmax(chunk: Any) -> int | None:
     """The largest timestamp (or punctuation) in a chunk; :data:`NO_PUNCTUATION` for an empty
-    chunk or the final punctuation; None if it cannot be told (some record has no readable ``ts``).
+    chunk or the final punctuation; None if it cannot be told (a chunk of a kind the feeder cannot
+    read). Records without a readable ``ts`` (not a mapping, ``ts`` missing, None, text, not finite,
+    beyond int64) are set aside by the entry points and carry no tuple, so they do not count.
 
-    >>> chunk_tmax([{"ts": 5}, {"ts": 9}]), chunk_tmax([{"ts": 5}, {"x": 1}]), chunk_tmax(Punctuation(7))
-    (9, None, 7)
+    >>> chunk_tmax([{"ts": 5}, {"ts": 9}]), chunk_tmax([{"ts": 5}, {"x": 1}, None]), chunk_tmax(Punctuation(7))
+    (9, 5, 7)
+    >>> chunk_tmax({"ts": [3, None, 8]}), chunk_tmax([None]) == NO_PUNCTUATION
+    (8, True)
     """
     try:
         if isinstance(chunk, ChunkRef):
@@ -151,16 +155,20 @@ def chunk_tmax(chunk: Any) -> int | None:
         if isinstance(chunk, np.ndarray):
             return int(chunk[TS].max()) if len(chunk) else NO_PUNCTUATION
         if isinstance(chunk, Mapping):
-            ts = np.asarray(chunk.get(TS, []))
-            return int(ts.max()) if ts.size else NO_PUNCTUATION
+            return _readable_max(np.asarray(chunk.get(TS, []), dtype=object).ravel().tolist())
         if isinstance(chunk, list):
-            vals = [r.get(TS) for r in chunk if isinstance(r, Mapping)]
-            vals = [int(v) for v in vals if isinstance(v, (int, float, np.integer, np.floating))]
-            if len(vals) == len(chunk):
-                return max(vals) if vals else NO_PUNCTUATION
+            return _readable_max([r.get(TS) for r in chunk if isinstance(r, Mapping)])
     except (TypeError, ValueError, KeyError, IndexError, OverflowError):
         return None
     return None
+
+
+def _readable_max(values: list) -> int:
+    """The largest of ``values`` an entry point would read as a timestamp (NO_PUNCTUATION if none)."""
+    good = [int(v) for v in values if isinstance(v, (int, float, np.integer, np.floating))
+            and not isinstance(v, (bool, np.bool_)) and math.isfinite(v) and NO_PUNCTUATION < v < END
+            and float(v).is_integer()]
+    return max(good) if good else NO_PUNCTUATION
 
 
 def needs_stamp(chunk: Any) -> bool:
