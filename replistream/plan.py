@@ -5,9 +5,9 @@ plan once a placement says on which servers each node runs:
 
 * a *replica group* per node: ``"entry"`` (one group hosts the entry points
   of every source, as each engine runs them), one per operator, one per
-  application (one replica);
+  application (one replica, or several on Ray: ``deploy(..., app_replicas=)``);
 * a :class:`ReplicaId` per replica, labelled ``"entry#0"``, ``"join#1"`` or,
-  for an application, its name;
+  for an application, its name (further replicas ``"app#1"``, ...);
 * a :class:`StreamEdge` per *stream replica*: every replica of an upstream
   group feeds every replica of each downstream node, on the input port the
   query gives, as the ``channel``-th input of that port (the upstream
@@ -93,8 +93,15 @@ class ReplicaId:
 
     @property
     def label(self) -> str:
-        """``"node#index"``; an application (one replica) is labelled by its name."""
-        return self.node if self.application else f"{self.node}#{self.index}"
+        """``"node#index"``; an application's first replica is labelled by its name, its further
+        ones (``deploy(..., app_replicas=)``) ``"app#1"``, ``"app#2"``, ...
+
+        >>> ReplicaId("alerts", 1, application=True).label
+        'alerts#1'
+        """
+        if self.application:
+            return self.node if self.index == 0 else f"{self.node}#{self.index}"
+        return f"{self.node}#{self.index}"
 
     def __str__(self) -> str:
         return self.label
@@ -126,11 +133,11 @@ class PhysicalPlan:
     """Replicas of every node on their servers, and the stream replicas between them.
 
     ``placement``: ``{node: [server, ...]}``, with :data:`ENTRY` for the entry
-    points and one server per application; replica ``i`` of a node runs on
+    points and one server per application replica; replica ``i`` of a node runs on
     ``placement[node][i]``. Checked on construction (a ``ValueError`` names
     the node): every operator, the entry points and every application are
     placed, nothing else is, a node's replicas are on distinct servers, an
-    application has exactly one; with ``k``, every operator and the entry
+    application has at least one; with ``k``, every operator and the entry
     points have exactly ``k`` replicas; with ``servers``, only those servers
     are used.
 
@@ -167,14 +174,31 @@ class PhysicalPlan:
                 raise ValueError(f"placement must give {node!r} {want}, got {None if where is None else list(where)}")
         for node in query.sinks:
             where = placement.get(node)
-            if where is None or len(where) != 1:
-                raise ValueError(f"placement must give application {node!r} exactly one server, "
+            if not where:
+                raise ValueError(f"placement must give application {node!r} at least one server, "
                                  f"got {None if where is None else list(where)}")
         self.placement: dict[str, list[str]] = {n: list(placement[n]) for n in nodes}
         self.nodes = nodes
         self._replicas = {n: [ReplicaId(n, i, n in query.sinks) for i in range(len(self.placement[n]))]
                           for n in nodes}
         self._server = {r.label: self.placement[n][r.index] for n in nodes for r in self._replicas[n]}
+
+    def require_one_replica_per_application(self, engine: str) -> None:
+        """Raise ``ValueError`` if some application has several replicas (``engine`` runs one each;
+        application replicas run on Ray).
+
+        >>> from replistream import Query
+        >>> q = Query(); s = q.source("s", {"x": "i8"}); _ = s.sink("app")
+        >>> PhysicalPlan(q.build(), {"entry": ["a"], "app": ["a", "b"]}).require_one_replica_per_application("the simulator")
+        Traceback (most recent call last):
+        ...
+        ValueError: the simulator runs one replica per application: placement gives 'app' 2 servers (exactly one server per application here; application replicas run on Ray)
+        """
+        for app in self.query.sinks:
+            n = len(self.placement[app])
+            if n != 1:
+                raise ValueError(f"{engine} runs one replica per application: placement gives {app!r} {n} servers "
+                                 f"(exactly one server per application here; application replicas run on Ray)")
 
     # -- replicas ------------------------------------------------------------------------
     def replicas(self, node: str | None = None) -> list[ReplicaId]:

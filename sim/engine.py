@@ -292,6 +292,7 @@ class Simulator:
             if mode != "replication":
                 raise ValueError(f"batch_s (batched execution) supports mode 'replication' only, got {mode!r}")
         self.physical = PhysicalPlan(query, plan)  # checks the plan
+        self.physical.require_one_replica_per_application("the simulator")
         self.query = query
         self.plan = {n: list(v) for n, v in plan.items()}
         if network is None:

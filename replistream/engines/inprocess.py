@@ -263,6 +263,7 @@ class InProcessEngine:
         self.audit = audit
         self.checkpoint_bits = checkpoint_bits
         self.plan = PhysicalPlan(query, placement if placement is not None else default_placement(query, k), k=k)
+        self.plan.require_one_replica_per_application("the in-process engine")
         self.servers = sorted({s for where in self.plan.placement.values() for s in where})
 
     # -- a run -------------------------------------------------------------------------------

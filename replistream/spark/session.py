@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 
 from ..errors import ReplistreamError
@@ -111,6 +112,16 @@ def spark_session(app_name: str = "replistream", num_executors: int = 1, executo
         if not ray.is_initialized():
             init_ray()
         merged = dict(DEFAULT_CONFIGS)
+        # Spark's Python workers run this interpreter, not the first python3 on PATH (which may lack
+        # replistream: an unactivated virtual environment, cron, an IDE). PySpark takes the workers'
+        # interpreter from PYSPARK_PYTHON when the SparkContext starts (the spark.pyspark.python
+        # option only reaches spark-submit), so the choice is made there: the configs' option, else
+        # PYSPARK_PYTHON as the user set it, else this interpreter.
+        python = (configs or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") or sys.executable
+        os.environ["PYSPARK_PYTHON"] = python
+        merged["spark.pyspark.python"] = merged["spark.pyspark.driver.python"] = python
+        if ray.util.get_node_ip_address() in ("127.0.0.1", "::1"):  # a local Ray on loopback: Spark too
+            merged["spark.driver.bindAddress"] = merged["spark.driver.host"] = "127.0.0.1"
         merged.update(configs or {})
         _session = raydp.init_spark(app_name=app_name, num_executors=num_executors,
                                     executor_cores=executor_cores, executor_memory=executor_memory,

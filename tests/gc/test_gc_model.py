@@ -110,9 +110,14 @@ def test_snapshot_from_plan_rejects_incomplete_plans():
         snapshot_from_plan(q, {"loads": ["a"]})
     with pytest.raises(ValueError, match="correlate"):
         snapshot_from_plan(q, {"entry": ["a"], "loads": ["a"], "pings": ["a"], "hot": ["a"], "alerts": ["a"]})
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(ValueError, match="at least one server"):
         snapshot_from_plan(q, {"entry": ["a"], "loads": ["a"], "pings": ["a"], "correlate": ["a"], "hot": ["a"],
-                               "alerts": ["a", "b"]})
+                               "alerts": []})
+    # an application may run as several replicas (deploy(..., app_replicas=)), each fed by "hot"
+    snap = snapshot_from_plan(q, {"entry": ["a"], "loads": ["a"], "pings": ["a"], "correlate": ["a"], "hot": ["a"],
+                                  "alerts": ["a", "b"]})
+    apps = sorted(r.label for r in snap.replicas if r.kind == "application")
+    assert apps == ["alerts", "alerts#1"]
 
 
 def test_snapshot_from_plan_takes_weights_and_latency_mappings():

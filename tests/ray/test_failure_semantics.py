@@ -133,3 +133,22 @@ def test_parquet_files_stay_inside_the_folder_given(tmp_path):
         dep.run(inputs(n=60), timeout=120)
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.parquet"))
     assert files and all(f.startswith("pq/out/out-") for f in files)
+
+
+def test_applications_as_replicas_mask_the_loss_of_one_and_count_each_result_once():
+    """app_replicas=2: each application replica has its duplicate filter, the driver keeps the first
+    copy of each result; killing one application's server loses nothing and duplicates nothing."""
+    q = query(lambda b: b["v"] > 0, window=True)
+    data = inputs()
+    ref = run_reference(q, data)
+    data["s"] = inject_at(data["s"], seconds(15), KillServer("boston"))
+    placement = {"entry": SERVERS[1:], "pick": SERVERS[1:], "per_k": SERVERS[1:], "out": ["boston"]}
+    with deploy(q, servers=SERVERS, k=2, placement=placement, app_replicas=2) as dep:
+        assert dep.plan["out"] == ["boston", "london"]
+        res = dep.run(data, timeout=120)
+        assert not dep.alive["out"] and dep.alive["out#1"]
+        assert dep.metrics()["applications"]["out"]["delivered"] == len(res.outputs["out"])
+    assert res.complete
+    assert sorted(map(tuple, res.outputs["out"].tolist())) == sorted(map(tuple, ref.outputs["out"].tolist()))
+    with pytest.raises(ValueError, match="app_replicas must be an integer between 1 and 3"):
+        deploy(q, servers=SERVERS, k=2, app_replicas=4)

@@ -47,6 +47,16 @@ def test_one_session_is_shared(spark):
         "spark.ray.raydp_app_master.extraJavaOptions")
 
 
+def test_python_workers_run_this_interpreter(spark):
+    """Spark's Python workers start sys.executable, not the first python3 on PATH (#17: an unactivated
+    virtual environment otherwise fails inside Spark with an EOFException from pyspark.daemon)."""
+    import sys
+
+    assert spark.conf.get("spark.pyspark.python") == sys.executable
+    assert spark.sparkContext.parallelize([1, 2, 3], 2).map(lambda x: __import__("sys").executable).distinct() \
+        .collect() == [sys.executable]
+
+
 def test_parquet_timestamps_paced_replay_with_a_crash_equals_the_reference(spark, tmp_path):
     cols = readings(3000, seed=1, start_us=EPOCH_US)
     table = pa.table({"event_time": pa.array(cols["t"], pa.timestamp("us", tz="UTC")),

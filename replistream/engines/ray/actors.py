@@ -606,8 +606,8 @@ class SinkActor(_Base):
 
     def __init__(self, query, node: str, server: str, channels: list[int], network, t0: float,
                  channel_opts: dict, coordinator=None, strict: bool = False, parquet_dir: str | None = None,
-                 time_origin: float | None = None):
-        self._setup(node, server, network, t0, channel_opts, coordinator)
+                 time_origin: float | None = None, label: str | None = None):
+        self._setup(label or node, server, network, t0, channel_opts, coordinator)
         self.node = node
         self.core = ReplicaCore(query, node, channels, strict)
         self.schema = query.schema_of(node)

@@ -41,7 +41,7 @@ import ray
 from ...errors import QueryError, RunFailed, UserFunctionError, merge_dead_letters
 from ...operators.base import NO_PUNCTUATION
 from ...placement.nodes import ray_options
-from ...plan import ENTRY, PhysicalPlan, replica_index
+from ...plan import ENTRY, PhysicalPlan, ReplicaId, replica_index
 from ...query import Query, check_on_error
 from ...schema import END, TS
 from ...sources import Sentinel
@@ -179,10 +179,16 @@ class Delivered:
     ``lock`` (re-entrant) guards it (lock 3 of the deployment's order, :mod:`replistream.engines.ray`);
     :meth:`Deployment.poll` holds it while it fetches, so two polls never fetch the same tuples.
 
-    >>> from replistream import Schema
-    >>> d = Delivered(["out"]); d.add_batch("out", np.zeros(2, dtype=[("ts", "i8")]), np.array([5.0, 6.0]))
+    An application with several replicas (``deploy(..., app_replicas=)``) keeps the first copy of
+    each tuple, by id, whichever replica delivered it (its replicas' positions are kept apart).
+
+    >>> d = Delivered(["out"]); d.add_batch("out", np.zeros(2, dtype=[("ts", "i8"), ("id", "u8")]), np.array([5.0, 6.0]))
     >>> d.count("out"), d.arrivals("out").tolist()
     (2, [5.0, 6.0])
+    >>> d.add("two", ["two", "two#1"]); b = np.array([(1, 7), (2, 8)], dtype=[("ts", "i8"), ("id", "u8")])
+    >>> d.add_batch("two", b, np.zeros(2), "two"); d.add_batch("two", b[::-1], np.ones(2), "two#1")
+    >>> d.count("two"), d.fetched["two#1"]
+    (2, 2)
     """
 
     def __init__(self, apps: Iterable[str]):
@@ -192,21 +198,36 @@ class Delivered:
         self.arrival_times: dict[str, list] = {}
         self.punctuation: dict[str, int] = {}
         self.callbacks: dict[str, list[Callable]] = {}
+        self.seen: dict[str, set | None] = {}  # ids delivered, for an application with several replicas
         for app in apps:
             self.add(app)
 
-    def add(self, app: str) -> None:
-        """Start tracking application ``app`` (one added at run time, too)."""
+    def add(self, app: str, labels: list[str] | None = None) -> None:
+        """Start tracking application ``app`` (one added at run time, too), whose replicas are
+        ``labels`` (default: one, labelled ``app``)."""
+        labels = [app] if labels is None else list(labels)
         with self.lock:
-            self.fetched[app], self.batches[app], self.arrival_times[app] = 0, [], []
+            self.batches[app], self.arrival_times[app] = [], []
+            for label in labels:
+                self.fetched[label] = 0
+            self.seen[app] = set() if len(labels) > 1 else None
             self.punctuation[app], self.callbacks[app] = int(np.iinfo(np.int64).min), []
 
-    def add_batch(self, app: str, data: np.ndarray, arrivals: np.ndarray) -> None:
-        """Record a newly fetched batch and run the callbacks on it."""
+    def add_batch(self, app: str, data: np.ndarray, arrivals: np.ndarray, label: str | None = None) -> None:
+        """Record a batch newly fetched from replica ``label`` of ``app`` (default: its only one),
+        keeping only tuples no replica delivered before, and run the callbacks on them."""
         with self.lock:
+            self.fetched[label or app] += len(data)
+            seen = self.seen[app]
+            if seen is not None and len(data):
+                ids = data["id"].tolist()
+                fresh = np.fromiter((i not in seen for i in ids), dtype=bool, count=len(ids))
+                seen.update(ids)
+                data, arrivals = data[fresh], arrivals[fresh]
+            if not len(data):
+                return
             self.batches[app].append(data)
             self.arrival_times[app].append(arrivals)
-            self.fetched[app] += len(data)
             for cb in self.callbacks[app]:
                 cb(data)
 
@@ -285,7 +306,9 @@ class Deployment:
         ray.get([topo.handle(e.src.label).connect.remote(e.stream, e.dst.label, physical.server(e.dst),
                                                           topo.handle(e.dst.label), e.port, e.channel)
                  for e in physical.streams()])
-        self.delivered = Delivered(query.sinks)
+        self.delivered = Delivered([])
+        for app in query.sinks:
+            self.delivered.add(app, [r.label for r in physical.replicas(app)])
         self._raised_since: float | None = None  # when a sender first reported that its receiver raised
         self.shut_down = False
         self.feeder = Feeder(self.topology, on_start=self._feed_started, on_sentinel=self._run_sentinel,
@@ -342,7 +365,8 @@ class Deployment:
         opts = ray_options(self.servers[server])
         if query.spec(node).kind == "sink":
             return SinkActor.options(**opts).remote(query, node, server, channels, self.conditions, self.t0,
-                                                    self.channel_opts, self.coordinator, self.strict, parquet_dir)
+                                                    self.channel_opts, self.coordinator, self.strict, parquet_dir,
+                                                    label=ReplicaId(node, index, application=True).label)
         return ReplicaActor.options(**opts).remote(query, node, index, server, channels, self.conditions, self.t0,
                                                    self.channel_opts, self.coordinator, self.strict, pending)
 
@@ -640,19 +664,18 @@ class Deployment:
         died = []
         with d.lock:
             for r in self.topology.replicas():  # add_operator may add applications meanwhile
-                node = r.label
-                if r.kind != "application" or not self.topology.is_running(node):
+                label, app = r.label, r.operator
+                if r.kind != "application" or not self.topology.is_running(label):
                     continue
                 try:
-                    data, arr, count, punct = ray.get(self.topology.handle(node).fetch.remote(d.fetched[node]))
+                    data, arr, count, punct = ray.get(self.topology.handle(label).fetch.remote(d.fetched[label]))
                 except Exception as e:
                     if not is_actor_death(e):
                         raise
-                    died.append((node, f"application died: {type(e).__name__}"))  # recorded below
+                    died.append((label, f"application died: {type(e).__name__}"))  # recorded below
                     continue
-                if len(data):
-                    d.add_batch(node, data, arr)
-                d.punctuation[node] = punct
+                d.add_batch(app, data, arr, label)
+                d.punctuation[app] = max(d.punctuation[app], int(punct))  # its fastest replica's
         for node, reason in died:  # a kill we asked for is recorded already (mark_failed is idempotent)
             self.mark_failed(node, reason)
 
@@ -902,7 +925,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            seed: int = 0, flush_ms: float = 2.0, max_batch: int = 10_000, max_inflight: int = 16,
            drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
            parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None,
-           on_output: Mapping[str, Callable] | None = None, gc=None, on_error: str | None = None) -> Deployment:
+           on_output: Mapping[str, Callable] | None = None, gc=None, on_error: str | None = None,
+           app_replicas: int = 1) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -929,6 +953,11 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     network cost over time in ``dep.network_cost_history()``. ``on_error``
     (``"dead_letter"`` or ``"fail"``) overrides the query's policy for rows a
     user function raises on (:meth:`~replistream.query.Query.with_on_error`).
+    ``app_replicas``: replicas of every application (default 1), each with its
+    duplicate filter on its own server (the placement's server for the
+    application, then the next servers in order; a placement mapping may also
+    list several servers for an application); the driver keeps the first copy
+    of each result, so losing all but one of them loses nothing.
     Every error in the request is raised before any actor starts.
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
@@ -945,6 +974,25 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     conditions = resolve_network(network, servers, seed)
     placement_net = placement_network(conditions, given_servers)
     plan, placed = resolve_placement_with_cost(query, servers, k, placement, placement_net)
+    if isinstance(app_replicas, bool) or not isinstance(app_replicas, (int, np.integer)) or \
+            not 1 <= app_replicas <= len(servers):
+        raise ValueError(f"app_replicas must be an integer between 1 and {len(servers)} (the servers), "
+                         f"got {app_replicas!r}")
+    if app_replicas > 1:
+        names = [s.name for s in servers]
+        for app in query.sinks:
+            where = list(plan[app])
+            for name in names[names.index(where[0]):] + names:
+                if len(where) >= app_replicas:
+                    break
+                if name not in where:
+                    where.append(name)
+            plan[app] = where
+        PhysicalPlan(query, plan)  # checked again
+        placed = None
+    if parquet_dir is not None and any(len(plan[a]) > 1 for a in query.sinks):
+        raise ValueError("parquet_dir writes one application replica's output; with several application "
+                         "replicas, write Deployment.results() or use on_output")
     if placed is None:
         placed = evaluate_plan(query, servers, plan, placement_net)
     for s in servers:
