@@ -358,6 +358,9 @@ def _demo_ray(args) -> int:
                       f"({', '.join(s.name for s in servers)}), k={args.k}, {args.duration:g} s of readings every "
                       f"{args.period:g} s, emulated WAN, seed {args.seed}")
         console.print("starting Ray and the replicas ...")
+    from .engines.ray import init_ray
+
+    init_ray(verbose=args.verbose)
     gc_cfg = None
     if args.gc or args.revival:
         from .engines.ray import GCConfig
@@ -700,6 +703,9 @@ def _chaos(args) -> int:
     planned = f"{args.trials} trials" if args.trials else f"trials for {args.minutes:g} min"
     err.print(f"replistream chaos: {planned}, k={args.k}, seed {args.seed}; starting Ray ...", markup=False)
     t0 = time.perf_counter()
+    from .engines.ray import init_ray
+
+    init_ray(verbose=args.verbose)
 
     def progress(trial):
         r = trial.result
@@ -733,6 +739,9 @@ def _reconfigure(args) -> int:
     from rich.console import Console
 
     err = Console(stderr=True, highlight=False)
+    from .engines.ray import init_ray
+
+    init_ray(verbose=args.verbose)
     rep = live_reconfiguration(n_servers=args.servers, duration_s=args.duration, k=args.k, strategy=args.strategy,
                                pace=args.pace, seed=args.seed, say=lambda text: err.print(text, markup=False))
     if args.json:
@@ -853,6 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "as the entry points take it)")
     rec.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     rec.add_argument("--json", action="store_true", help="print one JSON object")
+    rec.add_argument("--verbose", action="store_true", help="let Ray's own log lines through")
     rec.set_defaults(func=_reconfigure, check=check_reconfigure)
 
     chaos = sub.add_parser("chaos", help="a seeded campaign of random faults (kills, server kills, delayed and "
@@ -864,6 +874,7 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedules and inputs (default 0)")
     chaos.add_argument("--k", type=int, default=2, help="replicas per operator (default 2)")
     chaos.add_argument("--json", action="store_true", help="print one JSON object (the verdict is in it)")
+    chaos.add_argument("--verbose", action="store_true", help="let Ray's own log lines through")
     chaos.set_defaults(func=_chaos, check=check_chaos)
 
     from .sim.cli import register as register_sim, run as run_sim  # replistream sim <experiment> (Hwang §VI)

@@ -34,11 +34,13 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "plot and the data (JSON, CSV) to --out and prints a short table (or JSON with --json). "
                     "'trace' writes a CSV latency trace instead.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS) + ["trace"], help="what to run")
-    p.add_argument("--quick", action="store_true", help="reduced scale, under a minute (what the tests run)")
+    p.add_argument("--quick", action="store_true", help="reduced scale, what the tests run: 0.5-31 s each on a quiet 2-core machine")
     p.add_argument("--seed", type=int, default=0, help="seed of the network model, inputs and random placement")
     p.add_argument("--json", action="store_true", help="print the data as JSON instead of a table")
     p.add_argument("--out", default=None, metavar="DIR", help="write <experiment>.png/.json/.csv here")
-    p.add_argument("--progress", action="store_true", help="show a progress bar per simulated run (stderr)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="a progress bar per simulated run on stderr (default; off a terminal, one line as each "
+                        "run ends); --no-progress for none")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="fig5: run the kmax rows in N processes (default: one per CPU at full scale)")
     p.add_argument("--resume", action="store_true", default=None,
@@ -90,8 +92,8 @@ def run(args) -> int:
         return 2
     if args.experiment == "trace":
         return _trace(args)
-    if args.progress and args.json:
-        print("note: --progress draws on stderr; stdout stays JSON", file=sys.stderr)
+    scale = "quick" if args.quick else "full"
+    print(f"replistream sim {args.experiment} ({scale} scale, seed {args.seed}) ...", file=sys.stderr)
     if args.experiment != "fig5" and (args.jobs is not None or args.resume):
         print(f"replistream sim {args.experiment}: --jobs and --resume are fig5's options", file=sys.stderr)
         return 2

@@ -482,10 +482,13 @@ class Simulator:
         """(bar, task) of a rich progress bar over virtual time up to the horizon, or (None, None)."""
         if not progress:
             return None, None
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
         horizon = horizon_s or (until if until is not None else self._horizon_hint(inputs))
+        # on stderr: stdout carries the results (JSON with --json); off a terminal rich draws the
+        # finished bar only, one line per simulated run
         bar = Progress(TextColumn("simulated"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
-                       TimeRemainingColumn(), transient=False)
+                       TimeRemainingColumn(), transient=False, console=Console(stderr=True))
         task = bar.add_task("sim", total=max(1.0, horizon))
         bar.start()
         return bar, task

@@ -4,8 +4,8 @@ Each experiment is a function ``name(quick=False, seed=0, out=None, progress=Fal
 that runs the simulations, writes ``<out>/<name>.png`` (matplotlib, Agg) and
 ``<out>/<name>.json`` plus ``<out>/<name>.csv`` when ``out`` is given, and
 returns the data; :func:`table` formats the short table the CLI prints.
-``quick=True`` is a reduced scale that runs in under a minute (what the tests
-use); the full scale is what docs/experiments.md reports.
+``quick=True`` is a reduced scale that runs in seconds (what the tests use; fig4, the longest,
+about 30 s); the full scale is what docs/experiments.md reports.
 
 The setting, shared by Fig. 3-5 (§VI-A): the first 30 built-in cities as the
 cluster (:func:`~replistream.network.default_servers`), the time-varying

@@ -29,6 +29,9 @@ OPENS = ("java.lang", "java.lang.invoke", "java.io", "java.net", "java.nio", "ja
 #: The JVM options passed to the driver, the executors and the RayDP app master.
 JAVA_OPTIONS = " ".join(f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in OPENS)
 
+#: Spark's JVM logging: errors only, on stderr (a packaged log4j2 configuration).
+LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+
 #: Defaults sized for a small (2-core) machine; ``spark_session(configs=...)`` overrides any of them.
 DEFAULT_CONFIGS = {
     "spark.driver.extraJavaOptions": JAVA_OPTIONS,
@@ -41,6 +44,9 @@ DEFAULT_CONFIGS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.memory": "1g",
+    # RayDP passes these as -Dlog4j2.configurationFile to Spark's driver and to its app master
+    "spark.log4j.config.file.name": LOG4J_CONFIG,
+    "spark.ray.log4j.config.file.name": LOG4J_CONFIG,
 }
 
 _lock = threading.Lock()
@@ -112,6 +118,9 @@ def spark_session(app_name: str = "replistream", num_executors: int = 1, executo
         if not ray.is_initialized():
             init_ray()
         merged = dict(DEFAULT_CONFIGS)
+        # set while the driver's JVM starts (it inherits them): the Ray client inside it logs at INFO
+        # by default (gcs_client.cc lines on stderr)
+        jvm_env = {"RAY_BACKEND_LOG_LEVEL": "error"}
         # Spark's Python workers run this interpreter, not the first python3 on PATH (which may lack
         # replistream: an unactivated virtual environment, cron, an IDE). PySpark takes the workers'
         # interpreter from PYSPARK_PYTHON when the SparkContext starts (the spark.pyspark.python
@@ -122,10 +131,18 @@ def spark_session(app_name: str = "replistream", num_executors: int = 1, executo
         merged["spark.pyspark.python"] = merged["spark.pyspark.driver.python"] = python
         if ray.util.get_node_ip_address() in ("127.0.0.1", "::1"):  # a local Ray on loopback: Spark too
             merged["spark.driver.bindAddress"] = merged["spark.driver.host"] = "127.0.0.1"
+            jvm_env["SPARK_LOCAL_IP"] = "127.0.0.1"  # nor does it look for another address
         merged.update(configs or {})
-        _session = raydp.init_spark(app_name=app_name, num_executors=num_executors,
-                                    executor_cores=executor_cores, executor_memory=executor_memory,
-                                    configs=merged)
+        saved = {name: os.environ.get(name) for name in jvm_env}
+        os.environ.update({name: value for name, value in jvm_env.items() if saved[name] is None})
+        try:
+            _session = raydp.init_spark(app_name=app_name, num_executors=num_executors,
+                                        executor_cores=executor_cores, executor_memory=executor_memory,
+                                        configs=merged)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
         _session.sparkContext.setLogLevel("ERROR")
         return _session
 

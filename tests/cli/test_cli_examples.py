@@ -76,3 +76,15 @@ def test_sim_is_a_subcommand():
     out = run(sys.executable, "-m", "replistream.cli", "sim", "--help")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "fig4" in out.stdout and "--quick" in out.stdout
+
+
+def test_sim_shows_progress_on_stderr_and_keeps_stdout_json():
+    """#17: sim is never silent (a start line, then a line per simulated run off a terminal), and its
+    progress never mixes into the JSON on stdout."""
+    out = run(sys.executable, "-m", "replistream.cli", "sim", "fig5", "--quick", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["experiment"] == "fig5"
+    assert out.stderr.startswith("replistream sim fig5 (quick scale, seed 0)")
+    assert "simulated" in out.stderr
+    quiet = run(sys.executable, "-m", "replistream.cli", "sim", "fig5", "--quick", "--json", "--no-progress")
+    assert quiet.returncode == 0 and "simulated" not in quiet.stderr

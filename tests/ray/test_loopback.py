@@ -88,3 +88,21 @@ def test_a_local_deployment_listens_on_loopback_only():
     assert len(ours) >= 5, f"expected the GCS, the raylet and the actors among the listeners, found {ours}"
     exposed = [addr for addr, _ in ours if not _loopback(addr)]
     assert not exposed, f"listeners outside 127.0.0.0/8: {exposed}"
+
+
+def test_ray_messages_stay_off_stdout_and_routine_ones_are_dropped(capsys):
+    """The raylet's messages to the driver (printed by Ray on stdout) go to stderr, the routine
+    "worker processes have been started" warning not at all (#17): stdout is the verdict's."""
+    import ray._private.worker as worker
+
+    from replistream.engines.ray.deployment import quiet_ray_messages
+
+    quiet_ray_messages()  # idempotent: the session's init_ray installed it already
+    assert worker.print_to_stdstream.replistream_quiet
+    worker.print_to_stdstream({"lines": ["WARNING: 12 PYTHON worker processes have been started on node: x"],
+                               "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    worker.print_to_stdstream({"lines": ["A worker died or was killed while executing a task"],
+                               "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    out, err = capsys.readouterr()
+    assert "PYTHON worker processes" not in out + err
+    assert out == "" and "A worker died or was killed" in err

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -65,17 +66,26 @@ __all__ = ["RAY_SYSTEM_CONFIG", "Delivered", "Deployment", "deploy", "init_ray"]
 RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 8 * 1024 * 1024}
 
 
-def init_ray(address: str | None = None, **kwargs) -> None:
+def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> None:
     """Start (or join) Ray the way replistream expects, if it is not running yet.
 
     Without ``address`` a new local instance starts even when another Ray
     cluster runs on the machine (``address="local"``); give ``address`` to join one.
+    Ray is quiet unless ``verbose``: its own log lines stay in its log files
+    (``/tmp/ray/session_latest/logs``), the raylet's routine warning that it started
+    more worker processes than CPUs (every replica is an actor with its own process)
+    is dropped, and its other messages go to stderr, never to stdout
+    (:func:`quiet_ray_messages`). ``verbose=True`` (the CLI's ``--verbose``) keeps
+    Ray's defaults. Other keyword arguments go to ``ray.init``.
 
     >>> init_ray(num_cpus=2)  # doctest: +SKIP
     """
     if ray.is_initialized():
         return
-    opts = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
+    opts = {"include_dashboard": False}
+    if not verbose:
+        opts.update(logging_level="ERROR", log_to_driver=False)
+        quiet_ray_messages()
     local = address is None or address == "local"
     if local:
         opts["address"] = "local"
@@ -88,6 +98,42 @@ def init_ray(address: str | None = None, **kwargs) -> None:
         return
     with _loopback():
         ray.init(**opts)
+
+
+#: Messages the raylet sends every driver that are routine for replistream: each replica is an
+#: actor in its own worker process, so a deployment starts more of them than there are CPUs.
+RAY_ROUTINE_MESSAGES = re.compile(r"PYTHON worker processes have been started")
+
+
+def quiet_ray_messages() -> None:
+    """Route the messages Ray's raylet sends this driver (printed by Ray on stdout, prefixed
+    ``(raylet)``) to stderr, dropping :data:`RAY_ROUTINE_MESSAGES`: stdout carries a command's
+    verdict and table only. Others (a worker killed for memory, an actor that could not be
+    scheduled) still reach the user. Idempotent; a Ray without this hook is left as it is.
+
+    >>> quiet_ray_messages()
+    >>> import ray._private.worker as w
+    >>> w.print_to_stdstream({"lines": ["WARNING: 12 PYTHON worker processes have been started on node"],
+    ...                       "pid": "raylet", "is_err": False}, ignore_prefix=False)   # dropped
+    """
+    try:
+        import ray._private.worker as worker
+    except ImportError:  # pragma: no cover - another Ray layout
+        return
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "replistream_quiet", False):
+        return
+
+    def print_to_stdstream(data, ignore_prefix, *args, **kwargs):
+        if data.get("pid") == "raylet":
+            lines = [line for line in data.get("lines", []) if not RAY_ROUTINE_MESSAGES.search(str(line))]
+            if not lines:
+                return None
+            data = dict(data, lines=lines, is_err=True)
+        return original(data, ignore_prefix, *args, **kwargs)
+
+    print_to_stdstream.replistream_quiet = True
+    worker.print_to_stdstream = print_to_stdstream
 
 
 @contextmanager
