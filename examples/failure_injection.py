@@ -7,6 +7,8 @@ with the events marked.
 Run: python examples/failure_injection.py [scenario.toml] [out.png] [--duration S]
 """
 import argparse
+import sys
+import time
 from pathlib import Path
 
 import matplotlib
@@ -32,8 +34,27 @@ scenario = rs.Scenario.from_file(args.scenario)
 plan = {"entry": ["boston", "london"], "loads": ["london", "tokyo"], "pings": ["tokyo", "saopaulo"],
         "correlate": ["saopaulo", "london"], "hot": ["tokyo", "boston"], "alerts": ["boston"]}
 
+started = time.time()
+
+
+def say(text: str) -> None:  # progress on stderr
+    print(f"{time.time() - started:6.1f} s  {text}", file=sys.stderr, flush=True)
+
+
+last_said = started
+
+
+def progress(counts) -> None:  # dep.run calls it as results arrive; a line every 3 s
+    global last_said
+    if time.time() - last_said >= 3.0:
+        last_said = time.time()
+        say(f"{counts.get('alerts', 0):,} alerts so far")
+
+
+say(f"starting Ray and the replicas (k=2 on {', '.join(servers)}) ...")
 with rs.deploy(query, servers=servers, k=2, placement=plan, network="geo-static", seed=1) as dep:
-    result = dep.run(inputs, pace=1.0, scenario=scenario, timeout=120)
+    say(f"replaying {args.duration:g} s of readings in real time through {len(scenario.events)} scripted events")
+    result = dep.run(inputs, pace=1.0, scenario=scenario, timeout=120, progress=progress)
     t, latency = dep.latencies_ms("alerts")
     events = list(dep.events)
 

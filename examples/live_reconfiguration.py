@@ -15,6 +15,7 @@ The same script is ``replistream reconfigure``; its code is
 ``replistream.demos.live_reconfiguration``.
 """
 import argparse
+import sys
 
 from replistream.demos import live_reconfiguration
 
@@ -23,9 +24,10 @@ parser.add_argument("--duration", type=float, default=12.0, help="seconds of rea
 parser.add_argument("--strategy", default="fluid", choices=["all-at-once", "batched", "fluid"])
 args = parser.parse_args()
 
-report = live_reconfiguration(duration_s=args.duration, strategy=args.strategy)
+report = live_reconfiguration(duration_s=args.duration, strategy=args.strategy,
+                              say=lambda text: print(text, file=sys.stderr, flush=True))  # progress
 for change in report["changes"]:
-    print(f"{change['change']:>16} at p={change['p']}: {change['text']}")
+    print(f"{change['change']:>16} at logical time {change['p'] / 1e6:.3f} s: {change['text']}")
 move = report["move"]
 print(f"{'move_replica':>16}: correlate#0 -> {move['new_replicas']} on {move['server']}, {move['strategy']} "
       f"transfer, {move['apply_seconds']} s")

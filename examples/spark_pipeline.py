@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -71,11 +72,18 @@ def main(argv=None) -> dict:
     out = Path(args.out or tempfile.mkdtemp(prefix="replistream-spark-"))
     started = time.time()
 
+    def say(text: str) -> None:  # progress on stderr (stdout is the report)
+        print(f"{time.time() - started:6.1f} s  {text}", file=sys.stderr, flush=True)
+
+    say(f"writing {args.duration:g} s of readings of {args.servers} servers as Parquet in {out}")
+
     # 1. raw readings as Parquet
     written = write_readings(out, args.servers, args.duration, args.period, args.seed)
 
     # 2. Spark on Ray reads and cleans them
+    say("starting Ray and Spark (RayDP) ...")
     spark = spark_session()
+    say("Spark up; reading and cleaning the readings")
     from pyspark.sql import functions as F
 
     loads = (spark.read.parquet(str(out / "loads")).dropna().dropDuplicates()
@@ -90,6 +98,8 @@ def main(argv=None) -> dict:
     q = fig1_query(args.servers, window_s=args.window, cpu_threshold=cpu_thr, rtt_threshold_ms=rtt_thr)
     crashed = []
     t = time.time()
+    say(f"cleaned: {cleaned['loads']:,} loads, {cleaned['pings']:,} pings; "
+        f"deploying the Fig. 1 query, k=2 on 6 servers")
     with rs.deploy(q, servers=6, k=2, network="geo-static", seed=args.seed) as dep:
         victim = dep.plan["correlate"][0]
         inputs = {}
@@ -106,12 +116,21 @@ def main(argv=None) -> dict:
         sink = SparkSink(dep, "alerts")
         phases["deploy"] = time.time() - t
         t = time.time()
+        say(f"replaying at {args.pace:g}x event time from Spark; the server of one join replica crashes halfway")
         dep.feed(inputs, pace=args.pace)
-        if not dep.wait(timeout=600):
+        shown = [time.time()]
+
+        def progress(counts):
+            if time.time() - shown[0] >= 3.0:
+                shown[0] = time.time()
+                say(f"{counts.get('alerts', 0):,} alerts so far")
+
+        if not dep.wait(timeout=600, progress=progress):
             raise SystemExit("the replicated query did not finish within 600 s")
         res = dep.collect()
         phases["run"] = time.time() - t
         t = time.time()
+        say(f"{len(res.outputs['alerts']):,} alerts; writing them as Parquet and checking them in Spark SQL")
         sink.write_parquet(str(out / "alerts"))
     dead_letters = res.dead_letter_count()
 

@@ -34,7 +34,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "plot and the data (JSON, CSV) to --out and prints a short table (or JSON with --json). "
                     "'trace' writes a CSV latency trace instead.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS) + ["trace"], help="what to run")
-    p.add_argument("--quick", action="store_true", help="reduced scale, what the tests run: 0.5-31 s each on a quiet 2-core machine")
+    p.add_argument("--quick", action="store_true",
+                   help="reduced scale, what the tests run: 0.5-31 s each on a quiet 2-core machine")
     p.add_argument("--seed", type=int, default=0, help="seed of the network model, inputs and random placement")
     p.add_argument("--json", action="store_true", help="print the data as JSON instead of a table")
     p.add_argument("--out", default=None, metavar="DIR", help="write <experiment>.png/.json/.csv here")
