@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 
+from .progress import Heartbeat
+
 
 class CliError(Exception):
     """A mistake on the command line, found before anything slow starts: ``main`` prints it as one
@@ -357,22 +359,26 @@ def _demo_ray(args) -> int:
         console.print(f"[bold]replistream demo[/]: Fig. 1 query on Ray, {args.servers} servers "
                       f"({', '.join(s.name for s in servers)}), k={args.k}, {args.duration:g} s of readings every "
                       f"{args.period:g} s, emulated WAN, seed {args.seed}")
-        console.print("starting Ray and the replicas ...")
-    from .engines.ray import init_ray
+    hb = Heartbeat(console.print).__enter__()  # stopped once the run ends (the finally below)
+    hb.say("starting Ray and the replicas ...", phase="starting Ray and the replicas")
+    try:
+        from .engines.ray import init_ray
 
-    init_ray(verbose=args.verbose)
-    gc_cfg = None
-    if args.gc or args.revival:
-        from .engines.ray import GCConfig
+        init_ray(verbose=args.verbose)
+        gc_cfg = None
+        if args.gc or args.revival:
+            from .engines.ray import GCConfig
 
-        gc_cfg = GCConfig(utility_period_s=args.utility_period, gc_period_s=args.gc_period,
-                          theta_fraction=args.theta_fraction, gc=args.gc, max_steps=None,
-                          kmin=min(2, args.k) if args.kmin is None else args.kmin,
-                          revival=args.revival, threshold_s=args.threshold, proactive=args.revival)
-    dep = deploy(query, servers=servers, k=args.k, network=args.network, seed=args.seed, gc=gc_cfg)
-    if console:
-        console.print(f"Ray and {len(dep.handles)} replicas up after {time.perf_counter() - t0:.1f} s; "
-                      f"computing the ideal run to compare with ...")
+            gc_cfg = GCConfig(utility_period_s=args.utility_period, gc_period_s=args.gc_period,
+                              theta_fraction=args.theta_fraction, gc=args.gc, max_steps=None,
+                              kmin=min(2, args.k) if args.kmin is None else args.kmin,
+                              revival=args.revival, threshold_s=args.threshold, proactive=args.revival)
+        dep = deploy(query, servers=servers, k=args.k, network=args.network, seed=args.seed, gc=gc_cfg)
+    except BaseException:
+        hb.__exit__()
+        raise
+    hb.say(f"Ray and {len(dep.handles)} replicas up after {time.perf_counter() - t0:.1f} s; "
+           f"computing the ideal run to compare with ...", phase="computing the ideal run")
     congest = None
     try:
         app_server = dep.plan["alerts"][0]
@@ -398,16 +404,20 @@ def _demo_ray(args) -> int:
         ref = run_reference(query, inputs)
         if congest is not None:
             _start_after_feed(dep, congest)
-        if console:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        hb.say(f"replaying {args.duration:g} s of readings in real time ...", phase="replaying the readings")
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                          TimeElapsedColumn(), console=console) as bar:
-                task = bar.add_task("alerts delivered", total=len(ref.outputs["alerts"]))
-                res = dep.run(inputs, pace=1.0, scenario=scenario, timeout=args.duration * 3 + 60,
-                              progress=lambda counts: bar.update(task, completed=counts.get("alerts", 0)))
-        else:
-            res = dep.run(inputs, pace=1.0, scenario=scenario, timeout=args.duration * 3 + 60)
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=console) as bar:  # off a terminal: drawn once, at the end
+            task = bar.add_task("alerts delivered", total=len(ref.outputs["alerts"]))
+
+            def on_progress(counts):
+                bar.update(task, completed=counts.get("alerts", 0))
+                hb.detail = f"{counts.get('alerts', 0):,} of {len(ref.outputs['alerts']):,} alerts delivered"
+                if console.is_terminal:  # the bar shows it
+                    hb.alive()
+
+            res = dep.run(inputs, pace=1.0, scenario=scenario, timeout=args.duration * 3 + 60, progress=on_progress)
         t_arr, lat = dep.latencies_ms("alerts")
         fail_times = [e["t"] for e in dep.events if e.get("event") in ("kill_server", "kill_replica")]
         t_fail = min(fail_times) if fail_times else None
@@ -435,6 +445,7 @@ def _demo_ray(args) -> int:
         if congest is not None:
             congest.cancel()
         dep.shutdown()
+        hb.__exit__()
     summary["verdict"] = _verdict(summary, _ray_notes(summary, gc_cfg is not None))
     if args.json:
         print(json.dumps(summary))
@@ -701,21 +712,24 @@ def _chaos(args) -> int:
 
     err = Console(stderr=True, highlight=False)
     planned = f"{args.trials} trials" if args.trials else f"trials for {args.minutes:g} min"
-    err.print(f"replistream chaos: {planned}, k={args.k}, seed {args.seed}; starting Ray ...", markup=False)
     t0 = time.perf_counter()
-    from .engines.ray import init_ray
+    with Heartbeat(lambda text: err.print(text, markup=False)) as hb:
+        hb.say(f"replistream chaos: {planned}, k={args.k}, seed {args.seed}; starting Ray ...", phase="starting Ray")
+        from .engines.ray import init_ray
 
-    init_ray(verbose=args.verbose)
+        init_ray(verbose=args.verbose)
+        hb.say(f"{time.perf_counter() - t0:7.1f} s  Ray up; trial 0 starts", phase="trial 0")
 
-    def progress(trial):
-        r = trial.result
-        verdict = "ok" if r.get("ok") else f"FAIL {r.get('error') or ''}".strip()
-        err.print(f"{time.perf_counter() - t0:7.1f} s  trial {trial.index} ({trial.query}): {r.get('outputs', 0):,} "
-                  f"outputs, {r.get('lost', 0)} lost, {r.get('duplicated', 0)} duplicated, "
-                  f"{sum(r.get('dead_letters_received', {}).values())} set aside; {verdict}; faults: "
-                  f"{'; '.join(r['faults']) or 'none'}; {len(trial.bad_records)} malformed records", markup=False)
+        def progress(trial):
+            r = trial.result
+            verdict = "ok" if r.get("ok") else f"FAIL {r.get('error') or ''}".strip()
+            hb.say(f"{time.perf_counter() - t0:7.1f} s  trial {trial.index} ({trial.query}): {r.get('outputs', 0):,} "
+                   f"outputs, {r.get('lost', 0)} lost, {r.get('duplicated', 0)} duplicated, "
+                   f"{sum(r.get('dead_letters_received', {}).values())} set aside; {verdict}; faults: "
+                   f"{'; '.join(r['faults']) or 'none'}; {len(trial.bad_records)} malformed records",
+                   phase=f"trial {trial.index + 1}")
 
-    report = run_campaign(minutes=args.minutes, seed=args.seed, k=args.k, trials=args.trials, progress=progress)
+        report = run_campaign(minutes=args.minutes, seed=args.seed, k=args.k, trials=args.trials, progress=progress)
     if args.json:
         print(json.dumps(report))
     else:
@@ -739,11 +753,18 @@ def _reconfigure(args) -> int:
     from rich.console import Console
 
     err = Console(stderr=True, highlight=False)
-    from .engines.ray import init_ray
+    with Heartbeat(lambda text: err.print(text, markup=False)) as hb:
+        hb.say(f"replistream reconfigure: the Fig. 1 query on Ray, {args.servers} servers, k={args.k}, changed while "
+               f"it runs", phase="starting Ray")
+        from .engines.ray import init_ray
 
-    init_ray(verbose=args.verbose)
-    rep = live_reconfiguration(n_servers=args.servers, duration_s=args.duration, k=args.k, strategy=args.strategy,
-                               pace=args.pace, seed=args.seed, say=lambda text: err.print(text, markup=False))
+        init_ray(verbose=args.verbose)
+
+        def say(text: str) -> None:  # the demo's phases, each then the heartbeat's phase (without its time)
+            hb.say(text, phase=re.sub(r"^\s*[\d.]+ s\s+", "", text).rstrip(" ."))
+
+        rep = live_reconfiguration(n_servers=args.servers, duration_s=args.duration, k=args.k,
+                                   strategy=args.strategy, pace=args.pace, seed=args.seed, say=say)
     if args.json:
         from .engines.ray.common import json_default
 

@@ -336,7 +336,11 @@ class Deployment:
         self._scenario_thread: threading.Thread | None = None
         physical = PhysicalPlan(query, plan)
         self.topology = Topology(physical)
-        self.coordinator = CoordinatorActor.options(name=None).remote(self.t0)
+        # the coordinator lives on the driver's own Ray node: losing another node never takes it along
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        self.coordinator = CoordinatorActor.options(name=None, scheduling_strategy=here).remote(self.t0)
         for r in physical.replicas():
             server = physical.server(r)
             if r.node == ENTRY:
@@ -658,7 +662,14 @@ class Deployment:
 
     def check_failures(self) -> None:
         """Raise the run's failure if it has one (see :meth:`wait`); nothing otherwise."""
-        failed = ray.get(self.coordinator.failures.remote(), timeout=30)
+        try:
+            failed = ray.get(self.coordinator.failures.remote(), timeout=30)
+        except Exception as e:
+            if not is_actor_death(e):
+                raise
+            raise RunFailed(f"the deployment's coordinator died ({type(e).__name__}): it holds the plan and "
+                            f"the failure reports, so the run cannot go on; nothing after the last results "
+                            f"fetched is known to be delivered") from e
         if failed and failed[0]["kind"] != "fatal":  # only a sender's report so far: give the replica's own
             self._raised_since = self._raised_since or time.time()  # report (which names more) a moment
             if time.time() - self._raised_since < 1.0:
