@@ -359,7 +359,7 @@ def _demo_ray(args) -> int:
         console.print(f"[bold]replistream demo[/]: Fig. 1 query on Ray, {args.servers} servers "
                       f"({', '.join(s.name for s in servers)}), k={args.k}, {args.duration:g} s of readings every "
                       f"{args.period:g} s, emulated WAN, seed {args.seed}")
-    hb = Heartbeat(console.print).__enter__()  # stopped once the run ends (the finally below)
+    hb = Heartbeat(console.print).start()  # stopped once the run ends (the finally below)
     hb.say("starting Ray and the replicas ...", phase="starting Ray and the replicas")
     try:
         from .engines.ray import init_ray
@@ -375,7 +375,7 @@ def _demo_ray(args) -> int:
                               revival=args.revival, threshold_s=args.threshold, proactive=args.revival)
         dep = deploy(query, servers=servers, k=args.k, network=args.network, seed=args.seed, gc=gc_cfg)
     except BaseException:
-        hb.__exit__()
+        hb.stop()
         raise
     hb.say(f"Ray and {len(dep.handles)} replicas up after {time.perf_counter() - t0:.1f} s; "
            f"computing the ideal run to compare with ...", phase="computing the ideal run")
@@ -445,7 +445,7 @@ def _demo_ray(args) -> int:
         if congest is not None:
             congest.cancel()
         dep.shutdown()
-        hb.__exit__()
+        hb.stop()
     summary["verdict"] = _verdict(summary, _ray_notes(summary, gc_cfg is not None))
     if args.json:
         print(json.dumps(summary))

@@ -29,13 +29,22 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._beat, name="replistream-heartbeat", daemon=True)
 
-    def __enter__(self) -> "Heartbeat":
+    def start(self) -> "Heartbeat":
+        """Start beating (``with Heartbeat(...)`` does it); returns self."""
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
+        """Stop beating; no line follows. Idempotent."""
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def __enter__(self) -> "Heartbeat":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def say(self, text: str, phase: str | None = None) -> None:
         """Print ``text`` now; ``phase`` (if given) is what runs from now on."""

@@ -52,6 +52,16 @@ def seconds(x: float) -> int:
     return int(round(x * MICROS_PER_SECOND))
 
 
+def as_seconds(ts: int) -> str:
+    """A timestamp (microseconds) as exact seconds for a person to read.
+
+    >>> as_seconds(1962656), as_seconds(1_700_000_000_000_001), as_seconds(-500_000)
+    ('1.962656 s', '1,700,000,000.000001 s', '-0.500000 s')
+    """
+    whole, micros = divmod(abs(int(ts)), MICROS_PER_SECOND)  # integers: exact however large
+    return f"{'-' if ts < 0 else ''}{whole:,}.{micros:06d} s"
+
+
 def millis(x: float) -> int:
     """Duration of ``x`` milliseconds in timestamp units (microseconds).
 

@@ -93,21 +93,16 @@ def run(args) -> int:
         return 2
     if args.experiment == "trace":
         return _trace(args)
-    scale = "quick" if args.quick else "full"
-    print(f"replistream sim {args.experiment} ({scale} scale, seed {args.seed}) ...", file=sys.stderr)
     if args.experiment != "fig5" and (args.jobs is not None or args.resume):
         print(f"replistream sim {args.experiment}: --jobs and --resume are fig5's options", file=sys.stderr)
         return 2
-    from contextlib import nullcontext
-
     from replistream.progress import Heartbeat
 
     # off a terminal the bars appear only as each simulated run ends: a line every 10 s meanwhile
-    beat = Heartbeat(lambda text: print(text, file=sys.stderr, flush=True), every=10.0) \
-        if args.progress and not sys.stderr.isatty() else nullcontext()
-    with beat:
-        if isinstance(beat, Heartbeat):
-            beat.phase = f"simulating {args.experiment}"
+    every = 10.0 if args.progress and not sys.stderr.isatty() else float("inf")
+    with Heartbeat(lambda text: print(text, file=sys.stderr, flush=True), every=every) as hb:
+        hb.say(f"replistream sim {args.experiment} ({'quick' if args.quick else 'full'} scale, seed {args.seed}) ...",
+               phase=f"simulating {args.experiment}")
         data = run_experiment(args.experiment, quick=args.quick, seed=args.seed, out=args.out,
                               progress=args.progress, jobs=args.jobs, resume=args.resume)
     if args.json:

@@ -37,7 +37,7 @@ from ...errors import QueryError
 from ...gc import OperatorReplica, StreamReplica
 from ...plan import PhysicalPlan, group_of
 from ...replica.changes import PENDING, AddOperator, CutSpec, RemoveOperator, ReplaceFunction, new_marker, set_spec
-from ...schema import END
+from ...schema import END, as_seconds
 from .common import wait_quietly
 from .topology import kind_of
 
@@ -60,7 +60,7 @@ def replace_function(dep, operator: str, fn) -> dict:
         dep.query = change.apply_query(dep.query, p)
         mid = _send_marker(dep, p, change)
     return dep.record_change({"change": "replace_function", "operator": operator, "p": p, "marker": mid,
-                              "text": f"{change.describe()} for tuples with ts > {p / 1e6:,.6f} s"})
+                              "text": f"{change.describe()} for tuples with ts > {as_seconds(p)}"})
 
 
 def remove_operator(dep, operator: str, wait: float = 600.0) -> dict:
@@ -80,7 +80,7 @@ def remove_operator(dep, operator: str, wait: float = 600.0) -> dict:
     labels = [r.label for n in gone if n not in apps for r in topo.replicas(n)]
     rec = dep.record_change({"change": "remove_operator", "operator": operator, "p": p, "marker": mid,
                              "removed": gone, "applications": apps, "retired": None,
-                             "text": f"remove {gone}: they see their input up to ts {p / 1e6:,.6f} s, "
+                             "text": f"remove {gone}: they see their input up to ts {as_seconds(p)}, "
                                      f"then their inputs close"})
 
     def retire():
@@ -176,7 +176,7 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
         _enter_streams(dep, plan, add.added, upstream, [label for label, _ in ups])
     return dep.record_change({"change": "add_operator", "upstream": upstream, "added": list(add.added), "p": p,
                               "marker": mid, "placement": new_placement,
-                              "text": f"{change.describe()}: they see its tuples with ts > {p / 1e6:,.6f} s"})
+                              "text": f"{change.describe()}: they see its tuples with ts > {as_seconds(p)}"})
 
 
 def _enter_streams(dep, plan: PhysicalPlan, added, upstream: str, connected: list[str]) -> None:
