@@ -31,12 +31,16 @@ def __getattr__(name):
         from .engines import ray
 
         return getattr(ray, name)
+    if name == "FileSource":  # pyarrow is imported on first use too
+        from .files import FileSource
+
+        return FileSource
     raise AttributeError(f"module 'replistream' has no attribute {name!r}")
 
 __all__ = [
     "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "RunFailed", "SchemaError",
     "UserFunctionError",
     "Summary", "END", "Punctuation", "Schema", "millis", "seconds", "Query", "Stream",
-    "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy", "GCConfig",
+    "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy", "GCConfig", "FileSource",
     "Event", "Scenario", "__version__",
 ]

@@ -67,18 +67,33 @@ class ChunkRef:
     tmax: int
 
 def iter_chunks(data: Any, chunk_size: int = 10_000):
-    """The chunks of one source's input, lazily (generators are not materialised).
+    """The chunks of one source's input, lazily (generators are not materialised), none larger
+    than ``chunk_size`` rows.
 
     ``data`` is a structured array, a column mapping, a list of records, or an
     iterable of such chunks, :class:`~replistream.schema.Punctuation` objects,
-    :class:`Sentinel` events and single records
-    (consecutive records are grouped into chunks of at most ``chunk_size``).
+    :class:`Sentinel` events and single records. Consecutive records are grouped
+    into chunks of at most ``chunk_size``; a structured array, a column mapping or a
+    list of records longer than that, given whole or as one chunk of an iterable, is
+    cut into slices of ``chunk_size`` rows (a column mapping only when its columns
+    all have the same length: otherwise it is passed whole, for the entry point to
+    reject). Cutting never changes a run's result: entry points number rows by
+    their position in the source (ids do not depend on chunking) and decide
+    lateness per tuple; it lets the feeder pace and the entry points punctuate
+    within what the user gave as one piece. Chunks already cut elsewhere
+    (:class:`ChunkRef`, :class:`~replistream.operators.entry.SourceBatch`) pass
+    as they are.
 
     >>> [len(c) for c in iter_chunks([{"ts": i} for i in range(5)], 2)]
     [2, 2, 1]
+    >>> [c["ts"].tolist() for c in iter_chunks({"ts": np.arange(5), "x": np.zeros(5)}, 2)]
+    [[0, 1], [2, 3], [4]]
     """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a whole number of rows >= 1, got {chunk_size!r}")
+    chunk_size = int(chunk_size)
     if isinstance(data, np.ndarray) or isinstance(data, Mapping):
-        yield data
+        yield from _cut(data, chunk_size)
         return
     group: list = []
     for item in data:
@@ -91,9 +106,46 @@ def iter_chunks(data: Any, chunk_size: int = 10_000):
         if group:
             yield group
             group = []
-        yield item
+        yield from _cut(item, chunk_size)
     if group:
         yield group
+
+
+def _cut(chunk: Any, size: int):
+    """``chunk`` in slices of at most ``size`` rows: structured arrays, column mappings whose
+    columns have one common length, and lists of records; anything else whole."""
+    if isinstance(chunk, np.ndarray) and chunk.ndim == 1 and len(chunk) > size:
+        for a in range(0, len(chunk), size):
+            yield chunk[a:a + size]
+        return
+    if isinstance(chunk, Mapping) and chunk:
+        n = _common_length(chunk)
+        if n is not None and n > size:
+            for a in range(0, n, size):
+                yield {k: v[a:a + size] for k, v in chunk.items()}
+            return
+    if isinstance(chunk, list) and len(chunk) > size and chunk and isinstance(chunk[0], Mapping):
+        for a in range(0, len(chunk), size):
+            yield chunk[a:a + size]
+        return
+    yield chunk
+
+
+def _common_length(columns: Mapping) -> int | None:
+    """The length every column of a mapping has (arrays, lists, tuples, pandas or Arrow columns);
+    None when some column has no length or when lengths differ."""
+    n = None
+    for v in columns.values():
+        if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or not hasattr(v, "__getitem__"):
+            return None
+        if isinstance(v, np.ndarray) and v.ndim != 1:
+            return None
+        m = len(v)
+        if n is None:
+            n = m
+        elif m != n:
+            return None
+    return n
 
 
 def _is_record(item: Any) -> bool:

@@ -591,7 +591,10 @@ class Deployment:
         the earliest first timestamp over the sources (so epoch timestamps
         replay from now); without it, as fast as the entry points take it.
         Records without ``ts`` are stamped by the feeder's clock (one clock
-        for every entry replica).
+        for every entry replica). Inputs are cut into batches of at most
+        ``chunk_size`` rows (:func:`~replistream.sources.iter_chunks`: a whole
+        array or column mapping too), each one Ray call per entry replica; the
+        result does not depend on it.
 
         An input may also be a source object with a ``bind(source, schema)``
         method, e.g. :class:`replistream.spark.SparkSource`: it is checked
@@ -610,6 +613,8 @@ class Deployment:
             raise QueryError(f"inputs given for unknown source(s) {sorted(unknown)}; sources are {self.query.sources}")
         if pace is not None and pace <= 0:
             raise ValueError(f"pace must be > 0, got {pace}")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a whole number of rows >= 1, got {chunk_size!r}")
         for src, data in inputs.items():
             if hasattr(data, "bind"):
                 data.bind(src, self.query.schema_of(src))
@@ -754,11 +759,16 @@ class Deployment:
         return arr - self.t0, lat
 
     def run(self, inputs: Mapping[str, Iterable], pace: float | None = None, timeout: float = 600.0,
-            scenario=None, progress: Callable[[dict], None] | None = None) -> RunResult:
-        """Feed ``inputs``, apply ``scenario`` (a :class:`~replistream.scenario.Scenario`), wait, collect."""
+            scenario=None, progress: Callable[[dict], None] | None = None, chunk_size: int = 10_000
+            ) -> RunResult:
+        """Feed ``inputs``, apply ``scenario`` (a :class:`~replistream.scenario.Scenario`), wait, collect.
+
+        ``chunk_size`` is the most rows the feeder sends to the entry points in one batch (see
+        :meth:`feed`).
+        """
         if scenario is not None:
             self.install_scenario(scenario)
-        self.feed(inputs, pace)
+        self.feed(inputs, pace, chunk_size)
         if scenario is not None:
             self._start_scenario_thread(scenario)
         ok = self.wait(timeout, progress)

@@ -1,0 +1,108 @@
+"""Cutting a source's input into chunks (sources.iter_chunks): whole arrays, column mappings and
+long record lists are cut at ``chunk_size`` rows, and the cut never changes a run's result."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import replistream as rs
+from replistream.schema import Punctuation
+from replistream.sources import KillReplica, iter_chunks
+from replistream.testing import assert_same_output, run_reference, run_replicated
+
+
+def rows(c) -> int:
+    return len(c["ts"]) if isinstance(c, dict) else len(c)
+
+
+def test_whole_structured_array_is_cut():
+    s = rs.Schema({"x": "i8"})
+    arr = s.from_columns({"ts": np.arange(25), "x": np.arange(25)})
+    chunks = list(iter_chunks(arr, 10))
+    assert [len(c) for c in chunks] == [10, 10, 5]
+    assert np.concatenate(chunks).tolist() == arr.tolist()
+
+
+def test_column_mapping_of_lists_arrays_and_pandas_is_cut():
+    pd = pytest.importorskip("pandas")
+    data = {"ts": list(range(7)), "x": np.arange(7) * 2, "y": pd.Series(np.arange(7) * 3, index=np.arange(7) + 100)}
+    chunks = list(iter_chunks(data, 3))
+    assert [rows(c) for c in chunks] == [3, 3, 1]
+    assert [list(c["ts"]) for c in chunks] == [[0, 1, 2], [3, 4, 5], [6]]
+    assert [list(c["y"]) for c in chunks] == [[0, 3, 6], [9, 12, 15], [18]]
+
+
+def test_unequal_columns_are_passed_whole_for_the_entry_point_to_reject():
+    data = {"ts": np.arange(7), "x": np.arange(6)}
+    chunks = list(iter_chunks(data, 3))
+    assert len(chunks) == 1 and chunks[0] is data
+
+
+def test_big_chunks_inside_an_iterable_are_cut_and_order_is_kept():
+    s = rs.Schema({"x": "i8"})
+    arr = s.from_columns({"ts": np.arange(5), "x": np.zeros(5, dtype=np.int64)})
+    recs = [{"ts": 10 + i, "x": 1} for i in range(5)]
+    kill = KillReplica("f", 0)
+    items = list(iter_chunks([arr, Punctuation(4), recs, kill, {"ts": 20, "x": 2}], 2))
+    kinds = [type(c).__name__ for c in items]
+    assert kinds == ["ndarray"] * 3 + ["Punctuation"] + ["list"] * 3 + ["KillReplica", "list"]
+    assert [rows(c) for c in items if isinstance(c, (list, np.ndarray))] == [2, 2, 1, 2, 2, 1, 1]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "10"])
+def test_chunk_size_must_be_positive(bad):
+    with pytest.raises((ValueError, TypeError)):
+        list(iter_chunks([{"ts": 1}], bad))
+
+
+def late_and_malformed_input(n=5_000, seed=3):
+    """Column input with disorder beyond max_disorder (late tuples) and, in a second source,
+    records with bad values: the dead letters must not depend on chunking."""
+    rng = np.random.default_rng(seed)
+    ts = np.sort(rng.integers(0, 200_000, n)) + rng.integers(-3_000, 3_000, n)
+    cols = {"ts": ts, "key": rng.integers(0, 7, n)}
+    recs = [{"ts": int(t), "key": int(k)} for t, k in zip(np.sort(rng.integers(0, 200_000, 400)), rng.integers(0, 7, 400))]
+    for i in rng.choice(400, 12, replace=False):
+        recs[i] = {"ts": "soon", "key": 1} if i % 2 else {"ts": recs[i]["ts"]}
+    return cols, recs
+
+
+def keyed_query():
+    q = rs.Query("chunks")
+    a = q.source("a", {"key": "i8"}, punctuate_every=1_000, max_disorder=1_000)
+    b = q.source("b", {"key": "i8"}, punctuate_every=1_000)
+    a.union(b).window(size=10_000, by="key", aggs={"n": "count"}).sink("counts")
+    return q.build()
+
+
+def test_cutting_does_not_change_results_or_dead_letters():
+    q = keyed_query()
+    cols, recs = late_and_malformed_input()
+    whole = run_reference(q, {"a": cols, "b": recs}, on_malformed="dead_letter")
+    late = [d for d in whole.dead_letters if "late" in d.reason]
+    assert late and sum(d.count for d in late) > 0, "the input must have late tuples for this test to bite"
+    for size in (1, 7, 1_000):
+        cut = run_reference(q, {"a": list(iter_chunks(cols, size)), "b": list(iter_chunks(recs, size))},
+                           on_malformed="dead_letter")
+        assert_same_output(whole.outputs["counts"], cut.outputs["counts"])
+        assert sorted((d.where, d.reason, d.count) for d in _merge(whole.dead_letters)) == \
+            sorted((d.where, d.reason, d.count) for d in _merge(cut.dead_letters))
+
+
+def _merge(letters):
+    """Dead letters of one (where, reason) summed, as one chunk would give them."""
+    from replistream.errors import DeadLetter
+
+    by = {}
+    for d in letters:
+        by.setdefault((d.where, d.reason), []).append(d.batch)
+    return [DeadLetter(w, r, np.concatenate(v)) for (w, r), v in by.items()]
+
+
+def test_replicated_run_with_a_whole_mapping_matches_the_reference():
+    q = keyed_query()
+    cols, recs = late_and_malformed_input(seed=5)
+    data = {"a": cols, "b": recs}
+    ref = run_reference(q, data, on_malformed="dead_letter")
+    rep = run_replicated(q, data, k=2, seed=5, on_malformed="dead_letter")
+    assert_same_output(ref.outputs["counts"], rep.outputs["counts"])
