@@ -11,9 +11,10 @@ copy repeated on the *same* stream replica (a retransmission after a
 reconnection or a hand-over replay) harmless, where Algorithm 1 would pass it
 again. Theorem 1's argument carries over unchanged.
 
-Bookkeeping per filter: ``seen`` maps id -> copies received so far, for ids
-with ``ts > max punctuation``; ``_pending`` holds (ts, id) of those ids so a
-punctuation can forget them in bulk.
+Bookkeeping per filter: ``seen`` (:class:`IdCounts`) holds, for each id with
+``ts > max punctuation``, the copies received so far and the tuple's ``ts``, in
+sorted uint64 arrays, so a batch is looked up and counted with a few numpy calls
+(no Python per tuple) and a punctuation forgets every id at or below it in bulk.
 
 Contribution weights (§V-B): the j-th copy of a tuple adds ``1/j`` to the
 weight of the stream replica that delivered it; :attr:`weights` accumulates
@@ -32,15 +33,114 @@ it drops every later copy of those tuples and everything at or below ``p``.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 
 from ..errors import DeadLetter, PunctuationViolation
 from ..schema import ID, TS, Punctuation, Schema
 from .base import NO_PUNCTUATION, STATE_VERSION, CheckpointError
+
+
+class IdCounts:
+    """Copies received per tuple id, for the ids a duplicate filter still tracks (those with
+    ``ts`` above its punctuation), vectorised: sorted runs of ids (uint64) with their counts and
+    timestamps, each run at least twice as long as the next (a log-structured merge), so a
+    batch of ``n`` ids costs ``O(n log S)`` for ``S`` tracked ids and a punctuation drops every
+    id at or below it with one mask per run.
+
+    >>> c = IdCounts()
+    >>> c.insert(np.array([3, 9], dtype=np.uint64), 1, np.array([30, 90]))
+    >>> prev, where = c.lookup(np.array([1, 3, 9], dtype=np.uint64)); prev.tolist()
+    [0, 1, 1]
+    >>> c.bump(where, 1); c.lookup(np.array([9], dtype=np.uint64))[0].tolist(), len(c)
+    ([2], 2)
+    >>> c.expire(50); c.as_dict()
+    {9: 2}
+    """
+
+    def __init__(self):
+        self._ids: list[np.ndarray] = []
+        self._counts: list[np.ndarray] = []
+        self._ts: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self._ids)
+
+    def __bool__(self) -> bool:
+        return any(len(r) for r in self._ids)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, IdCounts) and self.as_dict() == other.as_dict()
+
+    def as_dict(self) -> dict[int, int]:
+        """``{id: copies}`` (for tests and inspection)."""
+        return {i: c for r, n in zip(self._ids, self._counts) for i, c in zip(r.tolist(), n.tolist())}
+
+    def lookup(self, ids: np.ndarray) -> tuple[np.ndarray, list]:
+        """Copies so far of each of ``ids`` (distinct; sorted is fastest), and where the known ones
+        are, for :meth:`bump`."""
+        prev = np.zeros(len(ids), dtype=np.int64)
+        where: list = []
+        for r, c in zip(self._ids, self._counts):
+            pos = np.searchsorted(r, ids)
+            np.minimum(pos, len(r) - 1, out=pos)
+            hit = np.flatnonzero(r[pos] == ids)
+            if len(hit):
+                pos = pos[hit]
+                prev[hit] = c[pos]
+                where.append((hit, pos))
+            else:
+                where.append(None)
+        return prev, where
+
+    def bump(self, where: list, add) -> None:
+        """Add ``add`` (one number, or one per id given to :meth:`lookup`) to the counts of the known ids."""
+        for at, c in zip(where, self._counts):
+            if at is not None:
+                hit, pos = at
+                c[pos] += add if np.ndim(add) == 0 else add[hit]
+
+    def insert(self, ids: np.ndarray, counts, ts: np.ndarray) -> None:
+        """Track new ``ids`` (sorted, distinct, none tracked yet) with their counts and timestamps."""
+        if not len(ids):
+            return
+        self._ids.append(np.asarray(ids, dtype=np.uint64))
+        self._counts.append(np.broadcast_to(np.asarray(counts, dtype=np.int64), len(ids)).copy())
+        self._ts.append(np.asarray(ts, dtype=np.int64))
+        self._compact()
+
+    def expire(self, p: int) -> None:
+        """Forget every id whose tuple has ``ts <= p``."""
+        for i, t in enumerate(self._ts):
+            keep = t > p
+            if not keep.all():
+                self._ids[i], self._counts[i], self._ts[i] = self._ids[i][keep], self._counts[i][keep], t[keep]
+        live = [i for i, r in enumerate(self._ids) if len(r)]
+        if len(live) != len(self._ids):
+            self._ids, self._counts, self._ts = ([x[i] for i in live] for x in (self._ids, self._counts, self._ts))
+        self._compact()
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ts, ids)`` of every tracked id."""
+        if not self._ids:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        return np.concatenate(self._ts), np.concatenate(self._ids)
+
+    def _compact(self) -> None:
+        i = len(self._ids) - 1
+        while i >= 1:
+            if len(self._ids[i - 1]) <= 2 * len(self._ids[i]):
+                a, b = self._ids[i - 1], self._ids[i]
+                at = np.searchsorted(a, b)
+                self._ids[i - 1] = np.insert(a, at, b)
+                self._counts[i - 1] = np.insert(self._counts[i - 1], at, self._counts[i])
+                self._ts[i - 1] = np.insert(self._ts[i - 1], at, self._ts[i])
+                del self._ids[i], self._counts[i], self._ts[i]
+                i = min(i, len(self._ids) - 1)
+            else:
+                i -= 1
 
 
 @dataclass
@@ -71,6 +171,21 @@ class FilterState:
 
     def nbytes(self) -> int:
         return self.applied_ts.nbytes + self.applied_ids.nbytes
+
+
+#: packets whose id order a duplicate filter keeps for their copies (:meth:`DuplicateFilter._sorted`)
+ORDER_CACHE = 32
+
+
+def _groups(sorted_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For sorted ids: where each run of equal ids starts, each id's run, and its rank in its run."""
+    m = len(sorted_ids)
+    head = np.empty(m, dtype=bool)
+    head[0] = True
+    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=head[1:])
+    starts = np.flatnonzero(head)
+    group = np.cumsum(head) - 1
+    return starts, group, np.arange(m) - starts[group]
 
 
 class DuplicateFilter:
@@ -110,9 +225,8 @@ class DuplicateFilter:
         self.chan_punct = [NO_PUNCTUATION] * n_channels
         self.weights = np.zeros(n_channels, dtype=np.float64)
         self.copies = np.zeros(n_channels, dtype=np.int64)  # tuples received per channel
-        self.seen: dict[int, int] = {}
-        self._pending_ts: list[np.ndarray] = []
-        self._pending_id: list[np.ndarray] = []
+        self.seen = IdCounts()
+        self._orders: OrderedDict = OrderedDict()  # the sort of recent packets' ids, for their copies
         self.passed = 0
         self.duplicates = 0
         self.late_count = 0
@@ -131,11 +245,7 @@ class DuplicateFilter:
 
     def checkpoint(self) -> FilterState:
         """Maximum punctuation and the tuples with ts above it already passed (see :class:`FilterState`)."""
-        if self._pending_ts:
-            ts, ids = np.concatenate(self._pending_ts), np.concatenate(self._pending_id)
-            self._pending_ts, self._pending_id = [ts], [ids]
-        else:
-            ts, ids = np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        ts, ids = self.seen.entries()
         return FilterState(int(self.max_punct), ts.copy(), ids.copy())
 
     def restore(self, state: FilterState) -> "DuplicateFilter":
@@ -157,8 +267,11 @@ class DuplicateFilter:
         self.max_punct = int(state.max_punct)
         ids = np.asarray(state.applied_ids, dtype=np.uint64)
         ts = np.asarray(state.applied_ts, dtype=np.int64)
-        self.seen = dict.fromkeys(ids.tolist(), 1)
-        self._pending_ts, self._pending_id = ([ts], [ids]) if len(ids) else ([], [])
+        o = np.argsort(ids, kind="stable")
+        if len(ids) > 1 and (ids[o][1:] == ids[o][:-1]).any():
+            raise CheckpointError(f"{self.name!r}: an id appears twice among the applied tuples")
+        self.seen = IdCounts()
+        self.seen.insert(ids[o], 1, ts[o])
         return self
 
     def process(self, channel: int, item) -> list:
@@ -194,33 +307,56 @@ class DuplicateFilter:
         if not len(batch):
             return []
         ids = batch[ID]
-        idl = ids.tolist()
-        get = self.seen.get
-        prev = np.fromiter(map(get, idl, repeat(0)), dtype=np.int64, count=len(idl))
-        sorted_ids = np.sort(ids)
-        if len(ids) > 1 and (sorted_ids[1:] == sorted_ids[:-1]).any():
-            # The same id twice within one batch (a retransmission): resolve in arrival order.
-            prev = prev.copy()
-            running: dict[int, int] = {}
-            for i, x in enumerate(idl):
-                c = running.get(x, int(prev[i]))
-                prev[i] = c
-                running[x] = c + 1
-            new = prev == 0
-            self.seen.update(running)
+        m = len(ids)
+        o, sid, dup = self._sorted(ids)
+        sts = ts[o]
+        if dup:
+            # The same id twice within one batch (a retransmission): copies counted in arrival order.
+            starts, group, rank = _groups(sid)
+            seen0, where = self.seen.lookup(sid[starts])
+            self.seen.bump(where, np.diff(np.r_[starts, m]))
+            miss = seen0 == 0
+            self.seen.insert(sid[starts][miss], np.diff(np.r_[starts, m])[miss], sts[starts][miss])
+            prev_sorted = seen0[group] + rank
         else:
-            new = prev == 0
-            self.seen.update(zip(idl, (prev + 1).tolist()))
+            prev_sorted, where = self.seen.lookup(sid)
+            self.seen.bump(where, 1)
+            miss = prev_sorted == 0
+            self.seen.insert(sid[miss], 1, sts[miss])
+        prev = np.empty(m, dtype=np.int64)
+        prev[o] = prev_sorted
+        new = prev == 0
         self.weights[channel] += float(np.sum(1.0 / (prev + 1)))
         n_new = int(new.sum())
-        self.duplicates += len(idl) - n_new
+        self.duplicates += m - n_new
         if not n_new:
             return []
         out = batch if n_new == len(batch) else batch[new]
-        self._pending_ts.append(out[TS])
-        self._pending_id.append(out[ID])
         self.passed += n_new
         return [out]
+
+    def _sorted(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``(order, ids[order], whether an id repeats)`` with ``order`` a stable argsort of ``ids``.
+
+        The k copies of a packet usually arrive with the same ids in the same order (peer
+        replicas cut their output alike, entry points always), so the sort of the last
+        :data:`ORDER_CACHE` packets is kept under a digest of their ids (count, xor, sum)
+        and reused for a copy after checking that it gives the copy's ids in sorted order:
+        the sort, the largest cost of a copy, is paid once per packet, not once per copy.
+        """
+        m = len(ids)
+        key = (m, int(np.bitwise_xor.reduce(ids)), int(ids.sum(dtype=np.uint64))) if m else None
+        hit = self._orders.get(key)
+        if hit is not None and np.array_equal(ids[hit[0]], hit[1]):
+            self._orders.move_to_end(key)
+            return hit
+        o = np.argsort(ids, kind="stable")
+        sid = ids[o]
+        out = (o, sid, bool(m > 1 and (sid[1:] == sid[:-1]).any()))
+        self._orders[key] = out
+        if len(self._orders) > ORDER_CACHE:
+            self._orders.popitem(last=False)
+        return out
 
     def on_rows(self, rows: np.ndarray, channels, before=None, order=None) -> np.ndarray:
         """Algorithm 1 over the tuple copies of many packets at once; returns which copies passed.
@@ -309,15 +445,14 @@ class DuplicateFilter:
         rank[o] = np.arange(m) - starts[group]
         inv = np.empty(m, dtype=np.int64)
         inv[o] = group
-        uniq = s[starts].tolist()
+        uniq = s[starts]
         count = np.diff(np.r_[starts, m])
-        if self.seen:
-            seen0 = np.fromiter(map(self.seen.get, uniq, repeat(0)), dtype=np.int64, count=len(uniq))
-            prev = seen0[inv] + rank
-            self.seen.update(zip(uniq, (seen0 + count).tolist()))
-        else:
-            prev = rank
-            self.seen.update(zip(uniq, count.tolist()))
+        seen0, where = self.seen.lookup(uniq)
+        prev = seen0[inv] + rank
+        self.seen.bump(where, count)
+        miss = seen0 == 0
+        kept_ts = ts if keep is None else ts[keep]
+        self.seen.insert(uniq[miss], count[miss], kept_ts[o][starts][miss])
         # weights: per round of copies, then per channel, each a sum in arrival order (as on_batch adds them)
         g = np.lexsort((ch, rank))
         w = 1.0 / (prev[g] + 1)
@@ -331,8 +466,6 @@ class DuplicateFilter:
         if n_new:
             at = np.flatnonzero(new) if keep is None else keep[new]
             passed[at] = True
-            self._pending_ts.append(ts[at])
-            self._pending_id.append(ids[new])
             self.passed += n_new
         return passed
 
@@ -343,24 +476,7 @@ class DuplicateFilter:
         if p <= self.max_punct:
             return []
         self.max_punct = p  # Algorithm 1, lines 7-11
-        if self._pending_ts:
-            ts = np.concatenate(self._pending_ts)
-            ids = np.concatenate(self._pending_id)
-            done = ts <= p
-            if done.any():
-                keep = ~done
-                n_keep = int(keep.sum())
-                if n_keep * 4 < len(ids):
-                    # most ids are forgotten: rebuilding from the survivors is cheaper than popping
-                    get = self.seen.get
-                    kept = ids[keep].tolist()
-                    self.seen = dict(zip(kept, map(get, kept)))
-                else:
-                    deque(map(self.seen.pop, ids[done].tolist()), maxlen=0)
-                self._pending_ts = [ts[keep]] if keep.any() else []
-                self._pending_id = [ids[keep]] if keep.any() else []
-            else:
-                self._pending_ts, self._pending_id = [ts], [ids]
+        self.seen.expire(p)
         return [Punctuation(p)]
 
     def stats(self) -> dict:

@@ -361,3 +361,32 @@ def test_bulk_rows_dead_letter_a_broken_contract_and_check_channels():
     order = np.array([2, 0])  # copies rows[2], rows[0] in that arrival order
     g = DuplicateFilter(2, S)
     assert g.on_rows(rows, [1, 0], order=order).tolist() == [True, True]
+
+
+def test_id_counts_agree_with_a_dictionary():
+    """The vectorised id bookkeeping (sorted runs, merged as they grow) against a plain dict, over
+    random batches of new and known ids and punctuations that forget ids in bulk."""
+    from replistream.operators.dupfilter import IdCounts
+
+    rng = np.random.default_rng(11)
+    c, ref, ts_of = IdCounts(), {}, {}
+    pool = rng.integers(0, 2**64 - 1, 5_000, dtype=np.uint64)
+    for step in range(300):
+        ids = np.unique(rng.choice(pool, rng.integers(1, 200)))
+        prev, where = c.lookup(ids)
+        assert prev.tolist() == [ref.get(i, 0) for i in ids.tolist()]
+        add = rng.integers(1, 4, len(ids))
+        c.bump(where, add)
+        miss = prev == 0
+        ts = rng.integers(step, step + 50, len(ids))
+        c.insert(ids[miss], add[miss], ts[miss])
+        for i, a, t, m in zip(ids.tolist(), add.tolist(), ts.tolist(), miss.tolist()):
+            ref[i] = ref.get(i, 0) + a
+            if m:
+                ts_of[i] = t
+        if step % 17 == 0:
+            p = step - 5
+            c.expire(p)
+            ref = {i: n for i, n in ref.items() if ts_of[i] > p}
+        assert c.as_dict() == ref and len(c) == len(ref)
+    assert len(c._ids) <= 12  # runs stay few (each at least twice the next)
