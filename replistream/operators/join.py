@@ -11,9 +11,10 @@ can match: ``ts <= p + 1 - window`` in integer time. Each matching pair is
 produced exactly once, when the second of its two tuples arrives, whatever
 the interleaving: the operator is non-blocking and replica consistent.
 
-Buffers are lists of chunks sorted by key (or by ts without a key); a probe
-binary-searches each chunk and expands the matching ranges with numpy, so no
-Python runs per tuple. Chunks are merged when there are more than
+Buffers are lists of chunks sorted by key and ts (or by ts without a key); a
+probe binary-searches each chunk for the rows with its key *within its window*
+and expands those ranges with numpy, so no Python runs per tuple and a probe
+costs the matches it finds, not every buffered tuple of its key. Chunks are merged when there are more than
 ``_MAX_CHUNKS``.
 """
 from __future__ import annotations
@@ -46,34 +47,73 @@ def join_schema(left: Schema, right: Schema, suffixes: tuple[str, str] = ("_l", 
 
 
 class _SideBuffer:
-    """Buffered tuples of one input, as chunks sorted by their search key."""
+    """Buffered tuples of one input, as chunks sorted by their search key and, within a key, by ts.
+
+    :meth:`ranges` finds, for probe tuples, the rows of a chunk with an equal key *and* a
+    timestamp within the window, with two binary searches per probe tuple (no enumeration
+    of every buffered tuple of the key): within a chunk, rows are numbered by their key's
+    rank ``g`` and placed at ``g * span + (ts - tmin)``, which is sorted, so the window of a
+    probe tuple with key rank ``g`` is one interval of that array.
+    """
 
     def __init__(self):
         self.chunks: list[np.ndarray] = []  # structured batches
         self.keys: list[np.ndarray] = []  # sorted search key per chunk
+        self._index: list = []  # per chunk, (unique keys, positions, tmin, tmax) once a probe needed it
 
     def add(self, batch: np.ndarray, key: np.ndarray) -> None:
-        order = np.argsort(key, kind="stable")
+        order = np.lexsort((batch[TS], key))
         self.chunks.append(batch[order])
         self.keys.append(key[order])
+        self._index.append(None)
         if len(self.chunks) > _MAX_CHUNKS:
             batch = np.concatenate(self.chunks)
             key = np.concatenate(self.keys)
-            order = np.argsort(key, kind="stable")
-            self.chunks, self.keys = [batch[order]], [key[order]]
+            order = np.lexsort((batch[TS], key))
+            self.chunks, self.keys, self._index = [batch[order]], [key[order]], [None]
 
     def purge(self, bound: int) -> None:
         """Drop tuples with ts <= bound."""
-        chunks, keys = [], []
-        for c, k in zip(self.chunks, self.keys):
+        chunks, keys, index = [], [], []
+        for c, k, x in zip(self.chunks, self.keys, self._index):
             keep = c[TS] > bound
             if keep.all():
                 chunks.append(c)
                 keys.append(k)
+                index.append(x)
             elif keep.any():
                 chunks.append(c[keep])
                 keys.append(k[keep])
-        self.chunks, self.keys = chunks, keys
+                index.append(None)
+        self.chunks, self.keys, self._index = chunks, keys, index
+
+    def ranges(self, i: int, key: np.ndarray, ts: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(lo, hi)``: the rows of chunk ``i`` with key equal to ``key`` and ``|ts' - ts| < w``,
+        per probe tuple; None when the positions would not fit in int64 (the caller then
+        enumerates the key's rows and tests the window)."""
+        x = self._index[i]
+        if x is None:
+            k, t = self.keys[i], self.chunks[i][TS]
+            head = np.r_[True, k[1:] != k[:-1]]
+            tmin, tmax = int(t.min()), int(t.max())
+            span = tmax - tmin + 1
+            if int(head.sum()) * span >= 2 ** 62:
+                return None
+            pos = (np.cumsum(head) - 1) * span + (t - tmin)
+            x = self._index[i] = (k[head], pos, tmin, tmax, span)
+        ukeys, pos, tmin, tmax, span = x
+        g = np.searchsorted(ukeys, key)
+        found = g < len(ukeys)
+        found[found] = ukeys[g[found]] == key[found]
+        a = np.clip(ts - (w - 1), tmin, tmax + 1) - tmin  # the window, clipped to this chunk's times
+        b = np.clip(ts + (w - 1), tmin - 1, tmax) - tmin
+        base = g * span
+        lo = np.searchsorted(pos, base + a, "left")
+        hi = np.searchsorted(pos, base + b, "right")
+        empty = ~found | (b < a)
+        lo[empty] = 0
+        hi[empty] = 0
+        return lo, np.maximum(hi, lo)
 
     def __len__(self) -> int:
         return sum(len(c) for c in self.chunks)
@@ -156,10 +196,13 @@ class JoinLogic(OperatorLogic):
         w = self.window
         ts = batch[TS]
         outs = []
-        for chunk, ckey in zip(buf.chunks, buf.keys):
+        for i, (chunk, ckey) in enumerate(zip(buf.chunks, buf.keys)):
+            found = None if self.keys[0] is None else buf.ranges(i, key, ts, w)
             if self.keys[0] is None:
                 lo = np.searchsorted(ckey, ts - (w - 1), "left")
                 hi = np.searchsorted(ckey, ts + (w - 1), "right")
+            elif found is not None:
+                lo, hi = found
             else:
                 lo = np.searchsorted(ckey, key, "left")
                 hi = np.searchsorted(ckey, key, "right")

@@ -9,7 +9,10 @@ holds one output stream of one actor:
   (``flush_ms``), and before every punctuation (docs/design.md, decision 3). A flush
   queues the packet on every link;
 * each link delivers packets in order, no earlier than
-  ``sent + latency(a, b, sent)`` of the emulated network (decision 5);
+  ``sent + latency(a, b, sent)`` of the emulated network (decision 5); packets
+  that are due together go in one call, up to ``max_batch`` tuples (a backlog,
+  e.g. many small chunks with their punctuations, costs one Ray call per
+  ``max_batch`` tuples, not one per packet);
 * a link with more than ``max_inflight`` packets sent but not yet processed
   makes ``emit`` wait (backpressure), at most ``drop_after_s``; a link whose
   receiver died, stays slow past that, or whose network queue exceeds
@@ -315,6 +318,12 @@ class Outbox:
                     continue
                 while link.queue and link.queue[0][0] <= now and len(link.inflight) < self.max_inflight:
                     due, packet, sent, tuples = link.queue.popleft()
+                    # packets already due behind it go in the same call, up to max_batch tuples:
+                    # a backlog costs one Ray call per max_batch tuples, not one per packet
+                    while (link.queue and link.queue[0][0] <= now
+                           and tuples + link.queue[0][3] <= max(self.max_batch, tuples)):
+                        _, more, _, n_more = link.queue.popleft()
+                        packet, tuples = packet + more, tuples + n_more
                     try:
                         call = link.handle.push.remote(link.port, link.channel, packet)
                     except Exception as e:  # handle of a dead actor
