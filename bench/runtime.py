@@ -5,6 +5,7 @@
     python bench/runtime.py --json           # one JSON object on stdout
     python bench/runtime.py --only cpu       # just the CPU-by-replication table
     python bench/runtime.py --only keyed     # just the keyed-window throughput runs
+    python bench/runtime.py --only whole     # just the whole-process Fig. 1 runs (fresh Pythons)
 
 Everything runs on one local Ray instance started by this script
 (``ray.init(address="local", num_cpus=2, ...)`` with replistream's
@@ -28,11 +29,18 @@ output is checked against an independent numpy computation.
   (so 100k events per event-time second), 10k-tuple chunks.
 * ``fig1``: ``workloads.fig1_query(10 servers, window 5 ms)`` over
   ``fig1_inputs(period 10 ms)`` (20 sources; every load reading joins with
-  one ping). Chunks are ``--fig1-rows`` rows per source (default 500, not
-  10k): each Fig. 1 source carries a single join key (its server), and the
-  Join's probe enumerates every buffered tuple with an equal key before it
-  tests the window, so its cost grows with rows-per-chunk squared; with
-  10k-row chunks 1M tuples did not finish in 600 s (see docs/benchmarks.md).
+  one ping). Chunks are ``--fig1-rows`` rows per source (default 5000). Up to
+  commit c27ab14 the Join's probe enumerated every buffered tuple with an equal
+  key before it tested the window, so its cost grew with rows-per-chunk squared
+  and the default was 500 rows (10k-row chunks of 1M tuples did not finish in
+  600 s); it now searches each probe tuple's window directly.
+
+**0. Whole process** (``--only whole``; first, before this script starts its
+own Ray): a child Python runs what a user's script does, ``import replistream``,
+``init_ray()``, making a Fig. 1 input of ``--whole-steps`` readings per source
+(default 18000: 360k tuples), ``deploy``, ``run``, ``shutdown``, and reports
+each phase; the wall time runs from starting the child to its exit. k = 1 and
+3 (or ``--ks`` with ``--only``); the output is checked as in part 1.
 
 **2. CPU per replica by degree of replication** (Hwang Table I). Query:
 sources ``a, b, c, d {key: i8, x: f8}``; ``union(a, b)`` -> ``filter(x >= 0)``
@@ -255,6 +263,59 @@ def table1_workload(rate: float, duration: float, keys: int, seed: int, chunk_ms
     return q, inputs, 4 * n
 
 
+# -- part 0: the whole process ------------------------------------------------------------
+def whole_child(k: int, steps: int, rows: int, seed: int) -> None:
+    """In a fresh process: everything a user's script does, phase by phase, one JSON line on stdout."""
+    t = {"process_start": time.time()}
+    import replistream as rs_child
+    from replistream.engines.ray import init_ray
+
+    t["imported"] = time.time()
+    init_ray(num_cpus=2)
+    t["ray_started"] = time.time()
+    q, data, n, check, _, _ = fig1_workload(10, steps, rows, seed)
+    t["inputs_made"] = time.time()
+    dep = rs_child.deploy(q, servers=SERVERS, k=k, network="zero")
+    t["deployed"] = time.time()
+    res = dep.run(data, timeout=600)
+    t["ran"] = time.time()
+    dep.shutdown()
+    import ray
+
+    ray.shutdown()
+    t["shut_down"] = time.time()
+    print(json.dumps({"k": k, "tuples": n, "error": check(res), "times": t}))
+
+
+def run_whole(k: int, steps: int, rows: int, seed: int, log) -> dict:
+    """One whole-process Fig. 1 run in a child Python: wall time from starting the interpreter to its
+    exit, and the phases the child saw."""
+    import subprocess
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--child-whole", str(k), "--fig1-steps", str(steps),
+           "--fig1-rows", str(rows), "--seed", str(seed)]
+    load = os.getloadavg()[0]
+    t0 = time.time()
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    wall = time.time() - t0
+    lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
+    if cp.returncode != 0 or not lines:
+        return {"k": k, "ok": False, "error": f"exit {cp.returncode}: {cp.stderr.strip().splitlines()[-1:]}",
+                "wall_s": wall}
+    r = json.loads(lines[-1])
+    t = r["times"]
+    phases = {"interpreter_and_import_s": t["imported"] - t0, "init_ray_s": t["ray_started"] - t["imported"],
+              "make_inputs_s": t["inputs_made"] - t["ray_started"], "deploy_s": t["deployed"] - t["inputs_made"],
+              "run_s": t["ran"] - t["deployed"], "shutdown_and_exit_s": t0 + wall - t["ran"]}
+    row = {"k": k, "tuples": r["tuples"], "ok": r["error"] is None, "error": r["error"], "wall_s": wall,
+           "without_inputs_s": wall - phases["make_inputs_s"], "phases": phases, "loadavg_before": load}
+    log(f"  whole process fig1 k={k}: {r['tuples']:,} tuples, {wall:.2f} s from interpreter start to exit "
+        f"({wall - phases['make_inputs_s']:.2f} s without making the inputs): "
+        + ", ".join(f"{a[:-2]} {v:.2f}" for a, v in phases.items())
+        + ("" if row["ok"] else f" FAILED: {r['error']}"))
+    return row
+
+
 # -- part 1: throughput ------------------------------------------------------------------
 def run_throughput(name: str, make, k: int, timeout: float, log) -> dict:
     q, data, n, check, desc, want_out = make()
@@ -390,6 +451,14 @@ def f2(x, spec=".2f") -> str:
 
 def print_report(out: dict) -> None:
     print(f"replistream Ray runtime benchmark ({out['command']}), {out['date_utc']}")
+    if out.get("whole_process"):
+        print("\n0. Whole process, Fig. 1 (a fresh Python: import, init_ray, make inputs, deploy, run, shut down)")
+        for r in out["whole_process"]:
+            ph = r.get("phases", {})
+            print(f"  k={r['k']}: {r.get('tuples', 0):,} tuples, {r['wall_s']:.2f} s "
+                  f"({f2(r.get('without_inputs_s'))} s without making inputs); "
+                  + ", ".join(f"{a[:-2]} {v:.2f}" for a, v in ph.items())
+                  + ("" if r.get("ok") else f"  FAILED: {r.get('error')}"))
     if out.get("throughput"):
         print("\n1. Throughput, pace=None (timed: feed -> END at the applications)")
         print(f"{'workload':<8} {'k':>2} {'tuples':>10} {'seconds':>8} {'tuples/s':>9} {'start-up s':>10} "
@@ -436,7 +505,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller inputs (about 2 minutes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    ap.add_argument("--only", choices=["keyed", "fig1", "cpu"], action="append",
+    ap.add_argument("--only", choices=["whole", "keyed", "fig1", "cpu"], action="append",
                     help="run only these parts (repeatable)")
     ap.add_argument("--ks", default="1,2,3", help="degrees of replication for the throughput runs")
     ap.add_argument("--cpu-ks", default="1,2,3,4", help="degrees of replication for the CPU table")
@@ -444,31 +513,42 @@ def main(argv=None) -> int:
     ap.add_argument("--fig1-servers", type=int, default=10)
     ap.add_argument("--fig1-steps", type=int, default=None,
                     help="readings per source (default 10000 = 200k tuples; quick 1000)")
-    ap.add_argument("--fig1-rows", type=int, default=500, help="rows per Fig. 1 input chunk (see the docstring; 10000 makes the Join "
-                         "materialise ~1e8 candidate pairs, several GB, per chunk and replica)")
+    ap.add_argument("--fig1-rows", type=int, default=5000, help="rows per Fig. 1 input chunk and source (see the docstring)")
     ap.add_argument("--rate", type=float, default=5000.0, help="tuples/s per source in the CPU runs (4 sources)")
     ap.add_argument("--chunk-ms", type=int, default=500, help="event-time span of one input chunk in the CPU runs")
     ap.add_argument("--duration", type=float, default=None, help="seconds of paced input (default 10; quick 3)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per throughput run")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--whole-steps", type=int, default=18_000,
+                    help="readings per source in the whole-process Fig. 1 runs (default 18000 = 360k tuples)")
+    ap.add_argument("--child-whole", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child_whole is not None:
+        whole_child(args.child_whole, args.fig1_steps, args.fig1_rows, args.seed)
+        return 0
     keyed_n = args.keyed_n or (500_000 if args.quick else 2_000_000)
     fig1_steps = args.fig1_steps or (1_000 if args.quick else 10_000)
     duration = args.duration or (3.0 if args.quick else 10.0)
-    parts = set(args.only or ["keyed", "fig1", "cpu"])
+    parts = set(args.only or ["whole", "keyed", "fig1", "cpu"])
     ks = [int(x) for x in args.ks.split(",")]
     cpu_ks = [int(x) for x in args.cpu_ks.split(",")]
     log = (lambda s: print(s, file=sys.stderr, flush=True))
 
+    os.environ.pop("RAY_ADDRESS", None)  # always a fresh local instance, never someone else's cluster
+    t_all = time.time()
+    whole = []
+    if "whole" in parts:  # before this process starts its own Ray: one Ray instance at a time
+        for k in ks if args.only else [1, 3]:
+            whole.append(run_whole(k, args.whole_steps, args.fig1_rows, args.seed, log))
+
     import ray
 
-    os.environ.pop("RAY_ADDRESS", None)  # always a fresh local instance, never someone else's cluster
     # Ray prints raylet warnings (e.g. "N PYTHON worker processes have been started") on stdout even with
     # log_to_driver=False: send fd 1 to stderr while Ray runs, so stdout holds only the report / the JSON.
     sys.stdout.flush()
     real_stdout = os.dup(1)
     os.dup2(2, 1)
-    t_all = time.time()
+
     try:  # the Ray settings replistream starts Ray with (packets inline in calls), where this version has them
         from replistream.engines.ray import RAY_SYSTEM_CONFIG
         sysconf = {"_system_config": dict(RAY_SYSTEM_CONFIG)}
@@ -534,7 +614,7 @@ def main(argv=None) -> int:
         "meta": {"keyed_n": keyed_n, "fig1_servers": args.fig1_servers, "fig1_steps": fig1_steps,
                  "fig1_rows": args.fig1_rows, "rate_per_source": args.rate, "rate_total": 4 * args.rate,
                  "duration": duration, "chunk_ms": args.chunk_ms, "servers": SERVERS, "seed": args.seed},
-        "throughput": thr, "cpu": cpu_rows, "cpu_table": table, "targets": targets,
+        "whole_process": whole, "throughput": thr, "cpu": cpu_rows, "cpu_table": table, "targets": targets,
     }
     if args.json:
         print(json.dumps(out, indent=2, default=float))
