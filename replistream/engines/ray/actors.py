@@ -58,6 +58,8 @@ class _Base:
 
     def _setup(self, label: str, server: str, network, t0: float, channel_opts: dict, coordinator=None):
         self.label = label
+        self.quiet = False  # the deployment ended: send nothing, ignore input (pool.py)
+        self._reports: list = []  # reports sent to the coordinator (settled() waits for them)
         self.failure: dict | None = None  # set when this replica's own code raised (_fatal)
         self.server = server
         self.network = network
@@ -79,6 +81,36 @@ class _Base:
         self.created = time.time()
         self.fresh: dict[int, int] = {}
 
+    # -- reuse by a later deployment (pool.py) --------------------------------------------------
+    def stop_sending(self) -> bool:
+        """The deployment ends: stop the sender thread and ignore input from now on."""
+        self.quiet = True
+        self.sender.stop()
+        return True
+
+    def settled(self) -> tuple[bool, bool]:
+        """``(no call of this actor still in flight and its sender thread gone, reusable)``."""
+        refs = [r for ob in self.outboxes.values() for r in ob.inflight_refs()] + self._reports
+        if refs:
+            _, rest = ray.wait(refs, num_returns=len(refs), timeout=0)
+            if rest:
+                return False, self._reusable()
+        self.sender.join(timeout=0.5)
+        return not self.sender.is_alive(), self._reusable()
+
+    def _reusable(self) -> bool:
+        return self.failure is None
+
+    def reinit(self, *args, **kwargs) -> bool:
+        """Become a new actor of this class for another deployment: every attribute dropped, then
+        ``__init__(*args, **kwargs)``. Only for an actor the pool took in (quiet and settled)."""
+        if not getattr(self, "quiet", False) or self.sender.is_alive():
+            raise RuntimeError(f"{self.label}: reinit of an actor still in use")
+        for name in [n for n in self.__dict__ if not n.startswith("_ray")]:
+            del self.__dict__[name]
+        self.__init__(*args, **kwargs)
+        return True
+
     def _outbox(self, stream: str) -> Outbox:
         ob = self.outboxes.get(stream)
         if ob is None:
@@ -92,7 +124,7 @@ class _Base:
         rec = {"from": owner, "to": link.label, "reason": reason, "t": time.time() - self.t0}
         self.dropped.append(rec)
         if self.coordinator is not None:
-            self.coordinator.report.remote("channel_dropped", rec)
+            self._reports.append(self.coordinator.report.remote("channel_dropped", rec))
 
     def connect(self, stream: str, label: str, server: str, handle, port: int, channel: int,
                 replay: bool = False) -> int:
@@ -246,7 +278,7 @@ class _Base:
         rec["t"] = time.time() - self.t0
         self.failure = rec
         if self.coordinator is not None:
-            self.coordinator.report.remote("fatal", rec)
+            self._reports.append(self.coordinator.report.remote("fatal", rec))
 
     def _common_stats(self) -> dict:
         return {
@@ -296,6 +328,8 @@ class ReplicaActor(_Base):
         self.lock = threading.Lock()
 
     def push(self, port: int, channel: int, packet: list) -> int:
+        if self.quiet:
+            return NO_ACK
         started = time.time()
         self._observe(port, packet)
         if self.core is None and self.staged is not None:
@@ -325,6 +359,10 @@ class ReplicaActor(_Base):
             self._fatal(self.node, self.core.logic.watermark, e)
             raise
         return out
+
+    def _reusable(self) -> bool:
+        return (self.failure is None and self.core is not None and self.staged is None and not self.buffered
+                and not self.steps_installed and not self.step_requests and not self.steps_taken)
 
     def add_channel(self, port: int) -> int:
         """A new upstream replica will feed ``port``: returns its channel index."""
@@ -562,6 +600,8 @@ class EntryActor(_Base):
 
     def push_chunk(self, source: str, seq: int, chunk: Any) -> int:
         """Take input chunk ``seq`` of ``source`` (duplicates and replays are ignored)."""
+        if self.quiet:
+            return -1
         started = time.time()
         with self.lock:
             if seq < self.expected[source]:
@@ -624,6 +664,8 @@ class SinkActor(_Base):
         self.done = threading.Event()
 
     def push(self, port: int, channel: int, packet: list) -> int:
+        if self.quiet:
+            return NO_ACK
         now = time.time()
         self._observe(port, packet)
         with self.lock:
@@ -682,6 +724,9 @@ class SinkActor(_Base):
 
     def wait_done(self, timeout: float) -> bool:
         return self.done.wait(timeout)
+
+    def _reusable(self) -> bool:
+        return self.failure is None and self.parquet_dir is None
 
     def add_channel(self, port: int) -> int:
         """A new upstream replica will feed ``port``: returns its channel index."""

@@ -52,6 +52,20 @@ class CoordinatorActor:
         self.stats = None  # QueryStats from the last collect_stats()
         self.proposed = None  # the last Placement computed by place()
 
+    # -- reuse by a later deployment (pool.py): it holds no thread and sends nothing -------------
+    def stop_sending(self) -> bool:
+        return True
+
+    def settled(self) -> tuple[bool, bool]:
+        return True, True
+
+    def reinit(self, t0: float) -> bool:
+        """Become the coordinator of another deployment (every attribute dropped, ``__init__`` again)."""
+        for name in [n for n in self.__dict__ if not n.startswith("_ray")]:
+            del self.__dict__[name]
+        self.__init__(t0)
+        return True
+
     def report(self, kind: str, info: dict) -> None:
         self.events.append({"kind": kind, **info})
 

@@ -47,7 +47,7 @@ from ...query import Query, check_on_error
 from ...schema import END, TS
 from ...sources import Sentinel
 from ..result import RunResult
-from . import reconfigure
+from . import pool, reconfigure
 from .actors import EntryActor, ReplicaActor, SinkActor
 from .common import is_actor_death, json_default, wait_quietly
 from .control import GCConfig, ReplicaManager
@@ -340,17 +340,21 @@ class Deployment:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-        self.coordinator = CoordinatorActor.options(name=None, scheduling_strategy=here).remote(self.t0)
+        self.coordinator = self._settle(*self._start(CoordinatorActor, {"scheduling_strategy": here}, self.t0,
+                                                     local=True))
+        started = []  # every actor at once (kept ones re-initialised, see pool.py), then one wait
         for r in physical.replicas():
             server = physical.server(r)
             if r.node == ENTRY:
-                h = EntryActor.options(**ray_options(self.servers[server])).remote(
-                    query, r.index, server, conditions, self.t0, channel_opts, self.coordinator, strict,
-                    on_malformed)
+                started.append((r.label, self._start(EntryActor, ray_options(self.servers[server]), query, r.index,
+                                                     server, conditions, self.t0, channel_opts, self.coordinator,
+                                                     strict, on_malformed)))
             else:
                 parquet = None if parquet_dir is None or not r.application else inside(parquet_dir, r.node)
-                h = self.new_actor(query, r.node, r.index, server, physical.channels(r.node), parquet_dir=parquet)
-            self.topology.attach(r.label, h)
+                started.append((r.label, self._new_actor(query, r.node, r.index, server, physical.channels(r.node),
+                                                         parquet_dir=parquet)))
+        for label, begun in started:
+            self.topology.attach(label, self._settle(*begun))
         # every upstream replica feeds every downstream replica
         topo = self.topology
         ray.get([topo.handle(e.src.label).connect.remote(e.stream, e.dst.label, physical.server(e.dst),
@@ -412,13 +416,41 @@ class Deployment:
         """Start an actor for replica ``index`` of operator or application ``node`` of ``query`` on
         ``server`` (``channels``: stream replicas per input port); not registered in the topology.
         ``pending``: it waits for a hand-over before processing (:class:`~.actors.ReplicaActor`)."""
+        return self._settle(*self._new_actor(query, node, index, server, channels, pending, parquet_dir))
+
+    def _new_actor(self, query: Query, node: str, index: int, server: str, channels: list[int],
+                   pending: bool = False, parquet_dir: str | None = None) -> tuple:
         opts = ray_options(self.servers[server])
         if query.spec(node).kind == "sink":
-            return SinkActor.options(**opts).remote(query, node, server, channels, self.conditions, self.t0,
-                                                    self.channel_opts, self.coordinator, self.strict, parquet_dir,
-                                                    label=ReplicaId(node, index, application=True).label)
-        return ReplicaActor.options(**opts).remote(query, node, index, server, channels, self.conditions, self.t0,
-                                                   self.channel_opts, self.coordinator, self.strict, pending)
+            return self._start(SinkActor, opts, query, node, server, channels, self.conditions, self.t0,
+                               self.channel_opts, self.coordinator, self.strict, parquet_dir,
+                               label=ReplicaId(node, index, application=True).label)
+        return self._start(ReplicaActor, opts, query, node, index, server, channels, self.conditions, self.t0,
+                           self.channel_opts, self.coordinator, self.strict, pending)
+
+    @staticmethod
+    def _start(cls, opts: dict, *args, local: bool = False, **kwargs) -> tuple:
+        """Begin starting an actor of ``cls``: one kept by an earlier deployment (:mod:`.pool`),
+        re-initialised, when the server is a local logical one (no Ray options; ``local``: the
+        options only pin it to the driver's node), else a new process. Returns what
+        :meth:`_settle` takes."""
+        h = pool.take(cls.__ray_metadata__.class_name) if local or not opts else None
+        if h is not None:
+            return h, h.reinit.remote(*args, **kwargs), cls, opts, args, kwargs
+        return cls.options(**opts).remote(*args, **kwargs), None, cls, opts, args, kwargs
+
+    @staticmethod
+    def _settle(h, reinit, cls, opts, args, kwargs):
+        """The actor begun by :meth:`_start`; a kept one that died while kept is replaced by a new process."""
+        if reinit is None:
+            return h
+        try:
+            ray.get(reinit, timeout=60)
+            return h
+        except Exception as e:
+            if not is_actor_death(e):
+                raise
+            return cls.options(**opts).remote(*args, **kwargs)
 
     def set_clock(self, handles: Iterable, timeout: float = 120) -> None:
         """Give the actors ``handles`` the feeder's clock (``t0``, ``ts0``, pace) and wait for them."""
@@ -978,8 +1010,21 @@ class Deployment:
         self.shut_down = True
         if self.manager is not None:
             self.manager.stop()
-        self.stop_actors(self.topology.stop_all(), "shutdown")
-        self.stop_actors([("coordinator", self.coordinator)], "shutdown")
+        running = self.topology.stop_all()
+        threads = [self.feeder.thread, self._scenario_thread,
+                   None if self.manager is None else getattr(self.manager, "_thread", None)]
+        if pool.pool_size() and not any(t is not None and t.is_alive() for t in threads):
+            # every actor stops sending and settles; local ones may be kept for the next deployment
+            kinds = {"entry": "EntryActor", "application": "SinkActor"}
+            named = [(None if ray_options(self.servers[self.actor_server[label]]) else
+                      kinds.get(self.topology.replica(label).kind, "ReplicaActor"), h) for label, h in running]
+            label_of = {id(h): label for label, h in running}
+            named.append(("CoordinatorActor", self.coordinator))
+            label_of[id(self.coordinator)] = "coordinator"
+            running = [(label_of[id(h)], h) for _, h in pool.recycle(named)]
+        else:
+            running.append(("coordinator", self.coordinator))
+        self.stop_actors(running, "shutdown")
 
     def __enter__(self):
         return self

@@ -1,0 +1,175 @@
+"""Reuse of actor processes across deployments in one Ray session (issue #16: start-up).
+
+Every replica is a Ray actor with a process of its own, and starting one costs about half a
+second of CPU here (a Python, ``import ray``, replistream's modules); on two cores a deployment
+of four actors took 1.6-1.9 s, the second one as long as the first. When a deployment shuts
+down, its actors are not killed but kept, up to :func:`pool_size` of them, and the next
+deployment in the same Ray session re-initialises them (``reinit``: every attribute dropped,
+``__init__`` run again) instead of starting processes.
+
+An actor is kept only when nothing can reach it from its old deployment any more:
+
+1. every actor of the deployment stops sending (``stop_sending``) and from then on ignores
+   input (its ``push`` returns at once), so no call of one old actor can make another one act;
+2. the driver waits until each has no call of its own in flight (``settled``): after that no
+   old call is on its way anywhere;
+3. only then do actors enter the pool, and only those that are reusable: no failure of their
+   own code, no state transfer ever started in them (its thread), no Parquet output, on a
+   logical server of the local machine (a server pinned to a Ray node is not interchangeable).
+
+The driver's own threads of the old deployment (feeder, scenario, control loop) must have
+ended, or nothing is kept. A pooled actor that died meanwhile is noticed when re-initialised
+and replaced by a new one. The coordinator is never kept: it receives reports from replicas,
+and one from an old replica must not reach a new deployment.
+
+``REPLISTREAM_ACTOR_POOL=0`` (or :func:`set_pool_size`) turns reuse off; :func:`clear_pool`
+kills what is kept.
+
+>>> set_pool_size(0); pool_size()
+0
+>>> set_pool_size(None) is None  # back to the default (REPLISTREAM_ACTOR_POOL or 16)
+True
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import ray
+
+from .common import is_actor_death
+
+__all__ = ["pool_size", "set_pool_size", "clear_pool", "take", "recycle", "pooled"]
+
+_lock = threading.Lock()
+_pool: dict[str, list] = {}  # actor class name -> handles, oldest first
+_job: str | None = None  # the Ray job the handles belong to
+_size: int | None = None
+
+
+def pool_size() -> int:
+    """How many idle actors are kept at most (``REPLISTREAM_ACTOR_POOL``, default 16; 0: none)."""
+    if _size is not None:
+        return _size
+    try:
+        return max(0, int(os.environ.get("REPLISTREAM_ACTOR_POOL", "16")))
+    except ValueError:
+        raise ValueError(f"REPLISTREAM_ACTOR_POOL must be a whole number, got "
+                         f"{os.environ['REPLISTREAM_ACTOR_POOL']!r}") from None
+
+
+def set_pool_size(n: int | None) -> None:
+    """Keep at most ``n`` idle actors (None: the default); surplus ones are killed."""
+    global _size
+    if n is not None and (isinstance(n, bool) or int(n) < 0):
+        raise ValueError(f"pool size must be >= 0, got {n!r}")
+    _size = None if n is None else int(n)
+    _trim(pool_size())
+
+
+def pooled() -> dict[str, int]:
+    """``{actor class: idle actors kept}`` (for tests and inspection)."""
+    with _lock:
+        _check_job()
+        return {k: len(v) for k, v in _pool.items() if v}
+
+
+def clear_pool() -> None:
+    """Kill every kept actor."""
+    _trim(0)
+
+
+def _current_job() -> str | None:
+    try:
+        return ray.get_runtime_context().get_job_id() if ray.is_initialized() else None
+    except Exception:  # no Ray context: nothing can be reused
+        return None
+
+
+def _check_job() -> None:
+    """Forget handles of an earlier Ray session (call under the lock)."""
+    global _job
+    job = _current_job()
+    if job != _job:
+        _pool.clear()
+        _job = job
+
+
+def _trim(limit: int) -> None:
+    kill = []
+    with _lock:
+        _check_job()
+        total = sum(len(v) for v in _pool.values())
+        while total > limit:
+            name = max(_pool, key=lambda k: len(_pool[k]))
+            kill.append(_pool[name].pop(0))
+            total -= 1
+    for h in kill:
+        try:
+            ray.kill(h, no_restart=True)
+        except Exception:  # already gone
+            pass
+
+
+def take(cls_name: str) -> Any | None:
+    """A kept actor of class ``cls_name`` (to ``reinit``), or None."""
+    if pool_size() == 0:
+        return None
+    with _lock:
+        _check_job()
+        handles = _pool.get(cls_name)
+        return handles.pop() if handles else None
+
+
+def recycle(actors: list[tuple[str, Any]], timeout: float = 3.0) -> list[tuple[str, Any]]:
+    """Quiesce ``actors`` (``(class name, handle)`` of one deployment that is shutting down, all of
+    them; class name None for one that must not be kept, e.g. pinned to a Ray node) and keep the
+    reusable ones; returns those not kept, for the caller to kill."""
+    limit = pool_size()
+    if limit == 0 or not actors:
+        return list(actors)
+    stop = [h.stop_sending.remote() for _, h in actors]
+    live = []
+    for (name, h), ref in zip(actors, stop):
+        try:
+            ray.get(ref, timeout=timeout)
+            live.append((name, h))
+        except Exception:  # dead or stuck: not kept
+            pass
+    rejected = [a for a in actors if a not in live]
+    pending = list(live)
+    keep = []
+    deadline = time.time() + timeout
+    while pending and time.time() < deadline:
+        answers = [h.settled.remote() for _, h in pending]
+        still = []
+        for a, ref in zip(pending, answers):
+            try:
+                done, reusable = ray.get(ref, timeout=max(0.1, deadline - time.time()))
+            except Exception as e:
+                if not is_actor_death(e):
+                    rejected.append(a)
+                continue
+            if not reusable:
+                rejected.append(a)
+            elif done:
+                keep.append(a)
+            else:
+                still.append(a)
+        pending = still
+        if pending:
+            time.sleep(0.01)
+    rejected += pending
+    if pending:  # an old call may still be on its way to one of those kept: keep none
+        rejected += keep
+        keep = []
+    rejected += [a for a in keep if a[0] is None]  # settled, but not interchangeable (pinned to a node)
+    keep = [a for a in keep if a[0] is not None]
+    with _lock:
+        _check_job()
+        room = max(0, limit - sum(len(v) for v in _pool.values()))
+        for name, h in keep[:room]:
+            _pool.setdefault(name, []).append(h)
+    return rejected + keep[room:]

@@ -1,0 +1,104 @@
+"""Actor processes reused across deployments (replistream/engines/ray/pool.py): a later deployment
+re-initialises the actors an earlier one left, nothing of the earlier run leaks into it, and
+actors that may still be reached from the old run are never kept."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+
+import replistream as rs
+from replistream.engines.ray import deploy, pool
+from replistream.sources import KillReplica, Pause
+from replistream.testing import assert_same_output, run_reference
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool():
+    pool.clear_pool()
+    pool.set_pool_size(16)
+    yield
+    pool.set_pool_size(None)
+
+
+def keyed(seed, n=6_000, name="pooled"):
+    rng = np.random.default_rng(seed)
+    q = rs.Query(name)
+    s = q.source("s", {"key": "i8", "x": "f8"}, punctuate_every=100_000)
+    s.filter(lambda b: b["x"] > 0.2, name="f").window(size=200_000, by="key", aggs={"n": "count"},
+                                                       name="w").sink("out")
+    q.build()
+    ts = np.sort(rng.integers(0, 3_000_000, n))
+    data = {"s": [{"ts": ts[a:a + 500], "key": rng.integers(0, 9, len(ts[a:a + 500])),
+                   "x": rng.random(len(ts[a:a + 500]))} for a in range(0, n, 500)]}
+    return q, data
+
+
+def pids(dep):
+    return {label: ray.get(h.pid.remote()) for label, h in dep.handles.items()}
+
+
+def test_a_second_deployment_reuses_the_processes_and_is_exact():
+    q1, d1 = keyed(1)
+    with deploy(q1, servers=3, k=2) as dep:
+        res1 = dep.run(d1)
+        first = pids(dep)
+    assert_same_output(run_reference(q1, d1).outputs["out"], res1.outputs["out"])
+    kept = pool.pooled()
+    assert sum(kept.values()) == len(first) + 1  # every replica and the coordinator
+    q2, d2 = keyed(2, name="again")  # another query and input: nothing of run 1 may show
+    with deploy(q2, servers=3, k=2) as dep:
+        res2 = dep.run(d2)
+        second = pids(dep)
+        assert dep.metrics()["applications"]["out"]["delivered"] == len(res2.outputs["out"])
+    assert set(second.values()) == set(first.values())
+    assert_same_output(run_reference(q2, d2).outputs["out"], res2.outputs["out"])
+
+
+def test_killed_replicas_are_not_kept_and_the_rest_are_reused():
+    q, d = keyed(3)
+    d["s"].insert(4, KillReplica("w", 0))
+    with deploy(q, servers=3, k=2) as dep:
+        res = dep.run(d)
+        dead = {label for label, up in dep.alive.items() if not up}
+    assert dead == {"w#0"}
+    assert_same_output(run_reference(q, d).outputs["out"], res.outputs["out"])
+    assert sum(pool.pooled().values()) == 2 * 3 + 1 - 1 + 1  # entry, f, w, out (one), coordinator
+    q2, d2 = keyed(4)
+    with deploy(q2, servers=3, k=2) as dep:
+        res2 = dep.run(d2)
+    assert_same_output(run_reference(q2, d2).outputs["out"], res2.outputs["out"])
+
+
+def test_nothing_is_kept_when_the_run_was_cut_short():
+    q, d = keyed(5)
+    d["s"].insert(2, Pause(30.0))  # the feeder is still at work when the deployment ends
+    dep = deploy(q, servers=3, k=2)
+    dep.feed(d)
+    dep.shutdown()
+    assert pool.pooled() == {}
+
+
+def test_a_kept_actor_that_died_is_replaced():
+    q, d = keyed(6)
+    with deploy(q, servers=3, k=1) as dep:
+        dep.run(d)
+    for handles in pool._pool.values():  # every kept actor dies while kept
+        for h in handles:
+            ray.kill(h, no_restart=True)
+    q2, d2 = keyed(7)
+    with deploy(q2, servers=3, k=1) as dep:
+        res = dep.run(d2)
+    assert_same_output(run_reference(q2, d2).outputs["out"], res.outputs["out"])
+
+
+def test_reuse_can_be_turned_off():
+    pool.set_pool_size(0)
+    q, d = keyed(8)
+    with deploy(q, servers=3, k=1) as dep:
+        dep.run(d)
+    assert pool.pooled() == {}
+    with pytest.raises(ValueError, match="pool size"):
+        pool.set_pool_size(-1)
