@@ -102,3 +102,22 @@ def test_reuse_can_be_turned_off():
     assert pool.pooled() == {}
     with pytest.raises(ValueError, match="pool size"):
         pool.set_pool_size(-1)
+
+
+def test_a_warm_spare_takes_a_revived_replica_and_the_run_stays_exact():
+    q, d = keyed(9, n=8_000)
+    ref = run_reference(q, d)
+    with deploy(q, servers=3, k=2, spares=1) as dep:
+        assert pool.pooled() == {"ReplicaActor": 1}  # the spare, idle
+        spare_pid = ray.get(pool._pool["ReplicaActor"][0].pid.remote())
+        dep.feed(d)
+        dep.kill_replica("w", 0)
+        ev = dep.revive_replica("w", 0)
+        assert ev["new_replicas"] and pool.pooled() == {}
+        new = ev["new_replicas"][0]["label"]
+        assert ray.get(dep.handles[new].pid.remote()) == spare_pid
+        assert dep.wait(120)
+        res = dep.collect()
+    assert_same_output(ref.outputs["out"], res.outputs["out"])
+    with pytest.raises(ValueError, match="spares"):
+        deploy(q, servers=3, k=2, spares=-1)

@@ -104,6 +104,8 @@ class _Base:
     def reinit(self, *args, **kwargs) -> bool:
         """Become a new actor of this class for another deployment: every attribute dropped, then
         ``__init__(*args, **kwargs)``. Only for an actor the pool took in (quiet and settled)."""
+        if getattr(self, "quiet", False):
+            self.sender.join(timeout=1.0)
         if not getattr(self, "quiet", False) or self.sender.is_alive():
             raise RuntimeError(f"{self.label}: reinit of an actor still in use")
         for name in [n for n in self.__dict__ if not n.startswith("_ray")]:

@@ -335,6 +335,7 @@ class Deployment:
         self._pending_kills: list = []
         self._scenario_thread: threading.Thread | None = None
         physical = PhysicalPlan(query, plan)
+        self._physical = physical  # the plan it started with (a warm spare's arguments)
         self.topology = Topology(physical)
         # the coordinator lives on the driver's own Ray node: losing another node never takes it along
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -451,6 +452,22 @@ class Deployment:
             if not is_actor_death(e):
                 raise
             return cls.options(**opts).remote(*args, **kwargs)
+
+    def start_spares(self, n: int) -> int:
+        """Start ``n`` warm spare replica actors, kept idle in :mod:`.pool` for the replicas this
+        deployment will start while it runs (not waited for: they start beside the run). Returns
+        how many the pool took."""
+        rep = next((r for r in self.topology.replicas() if r.kind == "operator"), None)
+        if rep is None or n <= 0:
+            return 0
+        kept = 0
+        for i in range(n):
+            h = ReplicaActor.remote(self.query, rep.operator, 10_000 + i, rep.server,
+                                    list(self._physical.channels(rep.operator)), self.conditions, self.t0,
+                                    self.channel_opts, None, self.strict, False)
+            h.stop_sending.remote()
+            kept += pool.keep_spare("ReplicaActor", h)
+        return kept
 
     def set_clock(self, handles: Iterable, timeout: float = 120) -> None:
         """Give the actors ``handles`` the feeder's clock (``t0``, ``ts0``, pace) and wait for them."""
@@ -660,6 +677,7 @@ class Deployment:
         """The feeder knows ``ts0``: the replicas get the clock they measure input delay with (Hwang
         §V-C), and the control loop, if any, starts."""
         self.ts0 = ts0
+        self.t0 = self.feeder.t0  # with a pace: the replay starts when the first chunks are there
         wait_quietly([h.set_clock.remote(self.t0, self.ts0, self.speed) for _, h in self.topology.running()])
         if self.manager is not None:
             self.manager.start()
@@ -1038,7 +1056,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
            parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None,
            on_output: Mapping[str, Callable] | None = None, gc=None, on_error: str | None = None,
-           app_replicas: int = 1) -> Deployment:
+           app_replicas: int = 1, spares: int = 0) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -1070,7 +1088,10 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     application, then the next servers in order; a placement mapping may also
     list several servers for an application); the driver keeps the first copy
     of each result, so losing all but one of them loses nothing.
-    Every error in the request is raised before any actor starts.
+    ``spares``: warm spare actors started with the deployment and kept idle
+    (:mod:`.pool`): a replica started while it runs (a revival after a crash, a
+    move, an added replica) takes one instead of starting a process (local
+    logical servers only). Every error in the request is raised before any actor starts.
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
@@ -1121,6 +1142,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     for app in on_output or {}:
         if app not in query.sinks:
             raise ValueError(f"on_output names {app!r}, not an application of query {query.name!r}")
+    if isinstance(spares, bool) or not isinstance(spares, (int, np.integer)) or spares < 0:
+        raise ValueError(f"spares must be a whole number >= 0, got {spares!r}")
     init_ray(address, **(ray_init or {}))
     ship_user_code(query)
     channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
@@ -1128,6 +1151,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
                      parquet_dir, cluster, gc)
     dep.placement = placed
+    dep.start_spares(int(spares))
     ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server))
     for app, cb in (on_output or {}).items():
         dep.on_output(app, cb)

@@ -51,7 +51,8 @@ class Feeder:
     """Feeds the sources to the running entry replicas of ``topology`` (see the module doc).
 
     Hooks, each called from the feeder thread: ``on_start(ts0)`` once the sources'
-    earliest timestamp ``ts0`` is known, before the first chunk; ``on_sentinel(sentinel)``
+    earliest timestamp ``ts0`` is known, before the first chunk (with a pace, :attr:`t0` has
+    then moved to that moment if reading the first chunks took longer than ``t0`` was ahead); ``on_sentinel(sentinel)``
     for each sentinel; ``on_entry_failed(label, reason)`` when an entry replica's call fails.
 
     State (``lock`` guards every field the feeder changes while it runs): ``seqs``
@@ -116,6 +117,8 @@ class Feeder:
             self.max_fed, self.tmax_unknown = None, False
         merge = TimeMerge(iters)  # the sources in event-time order (a sentinel keeps its source's time)
         ts0 = float(merge.first) if merge.first is not None else 0.0
+        if pace is not None:  # paced from when the first chunks are there (a Spark job, a file), not from feed()
+            self.t0 = max(self.t0, time.time())
         self.on_start(ts0)
         self.feeding = True
         for t, src, chunk in merge:

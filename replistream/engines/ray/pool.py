@@ -17,6 +17,10 @@ An actor is kept only when nothing can reach it from its old deployment any more
    own code, no state transfer ever started in them (its thread), no Parquet output, on a
    logical server of the local machine (a server pinned to a Ray node is not interchangeable).
 
+``deploy(..., spares=n)`` adds ``n`` warm spares: replica actors started with the deployment,
+never connected, kept idle; a replica the deployment replaces or adds while it runs (a crash
+repaired by revival, a move, a hand-over) takes one instead of starting a process.
+
 The driver's own threads of the old deployment (feeder, scenario, control loop) must have
 ended, or nothing is kept. A pooled actor that died meanwhile is noticed when re-initialised
 and replaced by a new one. The coordinator is never kept: it receives reports from replicas,
@@ -41,7 +45,7 @@ import ray
 
 from .common import is_actor_death
 
-__all__ = ["pool_size", "set_pool_size", "clear_pool", "take", "recycle", "pooled"]
+__all__ = ["pool_size", "set_pool_size", "clear_pool", "take", "recycle", "pooled", "keep_spare"]
 
 _lock = threading.Lock()
 _pool: dict[str, list] = {}  # actor class name -> handles, oldest first
@@ -121,6 +125,22 @@ def take(cls_name: str) -> Any | None:
         _check_job()
         handles = _pool.get(cls_name)
         return handles.pop() if handles else None
+
+
+def keep_spare(cls_name: str, handle: Any) -> bool:
+    """Keep ``handle``, a new actor that was never connected to anything and was told to
+    ``stop_sending`` right after its creation (a warm spare, Hwang §V-C repairs without
+    starting a process); False (and killed) when the pool is full."""
+    with _lock:
+        _check_job()
+        if sum(len(v) for v in _pool.values()) < pool_size():
+            _pool.setdefault(cls_name, []).insert(0, handle)  # taken after actors left by a deployment
+            return True
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:
+        pass
+    return False
 
 
 def recycle(actors: list[tuple[str, Any]], timeout: float = 3.0) -> list[tuple[str, Any]]:
