@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from .errors import SchemaError
-from .schema import RESERVED, TS, Schema
+from .schema import RESERVED, Schema
 from .spark.convert import TIME_UNITS, ConversionPlan, convert_table
 
 __all__ = ["FileSource"]

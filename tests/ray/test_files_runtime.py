@@ -4,7 +4,6 @@ run is compared with the reference run over the same files."""
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import pyarrow as pa
