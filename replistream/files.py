@@ -364,8 +364,10 @@ class FileSource:
                               tuple(self.pairs), self.on_bad_rows)
 
     # -- the files, in order -------------------------------------------------------------------
-    def _files(self) -> Iterator[str]:
-        """The files to read, in order; watching, new ones as they appear until the end."""
+    def _files(self) -> Iterator[str | None]:
+        """The files to read, in order. Watching, after the files already there: each new file as
+        it is found, and ``None`` when a look found nothing new yet (the caller then serves what
+        it has, or waits ``poll`` seconds), until the end marker or the idle timeout."""
         seen: set[str] = set()
         for f in self._list():
             seen.add(f)
@@ -386,7 +388,7 @@ class FileSource:
                 return
             if self.idle_timeout is not None and time.monotonic() - last_new >= self.idle_timeout:
                 return
-            time.sleep(self.poll)
+            yield None
 
     def replay(self) -> "FileSource":
         """A source over exactly the files this one read, in the same order (the input of a
@@ -418,6 +420,9 @@ class FileSource:
         """:class:`~replistream.operators.entry.SourceBatch` chunks read in this process."""
         plan = None
         for f in self._files():
+            if f is None:  # watching: nothing new yet
+                time.sleep(self.poll)
+                continue
             plan = plan or self._plan(f)
             self.files_read.append(f)
             self.stats["files"] += 1
@@ -426,7 +431,8 @@ class FileSource:
                 yield sb
 
     def _remote_chunks(self) -> Iterator:
-        """:class:`~replistream.sources.ChunkRef` s of chunks read by Ray tasks, ``prefetch`` files ahead."""
+        """:class:`~replistream.sources.ChunkRef` s of chunks read by Ray tasks, up to ``prefetch``
+        files ahead; watching, a file is served as soon as it is read, not held for the next one."""
         import ray
 
         from .sources import ChunkRef
@@ -435,10 +441,15 @@ class FileSource:
         plan = None
         pending: deque = deque()
         files = self._files()
+        ended = False
 
         def launch() -> bool:
-            nonlocal plan
-            f = next(files, None)
+            """Start reading the next file; False when there is none (yet, or any more)."""
+            nonlocal plan, ended
+            f = next(files, False)
+            if f is False:
+                ended = True
+                return False
             if f is None:
                 return False
             plan = plan or self._plan(f)
@@ -447,9 +458,14 @@ class FileSource:
             pending.append((f, task.options(num_returns="streaming").remote(f, self.format, plan, self.chunk_size)))
             return True
 
-        while len(pending) < self.prefetch and launch():
-            pass
-        while pending:
+        while True:
+            while not ended and len(pending) < self.prefetch and launch():
+                pass
+            if not pending:
+                if ended:
+                    return
+                time.sleep(self.poll)  # watching: nothing new yet
+                continue
             f, gen = pending.popleft()
             for meta_ref in gen:
                 try:
@@ -461,4 +477,3 @@ class FileSource:
                 data_ref = next(gen)
                 self._account(meta)
                 yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])
-            launch()

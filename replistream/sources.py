@@ -258,7 +258,9 @@ class TimeMerge:
     :class:`Sentinel`); with ``monotone`` a source's times never go back (a chunk
     earlier than its predecessor keeps the predecessor's place). Ties go to the
     source named first in ``iters``, then keep each source's order. Sources are read
-    lazily, one chunk ahead; :attr:`first` is the earliest first time over the sources
+    lazily: each source's next chunk is read only when the merge is asked for its next item
+    (so a chunk is yielded before its source's following chunk exists, as a watched
+    directory needs), and every source's head must be known to choose; :attr:`first` is the earliest first time over the sources
     (None if no source has a timed chunk), known before anything is taken.
 
     >>> m = TimeMerge({"a": iter([Punctuation(1), Punctuation(0)]), "b": iter([[{"ts": 1}]])})
@@ -275,6 +277,7 @@ class TimeMerge:
         self._pos = {s: 0 for s in self.iters}
         self._last: dict[str, float] = {s: -math.inf for s in self.iters}
         self._heap: list = []
+        self._due: str | None = None  # the source whose chunk was yielded last, read on the next call
         for s in self.iters:
             self._advance(s)
         firsts = [t for t, end, *_ in self._heap if not end and math.isfinite(t)]
@@ -297,11 +300,14 @@ class TimeMerge:
         return self
 
     def __next__(self) -> tuple[float, str, Any]:
+        if self._due is not None:
+            src, self._due = self._due, None
+            self._advance(src)
         if not self._heap:
             raise StopIteration
         t, end, _, _, src, chunk = heapq.heappop(self._heap)
         if not end:
-            self._advance(src)
+            self._due = src
         return t, src, chunk
 
 

@@ -4,6 +4,7 @@ run is compared with the reference run over the same files."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -67,6 +68,11 @@ def test_watched_directory_picks_up_new_files(tmp_path):
     dep = deploy(q, servers=3, k=2)
     try:
         dep.feed({"load": src})
+        deadline = time.time() + 60  # the first file is served before any other file exists
+        while dep.delivered.count("per_key") == 0 and time.time() < deadline:
+            dep.poll()
+            time.sleep(0.05)
+        assert dep.delivered.count("per_key") > 0, "the first file's results waited for a second file"
         for i in range(1, 3):  # each file written under a hidden name, then renamed: never read half-written
             pq.write_table(part(i), str(d / f".part-{i:02d}.tmp"))
             os.rename(d / f".part-{i:02d}.tmp", d / f"part-{i:02d}.parquet")

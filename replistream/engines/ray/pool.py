@@ -151,12 +151,16 @@ def recycle(actors: list[tuple[str, Any]], timeout: float = 3.0) -> list[tuple[s
     if limit == 0 or not actors:
         return list(actors)
     stop = [h.stop_sending.remote() for _, h in actors]
+    ready, _ = ray.wait(stop, num_returns=len(stop), timeout=timeout)  # one deadline for all of them
+    ready = set(ready)
     live = []
-    for (name, h), ref in zip(actors, stop):
+    for a, ref in zip(actors, stop):
+        if ref not in ready:
+            continue  # stuck (e.g. blocked on a receiver): not kept
         try:
-            ray.get(ref, timeout=timeout)
-            live.append((name, h))
-        except Exception:  # dead or stuck: not kept
+            ray.get(ref)
+            live.append(a)
+        except Exception:  # dead: not kept
             pass
     rejected = [a for a in actors if a not in live]
     pending = list(live)
