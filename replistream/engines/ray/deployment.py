@@ -40,6 +40,7 @@ import numpy as np
 import ray
 
 from ...errors import QueryError, RunFailed, UserFunctionError, merge_dead_letters
+from ...idle import Heartbeat, idle_timeouts
 from ...operators.base import NO_PUNCTUATION
 from ...placement.nodes import ray_options
 from ...plan import ENTRY, PhysicalPlan, ReplicaId, replica_index
@@ -632,7 +633,8 @@ class Deployment:
         return rec
 
     # -- feeding -------------------------------------------------------------------------------
-    def feed(self, inputs: Mapping[str, Iterable], pace: float | None = None, chunk_size: int = 10_000) -> None:
+    def feed(self, inputs: Mapping[str, Iterable], pace: float | None = None, chunk_size: int = 10_000,
+             idle_timeout: float | Mapping[str, float] | None = None) -> None:
         """Start feeding ``inputs`` (``{source: iterable of chunks or records}``) in a background thread.
 
         With ``pace=s`` a tuple with timestamp ``ts`` is released at wall time
@@ -651,6 +653,13 @@ class Deployment:
         raises :class:`~replistream.errors.SchemaError` here) and then yields
         :class:`~replistream.sources.ChunkRef` s, chunks already in Ray's object
         store, which go to the entry points without passing through the driver.
+
+        ``idle_timeout`` (seconds, for every source or ``{source: seconds}``): a source with
+        nothing to send for that long no longer holds back the others (a join or a window
+        behind it), and gets heartbeat punctuations while it stays quiet; a tuple it sends
+        later at or below one is late and dead-lettered (:mod:`replistream.idle`). The
+        heartbeats are logged (:meth:`heartbeats`); the reference of such a run is the ideal
+        run over :func:`replistream.idle.with_heartbeats` of the same input.
         """
         if self.shut_down:
             raise RuntimeError("this deployment was shut down: deploy the query again to run it")
@@ -664,6 +673,7 @@ class Deployment:
             raise ValueError(f"pace must be > 0, got {pace}")
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a whole number of rows >= 1, got {chunk_size!r}")
+        idle = idle_timeouts(idle_timeout, list(self.query.sources))
         for src, data in inputs.items():
             if hasattr(data, "bind"):
                 data.bind(src, self.query.schema_of(src))
@@ -671,7 +681,17 @@ class Deployment:
         self.t0 = time.time() + 0.05
         wait_quietly([h.set_start.remote(self.t0) for _, h in self.topology.running()])
         self._broadcast_network()
-        self.feeder.start(self.query.sources, inputs, pace, chunk_size, self.t0)
+        disorder = {src: self.query.spec(src).max_disorder for src in self.query.sources}
+        self.feeder.start(self.query.sources, inputs, pace, chunk_size, self.t0, idle=idle, disorder=disorder)
+
+    def heartbeats(self) -> list[Heartbeat]:
+        """The heartbeat punctuations put on idle sources so far (:class:`replistream.idle.Heartbeat`:
+        source, position, punctuation, wall time); empty unless fed with ``idle_timeout``.
+
+        >>> dep.run(inputs, idle_timeout=0.5); hb = dep.heartbeats()              # doctest: +SKIP
+        >>> run_reference(dep.query, with_heartbeats(inputs, hb, chunk_size=10_000))  # doctest: +SKIP
+        """
+        return self.feeder.heartbeats
 
     def _feed_started(self, ts0: float) -> None:
         """The feeder knows ``ts0``: the replicas get the clock they measure input delay with (Hwang
@@ -809,16 +829,16 @@ class Deployment:
         return arr - self.t0, lat
 
     def run(self, inputs: Mapping[str, Iterable], pace: float | None = None, timeout: float = 600.0,
-            scenario=None, progress: Callable[[dict], None] | None = None, chunk_size: int = 10_000
-            ) -> RunResult:
+            scenario=None, progress: Callable[[dict], None] | None = None, chunk_size: int = 10_000,
+            idle_timeout: float | Mapping[str, float] | None = None) -> RunResult:
         """Feed ``inputs``, apply ``scenario`` (a :class:`~replistream.scenario.Scenario`), wait, collect.
 
-        ``chunk_size`` is the most rows the feeder sends to the entry points in one batch (see
-        :meth:`feed`).
+        ``chunk_size`` is the most rows the feeder sends to the entry points in one batch, and
+        ``idle_timeout`` when a quiet source stops holding the others back (see :meth:`feed`).
         """
         if scenario is not None:
             self.install_scenario(scenario)
-        self.feed(inputs, pace, chunk_size)
+        self.feed(inputs, pace, chunk_size, idle_timeout)
         if scenario is not None:
             self._start_scenario_thread(scenario)
         ok = self.wait(timeout, progress)

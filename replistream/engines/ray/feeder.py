@@ -13,6 +13,11 @@ entry replica. A chunk already in Ray's object store
 through the driver. At most 32 chunks per entry replica are in flight; an entry
 replica whose call fails is reported (``on_entry_failed``) and skipped.
 
+With idle timeouts (``idle``: ``{source: seconds}``) the sources are merged by
+:class:`~replistream.idle.IdleMerge` instead: a source with nothing to send for its
+timeout no longer holds the others back, and gets heartbeat punctuations (logged
+in :attr:`Feeder.heartbeats`), sent to every entry replica like any chunk.
+
 A :class:`~replistream.sources.Sentinel` among a source's chunks runs
 (``on_sentinel``) once everything before it has reached the entry points, and
 with no lock held.
@@ -37,6 +42,7 @@ import ray
 
 from ...operators.base import NO_PUNCTUATION
 from ...plan import ENTRY
+from ...idle import Heartbeat, IdleMerge
 from ...sources import ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, needs_stamp, stamp
 from .common import is_actor_death
 from .topology import Topology
@@ -83,15 +89,25 @@ class Feeder:
         self.done_wall: float | None = None
         self.t0 = time.time()
         self.thread: threading.Thread | None = None
+        self.merge: IdleMerge | None = None
+
+    @property
+    def heartbeats(self) -> list[Heartbeat]:
+        """The heartbeat punctuations put on idle sources so far (empty without idle timeouts)."""
+        merge = self.merge
+        return list(merge.heartbeats) if merge is not None else []
 
     # -- running ---------------------------------------------------------------------------
     def start(self, sources: list[str], inputs: Mapping[str, Any], pace: float | None, chunk_size: int,
-              t0: float) -> None:
+              t0: float, idle: Mapping[str, float] | None = None, disorder: Mapping[str, int] | None = None) -> None:
         """Feed ``inputs`` (``{source: input}``, sources in ``sources`` order) in a background
         thread; ``t0`` is the run's start (wall time), ``pace`` event seconds per second (None:
-        as fast as the entry points take it)."""
+        as fast as the entry points take it); ``idle`` the idle timeouts (``{source: seconds}``)
+        and ``disorder`` each source's ``max_disorder`` (see :mod:`replistream.idle`)."""
         self.t0 = t0
         self.done_wall = None
+        self.idle = dict(idle or {})
+        self.disorder = dict(disorder or {})
         self.thread = threading.Thread(target=self._run, args=(list(sources), dict(inputs), pace, chunk_size),
                                        daemon=True, name="replistream-feeder")
         self.thread.start()
@@ -106,6 +122,9 @@ class Feeder:
             self._feed(sources, inputs, pace, chunk_size)
         except BaseException as e:  # surfaced by Deployment.wait()
             self.error = e
+        finally:
+            if self.merge is not None:
+                self.merge.close()
 
     def _feed(self, sources: list[str], inputs, pace, chunk_size) -> None:
         iters: dict[str, Iterator] = {s: iter(iter_chunks(inputs.get(s, ()), chunk_size)) for s in sources}
@@ -115,10 +134,15 @@ class Feeder:
             self.open_sources = set(sources)
             self.inflight = {label: [] for label, _ in self.topology.running(ENTRY)}
             self.max_fed, self.tmax_unknown = None, False
-        merge = TimeMerge(iters)  # the sources in event-time order (a sentinel keeps its source's time)
+        if self.idle:  # quiet sources do not hold the others back; they get heartbeats
+            merge = self.merge = IdleMerge(iters, self.idle, self.disorder)
+        else:
+            merge = TimeMerge(iters)  # the sources in event-time order (a sentinel keeps its source's time)
         ts0 = float(merge.first) if merge.first is not None else 0.0
         if pace is not None:  # paced from when the first chunks are there (a Spark job, a file), not from feed()
             self.t0 = max(self.t0, time.time())
+            if self.merge is not None:  # heartbeats follow the replay's clock too
+                self.merge.now_ts = lambda: ts0 + (time.time() - self.t0) * 1e6 * pace
         self.on_start(ts0)
         self.feeding = True
         for t, src, chunk in merge:
