@@ -4,7 +4,9 @@ Every trial deploys one of two queries on local Ray with ``k`` replicas of every
 seeded input that holds malformed records, and injects seeded faults at event times of the input
 (sentinels, :mod:`replistream.sources`):
 
-* kills of replicas of every operator and of the entry points, at most ``k - 1`` per node;
+* kills of replicas of every operator and of the entry points, at most ``k - 1`` per node; half
+  of them by the deployment, half behind its back (the actor dies unannounced, as a crashed
+  process: only the driver's liveness check and the senders notice);
 * server kills that stay within the fault model (every node keeps a live replica; the
   application's server is spared, as it runs one replica);
 * delayed and cut links, for a few seconds each;
@@ -154,7 +156,10 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
             for i in rng.choice(k, size=int(rng.integers(1, k)), replace=False).tolist():
                 if len(killed[g]) < k - 1:
                     killed[g].add(i)
-                    faults.append((at(), f"kill {g}#{i}", KillReplica(g, int(i))))
+                    if rng.random() < 0.5:  # the deployment kills it (and so knows at once)
+                        faults.append((at(), f"kill {g}#{i}", KillReplica(g, int(i))))
+                    else:  # it dies behind the deployment's back: only the liveness check tells
+                        faults.append((at(), f"crash {g}#{i}", Call(lambda d, label=f"{g}#{i}": _crash(d, label))))
     candidates = [s for s in servers if s not in apps_servers]
     rng.shuffle(candidates)
     for s in candidates[:1]:  # one server, if the model allows it
@@ -175,6 +180,15 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
             faults.append((at(), f"cut {a}<->{b} for {dur:g} s",
                            Call(lambda d, a=a, b=b, dur=dur: d.cut_link(a, b, dur))))
     return sorted(faults, key=lambda f: f[0])
+
+
+def _crash(dep, label: str) -> None:
+    """Kill ``label``'s actor without telling the deployment (a crashed process, an OOM kill)."""
+    import ray
+
+    h = dep.topology.handle(label)
+    if h is not None and dep.topology.is_running(label):
+        ray.kill(h, no_restart=True)
 
 
 def _time_span(inputs: dict) -> tuple[int, int]:
@@ -325,6 +339,7 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
     for t in done:
         for _, what, _ in t.faults:
             kind = ("server kill" if what.startswith("kill server") else "replica kill" if what.startswith("kill")
+                    else "unannounced replica crash" if what.startswith("crash")
                     else "link delay" if what.startswith("delay") else "link cut" if what.startswith("cut")
                     else "live move" if what.startswith("move") else "runtime change")
             kinds[kind] = kinds.get(kind, 0) + 1

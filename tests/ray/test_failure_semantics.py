@@ -3,12 +3,15 @@ never a silent timeout (docs/reliability.md). An error raised by a replica's own
 of that replica; losing every replica of an operator or of the application ends the run at once."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
+import ray
 
 from replistream import Query, RunFailed, UserFunctionError, deploy, seconds
-from replistream.sources import KillReplica, KillServer, inject_at
-from replistream.testing import run_reference
+from replistream.sources import Call, KillReplica, KillServer, inject_at
+from replistream.testing import assert_same_output, run_reference
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -97,6 +100,40 @@ def test_losing_every_replica_of_an_operator_ends_the_run_at_once_naming_it():
         with pytest.raises(RunFailed, match=r"every replica of 'per_k' is lost: per_k#0 .*per_k#1") as e:
             dep.run(data, timeout=600)
     assert e.value.operator == "per_k" and e.value.result is not None
+
+
+def crash(label):
+    """A death the deployment does not cause (as a crashed process or an OOM kill): the actor is
+    killed behind its back, so only the driver's liveness check can tell."""
+    return Call(lambda d: ray.kill(d.topology.handle(label), no_restart=True))
+
+
+def test_replicas_that_die_on_their_own_are_noticed_and_losing_all_ends_the_run_naming_them():
+    q = query(lambda b: b["v"] > 0, window=True)
+    data = inputs()
+    mid = seconds(15)
+    data["s"] = inject_at(inject_at(data["s"], mid, crash("per_k#0")), mid + seconds(1), crash("per_k#1"))
+    with deploy(q, servers=SERVERS, k=2) as dep:
+        with pytest.raises(RunFailed, match=r"every replica of 'per_k' is lost: per_k#0 \(died \(noticed by the "
+                                            r"driver's liveness check\).*per_k#1") as e:
+            dep.run(data, timeout=600)  # before: no error until the timeout
+    assert e.value.operator == "per_k"
+
+
+def test_one_replica_that_dies_on_its_own_is_masked_and_logged():
+    q = query(lambda b: b["v"] > 0, window=True)
+    data = inputs()
+    ref = run_reference(q, data)
+    data["s"] = inject_at(data["s"], seconds(15), crash("per_k#1"))
+    with deploy(q, servers=SERVERS, k=2) as dep:
+        res = dep.run(data, timeout=600)
+        deadline = time.time() + 60
+        while not any(e.get("actor") == "per_k#1" for e in dep.events if e.get("event") == "dead"):
+            assert time.time() < deadline, "the death of per_k#1 was never noticed"
+            dep.check_failures()  # nothing to raise: one replica of two is lost
+            time.sleep(0.05)
+    assert res.complete
+    assert_same_output(ref.outputs["out"], res.outputs["out"])
 
 
 def test_losing_the_only_application_replica_ends_the_run_naming_the_application():

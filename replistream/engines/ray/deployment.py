@@ -366,6 +366,8 @@ class Deployment:
         for app in query.sinks:
             self.delivered.add(app, [r.label for r in physical.replicas(app)])
         self._raised_since: float | None = None  # when a sender first reported that its receiver raised
+        self._pings: dict[str, Any] = {}  # label -> outstanding liveness ping (_notice_deaths)
+        self._pinged: dict[str, float] = {}  # label -> when it was last pinged
         self.shut_down = False
         self.feeder = Feeder(self.topology, on_start=self._feed_started, on_sentinel=self._run_sentinel,
                              on_entry_failed=self.mark_failed)
@@ -735,8 +737,42 @@ class Deployment:
         low = min(puncts, default=NO_PUNCTUATION)
         return None if low == NO_PUNCTUATION else int(low)
 
+    #: Seconds between liveness pings of one actor (:meth:`_notice_deaths`).
+    PING_EVERY_S = 0.5
+
+    def _notice_deaths(self) -> None:
+        """Notice actors that died without the deployment killing them (a crashed process, an
+        out-of-memory kill, a lost node): each running actor has one ping outstanding
+        (``__ray_ready__``, re-sent :attr:`PING_EVERY_S` after it answered); a ping that fails
+        with the actor's death marks it failed (:meth:`mark_failed`, event ``"dead"``), so a loss
+        within k-1 replicas is logged and the loss of every replica of a node ends the run at once,
+        naming it, instead of waiting for a timeout. A busy actor answers late, never wrongly."""
+        running = dict(self.topology.running())
+        for label in [lab for lab in self._pings if lab not in running]:
+            del self._pings[label]
+        if self._pings:
+            refs = list(self._pings.values())
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            done = set(ready)
+            for label, ref in list(self._pings.items()):
+                if ref not in done:
+                    continue
+                del self._pings[label]
+                try:
+                    ray.get(ref)
+                except Exception as e:
+                    if is_actor_death(e):
+                        self.mark_failed(label, f"died (noticed by the driver's liveness check): {type(e).__name__}")
+                        running.pop(label, None)
+        now = time.time()
+        for label, h in running.items():
+            if label not in self._pings and now - self._pinged.get(label, 0.0) >= self.PING_EVERY_S:
+                self._pings[label] = h.__ray_ready__.remote()
+                self._pinged[label] = now
+
     def check_failures(self) -> None:
         """Raise the run's failure if it has one (see :meth:`wait`); nothing otherwise."""
+        self._notice_deaths()
         try:
             failed = ray.get(self.coordinator.failures.remote(), timeout=30)
         except Exception as e:
