@@ -295,6 +295,8 @@ class _Base:
             "last_push_s": self.last_push,
             "dropped": list(self.dropped),
             "retained_tuples": {n: ob.log.tuples for n, ob in self.outboxes.items()},
+            "first_output_wall": min((ob.first_emit for ob in self.outboxes.values() if ob.first_emit is not None),
+                                     default=None),
         }
 
 

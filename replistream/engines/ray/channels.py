@@ -152,6 +152,7 @@ class Outbox:
         self.lock = threading.Condition()
         self.closed = False
         self.wake: threading.Event | None = None  # set by emit so an idle sender thread wakes up
+        self.first_emit: float | None = None  # wall time of the first output emitted (repair timing)
         self.blocked_s = 0.0  # time emit() waited for room (backpressure)
         # retention log: every flushed item, in flush order, until every active link
         # acknowledged a punctuation covering it
@@ -229,6 +230,8 @@ class Outbox:
         if not items:
             return
         with self.lock:
+            if self.first_emit is None:
+                self.first_emit = time.time()
             punct = False
             for it in items:
                 if isinstance(it, CONTROL):

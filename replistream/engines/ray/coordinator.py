@@ -74,14 +74,18 @@ class CoordinatorActor:
 
     def failures(self) -> list[dict]:
         """The run's failures: replicas whose own code raised (``"fatal"`` reports), and links a sender
-        dropped because its receiver raised (a receiver that could not report it itself)."""
+        dropped because its receiver raised (a receiver that could not report it itself); then
+        ``"died"`` entries, receivers a sender found dead (a crash, not a failure of the run)."""
         fatal = [e for e in self.events if e["kind"] == "fatal"]
         raised = [{"kind": "raised", "replica": e["to"], "operator": e["to"].rpartition("#")[0], "logical_time": None,
                    "user_function": False, "error": "RayTaskError",
                    "message": f"{e['reason']} (reported by its sender {e['from']})", "row": None, "cause": None}
                   for e in self.events
                   if e["kind"] == "channel_dropped" and str(e.get("reason", "")).startswith("receiver raised")]
-        return fatal + raised  # a replica's own report names more (its logical time, the row)
+        died = [{"kind": "died", "replica": e["to"], "reason": f"{e['reason']} (reported by its sender {e['from']})"}
+                for e in self.events
+                if e["kind"] == "channel_dropped" and str(e.get("reason", "")).startswith("receiver died")]
+        return fatal + raised + died  # a replica's own report names more (its logical time, the row)
 
     # -- the plan ------------------------------------------------------------------------------
     def set_placement(self, query, servers: list, placement, handles: dict | None = None,

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterable
@@ -369,6 +371,12 @@ class Deployment:
         self._pings: dict[str, Any] = {}  # label -> outstanding liveness ping (_notice_deaths)
         self._pinged: dict[str, float] = {}  # label -> when it was last pinged
         self.shut_down = False
+        self.repair = False  # deploy(repair=True): a crashed operator replica is replaced (_repair_loop)
+        self.spares = 0
+        self.repairs: list[dict] = []  # one record per repair tried (see _repair_loop)
+        self._repair_queue: queue.Queue = queue.Queue()
+        self._repair_thread: threading.Thread | None = None
+        self._lost_servers: set[str] = set()
         self.feeder = Feeder(self.topology, on_start=self._feed_started, on_sentinel=self._run_sentinel,
                              on_entry_failed=self.mark_failed)
         self.manager: ReplicaManager | None = None if gc is None else ReplicaManager(self, gc)
@@ -781,6 +789,9 @@ class Deployment:
             raise RunFailed(f"the deployment's coordinator died ({type(e).__name__}): it holds the plan and "
                             f"the failure reports, so the run cannot go on; nothing after the last results "
                             f"fetched is known to be delivered") from e
+        for f in [f for f in failed if f["kind"] == "died"]:  # a sender found its receiver dead
+            self.mark_failed(f["replica"], f"died: {f['reason']}")  # idempotent: one already known is left
+        failed = [f for f in failed if f["kind"] != "died"]
         if failed and failed[0]["kind"] != "fatal":  # only a sender's report so far: give the replica's own
             self._raised_since = self._raised_since or time.time()  # report (which names more) a moment
             if time.time() - self._raised_since < 1.0:
@@ -943,6 +954,7 @@ class Deployment:
         if server not in self.servers:
             raise ValueError(f"unknown server {server!r}; servers: {sorted(self.servers)}")
         victims = [label for label, _ in self.topology.running() if self.topology.server(label) == server]
+        self._lost_servers.add(server)
         node = self.servers[server].node
         if self.cluster is not None and node:
             for n in list(self.cluster.list_all_nodes()):
@@ -964,6 +976,66 @@ class Deployment:
         for other, h in self.topology.running():
             if other != label:
                 h.drop_link.remote(label, reason)
+        if self.repair:
+            self._schedule_repair(label, reason)
+
+    # -- automatic repair ----------------------------------------------------------------------
+    def _schedule_repair(self, label: str, reason: str) -> None:
+        """Queue the repair of crashed ``label`` (``deploy(repair=True)``): an operator replica
+        whose server is not lost; entry points and applications are not rebuilt (an entry
+        point's input cannot be replayed to it, an application holds delivered results)."""
+        rep = self.topology.replica(label)
+        why = None
+        if rep.kind != "operator":
+            why = f"{'an entry point' if rep.kind == 'entry' else 'an application'} is not rebuilt"
+        elif rep.server in self._lost_servers:
+            why = f"its server {rep.server} is lost"
+        elif self.shut_down:
+            return
+        if why is not None:
+            self.repairs.append({"replica": label, "repaired": False, "why": why})
+            self.events.append({"t": self.now(), "event": "not_repaired", "actor": label, "why": why})
+            return
+        self._repair_queue.put((label, time.time()))
+        if self._repair_thread is None or not self._repair_thread.is_alive():
+            self._repair_thread = threading.Thread(target=self._repair_loop, daemon=True, name="replistream-repair")
+            self._repair_thread.start()
+
+    def _repair_loop(self) -> None:
+        """Replace each queued crashed replica by a new one on its server, built by hand-over from a
+        live peer (:meth:`revive_replica`, Hwang §V-C; a warm spare's process if one is kept), then
+        start a spare in place of the one taken. A repair that fails leaves the operator with fewer
+        replicas, never with wrong output: it is logged (``repair_failed``), kept in
+        :attr:`repairs` and warned about."""
+        while not self.shut_down:
+            try:
+                label, detected = self._repair_queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if self.shut_down:
+                return
+            if self.delivered.complete():  # nothing is left to compute
+                self.repairs.append({"replica": label, "repaired": False, "why": "the run had completed"})
+                continue
+            op = self.topology.replica(label).operator
+            if not any(r.state == "live" and self.topology.is_running(r.label) for r in self.topology.replicas(op)):
+                continue  # nothing to hand over from: the run fails naming the operator (check_failures)
+            rec = {"replica": label, "detected_wall": detected}
+            try:
+                ev = self.control_loop().replace_replica(label)
+                rec.update(repaired=True, new=ev["new_replicas"][0]["label"], installed_wall=time.time())
+                self.events.append({"t": self.now(), "event": "repaired", "actor": label, "new": rec["new"],
+                                    "seconds": round(rec["installed_wall"] - detected, 4)})
+                if self.spares:
+                    self.start_spares(1)
+            except Exception as e:  # the run stays exact with the replicas left; said loudly
+                if self.shut_down:
+                    return
+                rec.update(repaired=False, why=f"{type(e).__name__}: {e}")
+                self.events.append({"t": self.now(), "event": "repair_failed", "actor": label, "error": rec["why"]})
+                warnings.warn(f"replistream: could not repair {label} ({rec['why']}); {op!r} runs on with the "
+                              f"replicas left", RuntimeWarning, stacklevel=1)
+            self.repairs.append(rec)
 
     # -- network conditions -------------------------------------------------------------------
     def _net_event(self, desc: dict) -> None:
@@ -1085,7 +1157,9 @@ class Deployment:
         if self.manager is not None:
             self.manager.stop()
         running = self.topology.stop_all()
-        threads = [self.feeder.thread, self._scenario_thread,
+        if self._repair_thread is not None:
+            self._repair_thread.join(30)
+        threads = [self.feeder.thread, self._scenario_thread, self._repair_thread,
                    None if self.manager is None else getattr(self.manager, "_thread", None)]
         if pool.pool_size() and not any(t is not None and t.is_alive() for t in threads):
             # every actor stops sending and settles; local ones may be kept for the next deployment
@@ -1112,7 +1186,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
            parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None,
            on_output: Mapping[str, Callable] | None = None, gc=None, on_error: str | None = None,
-           app_replicas: int = 1, spares: int = 0) -> Deployment:
+           app_replicas: int = 1, spares: int = 0, repair: bool = False) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -1147,7 +1221,12 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     ``spares``: warm spare actors started with the deployment and kept idle
     (:mod:`.pool`): a replica started while it runs (a revival after a crash, a
     move, an added replica) takes one instead of starting a process (local
-    logical servers only). Every error in the request is raised before any actor starts.
+    logical servers only). ``repair=True``: an operator replica that crashes
+    (killed, or noticed dead by the liveness check) is replaced on its server
+    by a new replica built by hand-over from a live peer, so the operator is
+    back to k replicas (``dep.repairs``, ``repaired`` events; entry points,
+    applications and replicas of a lost server are not rebuilt). Every error
+    in the request is raised before any actor starts.
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
@@ -1200,6 +1279,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
             raise ValueError(f"on_output names {app!r}, not an application of query {query.name!r}")
     if isinstance(spares, bool) or not isinstance(spares, (int, np.integer)) or spares < 0:
         raise ValueError(f"spares must be a whole number >= 0, got {spares!r}")
+    if not isinstance(repair, bool):
+        raise ValueError(f"repair must be True or False, got {repair!r}")
     init_ray(address, **(ray_init or {}))
     ship_user_code(query)
     channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
@@ -1207,6 +1288,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
                      parquet_dir, cluster, gc)
     dep.placement = placed
+    dep.repair, dep.spares = repair, int(spares)
     dep.start_spares(int(spares))
     ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server))
     for app, cb in (on_output or {}).items():
