@@ -135,6 +135,22 @@ def test_one_replica_that_dies_on_its_own_is_masked_and_logged():
     assert_same_output(ref.outputs["out"], res.outputs["out"])
 
 
+def hangs(b):
+    """A user function that never returns on rows with k == 5 (as a call to a dead service would)."""
+    if (b["k"] == 5).any():
+        time.sleep(3600)
+    return b["v"] > 0
+
+
+def test_a_timeout_names_the_operator_that_holds_the_run_back():
+    with deploy(query(hangs), servers=SERVERS, k=2) as dep:
+        dep.ASK_TIMEOUT_S = 2.0  # the hung replicas never answer: do not wait long for them
+        with pytest.raises(RunFailed, match=r"'pick' holds the run back: pick#\d busy in a call .*pick#\d busy") as e:
+            dep.run(inputs(), timeout=6)
+    assert e.value.operator == "pick" and e.value.result is not None
+    assert {"pick#0", "pick#1"} <= {a["actor"] for a in e.value.result.events if a.get("event") == "no_answer"}
+
+
 def test_losing_the_only_application_replica_ends_the_run_naming_the_application():
     data = inputs()
     data["s"] = inject_at(data["s"], seconds(15), KillServer("boston"))

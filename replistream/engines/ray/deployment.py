@@ -745,6 +745,10 @@ class Deployment:
         low = min(puncts, default=NO_PUNCTUATION)
         return None if low == NO_PUNCTUATION else int(low)
 
+    #: Seconds :meth:`collect` and :meth:`metrics` wait for the actors' answers (all asked at once);
+    #: one busy in a call that does not return is left out and said so.
+    ASK_TIMEOUT_S = 15.0
+
     #: Seconds between liveness pings of one actor (:meth:`_notice_deaths`).
     PING_EVERY_S = 0.5
 
@@ -891,12 +895,67 @@ class Deployment:
         ok = self.wait(timeout, progress)
         res = self.collect()
         if not ok:
-            waiting = {n: int(p) for n, p in res.punctuation.items() if p != END}
+            waiting = {n: "none yet" if p == NO_PUNCTUATION else f"{p / 1e6:.6g} s"
+                       for n, p in res.punctuation.items() if p != END}
+            node, text = self.holdup()
             raise RunFailed(f"the run did not complete within {timeout:g} s and no failure explains it: "
                             f"applications {sorted(waiting)} have not received the end of the stream "
-                            f"(last punctuations {waiting}); raise the timeout if the input is that long",
-                            logical_time=self.reached(), result=res)
+                            f"(last punctuations {waiting}); {text}; raise the timeout if the input is that "
+                            f"long", operator=node, logical_time=self.reached(), result=res)
         return res
+
+    def holdup(self, wait_s: float = 2.0) -> tuple[str | None, str]:
+        """Where the run is held up: the first node, from the entry points down, that has not
+        reached the end of the stream, with each of its replicas' logical time (its watermark; an
+        entry point's punctuation) or, for a replica that does not answer within ``wait_s``, that
+        it is busy in a call (e.g. a user function that does not return). Returns ``(node, text)``
+        (``(None, text)`` if every node has reached the end). What a timeout's error names.
+
+        >>> dep.holdup()   # doctest: +SKIP
+        ('pick', "'pick' holds the run back: pick#0 busy in a call (no answer in 2 s), pick#1 at ...")
+        """
+        running = self.topology.running()
+        refs = {label: h.stats.remote() for label, h in running}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=wait_s) if refs else ([], [])
+        done = set(ready)
+        where: dict[str, list[tuple[str, int | None, str]]] = {}
+        for label, ref in refs.items():
+            rep = self.topology.replica(label)
+            if rep.kind == "application":
+                continue
+            if ref not in done:
+                where.setdefault(rep.operator, []).append((label, None, f"busy in a call (no answer in {wait_s:g} s)"))
+                continue
+            try:
+                st = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - said in the text
+                where.setdefault(rep.operator, []).append((label, None, f"unreachable ({type(e).__name__})"))
+                continue
+            if rep.kind == "entry":
+                t = min((int(e["punctuation"]) for e in st.get("entries", {}).values()), default=None)
+            else:
+                t = st.get("watermark")
+                t = None if t is None else int(t)
+            where.setdefault(rep.operator, []).append((label, t, "pending a state hand-over" if st.get("pending")
+                                                       else ""))
+
+        def at(t: int | None, note: str) -> str:
+            if note:
+                return note
+            if t is None or t == NO_PUNCTUATION:
+                return "no punctuation yet"
+            return "at the end of the stream" if t == END else f"at logical time {t / 1e6:.6g} s"
+
+        for node in [ENTRY, *self.query.operators]:
+            reps = where.get(node)
+            if not reps:
+                continue
+            if any(t == END for _, t, _ in reps):
+                continue
+            what = "the entry points" if node == ENTRY else repr(node)
+            return node, f"{what} hold{'' if node == ENTRY else 's'} the run back: " + \
+                ", ".join(f"{label} {at(t, note)}" for label, t, note in reps)
+        return None, "every operator reached the end of the stream (the applications have not: see their replicas)"
 
     def collect(self) -> RunResult:
         """What the applications received so far, as a :class:`~replistream.engines.result.RunResult`:
@@ -911,13 +970,18 @@ class Deployment:
         # (entry replicas: one answer, as malformed records have no id to merge by)
         running = self.topology.running()
         answers = [h.dead_letters.remote() for _, h in running]
+        ready = set(ray.wait(answers, num_returns=len(answers), timeout=self.ASK_TIMEOUT_S)[0]) if answers else set()
         dead, entry_done = [], False
         for (label, _), ref in zip(running, answers):
             is_entry = self.topology.replica(label).kind == "entry"
             if is_entry and entry_done:
                 continue
+            if ref not in ready:  # busy in a call that does not return: its peers' letters stand for its own
+                self.events.append({"t": self.now(), "event": "no_answer", "actor": label, "call": "dead_letters",
+                                    "seconds": self.ASK_TIMEOUT_S})
+                continue
             try:
-                dead.extend(ray.get(ref, timeout=60))
+                dead.extend(ray.get(ref))
                 entry_done = entry_done or is_entry
             except Exception as e:
                 if not is_actor_death(e):
@@ -1103,13 +1167,20 @@ class Deployment:
     def metrics(self) -> dict:
         """Per application: delivered tuples and latency; per actor: CPU seconds, links, drops."""
         actors = {}
+        asked = {label: h.stats.remote() for label, h in self.handles.items() if self.topology.is_running(label)}
+        refs = list(asked.values())
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=self.ASK_TIMEOUT_S)[0]) if refs else set()
         for label, h in self.handles.items():
             server = self.topology.server(label)
-            if not self.topology.is_running(label):
+            if label not in asked:
                 actors[label] = {"label": label, "server": server, "alive": False}
                 continue
+            if asked[label] not in ready:  # alive as far as anyone knows, but busy in a call
+                actors[label] = {"label": label, "server": server, "alive": True, "busy": True,
+                                 "error": f"no answer within {self.ASK_TIMEOUT_S:g} s"}
+                continue
             try:
-                s = ray.get(h.stats.remote(), timeout=10)
+                s = ray.get(asked[label])
                 s["alive"] = True
                 actors[label] = s
             except Exception as e:  # reported in the metrics
