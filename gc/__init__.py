@@ -16,7 +16,8 @@ runtime's coordinator and the simulator; the engines apply them.
   (until cost <= theta), each decision an explained :class:`Discard`;
 * :mod:`~replistream.gc.revival`: :func:`plan_revival` on delays,
   :func:`revive_proactively` under theta, :class:`RevivalPolicy`, each
-  decision an explained :class:`RevivalEvent`.
+  decision an explained :class:`RevivalEvent`; :class:`RevivalDamper`
+  (persistence, hysteresis and a hold period against revive/discard oscillation).
 
 docs/gc.md explains the model and every decision the paper leaves open.
 
@@ -33,7 +34,7 @@ docs/gc.md explains the model and every decision the paper leaves open.
 """
 from .garbage import (Discard, GCResult, Group, candidate_groups, choose_discard, collect_garbage, collect_step,
                       dependents, discard, explain_dependents)
-from .revival import ACTIONS, RevivalEvent, RevivalPolicy, apply_revival, plan_revival, revive_proactively
+from .revival import ACTIONS, RevivalDamper, RevivalEvent, RevivalPolicy, apply_revival, plan_revival, revive_proactively
 from .snapshot import ENTRY, OperatorReplica, Snapshot, StreamReplica, replica_index, snapshot_from_plan
 from .utility import Utilities, shares, utilities
 
@@ -42,5 +43,5 @@ __all__ = [
     "Utilities", "utilities", "shares",
     "Group", "Discard", "GCResult", "dependents", "explain_dependents", "candidate_groups", "choose_discard",
     "discard", "collect_step", "collect_garbage",
-    "ACTIONS", "RevivalEvent", "RevivalPolicy", "plan_revival", "revive_proactively", "apply_revival",
+    "ACTIONS", "RevivalEvent", "RevivalPolicy", "RevivalDamper", "plan_revival", "revive_proactively", "apply_revival",
 ]

@@ -261,9 +261,13 @@ def explain_dependents(snapshot: Snapshot, sid: str) -> str:
             + (f" and replica(s) {', '.join(parts)}" if parts else ""))
 
 
-def candidate_groups(snapshot: Snapshot) -> tuple[list[Group], dict[str, str]]:
+def candidate_groups(snapshot: Snapshot, keep: Iterable[str] = ()) -> tuple[list[Group], dict[str, str]]:
     """``C = {dependents(S) : S live} - {empty}`` (Algorithm 6, line 2), without repeats,
     and the stream replicas that cannot go, with the reason.
+
+    ``keep``: stream replica ids and replica labels that must stay live (revived
+    within their hold period, :class:`~replistream.gc.RevivalDamper`, §V-C); a group
+    that would discard one of them is not a candidate.
 
     >>> from replistream.gc.snapshot import OperatorReplica, Snapshot, StreamReplica
     >>> snap = Snapshot([OperatorReplica("entry#0", "entry", "a", "entry"), OperatorReplica("f#0", "f", "b"),
@@ -273,7 +277,10 @@ def candidate_groups(snapshot: Snapshot) -> tuple[list[Group], dict[str, str]]:
     >>> groups, blocked = candidate_groups(snap)
     >>> [g.replicas for g in groups], blocked
     ([('f#0',), ('f#1',)], {})
+    >>> [g.replicas for g in candidate_groups(snap, keep={"f#1"})[0]]
+    [('f#0',)]
     """
+    keep = frozenset(keep)
     ix = _Index(snapshot)
     seen: dict[tuple[str, ...], Group] = {}
     blocked: dict[str, str] = {}
@@ -281,6 +288,8 @@ def candidate_groups(snapshot: Snapshot) -> tuple[list[Group], dict[str, str]]:
         group, why = _closure(ix, sid)
         if group is None:
             blocked[sid] = why
+        elif keep and (keep.intersection(group.streams) or keep.intersection(group.replicas)):
+            blocked[sid] = "held: it would discard a replica or stream replica revived within its hold period"
         else:
             seen.setdefault(group.streams, group)
     return list(seen.values()), blocked
@@ -299,11 +308,12 @@ def _best(snapshot: Snapshot, groups: list[Group], utils: Utilities):
     return best
 
 
-def choose_discard(snapshot: Snapshot, utils: Utilities | None = None) -> Discard | None:
+def choose_discard(snapshot: Snapshot, utils: Utilities | None = None, keep: Iterable[str] = ()) -> Discard | None:
     """``D*``: the feasible group with the least utility per unit of cost (Algorithm 6, line 3),
     as an explained :class:`Discard`, or None when no group of positive cost may go.
 
-    It does not look at ``theta``: :func:`collect_step` does.
+    It does not look at ``theta``: :func:`collect_step` does. Groups touching ``keep``
+    (held revived items, see :func:`candidate_groups`) are not candidates.
 
     >>> from replistream.gc.snapshot import OperatorReplica, Snapshot, StreamReplica
     >>> snap = Snapshot([OperatorReplica("entry#0", "entry", "a", "entry"), OperatorReplica("entry#1", "entry", "b", "entry"),
@@ -313,7 +323,7 @@ def choose_discard(snapshot: Snapshot, utils: Utilities | None = None) -> Discar
     discard 1 stream replica(s) and replica(s) entry#1: utility 0.25, cost 8, utility/cost 0.03125; total cost 13 -> 5 (theta inf); least utility/cost of 2 feasible group(s)
     """
     utils = utilities(snapshot) if utils is None else utils
-    groups, blocked = candidate_groups(snapshot)
+    groups, blocked = candidate_groups(snapshot, keep)
     best = _best(snapshot, groups, utils)
     if best is None:
         return None
@@ -323,7 +333,8 @@ def choose_discard(snapshot: Snapshot, utils: Utilities | None = None) -> Discar
     after = math.fsum(s.cost for s in snapshot.streams if s.live and s.id not in going)
     reason = f"least utility/cost of {len(groups)} feasible group(s)"
     if blocked:
-        reason += f"; {len(blocked)} stream replica(s) cannot go (kmin {snapshot.kmin} or an application cut off)"
+        reason += (f"; {len(blocked)} stream replica(s) cannot go (kmin {snapshot.kmin}, an application cut off"
+                   f"{' or held after revival' if keep else ''})")
     return Discard(g.streams, g.replicas, util, cost, ratio, before, after, snapshot.theta, snapshot.kmin,
                    len(groups), len(blocked), reason, g.why)
 
@@ -363,8 +374,9 @@ def _stop_reason(snapshot: Snapshot) -> str | None:
     return None
 
 
-def collect_step(snapshot: Snapshot) -> tuple[Snapshot, Discard | None]:
-    """One period of Algorithm 6: if the total cost exceeds ``theta``, discard ``D*``.
+def collect_step(snapshot: Snapshot, keep: Iterable[str] = ()) -> tuple[Snapshot, Discard | None]:
+    """One period of Algorithm 6: if the total cost exceeds ``theta``, discard ``D*``
+    (never a group touching ``keep``, see :func:`candidate_groups`).
 
     Returns the new snapshot and the decision (None if nothing was discarded).
 
@@ -377,16 +389,18 @@ def collect_step(snapshot: Snapshot) -> tuple[Snapshot, Discard | None]:
     """
     if _stop_reason(snapshot) is not None:
         return snapshot, None
-    d = choose_discard(snapshot)
+    d = choose_discard(snapshot, keep=keep)
     if d is None:
         return snapshot, None
     d = replace(d, reason=f"total cost {d.cost_before:.6g} > theta {d.theta:.6g}: {d.reason}")
     return discard(snapshot, d), d
 
 
-def collect_garbage(snapshot: Snapshot, max_steps: int | None = None) -> GCResult:
+def collect_garbage(snapshot: Snapshot, max_steps: int | None = None, keep: Iterable[str] = ()) -> GCResult:
     """Algorithm 6 until the total cost is at most ``theta`` (or no feasible group is left,
     or ``max_steps`` discards were made). ``max_steps=1`` is one period, like :func:`collect_step`.
+    ``keep``: stream replica ids and replica labels held after a revival (§V-C, Hwang;
+    :meth:`~replistream.gc.RevivalDamper.held`): no discard touches them.
 
     The cost falls strictly with every discard; ``kmin`` is never violated.
 
@@ -410,9 +424,9 @@ def collect_garbage(snapshot: Snapshot, max_steps: int | None = None) -> GCResul
         if max_steps is not None and len(decisions) >= max_steps:
             stop = f"max_steps {max_steps} reached (cost {snap.total_cost():.6g} > theta {snap.theta:.6g})"
             break
-        new, d = collect_step(snap)
+        new, d = collect_step(snap, keep)
         if d is None:
-            groups, blocked = candidate_groups(snap)
+            groups, blocked = candidate_groups(snap, keep)
             if blocked:
                 first = sorted(set(blocked.values()))
                 stop = (f"no feasible group: {len(blocked)} stream replica(s) cannot go "

@@ -75,8 +75,8 @@ from dataclasses import asdict, dataclass, field, replace
 from .snapshot import OperatorReplica, Snapshot, StreamReplica, replica_index
 from .utility import shares, utilities
 
-__all__ = ["ACTIONS", "RevivalEvent", "RevivalPolicy", "plan_revival", "revive_proactively", "apply_revival",
-           "PlaceFn", "LatencyFn"]
+__all__ = ["ACTIONS", "RevivalEvent", "RevivalPolicy", "RevivalDamper", "plan_revival", "revive_proactively",
+           "apply_revival", "PlaceFn", "LatencyFn"]
 
 #: Kinds of revival decision.
 ACTIONS = ("revive-stream", "revive-replica", "create-replica", "replace-replica", "none")
@@ -524,6 +524,130 @@ def revive_proactively(snapshot: Snapshot, budget: float | None = None, max_item
 
 
 @dataclass
+class RevivalDamper:
+    """Damping with hysteresis for delay-triggered revival (Hwang §V-C: revival must not
+    oscillate with garbage collection). Our reading of what the paper leaves open:
+
+    * **persistence**: a replica counts as hindered for :func:`plan_revival` only after
+      ``persist`` consecutive observations (coordinator periods) with a delay above
+      ``threshold_s``; a transient spike revives nothing;
+    * **hysteresis**: the count is reset only by a delay below ``clear_s`` (default
+      half of ``threshold_s``); between ``clear_s`` and ``threshold_s`` it is kept
+      but not increased. A replica not observed in a period is reset too. After a
+      replica's revival event fires, its count restarts from 0, so escalation (the
+      next step of §V-C) needs the delay to persist again;
+    * **hold**: every stream replica and replica an event revives or creates is held
+      for ``hold_s``: :meth:`held` lists them and the collector gets them as ``keep``
+      (:func:`~replistream.gc.collect_garbage`), so the next collection does not
+      discard them at once.
+
+    ``persist=1, clear_s=threshold_s, hold_s=0`` is undamped (plain :func:`plan_revival`).
+    Stateful (the counts and holds); time is whatever the caller passes (simulated
+    or monotonic seconds), never read from a clock here.
+
+    >>> from replistream.gc.snapshot import OperatorReplica, Snapshot, StreamReplica
+    >>> snap = Snapshot([OperatorReplica("entry#0", "entry", "a", "entry"), OperatorReplica("entry#1", "entry", "b", "entry"),
+    ...                  OperatorReplica("f#0", "f", "c"), OperatorReplica("app", "app", "d", "application")],
+    ...                 [StreamReplica("entry#0", "f#0", latency_ms=10), StreamReplica("entry#1", "f#0", latency_ms=20, live=False),
+    ...                  StreamReplica("f#0", "app", latency_ms=5)])
+    >>> d = RevivalDamper(threshold_s=10, persist=2, hold_s=600)
+    >>> d.plan(0.0, snap, {"f#0": 12.0})          # first observation above 10 s: not yet
+    []
+    >>> [e.revive_streams for e in d.plan(10.0, snap, {"f#0": 12.0})]
+    [('entry#1->f#0:0',)]
+    >>> sorted(d.held(20.0)), sorted(d.held(700.0))
+    (['entry#1->f#0:0'], [])
+    """
+
+    threshold_s: float = 10.0
+    clear_s: float | None = None
+    persist: int = 2
+    hold_s: float = 600.0
+    _streak: dict = field(default_factory=dict, init=False, repr=False)
+    _until: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.clear_s is None:
+            self.clear_s = self.threshold_s / 2
+        if not (self.threshold_s >= 0 and 0 <= self.clear_s <= self.threshold_s):
+            raise ValueError(f"need 0 <= clear_s <= threshold_s, got clear_s={self.clear_s!r}, "
+                             f"threshold_s={self.threshold_s!r}")
+        if not (isinstance(self.persist, int) and self.persist >= 1):
+            raise ValueError(f"persist must be an int >= 1, got {self.persist!r}")
+        if not self.hold_s >= 0:
+            raise ValueError(f"hold_s must be >= 0, got {self.hold_s!r}")
+
+    def observe(self, delays: Mapping[str, float]) -> dict[str, float]:
+        """Count one observation per replica; the delays to plan with: a persistent one as
+        observed, any other capped at ``threshold_s`` (not hindered).
+
+        >>> d = RevivalDamper(threshold_s=1.0, clear_s=0.5, persist=2)
+        >>> d.observe({"x": 3.0}), d.observe({"x": 0.8}), d.observe({"x": 3.0})   # 0.8 s keeps the count
+        ({'x': 1.0}, {'x': 0.8}, {'x': 3.0})
+        """
+        for lab in [lab for lab in self._streak if lab not in delays]:
+            del self._streak[lab]
+        out = {}
+        for lab, d in delays.items():
+            n = self._streak.get(lab, 0)
+            if d > self.threshold_s:
+                n += 1
+            elif d < self.clear_s:
+                n = 0
+            self._streak[lab] = n
+            out[lab] = float(d) if n >= self.persist else min(float(d), self.threshold_s)
+        return out
+
+    def streak(self, label: str) -> int:
+        """Consecutive observations above the threshold counted for ``label`` (0 if none).
+
+        >>> d = RevivalDamper(threshold_s=1.0); _ = d.observe({"x": 2.0}); d.streak("x"), d.streak("y")
+        (1, 0)
+        """
+        return self._streak.get(label, 0)
+
+    def fired(self, now: float, events: Iterable[RevivalEvent]) -> None:
+        """Record applied events at time ``now``: hold what they revive or create until
+        ``now + hold_s``, and restart the count of each event's hindered replica.
+
+        >>> d = RevivalDamper(hold_s=5.0)
+        >>> d.fired(1.0, [RevivalEvent("revive-stream", "delay", "f#0", "", revive_streams=("a->f#0:0",))])
+        >>> sorted(d.held(5.9)), sorted(d.held(6.0))
+        (['a->f#0:0'], [])
+        """
+        for e in events:
+            if e.action == "none":
+                continue
+            if e.replica is not None:
+                self._streak[e.replica] = 0
+            items = list(e.revive_streams) + list(e.revive_replicas)
+            items += [r.label for r in e.new_replicas] + [x.id for x in e.new_streams]
+            for x in items:
+                self._until[x] = max(self._until.get(x, -math.inf), now + self.hold_s)
+
+    def held(self, now: float) -> frozenset[str]:
+        """Stream replica ids and replica labels still within their hold at ``now`` (for
+        ``collect_garbage(..., keep=...)``); expired holds are forgotten.
+
+        >>> RevivalDamper().held(0.0)
+        frozenset()
+        """
+        for x in [x for x, u in self._until.items() if u <= now]:
+            del self._until[x]
+        return frozenset(self._until)
+
+    def plan(self, now: float, snapshot: Snapshot, delays: Mapping[str, float], place: PlaceFn | None = None,
+             latency: LatencyFn | None = None) -> list[RevivalEvent]:
+        """:meth:`observe`, then :func:`plan_revival` on the damped delays, then
+        :meth:`fired` with its events (the caller applies them all, or calls
+        :meth:`fired` itself for the ones it applies and uses :meth:`observe` +
+        :func:`plan_revival` directly)."""
+        events = plan_revival(snapshot, self.observe(delays), self.threshold_s, place, latency)
+        self.fired(now, events)
+        return events
+
+
+@dataclass
 class RevivalPolicy:
     """The coordinator's revival policy (Hwang §V-C): delay-triggered revival with
     ``threshold_s`` (paper: 10 s), then, if the cost is below ``theta`` and
@@ -542,10 +666,17 @@ class RevivalPolicy:
     latency: LatencyFn | None = None
     max_proactive: int | None = None
     budget: float | None = field(default=None)
+    damper: RevivalDamper | None = None
 
-    def decide(self, snapshot: Snapshot, delays: Mapping[str, float]) -> list[RevivalEvent]:
-        """Delay-triggered events, then proactive ones planned on the snapshot they leave."""
-        events = plan_revival(snapshot, delays, self.threshold_s, self.place, self.latency)
+    def decide(self, snapshot: Snapshot, delays: Mapping[str, float], now: float = 0.0) -> list[RevivalEvent]:
+        """Delay-triggered events, then proactive ones planned on the snapshot they leave.
+        With a ``damper`` (:class:`RevivalDamper`, its own ``threshold_s``), the delay-triggered
+        ones are damped and held from ``now`` on (pass the coordinator's time); without
+        one, as before (``now`` unused)."""
+        if self.damper is not None:
+            events = self.damper.plan(now, snapshot, delays, self.place, self.latency)
+        else:
+            events = plan_revival(snapshot, delays, self.threshold_s, self.place, self.latency)
         if self.proactive:
             snap = apply_revival(snapshot, events)
             events += revive_proactively(snap, self.budget, self.max_proactive, delays, self.threshold_s)

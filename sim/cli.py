@@ -46,6 +46,16 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="fig5: run the kmax rows in N processes (default: one per CPU at full scale)")
     p.add_argument("--resume", action="store_true", default=None,
                    help="fig5: reuse rows an earlier run with the same parameters wrote to --out DIR/fig5_rows/")
+    p.add_argument("--hours", type=float, default=None, metavar="H",
+                   help="fig5: simulated hours (default: the scale's, 24 full, 1/12 quick)")
+    p.add_argument("--kmax", type=int, nargs="+", default=None, metavar="K", help="fig5: only these kmax rows")
+    p.add_argument("--damping", action=argparse.BooleanOptionalAction, default=None,
+                   help="fig5: damped revival (default; persistence, hysteresis, hold: FIG5_DAMPING); "
+                        "--no-damping revives on every delay above the threshold, as before")
+    p.add_argument("--create", action=argparse.BooleanOptionalAction, default=None,
+                   help="fig5: revival may start new replicas (default); --no-create skips those decisions")
+    p.add_argument("--metric", choices=["max", "p99"], default=None,
+                   help="fig5: the latency the 1 s guarantee bounds (default max)")
     p.add_argument("--servers", type=int, default=100, help="trace: number of built-in cities (<= 119)")
     p.add_argument("--days", type=float, default=30.0, help="trace: length in days")
     p.add_argument("--step", type=float, default=10.0, help="trace: seconds between samples")
@@ -93,8 +103,10 @@ def run(args) -> int:
         return 2
     if args.experiment == "trace":
         return _trace(args)
-    if args.experiment != "fig5" and (args.jobs is not None or args.resume):
-        print(f"replistream sim {args.experiment}: --jobs and --resume are fig5's options", file=sys.stderr)
+    f5 = {k: getattr(args, k, None) for k in ("jobs", "resume", "hours", "kmax", "damping", "create", "metric")}
+    if args.experiment != "fig5" and any(v is not None for v in f5.values()):
+        print(f"replistream sim {args.experiment}: --jobs, --resume, --hours, --kmax, --damping, --create and "
+              f"--metric are fig5's options", file=sys.stderr)
         return 2
     from replistream.progress import Heartbeat
 
@@ -104,7 +116,7 @@ def run(args) -> int:
         hb.say(f"replistream sim {args.experiment} ({'quick' if args.quick else 'full'} scale, seed {args.seed}) ...",
                phase=f"simulating {args.experiment}")
         data = run_experiment(args.experiment, quick=args.quick, seed=args.seed, out=args.out,
-                              progress=args.progress, jobs=args.jobs, resume=args.resume)
+                              progress=args.progress, **f5)
     if args.json:
         print(json.dumps(data, default=jsonable))
     else:

@@ -479,37 +479,98 @@ def _cost(st: Setting, snap) -> float:
     return snap.total_cost() + src
 
 
+#: Fig. 5's revival damping (§V-C, :class:`replistream.gc.RevivalDamper`): a delay above the 0.5 s
+#: threshold must persist 2 coordinator periods (10 s each), only one below 0.25 s clears it, and what
+#: a revival brings back is held from the collector for 600 s (two 5-minute collections).
+FIG5_DAMPING = {"persist": 2, "clear_s": 0.25, "hold_s": 600.0}
+#: Revival's threshold (s) on the delay a replica observes, in Fig. 5's runs.
+FIG5_REVIVAL_THRESHOLD_S = 0.5
+
+
+def _placer(st: Setting, sim):
+    """``place(operator, snapshot, hindered)`` for revival's new replicas in the simulator: the
+    server nearest (latency to the hindered replica's server plus from the nearest live upstream
+    replica, or the nearest source for entry points) among those never used by ``operator``."""
+    idx, lat = st.problem.index, st.problem.latency
+    names = sorted(idx)
+
+    def place(op: str, snap, h: str):
+        used = set(sim.plan.get(op, []))
+        hs = snap.replica(h).server
+        ups = {snap.replica(x.src).server for r in snap.replicas_of(op) for x in snap.in_streams(r.label)}
+        if op == "entry" or not ups:
+            ups = set(st.sources.values())
+        best = None
+        for c in names:
+            if c in used:
+                continue
+            key = (float(lat[idx[c], idx[hs]]) + min(float(lat[idx[u], idx[c]]) for u in ups), c)
+            best = key if best is None or key < best else best
+        return None if best is None else best[1]
+
+    return place
+
+
 def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool, period_s: float = 10.0,
-            gc_period_s: float = 300.0, threshold_s: float = 0.5) -> dict:
+            gc_period_s: float = 300.0, threshold_s: float = FIG5_REVIVAL_THRESHOLD_S, damping: dict | None = None,
+            create: bool = True) -> dict:
     """Simulate ``plan`` with only ``snap``'s live stream replicas; with ``revival``, a coordinator
     every ``period_s`` revives for replicas observing input delays above ``threshold_s``
-    (:func:`replistream.gc.plan_revival`) and every ``gc_period_s`` runs Algorithm 6 down to theta
-    when the cost exceeds theta, with the filters' current weights. Returns the latency,
-    the time-averaged network cost and what was done."""
-    from replistream.gc import apply_revival, collect_garbage, plan_revival
+    (:func:`replistream.gc.plan_revival`, damped by a :class:`replistream.gc.RevivalDamper`
+    with ``damping``'s ``persist``, ``clear_s``, ``hold_s``; None: undamped) and every
+    ``gc_period_s`` runs Algorithm 6 down to theta when the cost exceeds theta, with the
+    filters' current weights, never discarding what a revival brought back within its hold
+    (§V-B, §V-C, Hwang). With ``create``, decisions that need a new replica start it
+    (:meth:`Simulator.add_replica` on the server :func:`_placer` picks); without, they and
+    the events planned after them are skipped. Returns the latency, the time-averaged
+    network cost and what was done (counts, the replicas that triggered, the streams revived)."""
+    from collections import Counter
 
+    from replistream.gc import RevivalDamper, apply_revival, collect_garbage, plan_revival
+
+    damp = dict(persist=1, clear_s=threshold_s, hold_s=0.0) if damping is None else dict(damping)
+    damper = RevivalDamper(threshold_s=threshold_s, **damp)
     state = {"snap": snap, "cost_area": 0.0, "last_t": 0.0, "revivals": 0, "discards": 0, "last_gc": 0.0,
-             "skipped": 0}
+             "skipped": 0, "created": 0, "held_blocked": 0, "triggers": Counter(), "revived": Counter(),
+             "actions": Counter(), "max_trigger_s": 0.0, "over_threshold": 0}
+    idx, latm = st.problem.index, st.problem.latency
+    latency = lambda a, b: float(latm[idx[a], idx[b]])  # noqa: E731
 
     def coordinator(sim, t):
         s = state["snap"]
         state["cost_area"] += _cost(st, s) * (t - state["last_t"])
         state["last_t"] = t
         delays = sim.input_delays(t)
+        state["over_threshold"] += sum(d > threshold_s for d in delays.values())
         events = []
-        for e in plan_revival(s, delays, threshold_s=threshold_s):
+        for e in plan_revival(s, damper.observe(delays), threshold_s=threshold_s,
+                              place=place if create else None, latency=latency):
             if e.action == "none":
                 continue
-            if e.new_replicas:  # the simulator cannot start new replicas; later events may build on it
-                state["skipped"] += 1
-                break
+            if e.new_replicas:
+                if not create:  # later events may build on it
+                    state["skipped"] += 1
+                    break
+                labels = [sim.add_replica(r.operator, r.server) for r in e.new_replicas]
+                if labels != [r.label for r in e.new_replicas]:
+                    raise RuntimeError(f"revival planned {[r.label for r in e.new_replicas]}, the simulator "
+                                       f"created {labels}")
+                state["created"] += len(labels)
             events.append(e)
+            state["triggers"][e.replica] += 1
+            state["actions"][e.action] += 1
+            state["revived"].update(list(e.revive_streams) + [x.id for x in e.new_streams])
+            state["max_trigger_s"] = max(state["max_trigger_s"], float(delays.get(e.replica, 0.0)))
         if events:
             s = apply_revival(s, events)
+            damper.fired(t, events)
             state["revivals"] += len(events)
         if t - state["last_gc"] >= gc_period_s:
             state["last_gc"] = t
-            g = collect_garbage(s.with_weights(sim.weights()))  # as the runtime's manager: down to theta
+            w = {k: v for k, v in sim.weights().items() if s.has_stream(k)}  # not a new replica's unused links
+            g = collect_garbage(s.with_weights(w), keep=damper.held(t))  # down to theta
+            if "held" in g.stopped:
+                state["held_blocked"] += 1
             s = g.snapshot if g.steps else s
             state["discards"] += g.steps
         if s is not state["snap"]:
@@ -518,6 +579,7 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool, p
 
     sim = Simulator(st.query, plan, st.network, sources=st.sources,
                     coordinator=(period_s, coordinator) if revival else None, retain=revival, batch_s=FIG5_BATCH_S)
+    place = _placer(st, sim)
     sim.apply_snapshot(snap)
     res = sim.run(st.inputs, progress=progress)
     ok = res.complete
@@ -537,6 +599,10 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool, p
             "p99_s": float(np.percentile(lat, 99)) if lat.size else math.inf, "cost": cost,
             "live_streams": sum(1 for x in state["snap"].streams if x.live), "revivals": state["revivals"],
             "discards": state["discards"], "skipped_new_replicas": state["skipped"],
+            "created_replicas": state["created"], "gc_stopped_by_hold": state["held_blocked"],
+            "observations_over_threshold": state["over_threshold"], "max_trigger_delay_s": state["max_trigger_s"],
+            "actions": dict(state["actions"]), "top_triggers": state["triggers"].most_common(5),
+            "top_revived_streams": state["revived"].most_common(5),
             "handovers": sum(e["event"] == "handover" for e in res.events)}
 
 
@@ -559,17 +625,31 @@ def _lowest_passing(n: int, trial: Callable[[int], bool]) -> int | None:
     return best
 
 
-def _fig5_scale(quick: bool) -> tuple[int, float, tuple[int, ...]]:
-    """(monitored servers, simulated hours, kmax values) of Fig. 5 at quick or full scale."""
-    return (5, 1 / 12, (2, 3)) if quick else (10, 24.0, (2, 3, 4, 5))
+def _fig5_scale(quick: bool, hours: float | None = None, kmax=None) -> tuple[int, float, tuple[int, ...]]:
+    """(monitored servers, simulated hours, kmax values) of Fig. 5 at quick or full scale;
+    ``hours`` and ``kmax`` override the scale's.
+
+    >>> _fig5_scale(True), _fig5_scale(False, hours=4, kmax=[3])
+    ((5, 0.08333333333333333, (2, 3)), (10, 4.0, (3,)))
+    """
+    monitored, h, ks = (5, 1 / 12, (2, 3)) if quick else (10, 24.0, (2, 3, 4, 5))
+    return monitored, float(hours) if hours is not None else h, tuple(kmax) if kmax is not None else ks
 
 
-def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False) -> dict:
+#: What Fig. 5's guarantee bounds: the maximum latency (default) or the 99th percentile.
+FIG5_METRICS = {"max": "max_s", "p99": "p99_s"}
+
+
+def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: float | None = None,
+              damping: bool = True, create: bool = True, metric: str = "max") -> dict:
     """One kmax of Fig. 5 (static, GC, GC + revival); runs on its own, so rows can run in
-    parallel processes. The setting is rebuilt from its seed, identically in every process."""
+    parallel processes. The setting is rebuilt from its seed, identically in every process.
+    ``damping``: revival damped with :data:`FIG5_DAMPING` (False: as before, undamped);
+    ``create``: revival may start new replicas; ``metric``: a key of :data:`FIG5_METRICS`."""
     from replistream.gc import collect_garbage
 
-    monitored, hours, _ = _fig5_scale(quick)
+    monitored, hours, _ = _fig5_scale(quick, hours)
+    mkey = FIG5_METRICS[metric]
     t0, c0 = time.time(), time.process_time()
     st = fig1_setting(30, monitored, hours * 3600.0, seed=seed)
     ref = run_reference(st.query, st.inputs)
@@ -596,11 +676,12 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False) -> dict:
         key = (mode, f if mode == "gc+revival" else None, live)  # revival's GC steps aim at theta
         if key not in done:
             snap = g.snapshot.evolve(theta=f * static) if mode == "gc+revival" else g.snapshot
-            done[key] = _gc_run(st, plan, snap, ref, revival=mode == "gc+revival", progress=progress)
+            done[key] = _gc_run(st, plan, snap, ref, revival=mode == "gc+revival", progress=progress,
+                                damping=FIG5_DAMPING if damping else None, create=create)
             tried.append({"theta": f, "mode": mode, **done[key]})
         r = done[key]
         results[(mode, i)] = r
-        return bool(r["exact"] and r["max_s"] <= FIG5_GUARANTEE_S)
+        return bool(r["exact"] and r[mkey] <= FIG5_GUARANTEE_S)
 
     gi = _lowest_passing(len(FIG5_THETAS), lambda i: trial("gc", i))
     start = gi if gi is not None else 0
@@ -613,23 +694,30 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False) -> dict:
         "gc_theta": FIG5_THETAS[gi] if gi is not None else None,
         "gc_cost": gc_cost / base_cost,
         "gc_max_s": gc_best["max_s"] if gc_best else row["static_max_s"],
+        "gc_p99_s": gc_best["p99_s"] if gc_best else None, "metric": metric,
         "gc_streams": gc_best["live_streams"] if gc_best else len(snap0.streams),
         "revival_theta": FIG5_THETAS[ri] if ri is not None else None,
         "revival_cost": (rv_best["cost"] if rv_best else gc_cost) / base_cost,
         "revival_max_s": rv_best["max_s"] if rv_best else None,
-        "revivals": rv_best["revivals"] if rv_best else 0, "tried": tried,
+        "revival_p99_s": rv_best["p99_s"] if rv_best else None,
+        "revivals": rv_best["revivals"] if rv_best else 0, "discards": rv_best["discards"] if rv_best else 0,
+        "created_replicas": rv_best["created_replicas"] if rv_best else 0, "tried": tried,
         "wall_s": time.time() - t0, "cpu_s": time.process_time() - c0})
     return row
 
 
-def _fig5_params(quick: bool, seed: int) -> dict:
-    monitored, hours, _ = _fig5_scale(quick)
+def _fig5_params(quick: bool, seed: int, hours: float | None = None, damping: bool = True, create: bool = True,
+                 metric: str = "max") -> dict:
+    monitored, hours, _ = _fig5_scale(quick, hours)
     return {"quick": quick, "seed": seed, "monitored": monitored, "simulated_hours": hours,
-            "guarantee_s": FIG5_GUARANTEE_S, "thetas": list(FIG5_THETAS), "batch_s": FIG5_BATCH_S}
+            "guarantee_s": FIG5_GUARANTEE_S, "metric": metric, "thetas": list(FIG5_THETAS), "batch_s": FIG5_BATCH_S,
+            "revival_threshold_s": FIG5_REVIVAL_THRESHOLD_S, "damping": dict(FIG5_DAMPING) if damping else None,
+            "create_replicas": create}
 
 
 def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
-         jobs: int | None = None, resume: bool = False) -> dict:
+         jobs: int | None = None, resume: bool = False, hours: float | None = None, kmax=None,
+         damping: bool = True, create: bool = True, metric: str = "max") -> dict:
     """Fig. 5: network cost of static min-cost, with garbage collection, and with garbage
     collection and revival, kmax = 2..5, at the same latency guarantee (Hwang §VI-F).
 
@@ -641,22 +729,27 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     :data:`FIG5_GUARANTEE_S` and the output exact is kept (found by binary search over
     the targets, :func:`_lowest_passing`). (3) GC + revival: the same search over the
     targets from GC's down, simulated with revival (§V-C: replicas observing
-    input delays above 0.5 s revive discarded streams and replicas; stateful ones are
-    handed over from a live peer; decisions that need a new replica are not applied, nor
-    those planned after one) and Algorithm 6 down to theta every 5 minutes, as the runtime does; the cost is averaged
-    over time. Costs are the placement model's (rate in bytes/s x latency, every stream
+    input delays above 0.5 s revive discarded streams and replicas, or get new ones
+    (``create``); stateful ones are handed over from a live peer; with ``damping``
+    (:data:`FIG5_DAMPING`) only a delay that persists two periods revives and what is
+    revived is held from the collector for 10 minutes) and Algorithm 6 down to theta every
+    5 minutes, as the runtime does; the cost is averaged over time. ``metric`` ``"p99"``
+    bounds the 99th percentile of latency instead of the maximum. Costs are the placement model's (rate in bytes/s x latency, every stream
     replica, the sources' streams to live entry points included), relative to the
     non-replicated placement's, as in Fig. 4; theta applies to the discardable part.
     Full scale: 10 monitored servers, 24 simulated hours; quick: 5 monitored, 5 simulated
-    minutes, kmax 2..3.
+    minutes, kmax 2..3; ``hours`` and ``kmax`` override the scale's.
 
     The kmax rows are independent: ``jobs`` processes run them in parallel (default: one
     per CPU at full scale, one at quick scale). With ``out``, each row is written to
     ``<out>/fig5_rows/k<kmax>.json`` as it completes; ``resume=True`` reuses rows found
     there with the same parameters (scale, seed, targets, guarantee) instead of re-running them.
     """
-    monitored, hours, kmax = _fig5_scale(quick)
-    params = _fig5_params(quick, seed)
+    if metric not in FIG5_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(FIG5_METRICS)}, got {metric!r}")
+    monitored, hours, kmax = _fig5_scale(quick, hours, kmax)
+    params = _fig5_params(quick, seed, hours, damping, create, metric)
+    opts = {"hours": hours, "damping": damping, "create": create, "metric": metric}
     rows_dir = os.path.join(out, "fig5_rows") if out else None
     found: dict[int, dict] = {}
     if rows_dir and resume:
@@ -679,14 +772,14 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     jobs = (1 if quick else (os.cpu_count() or 1)) if jobs is None else max(1, jobs)
     if jobs == 1 or len(todo) <= 1:
         for k in todo:
-            keep(_fig5_row(k, quick, seed, progress))
+            keep(_fig5_row(k, quick, seed, progress, **opts))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         # spawn: a forked child would inherit the parent's threads (Ray's, Spark's) mid-state
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as ex:
-            futs = [ex.submit(_fig5_row, k, quick, seed, False) for k in sorted(todo, reverse=True)]  # longest first
+            futs = [ex.submit(_fig5_row, k, quick, seed, False, **opts) for k in sorted(todo, reverse=True)]  # longest first
             for fut in as_completed(futs):
                 keep(fut.result())
     rows = [found[k] for k in kmax]

@@ -76,7 +76,7 @@ def test_fig5_resume_reuses_only_rows_of_the_same_parameters(tmp_path, monkeypat
 
     ran = []
 
-    def row(k, quick, seed, progress=False):
+    def row(k, quick, seed, progress=False, **opts):
         ran.append((k, seed))
         return {"k": k, "static_cost": 2.0 * k, "gc_cost": 1.0, "revival_cost": 1.0, "seed": seed}
 
