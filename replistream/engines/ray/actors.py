@@ -73,6 +73,7 @@ class _Base:
         self.dropped: list[dict] = []
         self.pushes = 0
         self.busy_s = 0.0  # time spent in operator logic
+        self.slow_s = 0.0  # time a slowed server's emulation added to it (_slowdown)
         self.last_push = None
         # input delay (Hwang §V-C): per input port, the event time of the freshest tuple or
         # punctuation received, mapped to wall time with the feeder's clock (set_clock)
@@ -214,6 +215,7 @@ class _Base:
         ``age_s``, seconds since then, or since the run started if later), input delay, retention."""
         return {"label": self.label, "weights": self._weights(), "delay_s": self._delay(),
                 "age_s": time.time() - max(self.created, self.t0),
+                "busy_s": self.busy_s, "work_s": self.busy_s + self.slow_s,
                 "emitted": {n: ob.emitted for n, ob in self.outboxes.items()},
                 "min_ack": {n: ob.min_ack() for n, ob in self.outboxes.items()},
                 "retained": {n: ob.log.tuples for n, ob in self.outboxes.items()}}
@@ -247,7 +249,9 @@ class _Base:
             return
         factor = net.slowdown(self.server, time.time() - self.t0)
         if factor > 1.0:
-            time.sleep((time.time() - started) * (factor - 1.0) + 0.0005 * (factor - 1.0))
+            stretch = (time.time() - started) * (factor - 1.0) + 0.0005 * (factor - 1.0)
+            self.slow_s += stretch
+            time.sleep(stretch)
 
     def ping(self) -> str:
         return self.label

@@ -125,7 +125,14 @@ class GCConfig:
       last this many seconds (default ten utility periods); a producer started later
       (revived, new) is measured from its own start, and a stream whose producers are all
       new keeps its last rate until one of them has been measured;
-    * ``log_path``: also write every event as one JSON line there.
+    * ``log_path``: also write every event as one JSON line there;
+    * ``rebalance``: each utility period, measure every replica's load (its share of a core:
+      processing time, stretched on a slowed server, per second) and, when a server's load
+      passes ``alpha`` x its capacity (Algorithm 5's load bound, Hwang §V-A), move its busiest
+      operator replica live (``move_strategy``, Megaphone §3.3) to the server Algorithm 5
+      chooses among those that stay within the bound with it; then wait
+      ``rebalance_cooldown_s`` (default two utility periods) before the next move, so the
+      loads are measured again first. Every decision is logged with its reason.
 
     >>> GCConfig(theta=100.0, revival=True, threshold_s=2).validate().threshold_s
     2
@@ -150,6 +157,10 @@ class GCConfig:
     d_min_ms: float = 0.0
     rate_window_s: float | None = None
     log_path: str | None = None
+    rebalance: bool = False
+    alpha: float = 0.8
+    move_strategy: str = "fluid"
+    rebalance_cooldown_s: float | None = None
 
     def validate(self) -> "GCConfig":
         """Raise ``ValueError`` naming the bad setting; returns self."""
@@ -169,6 +180,13 @@ class GCConfig:
             raise ValueError(f"GCConfig.max_steps must be >= 1 or None, got {self.max_steps!r}")
         if self.cooldown_s is not None and self.cooldown_s < 0:
             raise ValueError(f"GCConfig.cooldown_s must be >= 0, got {self.cooldown_s!r}")
+        if not (isinstance(self.alpha, (int, float)) and self.alpha > 0 and math.isfinite(self.alpha)):
+            raise ValueError(f"GCConfig.alpha must be a finite number > 0 (a fraction of capacity), got {self.alpha!r}")
+        if self.move_strategy not in ("all-at-once", "batched", "fluid"):
+            raise ValueError(f"GCConfig.move_strategy must be 'all-at-once', 'batched' or 'fluid', got "
+                             f"{self.move_strategy!r}")
+        if self.rebalance_cooldown_s is not None and not (self.rebalance_cooldown_s >= 0):
+            raise ValueError(f"GCConfig.rebalance_cooldown_s must be >= 0, got {self.rebalance_cooldown_s!r}")
         if self.rate_window_s is not None and not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
             raise ValueError(f"GCConfig.rate_window_s must be a finite number > 0 (seconds), got "
                              f"{self.rate_window_s!r}")
@@ -221,6 +239,13 @@ class ReplicaManager:
         self.delays: dict[str, float] = {}
         self.cooling: dict[str, float] = {}  # label -> time (since t0) until which its delay is ignored
         self.hold_gc_until = 0.0  # no discard before this time: revived replicas first get measured weights
+        self._asked: dict[str, Any] = {}  # label -> its gc report asked for and not answered yet
+        self.unanswered: set[str] = set()  # replicas whose report did not come within the last period
+        self.overloaded: set[str] = set()  # servers over the load bound: their replicas hand over last
+        self.loads: dict[str, float] = {}  # label -> share of a core in the last period (work: busy + slowed)
+        self.own_loads: dict[str, float] = {}  # label -> its own processing only (what it brings to a server)
+        self._work_prev: dict[str, tuple[float, float, float]] = {}  # label -> (wall, busy_s, work_s)
+        self.next_move = 0.0  # no rebalancing move before this time (cooldown)
         self._last_none: dict[str, str] = {}
         self.transfers: list[dict] = []  # staged transfers (transfer.py): progress, one dict each
         self.lock = threading.RLock()
@@ -267,18 +292,30 @@ class ReplicaManager:
         return CUT_MS if not math.isfinite(lat) else lat
 
     def _reports(self) -> dict[str, dict]:
-        """The gc report of every running replica not failed; one that does not answer is left out
-        of this period (a death is noticed through the topology)."""
+        """The gc report of every running replica not failed, all asked at once and waited for
+        together for at most one utility period (between 2 and 30 s). One that does not answer in
+        time is left out of this period and listed in :attr:`unanswered` (a replica busy in long
+        calls: an overloaded server answers late); its report is not asked again until it
+        answers, and counts in the next period. A death is noticed through the topology."""
         topo = self.topology
-        refs = {}
-        for r in topo.replicas():
-            if r.state == "failed" or not topo.is_running(r.label):
-                continue
-            refs[r.label] = topo.handle(r.label).gc_report.remote()
+        running = {r.label for r in topo.replicas() if r.state != "failed" and topo.is_running(r.label)}
+        for label in [lab for lab in self._asked if lab not in running]:
+            del self._asked[label]
+        for label in running:
+            if label not in self._asked:
+                self._asked[label] = topo.handle(label).gc_report.remote()
+        refs = list(self._asked.values())
+        wait_s = min(30.0, max(2.0, float(self.cfg.utility_period_s)))
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=wait_s)[0]) if refs else set()
         out = {}
-        for label, ref in refs.items():
+        self.unanswered = set()
+        for label, ref in list(self._asked.items()):
+            if ref not in ready:
+                self.unanswered.add(label)
+                continue
+            del self._asked[label]
             try:
-                out[label] = ray.get(ref, timeout=30)
+                out[label] = ray.get(ref)
             except Exception:  # no report from it this period; see the docstring
                 continue
         return out
@@ -298,6 +335,7 @@ class ReplicaManager:
             self.notice_failures()
             reports = self._reports()
             self._measure_rates(reports)
+            self._measure_loads(reports)
             weights: dict[str, float] = {}
             for s in topo.streams():
                 sid = s.id
@@ -368,6 +406,83 @@ class ReplicaManager:
             for l in dormant:
                 topo.handle(l).set_floor.remote(floor)
 
+    def _measure_loads(self, reports: dict) -> None:
+        """Each reporting replica's load over the last period, as a share of one core: ``work_s``
+        (processing, plus what a slowed server's emulation stretched it by) and ``busy_s`` (its
+        own processing) per wall second since its previous report."""
+        now = time.time()
+        for label, rep in reports.items():
+            if "work_s" not in rep:
+                continue
+            prev = self._work_prev.get(label)
+            self._work_prev[label] = (now, float(rep["busy_s"]), float(rep["work_s"]))
+            if prev is not None and now > prev[0]:
+                dt = now - prev[0]
+                self.loads[label] = max(0.0, (float(rep["work_s"]) - prev[2]) / dt)
+                self.own_loads[label] = max(0.0, (float(rep["busy_s"]) - prev[1]) / dt)
+
+    def server_loads(self) -> dict[str, float]:
+        """``{server: load}``: the measured loads of the replicas running there (shares of a core).
+
+        >>> dep.control_loop().server_loads()   # doctest: +SKIP
+        {'boston': 0.93, 'london': 0.12, 'tokyo': 0.08}
+        """
+        out = {s: 0.0 for s in self.dep.servers}
+        for label, _ in self.topology.running():
+            out[self.topology.server(label)] = out.get(self.topology.server(label), 0.0) + self.loads.get(label, 0.0)
+        return out
+
+    def rebalance(self, snap: Snapshot) -> dict | None:
+        """Move one operator replica off a server whose measured load passes ``alpha`` x its
+        capacity (Algorithm 5's load bound, Hwang §V-A, with loads measured at run time), live,
+        with ``move_strategy`` (Megaphone §3.3). The replica moved is the busiest operator replica
+        there; the target is Algorithm 5's cheapest server (lines 7-9) among those without a live
+        replica of the operator that stay within the bound with the replica's own load. Logs
+        the decision (``kind="rebalance"``) with its reason, or why nothing could move; returns
+        the move's event, or None.
+
+        >>> GCConfig(rebalance=True, alpha=0.8).validate().rebalance
+        True
+        """
+        now = self.now()
+        if now < self.next_move or not self.loads:
+            return None
+        loads = self.server_loads()
+        cap = {s: float(self.dep.servers[s].capacity) for s in loads}
+        over = sorted((s for s in loads if loads[s] > self.cfg.alpha * cap[s]), key=lambda s: -loads[s] / cap[s])
+        if not over:
+            return None
+        server = over[0]
+        movable = [(self.loads.get(label, 0.0), label) for label, _ in self.topology.running()
+                   if self.topology.server(label) == server and self.topology.replica(label).kind == "operator"]
+        reason = (f"server {server} load {loads[server]:.2f} > alpha {self.cfg.alpha:g} x capacity {cap[server]:g}")
+        self.next_move = now + (2.0 * self.cfg.utility_period_s if self.cfg.rebalance_cooldown_s is None
+                                else float(self.cfg.rebalance_cooldown_s))
+        for _, label in sorted(movable, reverse=True):
+            op = self.topology.replica(label).operator
+            own = self.own_loads.get(label, 0.0)
+            fits = [s for s in self.dep.servers if s != server and loads[s] + own < self.cfg.alpha * cap[s]]
+            target = self._place(op, snap, label, among=fits) if fits else None
+            if target is None:
+                continue
+            self.record({"kind": "rebalance", "action": "move", "replica": label, "from": server, "to": target,
+                         "server_loads": {s: round(v, 3) for s, v in loads.items()}, "replica_load": round(own, 3),
+                         "text": f"move {label} from {server} to {target}: {reason}; {target} stays within the "
+                                 f"bound with it ({loads[target]:.2f} + {own:.2f})"})
+            self.overloaded = set(over)  # a peer elsewhere hands the state over
+            try:
+                ev = self.replace_replica(label, server=target, strategy=self.cfg.move_strategy)
+            finally:
+                self.overloaded = set()
+            self._work_prev.clear()  # measure again from here
+            self.loads.clear()
+            return ev
+        self.record({"kind": "rebalance", "action": "none", "server": server,
+                     "server_loads": {s: round(v, 3) for s, v in loads.items()},
+                     "text": f"{reason}, but no operator replica there can move to a server that stays within "
+                             f"the bound (or none runs there)"})
+        return None
+
     def snapshot(self) -> Snapshot | None:
         """The snapshot of the last utility period (None before the first)."""
         return self.last_snapshot
@@ -397,6 +512,8 @@ class ReplicaManager:
                     snap = self.collect(snap)
             if self.cfg.revival:
                 self.revive(snap)
+            if self.cfg.rebalance:
+                self.rebalance(snap)
 
     def collect(self, snap: Snapshot) -> Snapshot:
         """Algorithm 6 (Hwang §V-B) for up to ``max_steps`` discards, applied to the actors."""
@@ -833,12 +950,14 @@ class ReplicaManager:
     # -- hand-over: the peer and its feeders (replistream.replica.handover) ---------------------
     def peers(self, label: str, pending: set) -> list[str]:
         """Running live peers of ``label``'s operator that can give it a checkpoint (not in
-        ``pending``), those whose inputs share a feeder with ``label`` on every port first."""
+        ``pending``), those whose inputs share a feeder with ``label`` on every port first, those on
+        a server over the load bound (:meth:`rebalance`) last."""
         topo = self.topology
         op = topo.replica(label).operator
         candidates = [r.label for r in topo.replicas(op, state="live") if r.label != label
                       and topo.is_running(r.label) and r.label not in pending]
-        return rank_peers(label, candidates, topo.streams())
+        ranked = rank_peers(label, candidates, topo.streams())
+        return sorted(ranked, key=lambda p: topo.server(p) in self.overloaded)  # stable: overloaded ones last
 
     def cover_peer(self, label: str, peer: str) -> list[str]:
         """Unless ``label`` shares a feeder with ``peer`` on every port, subscribe it to the peer's
