@@ -219,7 +219,7 @@ def _dead_letters(result) -> dict[str, int]:
     return {f"{where}: {reason}": n for (where, reason), n in result.dead_letter_summary().items()}
 
 
-def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0) -> dict:
+def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, repair: bool = False) -> dict:
     """Deploy, inject, run, compare; fills and returns ``trial.result``."""
     from .engines.ray import deploy
     from .engines.reference import run_reference
@@ -241,7 +241,7 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0) 
     try:
         ref = run_reference(query, inputs, on_malformed="dead_letter")
         with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed,
-                    on_malformed="dead_letter") as dep:
+                    on_malformed="dead_letter", repair=repair, spares=1 if repair else 0) as dep:
             t0, t1 = _time_span(inputs)
             trial.faults = plan_faults(rng, dep.plan, query, k, t0, t1,
                                        spare=frozenset({"per_key"}) if trial.query == "keyed" else frozenset())
@@ -251,6 +251,10 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0) 
             got = dep.run(_inject(inputs, trial.faults), timeout=timeout)
             if "thread" in moved:
                 moved["thread"].join(timeout)
+            if repair:
+                res["repairs"] = sum(1 for r in dep.repairs if r.get("repaired"))
+                res["repair_errors"] = [f"{r['replica']}: {r['why']}" for r in dep.repairs
+                                        if not r.get("repaired") and "detected_wall" in r]
         for app in query.sinks:
             lost, extra = multiset_diff(ref.outputs[app], got.outputs[app])
             res.setdefault("outputs", 0)
@@ -301,11 +305,13 @@ def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict) -> list
 
 
 def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | None = None,
-                 progress: Callable[[Trial], None] | None = None) -> dict:
+                 progress: Callable[[Trial], None] | None = None, repair: bool = False) -> dict:
     """Run trials until ``minutes`` have passed (or ``trials`` trials); the report as a dict (JSON-ready):
     ``verdict`` (one line), ``matches_reference``, ``lost``, ``duplicated``, ``dead_letters`` (expected,
     received, by reason), ``faults`` (counted by kind) and ``trials`` (each with its seed, faults and
-    result). ``progress(trial)`` hears each finished trial."""
+    result). ``progress(trial)`` hears each finished trial. ``repair``: deploy with ``repair=True`` and
+    one warm spare, so crashed operator replicas are rebuilt during the trials
+    (:class:`~replistream.engines.ray.deployment.Deployment`); the repairs are counted."""
     from .engines.ray import init_ray
 
     if not k >= 1:
@@ -317,7 +323,7 @@ def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | 
     i = 0
     while (trials is None and (time.time() < deadline or not done)) or (trials is not None and i < trials):
         t = Trial(i, int(zlib.crc32(f"{seed}:{i}".encode())), QUERIES[i % len(QUERIES)])
-        run_trial(t, k, servers)
+        run_trial(t, k, servers, repair=repair)
         done.append(t)
         if progress is not None:
             progress(t)
@@ -351,7 +357,12 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
     verdict = (f"{head}: {len(done)} trials, {total['outputs']:,} outputs "
                f"{'identical to the reference' if ok else 'compared with the reference'}, {total['lost']:,} lost, "
                f"{total['duplicated']:,} duplicated, {sum(received.values()):,} bad rows dead-lettered with a reason "
-               f"({n_bad:,} expected); faults: " + ", ".join(f"{n} {kk}s" for kk, n in sorted(kinds.items())))
+               f"({n_bad:,} expected); faults: " + ", ".join(f"{n} {kk}{'es' if kk.endswith('sh') else 's'}" for kk, n in sorted(kinds.items())))
+    repairs = [r for r in results if "repairs" in r]
+    if repairs:
+        errs = [e for r in repairs for e in r.get("repair_errors", [])]
+        verdict += (f"; {sum(r['repairs'] for r in repairs)} crashed replicas repaired, {len(errs)} repairs failed"
+                    + (f" ({'; '.join(errs[:3])})" if errs else ""))
     if failed:
         verdict += f"; failed trials: {', '.join(str(t.index) for t in failed)}"
     return {"verdict": verdict, "matches_reference": ok, "seed": seed, "k": k, "minutes": minutes,

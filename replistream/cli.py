@@ -729,7 +729,8 @@ def _chaos(args) -> int:
                    f"{'; '.join(r['faults']) or 'none'}; {len(trial.bad_records)} malformed records",
                    phase=f"trial {trial.index + 1}")
 
-        report = run_campaign(minutes=args.minutes, seed=args.seed, k=args.k, trials=args.trials, progress=progress)
+        report = run_campaign(minutes=args.minutes, seed=args.seed, k=args.k, trials=args.trials, progress=progress,
+                              repair=args.repair)
     if args.json:
         print(json.dumps(report))
     else:
@@ -894,6 +895,8 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--trials", type=int, default=None, help="run exactly this many trials instead")
     chaos.add_argument("--seed", type=int, default=0, help="seed of the fault schedules and inputs (default 0)")
     chaos.add_argument("--k", type=int, default=2, help="replicas per operator (default 2)")
+    chaos.add_argument("--repair", action="store_true", help="deploy with repair=True and one warm spare: crashed "
+                       "operator replicas are rebuilt during the trials")
     chaos.add_argument("--json", action="store_true", help="print one JSON object (the verdict is in it)")
     chaos.add_argument("--verbose", action="store_true", help="let Ray's own log lines through")
     chaos.set_defaults(func=_chaos, check=check_chaos)

@@ -901,7 +901,15 @@ class ReplicaManager:
         """Connect ``s`` (both ends running) on a new filter channel, replaying the source's log."""
         topo = self.topology
         dst = topo.handle(s.dst)
-        ch = ray.get(dst.add_channel.remote(s.port), timeout=60)
+        try:
+            ch = ray.get(dst.add_channel.remote(s.port), timeout=60)
+        except Exception as e:
+            if not is_actor_death(e):
+                raise
+            # the downstream replica died meanwhile, unannounced (within the fault model): its peers
+            # get this stream; the death is recorded as such
+            self.dep.mark_failed(s.dst, f"died while {s.src} was connected to it: {type(e).__name__}")
+            return 0
         try:
             n = ray.get(topo.handle(s.src).connect.remote(self._stream_name(s), s.dst, topo.server(s.dst), dst,
                                                          s.port, ch, True), timeout=60)
@@ -989,11 +997,19 @@ class ReplicaManager:
             return {"peer": None}
         if how["staged"] is not None:
             return staged_install(self, label, handle, pending, **how["staged"])
-        peer = peers[0]
-        added = self.cover_peer(label, peer)
-        ck = ray.get(self.topology.handle(peer).checkpoint.remote(), timeout=120)
-        got = ray.get(handle.install.remote(ck), timeout=300)
-        return {"peer": peer, "extra_streams": added, **got}
+        for peer in peers:
+            added = self.cover_peer(label, peer)
+            try:
+                ck = ray.get(self.topology.handle(peer).checkpoint.remote(), timeout=120)
+            except Exception as e:
+                if not is_actor_death(e):
+                    raise
+                # the peer died unannounced (within the fault model): the next live peer hands over
+                self.dep.mark_failed(peer, f"died while handing its state over to {label}: {type(e).__name__}")
+                continue
+            got = ray.get(handle.install.remote(ck), timeout=300)
+            return {"peer": peer, "extra_streams": added, **got}
+        raise RuntimeError(f"every live peer of {rep.operator!r} died while handing its state over to {label}")
 
     # -- events ------------------------------------------------------------------------------
     def record(self, rec: dict) -> None:

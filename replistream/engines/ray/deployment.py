@@ -33,6 +33,7 @@ import queue
 import re
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
@@ -1095,7 +1096,7 @@ class Deployment:
             except Exception as e:  # the run stays exact with the replicas left; said loudly
                 if self.shut_down:
                     return
-                rec.update(repaired=False, why=f"{type(e).__name__}: {e}")
+                rec.update(repaired=False, why=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=12))
                 self.events.append({"t": self.now(), "event": "repair_failed", "actor": label, "error": rec["why"]})
                 warnings.warn(f"replistream: could not repair {label} ({rec['why']}); {op!r} runs on with the "
                               f"replicas left", RuntimeWarning, stacklevel=1)
