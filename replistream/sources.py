@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .operators.entry import EntryLogic
     from .query import Query
 
-__all__ = ["ChunkRef", "iter_chunks", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
+__all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
            "source_streams", "Sentinel", "KillReplica", "KillServer", "Pause", "Call", "Revive", "AddReplica",
            "inject_at"]
 
@@ -129,6 +129,58 @@ def _cut(chunk: Any, size: int):
             yield chunk[a:a + size]
         return
     yield chunk
+
+
+def cut_by_time(chunk: Any, span: int):
+    """``chunk`` in row slices that each span at most ``span`` µs of event time (from the slice's
+    first row, by the running maximum of the timestamps, so rows keep their order): what a paced
+    replay sends at once. Structured arrays, column mappings and lists of records with readable
+    timestamps are cut; anything else, or a chunk within ``span``, passes whole. As with
+    :func:`iter_chunks`, cutting never changes a run's result.
+
+    >>> [c["ts"].tolist() for c in cut_by_time({"ts": np.array([0, 3, 9, 10, 25])}, 10)]
+    [[0, 3, 9, 10], [25]]
+    >>> [len(c) for c in cut_by_time([{"ts": 0}, {"ts": 50}, {"x": 1}], 10)]
+    [1, 2]
+    """
+    t = _row_times(chunk)
+    if t is None or len(t) < 2:
+        yield chunk
+        return
+    t = np.maximum.accumulate(np.where(np.isnan(t), -np.inf, t))
+    if not np.isfinite(t[-1]) or t[-1] - t[np.argmax(np.isfinite(t))] <= span:
+        yield chunk
+        return
+    n, a = len(t), 0
+    while a < n:
+        base = t[a] if np.isfinite(t[a]) else t[np.argmax(np.isfinite(t))]
+        b = max(a + 1, int(np.searchsorted(t, base + span, "right")))
+        yield _rows(chunk, a, b)
+        a = b
+
+
+def _row_times(chunk: Any) -> np.ndarray | None:
+    """Each row's timestamp as float (nan where unreadable), or None for a chunk of another kind."""
+    try:
+        if isinstance(chunk, np.ndarray):
+            return chunk[TS].astype(np.float64) if chunk.ndim == 1 and TS in (chunk.dtype.names or ()) else None
+        if isinstance(chunk, Mapping):
+            if _common_length(chunk) is None or TS not in chunk:
+                return None
+            ts = np.asarray(chunk[TS])
+            return ts.astype(np.float64) if ts.dtype.kind in "iuf" else None
+        if isinstance(chunk, list) and chunk and all(isinstance(r, Mapping) for r in chunk):
+            return np.array([float(r[TS]) if isinstance(r.get(TS), (int, float, np.integer, np.floating))
+                             and not isinstance(r.get(TS), bool) else np.nan for r in chunk])
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None
+
+
+def _rows(chunk: Any, a: int, b: int):
+    if isinstance(chunk, Mapping):
+        return {k: v[a:b] for k, v in chunk.items()}
+    return chunk[a:b]
 
 
 def _common_length(columns: Mapping) -> int | None:

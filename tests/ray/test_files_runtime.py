@@ -113,3 +113,27 @@ def test_a_whole_column_mapping_is_cut_into_chunks():
     with pytest.raises(ValueError, match="chunk_size"):
         with deploy(q, servers=2, k=1) as dep:
             dep.run({"s": cols}, chunk_size=0)
+
+
+def test_a_paced_chunk_is_cut_to_chunk_ms_of_wall_time():
+    """Paced, a chunk goes at once at its first timestamp: it is cut to span at most chunk_ms
+    (here 2 s of event time at pace 10 in 4,000-row chunks: the last rows of each would
+    otherwise leave 100 ms early); the result does not depend on it."""
+    from replistream.sources import cut_by_time, iter_chunks
+
+    rng = np.random.default_rng(8)
+    n = 8_000
+    cols = {"ts": np.sort(rng.integers(0, 2_000_000, n)), "key": rng.integers(0, 50, n)}
+    q = rs.Query("paced_cut")
+    s = q.source("s", {"key": "i8"}, punctuate_every=100_000)
+    s.window(size=200_000, by="key", aggs={"n": "count"}).sink("counts")
+    q.build()
+    ref = run_reference(q, {"s": cols})
+    want = sum(1 for c in iter_chunks(cols, 4_000) for _ in cut_by_time(c, int(10 * 1e3 * 5)))
+    with deploy(q, servers=2, k=2) as dep:
+        res = dep.run({"s": cols}, pace=10.0, chunk_size=4_000, chunk_ms=5)
+        assert dep.feeder.seqs["s"] == want + 1 > 2 + 1  # the cut chunks and the end
+    assert_same_output(ref.outputs["counts"], res.outputs["counts"])
+    with deploy(q, servers=2, k=1) as dep:
+        with pytest.raises(ValueError, match="chunk_ms"):
+            dep.run({"s": cols}, pace=1.0, chunk_ms=0)

@@ -645,7 +645,7 @@ class Deployment:
 
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, inputs: Mapping[str, Iterable], pace: float | None = None, chunk_size: int = 10_000,
-             idle_timeout: float | Mapping[str, float] | None = None) -> None:
+             idle_timeout: float | Mapping[str, float] | None = None, chunk_ms: float | None = 5.0) -> None:
         """Start feeding ``inputs`` (``{source: iterable of chunks or records}``) in a background thread.
 
         With ``pace=s`` a tuple with timestamp ``ts`` is released at wall time
@@ -656,7 +656,11 @@ class Deployment:
         for every entry replica). Inputs are cut into batches of at most
         ``chunk_size`` rows (:func:`~replistream.sources.iter_chunks`: a whole
         array or column mapping too), each one Ray call per entry replica; the
-        result does not depend on it.
+        result does not depend on it. Paced, a chunk is also cut so that it spans at most
+        ``chunk_ms`` of wall time (default 5 ms; None: no cut), since a paced chunk is released
+        at once at its first timestamp: every row then leaves within ``chunk_ms`` of its time,
+        not up to a whole chunk early, and the batch size follows the rate
+        (:func:`~replistream.sources.cut_by_time`).
 
         An input may also be a source object with a ``bind(source, schema)``
         method, e.g. :class:`replistream.spark.SparkSource`: it is checked
@@ -685,6 +689,9 @@ class Deployment:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a whole number of rows >= 1, got {chunk_size!r}")
         idle = idle_timeouts(idle_timeout, list(self.query.sources))
+        if chunk_ms is not None and not (isinstance(chunk_ms, (int, float)) and not isinstance(chunk_ms, bool)
+                                         and 0 < chunk_ms < float("inf")):
+            raise ValueError(f"chunk_ms must be a number of milliseconds > 0 or None, got {chunk_ms!r}")
         for src, data in inputs.items():
             if hasattr(data, "bind"):
                 data.bind(src, self.query.schema_of(src))
@@ -693,7 +700,8 @@ class Deployment:
         wait_quietly([h.set_start.remote(self.t0) for _, h in self.topology.running()])
         self._broadcast_network()
         disorder = {src: self.query.spec(src).max_disorder for src in self.query.sources}
-        self.feeder.start(self.query.sources, inputs, pace, chunk_size, self.t0, idle=idle, disorder=disorder)
+        self.feeder.start(self.query.sources, inputs, pace, chunk_size, self.t0, idle=idle, disorder=disorder,
+                          chunk_ms=chunk_ms)
 
     def heartbeats(self) -> list[Heartbeat]:
         """The heartbeat punctuations put on idle sources so far (:class:`replistream.idle.Heartbeat`:
@@ -882,15 +890,16 @@ class Deployment:
 
     def run(self, inputs: Mapping[str, Iterable], pace: float | None = None, timeout: float = 600.0,
             scenario=None, progress: Callable[[dict], None] | None = None, chunk_size: int = 10_000,
-            idle_timeout: float | Mapping[str, float] | None = None) -> RunResult:
+            idle_timeout: float | Mapping[str, float] | None = None, chunk_ms: float | None = 5.0) -> RunResult:
         """Feed ``inputs``, apply ``scenario`` (a :class:`~replistream.scenario.Scenario`), wait, collect.
 
-        ``chunk_size`` is the most rows the feeder sends to the entry points in one batch, and
-        ``idle_timeout`` when a quiet source stops holding the others back (see :meth:`feed`).
+        ``chunk_size`` is the most rows the feeder sends to the entry points in one batch,
+        ``chunk_ms`` the most wall time a paced chunk spans, and ``idle_timeout`` when a quiet
+        source stops holding the others back (see :meth:`feed`).
         """
         if scenario is not None:
             self.install_scenario(scenario)
-        self.feed(inputs, pace, chunk_size, idle_timeout)
+        self.feed(inputs, pace, chunk_size, idle_timeout, chunk_ms)
         if scenario is not None:
             self._start_scenario_thread(scenario)
         ok = self.wait(timeout, progress)

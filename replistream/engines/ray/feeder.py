@@ -43,7 +43,8 @@ import ray
 from ...operators.base import NO_PUNCTUATION
 from ...plan import ENTRY
 from ...idle import Heartbeat, IdleMerge
-from ...sources import ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, needs_stamp, stamp
+from ...sources import (ChunkRef, Sentinel, TimeMerge, chunk_tmax, cut_by_time, iter_chunks, needs_stamp,
+                        stamp)
 from .common import is_actor_death
 from .topology import Topology
 
@@ -90,6 +91,9 @@ class Feeder:
         self.t0 = time.time()
         self.thread: threading.Thread | None = None
         self.merge: IdleMerge | None = None
+        self.idle: dict[str, float] = {}
+        self.disorder: dict[str, int] = {}
+        self.chunk_ms: float | None = None
 
     @property
     def heartbeats(self) -> list[Heartbeat]:
@@ -99,14 +103,17 @@ class Feeder:
 
     # -- running ---------------------------------------------------------------------------
     def start(self, sources: list[str], inputs: Mapping[str, Any], pace: float | None, chunk_size: int,
-              t0: float, idle: Mapping[str, float] | None = None, disorder: Mapping[str, int] | None = None) -> None:
+              t0: float, idle: Mapping[str, float] | None = None, disorder: Mapping[str, int] | None = None,
+              chunk_ms: float | None = None) -> None:
         """Feed ``inputs`` (``{source: input}``, sources in ``sources`` order) in a background
         thread; ``t0`` is the run's start (wall time), ``pace`` event seconds per second (None:
-        as fast as the entry points take it); ``idle`` the idle timeouts (``{source: seconds}``)
+        as fast as the entry points take it; paced, each chunk is cut to span at most ``chunk_ms``
+        of wall time, :func:`~replistream.sources.cut_by_time`); ``idle`` the idle timeouts (``{source: seconds}``)
         and ``disorder`` each source's ``max_disorder`` (see :mod:`replistream.idle`)."""
         self.t0 = t0
         self.done_wall = None
         self.idle = dict(idle or {})
+        self.chunk_ms = chunk_ms
         self.disorder = dict(disorder or {})
         self.thread = threading.Thread(target=self._run, args=(list(sources), dict(inputs), pace, chunk_size),
                                        daemon=True, name="replistream-feeder")
@@ -128,6 +135,9 @@ class Feeder:
 
     def _feed(self, sources: list[str], inputs, pace, chunk_size) -> None:
         iters: dict[str, Iterator] = {s: iter(iter_chunks(inputs.get(s, ()), chunk_size)) for s in sources}
+        if pace is not None and self.chunk_ms:  # a paced chunk goes at once: at most chunk_ms of wall time each
+            span = max(1, int(pace * 1e3 * self.chunk_ms))
+            iters = {s: (piece for c in it for piece in cut_by_time(c, span)) for s, it in iters.items()}
         with self.lock:
             self.sources = list(sources)
             self.seqs = {s: 0 for s in sources}
