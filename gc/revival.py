@@ -542,6 +542,10 @@ class RevivalDamper:
       discard them at once.
 
     ``persist=1, clear_s=threshold_s, hold_s=0`` is undamped (plain :func:`plan_revival`).
+    ``hold_s`` defaults to 0 (no hold): a held item makes the collector reach theta by
+    discarding *other* groups, and in the simulated Fig. 5 (6 h, kmax 3) that discarded
+    paths the next outage needed (maximum latency 0.341 s -> 111 s); persistence and
+    hysteresis alone cut the revivals without that (docs/experiments.md, Fig. 5).
     Stateful (the counts and holds); time is whatever the caller passes (simulated
     or monotonic seconds), never read from a clock here.
 
@@ -562,7 +566,7 @@ class RevivalDamper:
     threshold_s: float = 10.0
     clear_s: float | None = None
     persist: int = 2
-    hold_s: float = 600.0
+    hold_s: float = 0.0
     _streak: dict = field(default_factory=dict, init=False, repr=False)
     _until: dict = field(default_factory=dict, init=False, repr=False)
 
