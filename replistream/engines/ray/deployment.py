@@ -249,6 +249,8 @@ class Delivered:
         self.punctuation: dict[str, int] = {}
         self.callbacks: dict[str, list[Callable]] = {}
         self.seen: dict[str, set | None] = {}  # ids delivered, for an application with several replicas
+        self.keep: dict[str, bool] = {}  # False: tuples go to the callbacks only (Deployment.on_output(keep=False))
+        self.handed_off: dict[str, int] = {}  # tuples of an application not kept, handed to its callbacks
         for app in apps:
             self.add(app)
 
@@ -262,6 +264,7 @@ class Delivered:
                 self.fetched[label] = 0
             self.seen[app] = set() if len(labels) > 1 else None
             self.punctuation[app], self.callbacks[app] = int(np.iinfo(np.int64).min), []
+            self.keep[app], self.handed_off[app] = True, 0
 
     def add_batch(self, app: str, data: np.ndarray, arrivals: np.ndarray, label: str | None = None) -> None:
         """Record a batch newly fetched from replica ``label`` of ``app`` (default: its only one),
@@ -276,8 +279,11 @@ class Delivered:
                 data, arrivals = data[fresh], arrivals[fresh]
             if not len(data):
                 return
-            self.batches[app].append(data)
-            self.arrival_times[app].append(arrivals)
+            if self.keep[app]:
+                self.batches[app].append(data)
+                self.arrival_times[app].append(arrivals)
+            else:
+                self.handed_off[app] += len(data)
             for cb in self.callbacks[app]:
                 cb(data)
 
@@ -287,9 +293,9 @@ class Delivered:
             return all(p == END for p in self.punctuation.values())
 
     def count(self, app: str) -> int:
-        """Tuples fetched from ``app`` so far."""
+        """Tuples fetched from ``app`` so far (those handed to callbacks only, too)."""
         with self.lock:
-            return int(sum(len(b) for b in self.batches[app]))
+            return int(sum(len(b) for b in self.batches[app])) + self.handed_off[app]
 
     def arrivals(self, app: str) -> np.ndarray:
         """Wall times the tuples of ``app`` arrived at, in fetch order."""
@@ -474,9 +480,11 @@ class Deployment:
             return 0
         kept = 0
         for i in range(n):
+            # given the coordinator's handle although it reports nothing: the first deserialisation of
+            # an actor handle in a process costs ~0.13 s here, which a repair would otherwise pay
             h = ReplicaActor.remote(self.query, rep.operator, 10_000 + i, rep.server,
                                     list(self._physical.channels(rep.operator)), self.conditions, self.t0,
-                                    self.channel_opts, None, self.strict, False)
+                                    self.channel_opts, self.coordinator, self.strict, False)
             h.stop_sending.remote()
             kept += pool.keep_spare("ReplicaActor", h)
         return kept
@@ -837,10 +845,13 @@ class Deployment:
         if self.feeder.error is not None:
             raise RunFailed(f"feeding the sources failed: {self.feeder.error}") from self.feeder.error
 
-    def on_output(self, app: str, callback: Callable[[np.ndarray], None]) -> None:
+    def on_output(self, app: str, callback: Callable[[np.ndarray], None], keep: bool = True) -> None:
         """Call ``callback(batch)`` in the driver with every new batch application ``app`` receives.
 
-        Callbacks run while :meth:`run`/:meth:`wait` wait, or on each :meth:`poll`.
+        Callbacks run while :meth:`run`/:meth:`wait` wait, or on each :meth:`poll`. With
+        ``keep=False`` the driver keeps none of ``app``'s tuples once its callbacks have had them
+        (for results larger than the driver's memory, e.g. :class:`replistream.spark.SparkSink`):
+        ``run()``'s ``outputs[app]`` then stays empty and ``stats["handed_off"][app]`` counts them.
 
         >>> dep.on_output("alerts", lambda batch: print(len(batch), "new alerts"))  # doctest: +SKIP
         """
@@ -849,6 +860,8 @@ class Deployment:
                 raise ValueError(f"{app!r} is not an application of query {self.query.name!r}; "
                                  f"applications: {self.query.sinks}")
             self.delivered.callbacks[app].append(callback)
+            if not keep:
+                self.delivered.keep[app] = False
 
     def poll(self) -> None:
         """Fetch newly delivered tuples from the applications (and run output callbacks)."""
@@ -1001,9 +1014,11 @@ class Deployment:
         metrics = self.metrics()
         with self.delivered.lock:
             punct = dict(self.delivered.punctuation)
+            handed = {n: c for n, c in self.delivered.handed_off.items() if not self.delivered.keep[n]}
         end = max((float(a.max()) for a in arrivals.values() if len(a)), default=0.0)  # the last tuple's arrival
         return RunResult(outputs, punct, dead, arrivals=arrivals, ts0=int(round(self.ts0)), pace=self.speed,
-                         end_time=end, events=list(self.events), links=metrics["stream_replicas"], metrics=metrics)
+                         end_time=end, events=list(self.events), links=metrics["stream_replicas"], metrics=metrics,
+                         stats={"handed_off": handed} if handed else {})
 
     # -- failure injection ---------------------------------------------------------------------
     def kill(self, label: str, reason: str = "killed") -> None:
