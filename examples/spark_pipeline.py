@@ -111,7 +111,7 @@ def main(argv=None) -> dict:
         # the crash lands halfway through the readings, after all earlier input reached the entry points
         halfway = FIG1_EPOCH_US + seconds(args.duration / 2)
         note = Call(lambda d: crashed.append({"server": victim, "at_s": args.duration / 2,
-                                              "alerts_before": len(d.results("alerts"))}))
+                                              "alerts_before": sink.count}))
         inputs["load_0"] = inject_at(inputs["load_0"], halfway, note, KillServer(victim))
         sink = SparkSink(dep, "alerts")
         phases["deploy"] = time.time() - t
@@ -130,7 +130,7 @@ def main(argv=None) -> dict:
         res = dep.collect()
         phases["run"] = time.time() - t
         t = time.time()
-        say(f"{len(res.outputs['alerts']):,} alerts; writing them as Parquet and checking them in Spark SQL")
+        say(f"{sink.count:,} alerts; writing them as Parquet and checking them in Spark SQL")
         sink.write_parquet(str(out / "alerts"))
     dead_letters = res.dead_letter_count()
 

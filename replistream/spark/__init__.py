@@ -19,8 +19,8 @@ through the driver.
 from .convert import ConversionPlan, convert_table
 from .session import JAVA_OPTIONS, SparkUnavailable, active_session, java_version, spark_session, stop_spark
 from .sink import SparkSink, to_arrow, to_spark
-from .source import SparkSource, SparkStreamSource, parse_interval, spark_watermark
+from .source import SparkSource, SparkSourceError, SparkStreamSource, parse_interval, spark_watermark
 
 __all__ = ["spark_session", "stop_spark", "active_session", "java_version", "SparkUnavailable", "JAVA_OPTIONS",
-           "SparkSource", "SparkStreamSource", "SparkSink", "to_spark", "to_arrow", "convert_table",
+           "SparkSource", "SparkSourceError", "SparkStreamSource", "SparkSink", "to_spark", "to_arrow", "convert_table",
            "ConversionPlan", "parse_interval", "spark_watermark"]

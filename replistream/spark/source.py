@@ -27,13 +27,12 @@ import queue
 import re
 import tempfile
 import threading
-import warnings
 from collections import deque
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import SchemaError
+from ..errors import ReplistreamError, SchemaError
 from ..schema import RESERVED, TS, Punctuation, Schema
 from .convert import TIME_UNITS, ConversionPlan, convert_table
 
@@ -87,12 +86,108 @@ def _task():
     return _TASK
 
 
-@contextlib.contextmanager
-def _quiet_raydp():
-    """RayDP reads ``DataFrame.sql_ctx``, which PySpark 3.5 warns about on every call."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*sql_ctx.*", category=UserWarning)
-        yield
+class SparkSourceError(ReplistreamError, RuntimeError):
+    """A Spark job feeding a source failed, or a partition it computed was lost before it was read."""
+
+
+def _summary(e: BaseException) -> str:
+    """One line for a Spark job's failure: the Python worker's exception line when there is one
+    (a Py4JJavaError carries the whole Java stack trace), else the first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    py = [ln for ln in lines if re.match(r"^[A-Za-z_][A-Za-z0-9_]*(Error|Exception|Warning): ", ln)]
+    line = py[-1] if py else (lines[0] if lines else type(e).__name__)
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+class _PartitionStream:
+    """A DataFrame's partitions as Arrow blocks in Ray's object store, each as soon as Spark has it.
+
+    ``DataFrame.toArrowBatchRdd`` (Spark's Arrow batches per partition) is
+    persisted and counted by a background Spark job; every partition is
+    cached by the executor that computed it the moment its task ends.
+    :meth:`blocks` waits for partition 0, 1, ... in turn to have a cached
+    block (the block manager's locations, asked through the driver's JVM) and
+    starts a Ray task that fetches it from that executor (RayDP's executor
+    actors serve cached partitions as Arrow IPC). A failed Spark job raises
+    :class:`SparkSourceError` naming the source and the partition waited
+    for; :meth:`close` cancels the job if it is still running and drops the
+    cache.
+    """
+
+    _POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
+
+    def __init__(self, df, source: str):
+        from pyspark import StorageLevel
+
+        self.source = source
+        self.sc = df.sparkSession.sparkContext
+        jvm = self.sc._jvm
+        self._jvm = jvm
+        writer = jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
+        self.schema_json = writer.toArrowSchema(df._jdf).toJson()
+        self.agent_url = writer.driverAgentUrl() or ""
+        self.rdd = df._jdf.toArrowBatchRdd()
+        self.rdd.persist(self.sc._getJavaStorageLevel(StorageLevel.MEMORY_AND_DISK))
+        self.rdd_id = int(self.rdd.id())
+        self.n = int(self.rdd.getNumPartitions())
+        self.group = f"replistream-source-{source}-{self.rdd_id}"
+        self._done = threading.Event()
+        self._error: list[BaseException] = []
+        self._closed = False
+        threading.Thread(target=self._run, daemon=True, name=f"replistream-spark-{source}").start()
+
+    def _run(self) -> None:
+        try:
+            self.sc.setJobGroup(self.group, f"replistream source {self.source!r}", interruptOnCancel=True)
+            self.rdd.count()
+        except BaseException as e:  # raised to the consumer by blocks()
+            self._error.append(e)
+        finally:
+            self._done.set()
+
+    def _location(self, i: int) -> str | None:
+        """The executor id holding partition ``i``'s cached block, or None while it has none."""
+        master = self._jvm.org.apache.spark.SparkEnv.get().blockManager().master()
+        locs = master.getLocations(self._jvm.org.apache.spark.storage.RDDBlockId(self.rdd_id, i))
+        return None if locs.isEmpty() else str(locs.head().executorId())
+
+    def _wait(self, i: int) -> str:
+        pause = self._POLL_MIN_S
+        while True:
+            finished = self._done.is_set()
+            loc = self._location(i)
+            if loc is not None:
+                return loc
+            if self._error:
+                raise SparkSourceError(f"source {self.source!r}: the Spark job computing its partitions failed "
+                                       f"before partition {i} of {self.n} was read; nothing of partitions "
+                                       f"{i}..{self.n - 1} was fed: {_summary(self._error[0])}") \
+                    from self._error[0]
+            if finished:
+                raise SparkSourceError(f"source {self.source!r}: partition {i} of {self.n} is not cached by any "
+                                       "Spark executor after the job ended (an executor was lost?); nothing of "
+                                       f"partitions {i}..{self.n - 1} was fed")
+            self._done.wait(pause)
+            pause = min(self._POLL_MAX_S, pause * 2)
+
+    def blocks(self) -> Iterator:
+        """Object refs of each partition's Arrow table, in partition order, each once it is cached."""
+        from raydp.spark.dataset import _fetch_arrow_table_from_executor
+
+        fetch = _fetch_arrow_table_from_executor.options(num_cpus=0)
+        for i in range(self.n):
+            executor = self._wait(i)
+            yield fetch.remote(f"raydp-executor-{executor}", self.rdd_id, i, self.schema_json, self.agent_url)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._done.is_set():
+            self.sc.cancelJobGroup(self.group)
+            self._done.wait(30)
+        with contextlib.suppress(Exception):  # the session may be gone already
+            self.rdd.unpersist(False)
 
 
 class _SparkInput:
@@ -150,6 +245,7 @@ class _SparkInput:
         self.pairs = pairs
         self._bound: tuple[str, Schema] | None = None
         self.stats = {"rows": 0, "chunks": 0, "rejected": {}}
+        self.partitions = 0  # Spark partitions fully handed over so far
 
     # -- schema ---------------------------------------------------------------------------
     def schema(self) -> Schema:
@@ -211,23 +307,41 @@ class _SparkInput:
             self.stats["rejected"][r] = self.stats["rejected"].get(r, 0) + c
 
     def _chunks_of(self, prepared, plan: ConversionPlan, prefetch: int) -> Iterator:
-        """ChunkRefs for a prepared DataFrame: RayDP blocks, converted by Ray tasks, in order."""
+        """ChunkRefs for a prepared DataFrame, partition by partition, in partition order.
+
+        Spark computes the partitions in a background job that caches each one
+        (as Arrow batches, in the executors) as soon as it is done; a partition
+        is fetched by a Ray task from its executor and converted by another as
+        soon as it is cached, at most ``prefetch`` partitions ahead of the
+        feeder. The first chunks thus reach the entry points while Spark is
+        still reading later partitions, and the rows never pass through the
+        driver, which only sees object references and per-chunk counts.
+        """
         import ray
-        from raydp.spark import from_spark_recoverable, release_spark_recoverable
 
         from ..sources import ChunkRef
 
-        with _quiet_raydp():
-            ds = from_spark_recoverable(prepared)
-        try:
-            blocks = ds.to_arrow_refs()
-            task = _task()
-            pending: deque = deque()
-            it = iter(blocks)
-            for block in it:
+        stream = _PartitionStream(prepared, plan.source)
+        failed: list[SparkSourceError] = []
+        pending: deque = deque()
+        task = _task()
+        blocks = stream.blocks()
+
+        def advance() -> None:
+            """Start converting the next partition (the partitions before a failed one are fed first)."""
+            if failed:
+                return
+            try:
+                block = next(blocks, None)
+            except SparkSourceError as e:
+                failed.append(e)
+                return
+            if block is not None:
                 pending.append(task.options(num_returns="streaming").remote(block, plan, self.chunk_size))
-                if len(pending) >= prefetch:
-                    break
+
+        try:
+            for _ in range(prefetch):
+                advance()
             while pending:
                 gen = pending.popleft()
                 for meta_ref in gen:
@@ -235,12 +349,12 @@ class _SparkInput:
                     data_ref = next(gen)
                     self._account(meta)
                     yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])
-                nxt = next(it, None)
-                if nxt is not None:
-                    pending.append(task.options(num_returns="streaming").remote(nxt, plan, self.chunk_size))
+                self.partitions += 1
+                advance()
+            if failed:
+                raise failed[0]
         finally:
-            with _quiet_raydp():
-                release_spark_recoverable(prepared)
+            stream.close()
 
     def rows(self) -> list:
         """The chunks this source delivers, fetched to the driver (for reference runs and tests only)."""

@@ -190,16 +190,111 @@ def test_results_return_to_spark_and_parquet(spark, tmp_path):
         sink = SparkSink(dep, "avg")
         res = dep.run({"load": SparkSource(df, time="t")})
         out = sink.write_parquet(str(tmp_path / "avg"))
-    assert sink.count == len(res.outputs["avg"]) > 0
+    exp = rs.run_reference(q, {"load": records(cols)}).outputs["avg"]
+    assert res.complete and len(res.outputs["avg"]) == 0  # the sink took them out of the driver
+    assert sink.count == res.stats["handed_off"]["avg"] == len(exp) > 0
+    assert_same_output(exp, sink.batch())
     back = spark.read.parquet(out)
-    assert dict(back.dtypes)["ts"] == "timestamp" and dict(back.dtypes)["id"] == "bigint"
-    got = sorted(back.selectExpr("unix_micros(ts) as ts", "id", "server", "window_start", "n", "avg").collect())
-    exp = res.outputs["avg"]
-    want = sorted(zip(exp["ts"].tolist(), exp["id"].view(np.int64).tolist(), exp["server"].tolist(),
+    assert dict(back.dtypes)["ts"] == "timestamp" and dict(back.dtypes)["id"] == "decimal(20,0)"
+    got = sorted(back.selectExpr("unix_micros(ts) as ts", "cast(id as string) as id", "server", "window_start",
+                                 "n", "avg").collect())
+    want = sorted(zip(exp["ts"].tolist(), [str(i) for i in exp["id"].tolist()], exp["server"].tolist(),
                       exp["window_start"].tolist(), exp["n"].tolist(), exp["avg"].tolist()))
     assert [tuple(r) for r in got] == want
+    assert max(exp["id"].tolist()) >= 2**63  # an id Spark's bigint would have shown as negative
     empty = to_spark(q.schema_of("hot").empty())
     assert empty.count() == 0 and "cpu" in empty.columns
+    longs = to_spark(exp, id_as="long")
+    assert dict(longs.dtypes)["id"] == "bigint"
+    assert sorted(r.id for r in longs.select("id").collect()) == sorted(exp["id"].view(np.int64).tolist())
+
+
+def test_spark_sink_holds_at_most_its_budget_in_the_driver(spark, tmp_path):
+    """A result of about 1 MB through a sink with a 64 KB budget: the driver never holds more than the
+    budget plus the batch arriving, and Spark reads the whole result exactly (#18)."""
+    n = 30_000
+    rng = np.random.default_rng(8)
+    cols = {"ts": np.arange(n, dtype=np.int64) * 10, "server": rng.integers(0, 50, n).astype(np.int32),
+            "cpu": rng.random(n)}
+    q = rs.Query("wide")
+    q.source("load", {"server": "i4", "cpu": "f8"}, punctuate_every=10_000).filter(
+        lambda b: b["cpu"] >= 0, name="every").sink("all")
+    q.build()
+    budget = 64 * 1024
+    arriving = []
+    with rs.deploy(q, servers=2, k=2) as dep:
+        dep.on_output("all", lambda b: arriving.append(b.nbytes))
+        sink = SparkSink(dep, "all", budget_bytes=budget)
+        res = dep.run({"load": cols}, chunk_size=1_000)
+        out = sink.write_parquet(str(tmp_path / "all"))
+    exp = rs.run_reference(q, {"load": cols}).outputs["all"]
+    total = exp.nbytes
+    assert res.complete and total > 10 * budget
+    assert res.stats["handed_off"]["all"] == sink.count == n and len(res.outputs["all"]) == 0
+    assert sink.held_peak <= budget + max(arriving) < total / 2
+    assert len(sink.blocks) >= total // (budget + max(arriving))
+    back = spark.read.parquet(out)
+    got = sorted(back.selectExpr("unix_micros(ts)", "cast(id as string)", "server", "cpu").collect())
+    want = sorted(zip(exp["ts"].tolist(), [str(i) for i in exp["id"].tolist()], exp["server"].tolist(),
+                      exp["cpu"].tolist()))
+    assert [tuple(r) for r in got] == want
+
+
+def test_a_batch_source_streams_partition_by_partition(spark, tmp_path):
+    """The first chunk leaves Spark before the last partition is read (#18): the last partition's
+    last row waits for a gate that is opened only once the first chunk is in the object store.
+    Reading the whole DataFrame first would wait 30 s for the gate and then mark the timeout."""
+    import time
+
+    import ray
+    from pyspark.sql import functions as F
+
+    gate, late = str(tmp_path / "gate"), str(tmp_path / "timed_out")
+    n, parts = 2_000, 4
+
+    def gated(i):
+        if i == n - 1:  # the last row of the last partition
+            deadline = time.time() + 30
+            while not os.path.exists(gate) and time.time() < deadline:
+                time.sleep(0.01)
+            if not os.path.exists(gate):
+                open(late, "w").close()
+        return i * 1_000
+
+    df = spark.range(0, n, numPartitions=parts).select(
+        F.udf(gated, "long")("id").alias("t"), (F.col("id") % 4).cast("int").alias("server"),
+        (F.col("id") / 1000.0).alias("cpu"))
+    src = SparkSource(df, time="t", sort=False, chunk_size=100)
+    it = iter(src)
+    first = ray.get(next(it).ref)
+    assert not os.path.exists(late), "the source waited for the last partition before its first chunk"
+    assert src.partitions == 0  # partition 0 is still being handed over
+    open(gate, "w").close()
+    chunks = [first] + [ray.get(c.ref) for c in it]
+    assert not os.path.exists(late) and src.partitions == parts
+    ts = np.concatenate([c.data["ts"] for c in chunks])
+    assert ts.tolist() == [i * 1_000 for i in range(n)]  # every row, once, in partition order
+    assert src.stats["rows"] == n
+
+
+def test_a_failing_spark_job_fails_the_source_loudly(spark):
+    from pyspark.sql import functions as F
+
+    from replistream.spark import SparkSourceError
+
+    def bad(i):
+        if i == 1_500:
+            raise ValueError("unparseable reading 1500")
+        return i
+
+    df = spark.range(0, 2_000, numPartitions=4).select(F.udf(bad, "long")("id").alias("t"),
+                                                       F.lit(1).alias("server"), F.lit(0.5).alias("cpu"))
+    src = SparkSource(df, time="t", sort=False)
+    fed = 0
+    with pytest.raises(SparkSourceError, match=r"(?s)source '<spark>'.*partition 3 of 4.*unparseable reading 1500"):
+        for c in src:
+            fed += c.n
+    assert fed == 1_500  # partitions 0-2 went through, whole; nothing of partition 3
 
 
 def test_spark_pipeline_example_matches_spark_sql(spark, tmp_path, repo_root):
