@@ -14,8 +14,12 @@ the interleaving: the operator is non-blocking and replica consistent.
 Buffers are lists of chunks sorted by key and ts (or by ts without a key); a
 probe binary-searches each chunk for the rows with its key *within its window*
 and expands those ranges with numpy, so no Python runs per tuple and a probe
-costs the matches it finds, not every buffered tuple of its key. Chunks are merged when there are more than
-``_MAX_CHUNKS``.
+costs the matches it finds, not every buffered tuple of its key. Chunks are
+merged as in a log-structured merge tree: a new chunk is merged with the one
+before it while it is at least half that one's size, so chunk sizes grow
+geometrically, a buffer of n tuples has O(log n) chunks, and each tuple is
+copied O(log n) times, whatever the state's size (merging everything every
+few batches made a Join over 1M buffered tuples spend 18 ms per 100-tuple batch).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from ..ids import hash_columns, mix
 from ..schema import ID, TS, Schema
 from .base import OperatorLogic
 
-_MAX_CHUNKS = 8
+_MAX_CHUNKS = 32  # more than this (purges can leave many small chunks): merge them all
 
 
 def join_schema(left: Schema, right: Schema, suffixes: tuple[str, str] = ("_l", "_r")) -> tuple[Schema, list, list]:
@@ -60,32 +64,46 @@ class _SideBuffer:
         self.chunks: list[np.ndarray] = []  # structured batches
         self.keys: list[np.ndarray] = []  # sorted search key per chunk
         self._index: list = []  # per chunk, (unique keys, positions, tmin, tmax) once a probe needed it
+        self.tmin: list[int] = []  # per chunk, its earliest timestamp (a purge below it keeps the chunk)
+
+    def _merge(self, a: int) -> None:
+        """Merge chunks ``a..`` (the last ones) into one."""
+        batch = np.concatenate(self.chunks[a:])
+        key = np.concatenate(self.keys[a:])
+        order = np.lexsort((batch[TS], key))
+        self.chunks[a:], self.keys[a:], self._index[a:] = [batch[order]], [key[order]], [None]
+        self.tmin[a:] = [min(self.tmin[a:])]
 
     def add(self, batch: np.ndarray, key: np.ndarray) -> None:
+        if not len(batch):
+            return
         order = np.lexsort((batch[TS], key))
         self.chunks.append(batch[order])
         self.keys.append(key[order])
         self._index.append(None)
+        self.tmin.append(int(batch[TS].min()))
+        while len(self.chunks) > 1 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2]):
+            self._merge(len(self.chunks) - 2)
         if len(self.chunks) > _MAX_CHUNKS:
-            batch = np.concatenate(self.chunks)
-            key = np.concatenate(self.keys)
-            order = np.lexsort((batch[TS], key))
-            self.chunks, self.keys, self._index = [batch[order]], [key[order]], [None]
+            self._merge(0)
 
     def purge(self, bound: int) -> None:
         """Drop tuples with ts <= bound."""
-        chunks, keys, index = [], [], []
-        for c, k, x in zip(self.chunks, self.keys, self._index):
-            keep = c[TS] > bound
-            if keep.all():
+        chunks, keys, index, tmin = [], [], [], []
+        for c, k, x, t in zip(self.chunks, self.keys, self._index, self.tmin):
+            if t > bound:  # nothing of it is that old
                 chunks.append(c)
                 keys.append(k)
                 index.append(x)
-            elif keep.any():
+                tmin.append(t)
+                continue
+            keep = c[TS] > bound
+            if keep.any():
                 chunks.append(c[keep])
                 keys.append(k[keep])
                 index.append(None)
-        self.chunks, self.keys, self._index = chunks, keys, index
+                tmin.append(int(c[TS][keep].min()))
+        self.chunks, self.keys, self._index, self.tmin = chunks, keys, index, tmin
 
     def ranges(self, i: int, key: np.ndarray, ts: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray] | None:
         """``(lo, hi)``: the rows of chunk ``i`` with key equal to ``key`` and ``|ts' - ts| < w``,
