@@ -3,6 +3,8 @@
     python bench/migration.py                       # the full run (1M keys, ~10 minutes)
     python bench/migration.py --keys 100000 --quick # a small check
     python bench/migration.py --json out.json       # also write every figure as JSON
+    python bench/migration.py --skip-overhead --skip-dormant --operators join aggregate \
+        --strategies all-at-once fluid --bits 12    # a Join and an Aggregate moved, 2^12 bins
 
 Two parts.
 
@@ -34,7 +36,8 @@ selecting the bin, 200,000 tuples per side.
 replica is the only one serving: its pauses are the application's). The
 query ``s -> KeyedCount(bits=12, keep=("tag",), emit_keep=False) -> sink``
 (the tag stays in the state, not in the output, which halves the data the
-application receives) is loaded with ``--keys`` keys
+application receives) is loaded with ``--keys`` keys (``--operators join aggregate``
+move a windowed Join or a 1-s window count instead; see :func:`build`)
 (20 s of event time), then fed ``--rate`` tuples/s of random keys, paced in real
 time, punctuations every 20 ms of event time. ``--move-at`` seconds into the
 steady phase, ``Deployment.move_replica`` moves the counting replica to another
@@ -192,25 +195,67 @@ def inputs(keys: int, rate: int, steady_s: float, load_s: float = 20.0, chunk_ms
     return chunks, steady_start
 
 
+OPERATORS = ("keyed", "join", "aggregate")
+JOIN_WINDOW_S = 30.0
+AGG_WINDOW_S = 1.0
+
+
+def build(operator: str, keys: int, rate: int, steady_s: float):
+    """The query and its inputs for ``operator`` (the moving operator is named ``op``):
+
+    * ``keyed``: ``s -> KeyedCount(by="k", keep=("tag",), bits=12)``: one state row per key,
+      every key loaded in the first 20 s;
+    * ``join``: ``l ⋈ r`` on ``k`` within 30 s: the load phase (every key once, with its
+      88-byte tag) arrives on ``l`` and stays in the Join's window; in the steady phase ``l`` and
+      ``r`` each carry ``rate / 2`` tuples/s of random keys, so about one output per ``r``
+      tuple; the state is the window's tuples;
+    * ``aggregate``: ``s -> window(1 s, by="k", count)``: the state is the open 1-s windows'
+      groups (about 50,000 during the load phase, ``rate`` per second after).
+    """
+    chunks, steady_start = inputs(keys, rate, steady_s)
+    q = Query("migration")
+    if operator == "keyed":
+        s = q.source("s", SCHEMA, punctuate_every=seconds(0.02))
+        s.apply(KeyedCount(by="k", keep=("tag",), bits=12, emit_keep=False), name="op").sink("out")
+        data = {"s": chunks}
+    elif operator == "join":
+        left = q.source("l", SCHEMA, punctuate_every=seconds(0.02))
+        right = q.source("r", {"k": "i8"}, punctuate_every=seconds(0.02))
+        left.join(right, window=seconds(JOIN_WINDOW_S), on="k", name="op").sink("out")
+        rng = np.random.default_rng(5)
+        lefts, rights = [], []
+        for c in chunks:
+            if c["ts"][0] < steady_start:  # the load phase: left only
+                lefts.append(c)
+                continue
+            side = rng.random(len(c["k"])) < 0.5
+            lefts.append({f: v[side] for f, v in c.items()})
+            rights.append({"ts": c["ts"][~side], "k": c["k"][~side]})
+        data = {"l": lefts, "r": rights}
+    elif operator == "aggregate":
+        s = q.source("s", SCHEMA, punctuate_every=seconds(0.02))
+        s.window(size=seconds(AGG_WINDOW_S), by="k", aggs={"n": "count"}, name="op").sink("out")
+        data = {"s": chunks}
+    else:
+        raise ValueError(f"operator must be one of {OPERATORS}, got {operator!r}")
+    return q.build(), data, steady_start
+
+
 def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail_s: float, steady_s: float,
-            check: bool) -> dict:
+            check: bool, operator: str = "keyed") -> dict:
     from replistream.engines.ray import deploy
     from replistream.testing import assert_same_output, run_reference
 
-    q = Query("migration")
-    s = q.source("s", SCHEMA, punctuate_every=seconds(0.02))
-    s.apply(KeyedCount(by="k", keep=("tag",), bits=12, emit_keep=False), name="counts").sink("out")
-    q = q.build()
-    chunks, steady_start = inputs(keys, rate, steady_s)
+    q, data, steady_start = build(operator, keys, rate, steady_s)
     move_ts = steady_start + seconds(move_at)
     box: dict = {}
 
     def start_move(dep):
         def run():
             try:
-                target = [srv for srv in dep.servers if srv != dep.actor_server["counts#0"]][0]
+                target = [srv for srv in dep.servers if srv != dep.actor_server["op#0"]][0]
                 box["t"] = time.time() - dep.t0
-                box["event"] = dep.move_replica("counts", 0, target, strategy=strategy, bits=bits)
+                box["event"] = dep.move_replica("op", 0, target, strategy=strategy, bits=bits)
                 box["t_end"] = time.time() - dep.t0
             except Exception as e:  # reported, not hidden
                 box["error"] = repr(e)
@@ -219,9 +264,11 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
         box["thread"] = th
         th.start()
 
+    first = next(iter(data))
+    chunks = data[first]
     at = next(i for i, c in enumerate(chunks) if c["ts"][0] >= move_ts)
-    data = {"s": chunks[:at] + [Call(start_move)] + chunks[at:]}
-    out: dict = {"strategy": strategy, "bits": bits, "keys": keys, "rate": rate}
+    data[first] = chunks[:at] + [Call(start_move)] + chunks[at:]
+    out: dict = {"operator": operator, "strategy": strategy, "bits": bits, "keys": keys, "rate": rate}
     with deploy(q, servers=3, k=1, flush_ms=2.0) as dep:
         res = dep.run(data, pace=1.0, timeout=steady_s + 60)
         if "thread" in box:
@@ -352,19 +399,21 @@ def markdown(report: dict) -> str:
                    f"{r['whole_then_select_ms']:.1f}", f"{r['whole_ms']:.1f}"))
     runs = report.get("migration")
     if runs:
-        lines += ["| strategy | transfer bins | steps | transfer s | sender's longest step ms | MB moved | "
+        lines += ["| operator | strategy | transfer bins | steps | transfer s | sender's longest step ms | MB moved | "
                   "max / p99 latency before (ms) | max / p99 during transfer + 2 s (ms) | "
-                  "max latency, whole move (ms) | exact |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "max latency, whole move (ms) | exact |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 
         def f(x, d=0):
             return "-" if x is None else f"{x:,.{d}f}"
 
         for r in runs:
             if "error" in r or "steps" not in r:
-                lines.append(f"| {r['strategy']} | {1 << r['bits']:,} | error: {r.get('error')} |")
+                lines.append(f"| {r.get('operator', 'keyed')} | {r['strategy']} | {1 << r['bits']:,} | "
+                             f"error: {r.get('error')} |")
                 continue
             lines.append(
-                f"| {r['strategy']} | {1 << r['bits']:,} | {r['steps']:,} | {f(r['transfer_s'], 2)} | "
+                f"| {r.get('operator', 'keyed')} | {r['strategy']} | {1 << r['bits']:,} | {r['steps']:,} | "
+                f"{f(r['transfer_s'], 2)} | "
                 f"{f(r['sender_max_step_ms'])} | {f(r['bytes_moved'] / 1e6, 1)} | "
                 f"{f(r['before_max_ms'])} / {f(r['before_p99_ms'])} | {f(r['transfer_max_ms'])} / "
                 f"{f(r['transfer_p99_ms'])} | {f(r['move_max_ms'])} | {r.get('exact', '-')} |")
@@ -381,6 +430,8 @@ def main() -> None:
     ap.add_argument("--tail", type=float, default=6.0, help="steady seconds after the longest transfer")
     ap.add_argument("--bits", type=int, nargs="*", default=[6, 8, 10])
     ap.add_argument("--strategies", nargs="*", default=["all-at-once", "batched", "fluid"])
+    ap.add_argument("--operators", nargs="*", default=["keyed"], choices=OPERATORS,
+                    help="which operator moves: keyed count (default), join, aggregate (see build())")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--skip-migration", action="store_true")
     ap.add_argument("--skip-dormant", action="store_true")
@@ -422,15 +473,17 @@ def main() -> None:
 
         init_ray(num_cpus=2, object_store_memory=1024 * 1024 * 1024)
         runs = []
-        for strategy in a.strategies:
-            for bits in ([a.bits[-1]] if strategy == "all-at-once" else a.bits):
-                # fluid moves one bin per punctuation (20 ms): leave it time to finish
-                steady = a.move_at + a.tail + (0.03 * (1 << bits) if strategy == "fluid" else 2.0)
-                r = migrate(a.keys, a.rate, strategy, bits, a.move_at, a.tail, steady, not a.no_check)
-                runs.append(r)
-                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                                  if k != "timeline"}), flush=True)
-                gc.collect()
+        for operator in a.operators:
+            for strategy in a.strategies:
+                for bits in ([a.bits[-1]] if strategy == "all-at-once" else a.bits):
+                    # fluid moves one bin per punctuation (20 ms): leave it time to finish
+                    steady = a.move_at + a.tail + (0.03 * (1 << bits) if strategy == "fluid" else 2.0)
+                    r = migrate(a.keys, a.rate, strategy, bits, a.move_at, a.tail, steady, not a.no_check,
+                                operator=operator)
+                    runs.append(r)
+                    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                                      if k != "timeline"}), flush=True)
+                    gc.collect()
         report["migration"] = runs
     report["loadavg_end"] = os.getloadavg()
     print(markdown(report), flush=True)
