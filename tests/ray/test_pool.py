@@ -85,9 +85,12 @@ def test_a_kept_actor_that_died_is_replaced():
     q, d = keyed(6)
     with deploy(q, servers=3, k=1) as dep:
         dep.run(d)
-    for handles in pool._pool.values():  # every kept actor dies while kept
-        for h in handles:
-            ray.kill(h, no_restart=True)
+    killed = [h for handles in pool._pool.values() for h in handles]
+    for h in killed:  # every kept actor dies while kept
+        ray.kill(h, no_restart=True)
+    for h in killed:  # ray.kill is asynchronous: wait until each is known dead (else a call can still
+        with pytest.raises(ray.exceptions.RayActorError):  # reach it, and it dies after taking part)
+            ray.get(h.__ray_ready__.remote(), timeout=60)
     q2, d2 = keyed(7)
     with deploy(q2, servers=3, k=1) as dep:
         res = dep.run(d2)
