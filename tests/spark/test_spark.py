@@ -225,7 +225,8 @@ def test_spark_sink_holds_at_most_its_budget_in_the_driver(spark, tmp_path):
     with rs.deploy(q, servers=2, k=2) as dep:
         dep.on_output("all", lambda b: arriving.append(b.nbytes))
         sink = SparkSink(dep, "all", budget_bytes=budget)
-        res = dep.run({"load": cols}, chunk_size=1_000)
+        # paced over ~6 s, so the driver fetches the result in many polls, not in one or two
+        res = dep.run({"load": cols}, chunk_size=1_000, pace=0.05)
         out = sink.write_parquet(str(tmp_path / "all"))
     exp = rs.run_reference(q, {"load": cols}).outputs["all"]
     total = exp.nbytes
