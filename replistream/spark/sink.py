@@ -13,6 +13,7 @@ application's output out of the driver as it arrives, under a memory budget.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -23,6 +24,13 @@ from ..schema import ID, TS
 
 
 ID_AS = ("decimal", "long", "string")
+
+
+def _check_formats(time_as: str, id_as: str) -> None:
+    if time_as not in ("timestamp", "long"):
+        raise ValueError(f"time_as must be 'timestamp' or 'long', got {time_as!r}")
+    if id_as not in ID_AS:
+        raise ValueError(f"id_as must be one of {ID_AS}, got {id_as!r}")
 
 
 def to_arrow(batch: np.ndarray, time_as: str = "timestamp", id_as: str = "decimal") -> pa.Table:
@@ -42,10 +50,7 @@ def to_arrow(batch: np.ndarray, time_as: str = "timestamp", id_as: str = "decima
     >>> to_arrow(b, id_as="long").column("id").to_pylist()
     [1, -1]
     """
-    if time_as not in ("timestamp", "long"):
-        raise ValueError(f"time_as must be 'timestamp' or 'long', got {time_as!r}")
-    if id_as not in ID_AS:
-        raise ValueError(f"id_as must be one of {ID_AS}, got {id_as!r}")
+    _check_formats(time_as, id_as)
     cols, names = [], []
     for name in batch.dtype.names:
         v = batch[name]
@@ -68,21 +73,16 @@ def to_arrow(batch: np.ndarray, time_as: str = "timestamp", id_as: str = "decima
     return pa.Table.from_arrays(cols, names=names)
 
 
+@contextlib.contextmanager
 def _quiet_ray_data():
     """Ray Data logs an INFO progress report per conversion: keep it at WARNING meanwhile."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def quiet():
-        log = logging.getLogger("ray.data")
-        level = log.level
-        log.setLevel(logging.WARNING)
-        try:
-            yield
-        finally:
-            log.setLevel(level)
-
-    return quiet()
+    log = logging.getLogger("ray.data")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _empty_dataframe(spark, table: pa.Table):
@@ -140,10 +140,7 @@ class SparkSink:
 
     def __init__(self, deployment, app: str, spark=None, *, time_as: str = "timestamp", id_as: str = "decimal",
                  budget_bytes: int = 64 << 20, keep_in_driver: bool = False):
-        if time_as not in ("timestamp", "long"):
-            raise ValueError(f"time_as must be 'timestamp' or 'long', got {time_as!r}")
-        if id_as not in ID_AS:
-            raise ValueError(f"id_as must be one of {ID_AS}, got {id_as!r}")
+        _check_formats(time_as, id_as)
         if int(budget_bytes) < 1:
             raise ValueError(f"budget_bytes must be >= 1, got {budget_bytes}")
         self.app = app
