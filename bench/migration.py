@@ -242,7 +242,7 @@ def build(operator: str, keys: int, rate: int, steady_s: float):
 
 
 def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail_s: float, steady_s: float,
-            check: bool, operator: str = "keyed") -> dict:
+            check: bool, operator: str = "keyed", pause_ms: float = 5.0) -> dict:
     from replistream.engines.ray import deploy
     from replistream.testing import assert_same_output, run_reference
 
@@ -255,7 +255,8 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
             try:
                 target = [srv for srv in dep.servers if srv != dep.actor_server["op#0"]][0]
                 box["t"] = time.time() - dep.t0
-                box["event"] = dep.move_replica("op", 0, target, strategy=strategy, bits=bits)
+                box["event"] = dep.move_replica("op", 0, target, strategy=strategy, bits=bits,
+                                                  pause_ms=pause_ms)
                 box["t_end"] = time.time() - dep.t0
             except Exception as e:  # reported, not hidden
                 box["error"] = repr(e)
@@ -268,7 +269,8 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
     chunks = data[first]
     at = next(i for i, c in enumerate(chunks) if c["ts"][0] >= move_ts)
     data[first] = chunks[:at] + [Call(start_move)] + chunks[at:]
-    out: dict = {"operator": operator, "strategy": strategy, "bits": bits, "keys": keys, "rate": rate}
+    out: dict = {"operator": operator, "strategy": strategy, "bits": bits, "keys": keys, "rate": rate,
+                 "pause_ms": pause_ms}
     with deploy(q, servers=3, k=1, flush_ms=2.0) as dep:
         res = dep.run(data, pace=1.0, timeout=steady_s + 60)
         if "thread" in box:
@@ -311,7 +313,7 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
         out.update({
             "steps": tr["steps"], "transfer_s": tr["seconds"], "restarts": tr["restarts"],
             "sender_max_step_ms": None if h.get("max_checkpoint_s") is None else 1e3 * h["max_checkpoint_s"],
-            "bytes_moved": h.get("bytes"), "move_started_s": t_start, "transfer_started_s": x0,
+            "bytes_moved": h.get("bytes"), "sends": h.get("sends"), "move_started_s": t_start, "transfer_started_s": x0,
             "move_ended_s": t_end, "outputs": int(len(lat)),
         })
         if check:
@@ -399,9 +401,10 @@ def markdown(report: dict) -> str:
                    f"{r['whole_then_select_ms']:.1f}", f"{r['whole_ms']:.1f}"))
     runs = report.get("migration")
     if runs:
-        lines += ["| operator | strategy | transfer bins | steps | transfer s | sender's longest step ms | MB moved | "
+        lines += ["| operator | strategy | transfer bins | pause ms | steps (sends) | transfer s | "
+                  "sender's longest step ms | MB moved | "
                   "max / p99 latency before (ms) | max / p99 during transfer + 2 s (ms) | "
-                  "max latency, whole move (ms) | exact |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "max latency, whole move (ms) | exact |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
 
         def f(x, d=0):
             return "-" if x is None else f"{x:,.{d}f}"
@@ -412,8 +415,8 @@ def markdown(report: dict) -> str:
                              f"error: {r.get('error')} |")
                 continue
             lines.append(
-                f"| {r.get('operator', 'keyed')} | {r['strategy']} | {1 << r['bits']:,} | {r['steps']:,} | "
-                f"{f(r['transfer_s'], 2)} | "
+                f"| {r.get('operator', 'keyed')} | {r['strategy']} | {1 << r['bits']:,} | {f(r.get('pause_ms'), 1)} | "
+                f"{r['steps']:,} ({f(r.get('sends'))}) | {f(r['transfer_s'], 2)} | "
                 f"{f(r['sender_max_step_ms'])} | {f(r['bytes_moved'] / 1e6, 1)} | "
                 f"{f(r['before_max_ms'])} / {f(r['before_p99_ms'])} | {f(r['transfer_max_ms'])} / "
                 f"{f(r['transfer_p99_ms'])} | {f(r['move_max_ms'])} | {r.get('exact', '-')} |")
@@ -430,6 +433,9 @@ def main() -> None:
     ap.add_argument("--tail", type=float, default=6.0, help="steady seconds after the longest transfer")
     ap.add_argument("--bits", type=int, nargs="*", default=[6, 8, 10])
     ap.add_argument("--strategies", nargs="*", default=["all-at-once", "batched", "fluid"])
+    ap.add_argument("--pause-ms", type=float, nargs="*", default=[20.0],
+                    help="a sender's pause budget per punctuation beyond a step's fixed cost (0: one step "
+                         "per punctuation); each value is a run of batched and fluid")
     ap.add_argument("--operators", nargs="*", default=["keyed"], choices=OPERATORS,
                     help="which operator moves: keyed count (default), join, aggregate (see build())")
     ap.add_argument("--skip-overhead", action="store_true")
@@ -476,14 +482,16 @@ def main() -> None:
         for operator in a.operators:
             for strategy in a.strategies:
                 for bits in ([a.bits[-1]] if strategy == "all-at-once" else a.bits):
-                    # fluid moves one bin per punctuation (20 ms): leave it time to finish
-                    steady = a.move_at + a.tail + (0.03 * (1 << bits) if strategy == "fluid" else 2.0)
-                    r = migrate(a.keys, a.rate, strategy, bits, a.move_at, a.tail, steady, not a.no_check,
-                                operator=operator)
-                    runs.append(r)
-                    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                                      if k != "timeline"}), flush=True)
-                    gc.collect()
+                    for pause in ([a.pause_ms[0]] if strategy == "all-at-once" else a.pause_ms):
+                        # one bin per punctuation (20 ms) with no pause budget: leave it time to finish
+                        slow = strategy == "fluid" and pause == 0
+                        steady = a.move_at + a.tail + (0.03 * (1 << bits) if slow else 10.0)
+                        r = migrate(a.keys, a.rate, strategy, bits, a.move_at, a.tail, steady, not a.no_check,
+                                    operator=operator, pause_ms=pause)
+                        runs.append(r)
+                        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                                          if k != "timeline"}), flush=True)
+                        gc.collect()
         report["migration"] = runs
     report["loadavg_end"] = os.getloadavg()
     print(markdown(report), flush=True)

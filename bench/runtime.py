@@ -64,6 +64,18 @@ replica of each operator and the ratio to k=1. Latency (reported, not a
 target) is measured from the release of the input chunk holding the output's
 timestamp (the feeder releases a chunk at its first timestamp).
 
+**3. Paced latency and peak memory** (``--only paced``): the keyed count of
+part 1 (1 s tumbling windows, 10k keys, punctuation every 10 ms) fed at
+``--paced-rates`` events/s (default 20k and 200k) for ``--duration`` s in real
+time, for each k of ``--ks``. Latency of a window's count is its arrival minus
+the wall time of its last instant (``ts = start + size - 1``), so it includes
+up to one paced chunk (``chunk_ms``, 5 ms) and one punctuation interval. A
+thread samples, every 0.25 s, the resident memory (RSS) of the driver and of
+every actor process of the deployment (Ray's own daemons, raylet, GCS and the
+object store's shared memory are not counted; shared libraries are counted
+once per process, so the sum is an upper bound), and their unique memory (USS)
+every 2 s. Output is checked as in part 1.
+
 To measure a pinned version of replistream rather than a working tree that is
 being edited, put an export of it first on the path and run from outside the
 repository, e.g. ``git archive HEAD replistream | tar -x -C /tmp/rs && cd /tmp &&
@@ -356,6 +368,102 @@ def run_throughput(name: str, make, k: int, timeout: float, log) -> dict:
     return row
 
 
+# -- part 3: paced latency and peak memory ------------------------------------------------
+def paced_workload(rate: float, duration: float, keys: int, seed: int):
+    q = rs.Query("paced")
+    ev = q.source("events", {"key": "i8"}, punctuate_every=rs.millis(10))
+    ev.window(size=rs.seconds(1), by="key", aggs={"n": "count"}, name="window").sink("counts")
+    q.build()
+    rng = np.random.default_rng(seed)
+    n = int(rate * duration)
+    ts = (np.arange(n) * (1e6 / rate)).astype(np.int64)
+    key = rng.integers(0, keys, n).astype(np.int64)
+    chunks = [{"ts": ts[a:a + 10_000], "key": key[a:a + 10_000]} for a in range(0, n, 10_000)]
+    win = ts // rs.seconds(1)
+    want_rows = len(np.unique(win * keys + key))
+
+    def check(res) -> str | None:
+        out = res.outputs["counts"]
+        if len(out) != want_rows:
+            return f"{len(out):,} windows out, expected {want_rows:,}"
+        if int(out["n"].sum()) != n:
+            return f"counts sum to {int(out['n'].sum()):,}, expected {n:,}"
+        return None
+
+    return q, {"events": chunks}, n, check
+
+
+class MemorySampler:
+    """Peak memory of the driver and a deployment's actor processes, sampled in a thread."""
+
+    def __init__(self, pids: list[int], every_s: float = 0.25, uss_every: int = 8):
+        import psutil
+
+        self.procs = [psutil.Process(p) for p in [os.getpid()] + list(pids)]
+        self.every_s, self.uss_every = every_s, uss_every
+        self.peak_rss = self.peak_uss = 0
+        self.samples = 0
+        self._stop = False
+        import threading
+
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            rss = uss = 0
+            want_uss = self.samples % self.uss_every == 0
+            for p in self.procs:
+                try:
+                    rss += p.memory_info().rss
+                    if want_uss:
+                        uss += p.memory_full_info().uss
+                except Exception:  # a process that ended: it holds nothing now
+                    pass
+            self.peak_rss = max(self.peak_rss, rss)
+            if want_uss:
+                self.peak_uss = max(self.peak_uss, uss)
+            self.samples += 1
+            time.sleep(self.every_s)
+
+    def stop(self) -> dict:
+        self._stop = True
+        self.thread.join(timeout=5)
+        return {"peak_rss_gb": self.peak_rss / 1e9, "peak_uss_gb": self.peak_uss / 1e9,
+                "processes": len(self.procs), "samples": self.samples}
+
+
+def run_paced(k: int, rate: float, duration: float, seed: int, log) -> dict:
+    import ray
+
+    q, data, n, check = paced_workload(rate, duration, keys=10_000, seed=seed)
+    row: dict = {"k": k, "rate": rate, "tuples": n, "duration_s": duration}
+    t = time.perf_counter()
+    dep = rs.deploy(q, servers=SERVERS, k=k, network="zero")
+    row["startup_s"] = time.perf_counter() - t
+    try:
+        labels = [lbl for lbl in dep.handles if dep.alive.get(lbl)]
+        pids = [int(s["pid"]) for s in ray.get([dep.handles[l].stats.remote() for l in labels], timeout=60)]
+        mem = MemorySampler(pids)
+        res = dep.run(data, pace=1.0, timeout=duration + 120)
+        row["memory"] = mem.stop()
+        _, lat = dep.latencies_ms("counts")
+        bad = None if res.complete else "incomplete"
+        bad = bad or check(res)
+        row.update({"ok": bad is None, "error": bad, "outputs": int(len(lat)),
+                    "latency_ms": {p: float(np.percentile(lat, v)) for p, v in
+                                   (("p50", 50), ("p99", 99), ("max", 100))} if len(lat) else {},
+                    "loadavg_after": os.getloadavg()[0]})
+    finally:
+        dep.shutdown()
+    lt, m = row.get("latency_ms", {}), row.get("memory", {})
+    log(f"  paced k={k} at {fmt_rate(rate)} events/s: latency p50/p99/max "
+        f"{lt.get('p50', float('nan')):.0f}/{lt.get('p99', float('nan')):.0f}/{lt.get('max', float('nan')):.0f} ms, "
+        f"peak RSS {m.get('peak_rss_gb', float('nan')):.2f} GB, USS {m.get('peak_uss_gb', float('nan')):.2f} GB "
+        f"({m.get('processes')} processes)" + ("" if row.get("ok") else f" FAILED: {row.get('error')}"))
+    return row
+
+
 # -- part 2: CPU per replica by degree of replication ---------------------------------------
 def run_cpu(k: int, rate: float, duration: float, idle_s: float, chunk_ms: int, seed: int, log) -> dict:
     q, inputs, n = table1_workload(rate, duration, keys=1000, seed=seed, chunk_ms=chunk_ms)
@@ -496,6 +604,15 @@ def print_report(out: dict) -> None:
                       f"{f2(r['ray_daemons_cpu_run_s'], '.1f')} s, driver {r['driver_cpu_run_s']:.1f} s; machine busy "
                       f"{r['machine_busy_cores_idle']:.2f} cores idle / {r['machine_busy_cores_run']:.2f} run; "
                       f"delivered {r['delivered']}; latency ms since chunk release {lat}{'' if r['ok'] else ' INCOMPLETE'}")
+    if out.get("paced"):
+        print(f"\n3. Paced keyed count (10k keys, 1 s windows), {out['meta']['duration']:g} s of input at each rate")
+        print(f"{'k':>2} {'events/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'peak RSS GB':>11} "
+              f"{'peak USS GB':>11} {'processes':>9}  check")
+        for r in out["paced"]:
+            lt, m = r.get("latency_ms", {}), r.get("memory", {})
+            print(f"{r['k']:>2} {fmt_rate(r['rate']):>9} {f2(lt.get('p50'), '.0f'):>7} {f2(lt.get('p99'), '.0f'):>7} "
+                  f"{f2(lt.get('max'), '.0f'):>7} {f2(m.get('peak_rss_gb')):>11} {f2(m.get('peak_uss_gb')):>11} "
+                  f"{m.get('processes', '-'):>9}  {'ok' if r.get('ok') else 'FAILED: ' + str(r.get('error'))}")
     print("\nTargets:")
     for g in out["targets"]:
         print("  " + g["text"])
@@ -505,7 +622,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller inputs (about 2 minutes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    ap.add_argument("--only", choices=["whole", "keyed", "fig1", "cpu"], action="append",
+    ap.add_argument("--only", choices=["whole", "keyed", "fig1", "cpu", "paced"], action="append",
                     help="run only these parts (repeatable)")
     ap.add_argument("--ks", default="1,2,3", help="degrees of replication for the throughput runs")
     ap.add_argument("--cpu-ks", default="1,2,3,4", help="degrees of replication for the CPU table")
@@ -519,6 +636,7 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=None, help="seconds of paced input (default 10; quick 3)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per throughput run")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--paced-rates", default="20000,200000", help="events/s of the paced latency runs")
     ap.add_argument("--whole-steps", type=int, default=18_000,
                     help="readings per source in the whole-process Fig. 1 runs (default 18000 = 360k tuples)")
     ap.add_argument("--child-whole", type=int, default=None, help=argparse.SUPPRESS)
@@ -529,7 +647,7 @@ def main(argv=None) -> int:
     keyed_n = args.keyed_n or (500_000 if args.quick else 2_000_000)
     fig1_steps = args.fig1_steps or (1_000 if args.quick else 10_000)
     duration = args.duration or (3.0 if args.quick else 10.0)
-    parts = set(args.only or ["whole", "keyed", "fig1", "cpu"])
+    parts = set(args.only or ["whole", "keyed", "fig1", "cpu", "paced"])
     ks = [int(x) for x in args.ks.split(",")]
     cpu_ks = [int(x) for x in args.cpu_ks.split(",")]
     log = (lambda s: print(s, file=sys.stderr, flush=True))
@@ -564,7 +682,7 @@ def main(argv=None) -> int:
         return os.path.dirname(os.path.abspath(_r.__file__))
 
     worker_pkg = ray.get(_where.remote())
-    thr, cpu_rows = [], []
+    thr, cpu_rows, paced = [], [], []
     try:
         for name, make in (("keyed", lambda: keyed_workload(keyed_n, 1000, args.seed)),
                            ("fig1", lambda: fig1_workload(args.fig1_servers, fig1_steps, args.fig1_rows, args.seed))):
@@ -584,6 +702,14 @@ def main(argv=None) -> int:
                 except Exception as e:
                     traceback.print_exc()
                     cpu_rows.append({"k": k, "ok": False, "error": f"{type(e).__name__}: {e}"})
+        if "paced" in parts:
+            for rate in [float(x) for x in args.paced_rates.split(",")]:
+                for k in ks:
+                    try:
+                        paced.append(run_paced(k, rate, duration, args.seed, log))
+                    except Exception as e:
+                        traceback.print_exc()
+                        paced.append({"k": k, "rate": rate, "ok": False, "error": f"{type(e).__name__}: {e}"})
     finally:
         ray.shutdown()
         sys.stdout.flush()
@@ -614,14 +740,15 @@ def main(argv=None) -> int:
         "meta": {"keyed_n": keyed_n, "fig1_servers": args.fig1_servers, "fig1_steps": fig1_steps,
                  "fig1_rows": args.fig1_rows, "rate_per_source": args.rate, "rate_total": 4 * args.rate,
                  "duration": duration, "chunk_ms": args.chunk_ms, "servers": SERVERS, "seed": args.seed},
-        "whole_process": whole, "throughput": thr, "cpu": cpu_rows, "cpu_table": table, "targets": targets,
+        "whole_process": whole, "throughput": thr, "cpu": cpu_rows, "cpu_table": table, "paced": paced,
+        "targets": targets,
     }
     if args.json:
         print(json.dumps(out, indent=2, default=float))
     else:
         print_report(out)
         print(f"\ntotal wall time {out['wall_s']:.0f} s")
-    return 0 if all(r.get("ok") for r in thr + cpu_rows) else 1
+    return 0 if all(r.get("ok") for r in thr + cpu_rows + paced) else 1
 
 
 if __name__ == "__main__":

@@ -58,19 +58,24 @@ class ReplayLog:
     """
 
     def __init__(self, items: Iterable[Item] = (), acked: int = NO_PUNCTUATION):
-        self._log: list[tuple[int, int, Item]] = []  # (min ts, max ts, item); a punctuation has min = max = p
+        # (sequence number, min ts, max ts, item); a punctuation has min = max = p
+        self._log: list[tuple[int, int, int, Item]] = []
         self.acked = int(acked)
         self._tuples = 0
+        self._seq = 0  # entries ever appended: the sequence number of the next one
         self.append(items)
 
     def append(self, items: Iterable[Item]) -> None:
         for it in items:
             if isinstance(it, Punctuation):
-                self._log.append((it.p, it.p, it))
+                self._log.append((self._seq, it.p, it.p, it))
             elif isinstance(it, np.ndarray) and len(it):
                 ts = it[TS]
-                self._log.append((int(ts.min()), int(ts.max()), it))
+                self._log.append((self._seq, int(ts.min()), int(ts.max()), it))
                 self._tuples += len(it)
+            else:
+                continue
+            self._seq += 1
 
     def trim(self, acked: int) -> None:
         """Forget what every live downstream replica has: tuples and punctuations ``<= acked``."""
@@ -80,7 +85,7 @@ class ReplayLog:
         self.acked = acked
         kept = []
         n = 0
-        for lo, hi, it in self._log:
+        for seq, lo, hi, it in self._log:
             if hi <= acked:
                 continue
             if lo <= acked:  # a batch straddling the acknowledgement: keep its later tuples
@@ -88,13 +93,29 @@ class ReplayLog:
                 lo = int(it[TS].min())
             if not isinstance(it, Punctuation):
                 n += len(it)
-            kept.append((lo, hi, it))
+            kept.append((seq, lo, hi, it))
         self._log = kept
         self._tuples = n
 
-    def items(self) -> list[Item]:
-        """The retained outputs, in emission order (what a new downstream replica is replayed)."""
-        return [it for _, _, it in self._log]
+    def items(self, since: int = 0) -> list[Item]:
+        """The retained outputs, in emission order (what a new downstream replica is replayed);
+        with ``since``, only those appended at or after sequence number ``since`` (see :attr:`seq`).
+
+        >>> log = ReplayLog([Punctuation(1)]); mark = log.seq; log.append([Punctuation(2)])
+        >>> log.items(since=mark)
+        [Punctuation(2)]
+        """
+        if since <= 0:
+            return [e[3] for e in self._log]
+        return [e[3] for e in self._log if e[0] >= since]
+
+    @property
+    def seq(self) -> int:
+        """Entries appended so far: ``items(since=seq)`` later returns only what was appended after
+        now. The retained log at any time is within what ``items()`` returned at an earlier mark
+        plus ``items(since=mark)`` (trimming only removes), which lets a sender ship a log in
+        increments."""
+        return self._seq
 
     @property
     def tuples(self) -> int:

@@ -102,7 +102,7 @@ def test_a_transfer_whose_peer_dies_restarts_from_another_live_peer():
     bg = Background()
 
     def start(dep):
-        bg.start(lambda: dep.add_replica("counts", strategy="fluid", bits=4))
+        bg.start(lambda: dep.add_replica("counts", strategy="fluid", bits=4, pause_ms=0))
 
     def kill_peer_mid_transfer(dep):
         """Wait (on the coordinator's progress record) until a few steps are in, then kill their sender."""
@@ -124,7 +124,7 @@ def test_a_transfer_whose_peer_dies_restarts_from_another_live_peer():
         for app in q.sinks:
             assert_same_output(ref.outputs[app], res.outputs[app])
         (tr,) = dep.transfers()
-        assert tr["restarts"] == 1 and tr["state"] == "complete" and tr["done"] == 16
+        assert tr["restarts"] == 1 and tr["state"] == "complete" and tr["done"] == 16, {k: tr[k] for k in ("restarts", "state", "done", "step_s", "started_s", "seconds")}
         first, last = tr["peers"][0], tr["peers"][-1]
         assert first != last and not dep.alive[first] and dep.alive[last]
         assert any(e.get("action") == "restart" for e in dep.gc_events())
@@ -139,7 +139,7 @@ def test_a_transfer_whose_receiver_dies_is_reported_failed_and_the_run_stays_exa
     bg = Background()
 
     def start(dep):
-        bg.start(lambda: dep.add_replica("counts", strategy="fluid", bits=4))
+        bg.start(lambda: dep.add_replica("counts", strategy="fluid", bits=4, pause_ms=0))
 
     def kill_receiver_mid_transfer(dep):
         deadline = time.time() + 120

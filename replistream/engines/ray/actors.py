@@ -329,7 +329,7 @@ class ReplicaActor(_Base):
         # and the steps it installed; as sender, the steps asked for, taken at our next punctuation
         self.staged = None
         self.steps_installed: dict[int, float] = {}
-        self.step_requests: dict[tuple[str, int], tuple] = {}
+        self.step_requests: dict[str, dict] = {}  # per receiver: the steps it asked for, and their pacing
         self.steps_taken: list[dict] = []
         self.steps_sent: set[tuple[str, int]] = set()  # (receiver, step) already taken: a re-request is ignored
         self.out = self._outbox(node)
@@ -456,13 +456,15 @@ class ReplicaActor(_Base):
         self.last_push = time.time() - self.t0
         return NO_ACK
 
-    def install_step(self, checkpoint, bins, step: int) -> dict:
-        """Receiver: queue one step's checkpoint (a peer's, restricted to ``bins``) for the worker; a
-        step or bins already installed are ignored (a step re-sent after its first sender died)."""
+    def install_step(self, checkpoint, bins, steps) -> dict:
+        """Receiver: queue a checkpoint (a peer's, restricted to ``bins``) carrying step(s) ``steps``
+        (an index or a list of the indices a peer took at one punctuation) for the worker; steps or
+        bins already installed are ignored (a step re-sent after its first sender died)."""
+        steps = [int(steps)] if np.isscalar(steps) else [int(x) for x in steps]
         with self.lock:
-            if self.staged is not None and step not in self.steps_queued:
-                self.steps_queued.add(step)
-                self.inbox.append(("step", checkpoint, bins, step))
+            if self.staged is not None and not set(steps) <= self.steps_queued:
+                self.steps_queued.update(steps)
+                self.inbox.append(("step", checkpoint, bins, steps))
                 self.inbox_cv.notify()
         return self.transfer_status()
 
@@ -477,7 +479,8 @@ class ReplicaActor(_Base):
             elif not staged.complete:
                 staged.install_step(it[1], it[2])
                 with self.lock:
-                    self.steps_installed[it[3]] = time.time() - self.t0
+                    for step in it[3]:
+                        self.steps_installed[step] = time.time() - self.t0
 
     def _staged_loop(self) -> None:
         try:  # background work: the replicas serving the application (the sender) get the CPU first
@@ -532,36 +535,94 @@ class ReplicaActor(_Base):
             return {"installed": dict(self.steps_installed), "complete": False,
                     **dict(getattr(self, "transfer_info", {}))}
 
-    def request_step(self, receiver, step: int, bins, bits: int, now: bool = False) -> bool:
-        """Sender: take step ``step`` (the logic's ``bins`` at ``2**bits`` bins) at this replica's
-        next punctuation, or at once with ``now`` or when the stream has ended, and send it to
-        ``receiver.install_step``. Returns at once: this replica keeps processing meanwhile."""
+    def request_steps(self, receiver, steps, bits: int, pause_s: float = 0.02) -> int:
+        """Sender: take ``steps`` (``[(index, bins), ...]`` at ``2**bits`` bins, in order) at this
+        replica's next punctuations and send each to ``receiver.install_step``; returns at once
+        (this replica keeps processing). At each punctuation it takes the next step, and more while
+        the pause they cost stays within ``pause_s`` (0: one step per punctuation, Megaphone
+        §3.3's schedule); the steps taken together go as one checkpoint. Steps already taken for
+        this receiver are ignored. Returns the number of steps queued."""
         if self.core is None:
             raise RuntimeError(f"{self.label} has no state to send (it is waiting for its own)")
         with self.lock:
-            key = (repr(receiver), step)
-            if key in self.steps_sent:
-                return False  # taken already (a forced re-request while the receiver was installing)
-            self.step_requests[key] = (receiver, step, np.asarray(bins, dtype=np.int64), int(bits), time.time())
-            if now or self.core.logic.watermark == END:
-                self._take_steps()
-        return True
+            rkey = repr(receiver)
+            fresh = [(int(i), np.asarray(b, dtype=np.int64)) for i, b in steps if (rkey, int(i)) not in self.steps_sent]
+            if not fresh:
+                return 0
+            plan = self.step_requests.setdefault(rkey, {"receiver": receiver, "bits": int(bits), "steps": {},
+                                                        "pause_s": float(pause_s), "room": 1, "fixed_s": None,
+                                                        "mark": 0, "asked": time.time()})
+            plan["steps"].update(fresh)
+            plan["pause_s"] = float(pause_s)
+            if self.core.logic.watermark == END:
+                self._take_steps(everything=True)
+        return len(fresh)
 
-    def _take_steps(self) -> None:
-        """Take every requested step now (under the lock, between two deliveries)."""
-        requests, self.step_requests = self.step_requests, {}
-        for key, (receiver, step, bins, bits, asked) in requests.items():
-            self.steps_sent.add(key)
+    def request_step(self, receiver, step: int, bins, bits: int, now: bool = False) -> bool:
+        """Sender: take step ``step`` alone (the logic's ``bins`` at ``2**bits`` bins) at this
+        replica's next punctuation, or at once with ``now`` or when the stream has ended (see
+        :meth:`request_steps`)."""
+        queued = self.request_steps(receiver, [(step, bins)], bits, pause_s=0.0)
+        if now:
+            self.take_steps_now()
+        return bool(queued)
+
+    def take_steps_now(self) -> int:
+        """Sender: take the next requested step(s) now, as at a punctuation (none came: the input
+        paused), or all of them once the stream has ended. Returns the number of steps taken."""
+        with self.lock:
+            if self.core is None:
+                return 0
+            return self._take_steps(everything=self.core.logic.watermark == END)
+
+    def _take_steps(self, everything: bool = False) -> int:
+        """Take requested steps now (under the lock, between two deliveries): per receiver the next
+        step, and more while the estimated pause stays within its budget (all with
+        ``everything``); they go as one checkpoint with the retained output appended since the
+        last one sent to that receiver. Returns the number of steps taken."""
+        taken_n = 0
+        for rkey in list(self.step_requests):
+            plan = self.step_requests[rkey]
+            order = sorted(plan["steps"])
+            if everything:
+                chosen = order
+            else:
+                chosen, nbins = [order[0]], len(plan["steps"][order[0]])
+                for i in order[1:]:
+                    if nbins + len(plan["steps"][i]) > plan["room"]:
+                        break
+                    chosen.append(i)
+                    nbins += len(plan["steps"][i])
+            bins = np.concatenate([plan["steps"].pop(i) for i in chosen])
             t = time.time()
             self.out.flush()
-            ck = self.core.checkpoint(bits, bins)
-            ck = dataclasses.replace(ck, output=self.out.retained(), output_acked=self.out.min_ack())
+            ck = self.core.checkpoint(plan["bits"], bins)
+            output, plan["mark"] = self.out.retained_since(plan["mark"])
+            ck = dataclasses.replace(ck, output=output, output_acked=self.out.min_ack())
             taken = time.time()
-            receiver.install_step.remote(ck, bins, step)
-            self.steps_taken.append({"step": step, "bins": len(bins), "waited_s": t - asked,
-                                     "checkpoint_s": taken - t, "send_s": time.time() - taken,
-                                     "rows": ck.logic.rows(), "bytes": ck.nbytes(),
-                                     "watermark": int(self.core.logic.watermark)})
+            plan["receiver"].install_step.remote(ck, bins, chosen)
+            for i in chosen:
+                self.steps_sent.add((rkey, i))
+            if plan["pause_s"] > 0:
+                # the group's size follows its cost (taking it and handing it to Ray, which
+                # serialises it now): the pause beyond the fixed cost of any step (the smallest
+                # seen: hashing the state, the filters, the log) stays within pause_s
+                cost = time.time() - t
+                plan["fixed_s"] = cost if plan["fixed_s"] is None else min(plan["fixed_s"], cost)
+                limit = plan["pause_s"] + plan["fixed_s"]
+                if cost < limit / 2:
+                    plan["room"] = max(plan["room"], 2 * len(bins))
+                elif cost > limit:
+                    plan["room"] = max(1, len(bins) // 2)
+            self.steps_taken.append({"step": chosen[0], "steps": len(chosen), "bins": len(bins),
+                                     "waited_s": t - plan["asked"], "checkpoint_s": taken - t,
+                                     "send_s": time.time() - taken, "rows": ck.logic.rows(),
+                                     "bytes": ck.nbytes(), "watermark": int(self.core.logic.watermark)})
+            plan["asked"] = time.time()
+            taken_n += len(chosen)
+            if not plan["steps"]:
+                del self.step_requests[rkey]
+        return taken_n
 
     def transfer_report(self) -> list[dict]:
         """Sender: the steps this replica took (wait for its punctuation, checkpoint and send times)."""

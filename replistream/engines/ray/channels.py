@@ -407,6 +407,13 @@ class Outbox:
         with self.lock:
             return self.log.items()
 
+    def retained_since(self, mark: int) -> tuple[list, int]:
+        """``(items, new mark)``: the retained items appended at or after ``mark`` (0: all of them),
+        and the mark to pass next time. A staged transfer ships each step's increment of the log
+        to the same receiver: the union of the increments covers the log at every step."""
+        with self.lock:
+            return self.log.items(since=mark), self.log.seq
+
     def stats(self) -> list[dict]:
         with self.lock:
             return [{

@@ -716,7 +716,7 @@ class ReplicaManager:
     # -- by request ------------------------------------------------------------------------------
     def replace_replica(self, label: str, add: bool = False, checkpoint: bool = True, server: str | None = None,
                         strategy: str | None = None, bins_per_step: int | None = None,
-                        bits: int | None = None) -> dict:
+                        bits: int | None = None, pause_ms: float = 20.0) -> dict:
         """Start a new replica of ``label``'s operator on its server by hand-over from a live peer,
         fed by every live upstream replica and feeding every live downstream replica; unless
         ``add``, then discard ``label`` (kill it if it still runs). Returns the logged event.
@@ -727,7 +727,8 @@ class ReplicaManager:
         choice with ``add``); with ``label`` still running that is a *move*. ``strategy``
         (``"all-at-once"``, ``"batched"`` with ``bins_per_step``, ``"fluid"``; Megaphone §3.3)
         moves the checkpoint in steps of ``2**bits`` bins (default 8 bits), each taken at a
-        punctuation of the sending peer while it keeps serving
+        punctuation of the sending peer while it keeps serving, as many at one punctuation as keep
+        its pause within ``pause_ms`` beyond a step's fixed cost
         (:func:`replistream.engines.ray.transfer.staged_install`); progress is in :attr:`transfers`.
         ``strategy=None`` is the single-step hand-over of docs/handover.md.
 
@@ -752,6 +753,8 @@ class ReplicaManager:
                 raise ValueError(f"no server {server!r}; servers: {sorted(self.dep.servers)}")
             if strategy is not None and strategy not in STRATEGIES:
                 raise ValueError(f"unknown transfer strategy {strategy!r}; choose one of {STRATEGIES}")
+            if not pause_ms >= 0:
+                raise ValueError(f"pause_ms must be >= 0 (0: one transfer step per punctuation), got {pause_ms}")
             given = server
             server = old.server if given is None else given
             if add and given is None:
@@ -762,7 +765,8 @@ class ReplicaManager:
             started = time.time()
             how = {"checkpoint": checkpoint,
                    "staged": None if strategy is None else {"strategy": strategy, "bins_per_step": bins_per_step,
-                                                            "bits": 8 if bits is None else int(bits)}}
+                                                            "bits": 8 if bits is None else int(bits),
+                                                            "pause_ms": float(pause_ms)}}
             info = self._apply_revival(e, how)
             rec = {"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": True,
                    "apply_seconds": round(time.time() - started, 3), **info}

@@ -538,21 +538,24 @@ class Deployment:
             yield
 
     def revive_replica(self, operator: str, replica: int, strategy: str | None = None,
-                       bins_per_step: int | None = None, bits: int | None = None) -> dict:
+                       bins_per_step: int | None = None, bits: int | None = None,
+                       pause_ms: float = 20.0) -> dict:
         """Replace replica ``replica`` of ``operator`` (running or crashed) by a new replica on the same
         server, built by hand-over from a live peer (docs/design.md, decision 7, Hwang §V-C); returns the event.
 
         ``strategy`` (``"all-at-once"``, ``"batched"``, ``"fluid"``) moves the checkpoint in steps of
-        ``2**bits`` bins at the peer's punctuations (Megaphone §3.3; docs/migration.md).
+        ``2**bits`` bins at the peer's punctuations (Megaphone §3.3; docs/migration.md); at one
+        punctuation the peer takes the next step, and more while its pause stays within
+        ``pause_ms`` beyond a step's fixed cost (0: one step per punctuation).
 
         >>> dep.revive_replica("correlate", 0)["new_replicas"][0]["label"]   # doctest: +SKIP
         'correlate#2'
         """
         return self.control_loop().replace_replica(f"{operator}#{replica}", strategy=strategy,
-                                                   bins_per_step=bins_per_step, bits=bits)
+                                                   bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms)
 
     def add_replica(self, operator: str, strategy: str | None = None, bins_per_step: int | None = None,
-                    bits: int | None = None) -> dict:
+                    bits: int | None = None, pause_ms: float = 20.0) -> dict:
         """Add a replica of ``operator`` (on the server Algorithm 5 picks) by hand-over from a live peer
         (``strategy`` as for :meth:`revive_replica`).
 
@@ -563,15 +566,16 @@ class Deployment:
         if first is None:
             raise ValueError(f"{operator!r} is not an operator of query {self.query.name!r}")
         return self.control_loop().replace_replica(first, add=True, strategy=strategy, bins_per_step=bins_per_step,
-                                                   bits=bits)
+                                                   bits=bits, pause_ms=pause_ms)
 
     def move_replica(self, operator: str, replica: int, server: str, strategy: str = "all-at-once",
-                     bins_per_step: int | None = None, bits: int | None = None) -> dict:
+                     bins_per_step: int | None = None, bits: int | None = None, pause_ms: float = 20.0) -> dict:
         """Move replica ``replica`` of ``operator`` to ``server`` while the query runs: a new replica
         there takes the state in steps (Megaphone §3.3: ``"all-at-once"``, ``"batched"`` with
         ``bins_per_step``, ``"fluid"``; ``2**bits`` bins, default 256) from a live peer (the
-        replica itself if it is the only one) that keeps serving between steps; then the old
-        replica retires. Returns the logged event (``handover`` has the transfer's figures).
+        replica itself if it is the only one) that keeps serving between steps, taking at one
+        punctuation as many steps as keep its pause within ``pause_ms`` beyond a step's fixed
+        cost (0: one step per punctuation); then the old replica retires. Returns the logged event (``handover`` has the transfer's figures).
 
         >>> ev = dep.move_replica("counts", 0, "s3", strategy="fluid", bits=6)   # doctest: +SKIP
         >>> ev["new_replicas"][0]["server"], ev["handover"]["counts#1"]["steps"]   # doctest: +SKIP
@@ -583,7 +587,7 @@ class Deployment:
         if not self.topology.is_running(label):
             raise ValueError(f"{label} is not running; revive it with revive_replica")
         return self.control_loop().replace_replica(label, server=server, strategy=strategy or "all-at-once",
-                                                   bins_per_step=bins_per_step, bits=bits)
+                                                   bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms)
 
     def transfers(self) -> list[dict]:
         """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""

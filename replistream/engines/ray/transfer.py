@@ -9,13 +9,16 @@ hand-over), then calls :func:`staged_install`, which
    operator's state does not split by key);
 2. turns the new replica into a :class:`~replistream.replica.StagedReplica`
    (``begin_transfer``): what it buffered goes through it;
-3. for each step, asks a live peer to take it (``request_step``): the peer takes
-   the checkpoint of those bins at its next punctuation (a logical time), between
-   two deliveries, and sends it straight to the receiver (``install_step``), then
-   goes on processing; the coordinator waits for the receiver to report the step
-   installed before asking for the next, so the peer serves data between steps;
-4. if the peer dies before a step arrives, asks another live peer for that step
-   and the rest (any live peer will do: each step carries its own filter state);
+3. asks a live peer for every step at once (``request_steps``): at each of its
+   punctuations (a logical time), between two deliveries, the peer takes the next
+   step, and more while the pause stays within ``pause_ms`` beyond a step's fixed
+   cost, as one checkpoint of those bins with the part of its retained output
+   not yet sent, and sends it straight to the receiver (``install_step``), then
+   goes on processing; the coordinator only watches the receiver's progress, so
+   steps are paced by the peer's punctuations, not by round trips;
+4. if the peer dies before every step is installed, asks another live peer for
+   the steps not installed (any live peer will do: each step carries its own
+   filter state);
 5. waits until the receiver has merged everything into one core
    (``transfer_status()["complete"]``), after which the manager connects its
    outputs and retires what the event replaces.
@@ -43,19 +46,23 @@ __all__ = ["staged_install"]
 
 
 def staged_install(mgr, label: str, handle, pending: set, strategy: str, bins_per_step: int | None = None,
-                   bits: int = 8, step_timeout_s: float = 120.0, force_after_s: float = 0.5,
-                   poll_s: float = 0.002) -> dict:
+                   bits: int = 8, pause_ms: float = 20.0, step_timeout_s: float = 120.0,
+                   force_after_s: float = 0.5, poll_s: float = 0.005) -> dict:
     """Move a live peer's state into the pending replica ``label`` (``handle``) in steps.
 
-    ``force_after_s``: if the peer has not taken a step after this long (no punctuation came,
-    e.g. the input paused), it is asked to take it at once. Returns the hand-over record. A
+    ``pause_ms``: the longest pause the peer takes at one punctuation beyond a step's fixed cost;
+    it takes the next step, and as many more as fit (0: one step per punctuation).
+    ``force_after_s``: if no step was installed for this long (no punctuation came, e.g. the
+    input paused), the peer is asked to take its next step(s) at once, and again after each
+    further ``force_after_s``. ``step_timeout_s``: with no
+    step installed for this long, the transfer fails. Returns the hand-over record. A
     transfer that cannot finish (the receiver died, no live peer is left, a step timed out) is
     marked ``"failed"`` with the reason in ``dep.transfers()``, and the error is raised.
     """
     before = len(mgr.transfers)
     try:
-        return _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, step_timeout_s,
-                               force_after_s, poll_s)
+        return _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, pause_ms,
+                               step_timeout_s, force_after_s, poll_s)
     except Exception as e:
         progress = mgr.transfers[before] if len(mgr.transfers) > before else None
         receiver_died = is_actor_death(e) or not mgr.topology.is_running(label)
@@ -67,8 +74,8 @@ def staged_install(mgr, label: str, handle, pending: set, strategy: str, bins_pe
         raise
 
 
-def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, step_timeout_s, force_after_s,
-                    poll_s) -> dict:
+def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, pause_ms, step_timeout_s,
+                    force_after_s, poll_s) -> dict:
     topo = mgr.topology
     op = topo.replica(label).operator
     split = splittable(mgr.dep.query, op)
@@ -92,42 +99,56 @@ def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, 
         return peer
 
     peer = pick_peer()
-    for i, bins in enumerate(steps):
-        asked_at = None
-        forced = False
-        while True:
-            if not topo.is_running(peer):
-                dead = peer
-                mgr.notice_failures()
-                peer = pick_peer()
-                progress["restarts"] += 1
-                mgr.record({"kind": "transfer", "action": "restart", "replica": label, "step": i,
-                            "dead_peer": dead, "peer": peer,
-                            "text": f"transfer to {label}: peer {dead} died before step {i}; "
-                                    f"steps {i}..{len(steps) - 1} restart from {peer}"})
-                asked_at = None
-            if asked_at is None:
-                try:
-                    ray.get(topo.handle(peer).request_step.remote(handle, i, bins, bits), timeout=60)
-                except Exception:  # the peer died: marked failed, and the loop picks another
-                    if topo.is_running(peer):
-                        mgr.dep.mark_failed(peer, "died during a state transfer")
-                    continue
-                asked_at, forced = time.time(), False
-            status = ray.get(handle.transfer_status.remote(), timeout=60)
-            if i in status["installed"] or status["complete"]:
-                break
-            if time.time() - asked_at > step_timeout_s:
-                progress["state"] = "failed"
-                raise TimeoutError(f"transfer to {label}: step {i} not installed after {step_timeout_s} s")
-            if not forced and time.time() - asked_at > force_after_s:
-                # sent, not awaited: if the peer died, the next round notices it (topology)
-                topo.handle(peer).request_step.remote(handle, i, bins, bits, True)
-                forced = True
-            time.sleep(poll_s)
-        progress["done"] = i + 1
-        progress["peers"].append(peer)
-        progress["step_s"].append(round(time.time() - t0, 4))
+    requested = False
+    seen: set[int] = set()
+    last_progress = time.time()
+    forced = 0.0  # when the peer was last asked to take a step at once
+    while True:
+        if not topo.is_running(peer):
+            dead = peer
+            mgr.notice_failures()
+            peer = pick_peer()
+            progress["restarts"] += 1
+            first = min(set(range(len(steps))) - seen, default=len(steps))
+            mgr.record({"kind": "transfer", "action": "restart", "replica": label, "step": first,
+                        "dead_peer": dead, "peer": peer,
+                        "text": f"transfer to {label}: peer {dead} died with {len(steps) - len(seen)} step(s) "
+                                f"not installed (first {first}); they restart from {peer}"})
+            requested = False
+        if not requested:
+            # every step not installed yet, at once: the peer takes them at its punctuations,
+            # more than one per punctuation while its pause stays within pause_ms
+            todo = [(i, steps[i]) for i in range(len(steps)) if i not in seen]
+            try:
+                ray.get(topo.handle(peer).request_steps.remote(handle, todo, bits, pause_ms / 1e3), timeout=60)
+            except Exception:  # the peer died: marked failed, and the loop picks another
+                if topo.is_running(peer):
+                    mgr.dep.mark_failed(peer, "died during a state transfer")
+                continue
+            requested, last_progress, forced = True, time.time(), 0.0
+        status = ray.get(handle.transfer_status.remote(), timeout=60)
+        new = {int(i) for i in status["installed"]} - seen
+        if new:
+            seen |= new
+            now = round(time.time() - t0, 4)
+            for i in sorted(new):
+                progress["peers"].append(peer)
+                progress["step_s"].append(now)
+            progress["done"] = len(seen)
+            last_progress, forced = time.time(), 0.0
+        if len(seen) == len(steps) or status["complete"]:
+            break
+        if time.time() - last_progress > step_timeout_s:
+            progress["state"] = "failed"
+            first = min(set(range(len(steps))) - seen)
+            raise TimeoutError(f"transfer to {label}: step {first} not installed after {step_timeout_s} s")
+        if time.time() - max(last_progress, forced or 0.0) > force_after_s:
+            # no punctuation came (the input paused): the peer takes its next step(s) now, and
+            # again after each further force_after_s without progress (sent, not awaited: if the
+            # peer died, the next round notices it in the topology)
+            topo.handle(peer).take_steps_now.remote()
+            forced = time.time()
+        time.sleep(poll_s)
     # every bin is in; the receiver completes once its cores agree on a punctuation
     deadline = time.time() + step_timeout_s
     while True:
@@ -150,10 +171,12 @@ def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, 
     taken = [r for rep in reports.values() if rep for r in rep]
     progress["max_checkpoint_s"] = max((r["checkpoint_s"] + r["send_s"] for r in taken), default=None)
     progress["bytes"] = sum(r["bytes"] for r in taken)
+    progress["sends"] = len(taken)  # checkpoints sent: steps taken at one punctuation go as one
     mgr.record({"kind": "transfer", "action": "complete", "replica": label, "strategy": strategy,
                 "steps": len(steps), "seconds": progress["seconds"], "restarts": progress["restarts"],
                 "text": f"transfer to {label}: {len(steps)} step(s) of {strategy} in {progress['seconds']:.3f} s"})
     return {"peer": progress["peers"][-1] if progress["peers"] else None, "strategy": strategy,
             "steps": len(steps), "restarts": progress["restarts"], "seconds": progress["seconds"],
             "extra_streams": progress["added_streams"], "max_checkpoint_s": progress["max_checkpoint_s"],
-            "bytes": progress["bytes"], **{k: status.get(k) for k in ("merges", "early_tuples")}}
+            "bytes": progress["bytes"], "sends": progress["sends"], "pause_ms": pause_ms,
+            **{k: status.get(k) for k in ("merges", "early_tuples")}}
