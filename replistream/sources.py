@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from .operators.entry import EntryLogic
     from .query import Query
 
-__all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
+__all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
            "source_streams", "Sentinel", "KillReplica", "KillServer", "Pause", "Call", "Revive", "AddReplica",
            "inject_at"]
 
@@ -131,10 +132,11 @@ def _cut(chunk: Any, size: int):
     yield chunk
 
 
-def cut_by_time(chunk: Any, span: int):
+def cut_by_time(chunk: Any, span: int | Callable[[], int]):
     """``chunk`` in row slices that each span at most ``span`` µs of event time (from the slice's
     first row, by the running maximum of the timestamps, so rows keep their order): what a paced
-    replay sends at once. Structured arrays, column mappings and lists of records with readable
+    replay sends at once. ``span`` may be a function, asked again before each slice (a batch
+    size that adapts while the chunk is sent, :class:`AdaptiveCut`). Structured arrays, column mappings and lists of records with readable
     timestamps are cut; anything else, or a chunk within ``span``, passes whole. As with
     :func:`iter_chunks`, cutting never changes a run's result.
 
@@ -148,15 +150,79 @@ def cut_by_time(chunk: Any, span: int):
         yield chunk
         return
     t = np.maximum.accumulate(np.where(np.isnan(t), -np.inf, t))
-    if not np.isfinite(t[-1]) or t[-1] - t[np.argmax(np.isfinite(t))] <= span:
+    width = span if callable(span) else (lambda: span)
+    if not np.isfinite(t[-1]) or t[-1] - t[np.argmax(np.isfinite(t))] <= width():
         yield chunk
         return
     n, a = len(t), 0
     while a < n:
         base = t[a] if np.isfinite(t[a]) else t[np.argmax(np.isfinite(t))]
-        b = max(a + 1, int(np.searchsorted(t, base + span, "right")))
+        b = max(a + 1, int(np.searchsorted(t, base + width(), "right")))
         yield _rows(chunk, a, b)
         a = b
+
+
+class AdaptiveCut:
+    """How much wall time a paced chunk may span: the batch size of a paced replay, adapted to
+    whether the deployment keeps up (#16: batches adaptive to rate and latency target).
+
+    It starts at ``chunk_ms`` (each row leaves within ``chunk_ms`` of its time: the latency
+    target). When a piece is sent later than 4 spans after its time (the entry points hold
+    the feeder back: the deployment cannot take that many packets), the span doubles, at most
+    once per 8 spans of wall time (so a backlog that takes time to drain does not blow it up)
+    and up to ``max_ms``: fewer, larger packets cost less per tuple. After ``calm`` pieces sent
+    on time in a row it halves again, down to ``chunk_ms``; if the halved span falls behind
+    again, ``calm`` doubles (it waits longer before the next try, as TCP backs off). A cut never changes a run's result
+    (:func:`cut_by_time`, which asks for the span before each piece).
+
+    >>> cut = AdaptiveCut(5.0)
+    >>> cut.sent(late_s=0.5, now=0.0); cut.ms        # late by 100 spans: doubled
+    10.0
+    >>> cut.sent(late_s=0.5, now=0.05); cut.ms       # not again within 8 spans (80 ms)
+    10.0
+    >>> cut.sent(late_s=0.5, now=0.09); cut.ms
+    20.0
+    >>> for _ in range(128): cut.sent(late_s=0.0)
+    >>> cut.ms, cut.max_seen_ms
+    (5.0, 20.0)
+    """
+
+    def __init__(self, chunk_ms: float, max_ms: float = 1000.0, calm: int = 64):
+        self.base = self.ms = self.max_seen_ms = float(chunk_ms)
+        self.max_ms = max(float(max_ms), self.base)
+        self.calm = int(calm)
+        self._on_time = 0
+        self._grown_at = -math.inf
+        self._shrunk = False
+        self.changes = 0
+
+    def span_us(self, pace: float) -> int:
+        """The event-time span (µs) of a piece at ``pace`` event seconds per second."""
+        return max(1, int(pace * 1e3 * self.ms))
+
+    def sent(self, late_s: float, now: float | None = None) -> None:
+        """A piece left ``late_s`` seconds after its time (0 or less: on time); ``now`` is a
+        monotonic clock in seconds (default :func:`time.monotonic`)."""
+        if late_s * 1e3 > 4 * self.ms:
+            self._on_time = 0
+            now = time.monotonic() if now is None else now
+            if self.ms < self.max_ms and now - self._grown_at >= 8 * self.ms / 1e3:
+                if self._shrunk:  # the smaller span it tried was too small: try again later
+                    self.calm = min(self.calm * 2, 1 << 16)
+                    self._shrunk = False
+                self.ms = min(self.ms * 2, self.max_ms)
+                self.max_seen_ms = max(self.max_seen_ms, self.ms)
+                self._grown_at = now
+                self.changes += 1
+            return
+        self._on_time += 1
+        if self._on_time >= self.calm and self.ms > self.base:
+            self.ms = max(self.base, self.ms / 2)
+            self._on_time = 0
+            self._shrunk = True
+            self.changes += 1
+        elif self._on_time >= self.calm:
+            self._shrunk = False
 
 
 def _row_times(chunk: Any) -> np.ndarray | None:

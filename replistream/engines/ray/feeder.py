@@ -43,8 +43,8 @@ import ray
 from ...operators.base import NO_PUNCTUATION
 from ...plan import ENTRY
 from ...idle import Heartbeat, IdleMerge
-from ...sources import (ChunkRef, Sentinel, TimeMerge, chunk_tmax, cut_by_time, iter_chunks, needs_stamp,
-                        stamp)
+from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, cut_by_time, iter_chunks,
+                        needs_stamp, stamp)
 from .common import is_actor_death
 from .topology import Topology
 
@@ -94,6 +94,7 @@ class Feeder:
         self.idle: dict[str, float] = {}
         self.disorder: dict[str, int] = {}
         self.chunk_ms: float | None = None
+        self.cut: AdaptiveCut | None = None  # the paced replay's batch size (see AdaptiveCut)
 
     @property
     def heartbeats(self) -> list[Heartbeat]:
@@ -135,9 +136,15 @@ class Feeder:
 
     def _feed(self, sources: list[str], inputs, pace, chunk_size) -> None:
         iters: dict[str, Iterator] = {s: iter(iter_chunks(inputs.get(s, ()), chunk_size)) for s in sources}
-        if pace is not None and self.chunk_ms:  # a paced chunk goes at once: at most chunk_ms of wall time each
-            span = max(1, int(pace * 1e3 * self.chunk_ms))
-            iters = {s: (piece for c in it for piece in cut_by_time(c, span)) for s, it in iters.items()}
+        cut = None
+        if pace is not None and self.chunk_ms:  # a paced chunk goes at once: at most chunk_ms of wall time each,
+            cut = self.cut = AdaptiveCut(self.chunk_ms)  # more while the deployment falls behind
+
+            def pieces(it):
+                for c in it:
+                    yield from cut_by_time(c, lambda: cut.span_us(pace))
+
+            iters = {s: pieces(it) for s, it in iters.items()}
         with self.lock:
             self.sources = list(sources)
             self.seqs = {s: 0 for s in sources}
@@ -165,6 +172,8 @@ class Feeder:
                 delay = self.t0 + (t - ts0) / (1e6 * pace) - time.time()
                 if delay > 0:
                     time.sleep(delay)
+                if cut is not None:
+                    cut.sent(-delay)
             if chunk is not None and needs_stamp(chunk):
                 chunk = stamp(chunk, int((time.time() - self.t0) * 1e6))
             with self.lock:
