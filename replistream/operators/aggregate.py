@@ -127,6 +127,53 @@ def _canon(values: np.ndarray) -> np.ndarray:
     return values + 0.0 if values.dtype.kind == "f" else values
 
 
+class SortedIndex:
+    """A map from uint64 keys to int64 rows kept as two sorted arrays: lookups, inserts and
+    deletes of a whole batch of keys are a ``searchsorted`` and one merge, with no Python per
+    key (the open windows of :class:`TimeWindowAggregateLogic`).
+
+    >>> ix = SortedIndex()
+    >>> ix.insert(np.array([9, 2], dtype=np.uint64), np.array([0, 1]))
+    >>> ix.get(np.array([2, 5, 9], dtype=np.uint64)).tolist()
+    [1, -1, 0]
+    >>> ix.delete(np.array([9], dtype=np.uint64)); len(ix), ix.get(np.array([9], dtype=np.uint64)).tolist()
+    (1, [-1])
+    """
+
+    def __init__(self):
+        self.keys = np.zeros(0, dtype=np.uint64)
+        self.rows = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        """The row of each key, -1 where absent."""
+        pos = np.searchsorted(self.keys, keys)
+        pos[pos == len(self.keys)] = 0
+        hit = (self.keys[pos] == keys) if len(self.keys) else np.zeros(len(keys), dtype=bool)
+        return np.where(hit, self.rows[pos] if len(self.rows) else -1, -1)
+
+    def insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Add ``keys`` (distinct, none present) with their rows."""
+        order = np.argsort(keys, kind="stable")
+        keys, rows = np.asarray(keys, dtype=np.uint64)[order], np.asarray(rows, dtype=np.int64)[order]
+        at = np.searchsorted(self.keys, keys)
+        self.keys, self.rows = np.insert(self.keys, at, keys), np.insert(self.rows, at, rows)
+
+    def delete(self, keys: np.ndarray) -> None:
+        """Remove ``keys`` (each present)."""
+        pos = np.searchsorted(self.keys, keys)
+        keep = np.ones(len(self.keys), dtype=bool)
+        keep[pos] = False
+        self.keys, self.rows = self.keys[keep], self.rows[keep]
+
+    def reset(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """Exactly these ``keys`` and ``rows``."""
+        self.keys, self.rows = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+        self.insert(keys, rows)
+
+
 class _GroupedWindows(OperatorLogic):
     """What both aggregates share: parameters, output schema, group hashing."""
 
@@ -200,8 +247,8 @@ class TimeWindowAggregateLogic(_GroupedWindows):
                          [("window_start", "i8"), ("window_end", "i8")], strict)
         schema = in_schemas[0]
         self._nwin = -(-self.size // self.slide)  # windows per tuple, at most
-        self._index: dict[int, int] = {}
-        self._free: list[int] = []
+        self._index = SortedIndex()  # open window's (group, start) hash -> row
+        self._free = np.zeros(0, dtype=np.int64)  # rows of closed windows, reused first
         self._cap = 0
         self._n = 0  # rows ever allocated (high-water mark)
         self._key = np.zeros(0, dtype=np.uint64)
@@ -248,13 +295,14 @@ class TimeWindowAggregateLogic(_GroupedWindows):
 
     def _allocate(self, k: int) -> np.ndarray:
         take = min(k, len(self._free))
-        rows = [self._free.pop() for _ in range(take)]
+        rows = self._free[len(self._free) - take:][::-1]
+        self._free = self._free[:len(self._free) - take]
         extra = k - take
         if extra:
             self._grow(self._n + extra)
-            rows.extend(range(self._n, self._n + extra))
+            rows = np.r_[rows, np.arange(self._n, self._n + extra, dtype=np.int64)]
             self._n += extra
-        return np.asarray(rows, dtype=np.int64)
+        return np.ascontiguousarray(rows, dtype=np.int64)
 
     # -- Algorithm 3 --------------------------------------------------------
     def _on_batch(self, port, batch):
@@ -274,12 +322,12 @@ class TimeWindowAggregateLogic(_GroupedWindows):
             return []
         key = mix(self._group_hash(batch)[src], starts.view(np.uint64))
         uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        rows = np.fromiter((self._index.get(h, -1) for h in uniq.tolist()), dtype=np.int64, count=len(uniq))
+        rows = self._index.get(uniq)
         miss = rows < 0
         if miss.any():
             new = self._allocate(int(miss.sum()))
             rows[miss] = new
-            self._index.update(zip(uniq[miss].tolist(), new.tolist()))
+            self._index.insert(uniq[miss], new)
             f = first[miss]
             self._key[new] = uniq[miss]
             self._start[new] = starts[f]
@@ -362,10 +410,8 @@ class TimeWindowAggregateLogic(_GroupedWindows):
             else:
                 out[a.name] = self._acc[(a.how, a.field)][closing]
         self._alive[closing] = False
-        keys = self._key[closing].tolist()
-        for h in keys:
-            del self._index[h]
-        self._free.extend(closing.tolist())
+        self._index.delete(self._key[closing])
+        self._free = np.r_[self._free, closing.astype(np.int64)]
         return [out[canonical_order(out)]]
 
     @property
@@ -438,12 +484,12 @@ class TimeWindowAggregateLogic(_GroupedWindows):
                 acc.adds[rows] = cols[f"fsum:{fld}:adds"]
             else:
                 acc[rows] = cols[f"{kind}:{fld}"]
-        self._index = dict(zip(cols["key"].tolist(), rows.tolist()))
+        self._index.reset(cols["key"], rows)
         for name, store in self._udf.items():
             t = tables[f"udf:{name}"]
             if not len(t["key"]):
                 continue
-            where = np.fromiter(map(self._index.__getitem__, t["key"].tolist()), dtype=np.int64, count=len(t["key"]))
+            where = self._index.get(t["key"])
             order = np.argsort(where, kind="stable")
             w = where[order]
             cuts = np.r_[0, np.flatnonzero(w[1:] != w[:-1]) + 1, len(w)]

@@ -129,11 +129,12 @@ def test_a_paced_chunk_is_cut_to_chunk_ms_of_wall_time():
     s.window(size=200_000, by="key", aggs={"n": "count"}).sink("counts")
     q.build()
     ref = run_reference(q, {"s": cols})
-    want = sum(1 for c in iter_chunks(cols, 4_000) for _ in cut_by_time(c, int(10 * 1e3 * 5)))
+    want = sum(1 for c in iter_chunks(cols, 4_000) for _ in cut_by_time(c, int(10 * 1e3 * 5 * 2)))
     with deploy(q, servers=2, k=2) as dep:
         res = dep.run({"s": cols}, pace=10.0, chunk_size=4_000, chunk_ms=5)
-        # the cut chunks and the end; fewer (larger) ones only if the replay fell behind (AdaptiveCut)
-        if dep.feeder.cut.max_seen_ms == 5:
+        # the cut chunks (k x 5 ms each) and the end; fewer (larger) ones only if the replay fell
+        # behind (AdaptiveCut)
+        if dep.feeder.cut.max_seen_ms == 10:
             assert dep.feeder.seqs["s"] == want + 1 > 2 + 1
         else:
             assert 2 + 1 < dep.feeder.seqs["s"] < want + 1

@@ -672,10 +672,11 @@ class Deployment:
         ``chunk_ms`` of wall time (default 5 ms; None: no cut), since a paced chunk is released
         at once at its first timestamp: every row then leaves within ``chunk_ms`` of its time,
         not up to a whole chunk early, and the batch size follows the rate
-        (:func:`~replistream.sources.cut_by_time`). While the deployment falls behind (pieces
-        leave more than 4 spans late) the span doubles, up to 1 s, and it halves back once the
-        replay keeps its schedule (:class:`~replistream.sources.AdaptiveCut`;
-        ``feeder.cut.max_seen_ms`` tells how far it grew).
+        (:func:`~replistream.sources.cut_by_time`). With k entry replicas the span is k x
+        ``chunk_ms`` (each piece is a call to every entry replica, and each of those calls every
+        downstream replica). While the deployment falls behind (pieces leave more than 4 spans
+        late) the span doubles, up to 1 s, and it halves back once the replay keeps its schedule
+        (:class:`~replistream.sources.AdaptiveCut`; ``feeder.cut.max_seen_ms`` tells how far it grew).
 
         An input may also be a source object with a ``bind(source, schema)``
         method, e.g. :class:`replistream.spark.SparkSource`: it is checked

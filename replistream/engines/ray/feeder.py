@@ -138,7 +138,11 @@ class Feeder:
         iters: dict[str, Iterator] = {s: iter(iter_chunks(inputs.get(s, ()), chunk_size)) for s in sources}
         cut = None
         if pace is not None and self.chunk_ms:  # a paced chunk goes at once: at most chunk_ms of wall time each,
-            cut = self.cut = AdaptiveCut(self.chunk_ms)  # more while the deployment falls behind
+            # k entry replicas each call k downstream replicas per piece: a piece spans k x chunk_ms
+            # to begin with, so each replica gets as many calls per second as at k = 1; more while
+            # the deployment falls behind
+            k = max(1, len(self.topology.running(ENTRY)))
+            cut = self.cut = AdaptiveCut(self.chunk_ms * k)
 
             def pieces(it):
                 for c in it:
