@@ -203,17 +203,17 @@ def group_cpu(cpu: dict[str, float], node: str) -> list[float]:
 
 
 # -- workloads ------------------------------------------------------------------------
-def keyed_workload(n: int, keys: int, seed: int):
-    q = rs.Query("keyed")
-    ev = q.source("events", {"key": "i8"}, punctuate_every=rs.seconds(1))
+def keyed_count(name: str, ts: np.ndarray, keys: int, seed: int, punctuate_every: int):
+    """A 1 s tumbling count by key over events at ``ts`` (random keys): the query, its input in
+    10k-tuple chunks, and a check of the output against numpy (windows and the sum of counts)."""
+    q = rs.Query(name)
+    ev = q.source("events", {"key": "i8"}, punctuate_every=punctuate_every)
     ev.window(size=rs.seconds(1), by="key", aggs={"n": "count"}, name="window").sink("counts")
     q.build()
-    rng = np.random.default_rng(seed)
-    ts = np.arange(n, dtype=np.int64) * 10
-    key = rng.integers(0, keys, n).astype(np.int64)
+    n = len(ts)
+    key = np.random.default_rng(seed).integers(0, keys, n).astype(np.int64)
     chunks = [{"ts": ts[a:a + 10_000], "key": key[a:a + 10_000]} for a in range(0, n, 10_000)]
-    win = ts // rs.seconds(1)
-    want_rows = len(np.unique(win * keys + key))
+    want_rows = len(np.unique((ts // rs.seconds(1)) * keys + key))
 
     def check(res) -> str | None:
         out = res.outputs["counts"]
@@ -223,8 +223,13 @@ def keyed_workload(n: int, keys: int, seed: int):
             return f"counts sum to {int(out['n'].sum()):,}, expected {n:,}"
         return None
 
+    return q, {"events": chunks}, check, want_rows
+
+
+def keyed_workload(n: int, keys: int, seed: int):
+    q, data, check, want_rows = keyed_count("keyed", np.arange(n, dtype=np.int64) * 10, keys, seed, rs.seconds(1))
     desc = f"{n:,} events, {keys} keys, 1 s tumbling windows (100k events per event-time second), 10k-tuple chunks"
-    return q, {"events": chunks}, n, check, desc, want_rows
+    return q, data, n, check, desc, want_rows
 
 
 def fig1_workload(n_servers: int, steps: int, rows: int, seed: int):
@@ -370,27 +375,10 @@ def run_throughput(name: str, make, k: int, timeout: float, log) -> dict:
 
 # -- part 3: paced latency and peak memory ------------------------------------------------
 def paced_workload(rate: float, duration: float, keys: int, seed: int):
-    q = rs.Query("paced")
-    ev = q.source("events", {"key": "i8"}, punctuate_every=rs.millis(10))
-    ev.window(size=rs.seconds(1), by="key", aggs={"n": "count"}, name="window").sink("counts")
-    q.build()
-    rng = np.random.default_rng(seed)
     n = int(rate * duration)
     ts = (np.arange(n) * (1e6 / rate)).astype(np.int64)
-    key = rng.integers(0, keys, n).astype(np.int64)
-    chunks = [{"ts": ts[a:a + 10_000], "key": key[a:a + 10_000]} for a in range(0, n, 10_000)]
-    win = ts // rs.seconds(1)
-    want_rows = len(np.unique(win * keys + key))
-
-    def check(res) -> str | None:
-        out = res.outputs["counts"]
-        if len(out) != want_rows:
-            return f"{len(out):,} windows out, expected {want_rows:,}"
-        if int(out["n"].sum()) != n:
-            return f"counts sum to {int(out['n'].sum()):,}, expected {n:,}"
-        return None
-
-    return q, {"events": chunks}, n, check
+    q, data, check, _ = keyed_count("paced", ts, keys, seed, rs.millis(10))
+    return q, data, n, check
 
 
 class MemorySampler:
