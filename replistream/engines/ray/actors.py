@@ -13,7 +13,7 @@ the emulated network and for failure injection.
 * :class:`ReplicaActor`: one operator replica; started *pending* it buffers its input
   until a hand-over installs a peer's checkpoint (docs/design.md, decision 7), whole
   or in steps of bins (Megaphone §3.3: ``begin_transfer``/``install_step`` as
-  receiver, ``request_step`` as sender);
+  receiver, ``request_steps`` as sender);
 * :class:`SinkActor`: an application, which records what it delivers.
 
 The coordinator actor is in :mod:`.coordinator`: it needs the placement library
@@ -539,9 +539,12 @@ class ReplicaActor(_Base):
         """Sender: take ``steps`` (``[(index, bins), ...]`` at ``2**bits`` bins, in order) at this
         replica's next punctuations and send each to ``receiver.install_step``; returns at once
         (this replica keeps processing). At each punctuation it takes the next step, and more while
-        the pause they cost stays within ``pause_s`` (0: one step per punctuation, Megaphone
-        §3.3's schedule); the steps taken together go as one checkpoint. Steps already taken for
-        this receiver are ignored. Returns the number of steps queued."""
+        the pause stays within ``pause_s`` beyond the fixed cost of a step (0: one step per
+        punctuation, Megaphone §3.3's schedule); the steps taken together go as one checkpoint.
+        Steps already taken for this receiver are ignored. Returns the number of steps queued.
+
+        >>> peer.request_steps.remote(new_replica, [(0, [0, 1]), (1, [2, 3])], 2)   # doctest: +SKIP
+        """
         if self.core is None:
             raise RuntimeError(f"{self.label} has no state to send (it is waiting for its own)")
         with self.lock:
@@ -557,15 +560,6 @@ class ReplicaActor(_Base):
             if self.core.logic.watermark == END:
                 self._take_steps(everything=True)
         return len(fresh)
-
-    def request_step(self, receiver, step: int, bins, bits: int, now: bool = False) -> bool:
-        """Sender: take step ``step`` alone (the logic's ``bins`` at ``2**bits`` bins) at this
-        replica's next punctuation, or at once with ``now`` or when the stream has ended (see
-        :meth:`request_steps`)."""
-        queued = self.request_steps(receiver, [(step, bins)], bits, pause_s=0.0)
-        if now:
-            self.take_steps_now()
-        return bool(queued)
 
     def take_steps_now(self) -> int:
         """Sender: take the next requested step(s) now, as at a punctuation (none came: the input
