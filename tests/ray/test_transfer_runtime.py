@@ -87,6 +87,9 @@ def test_move_with_each_strategy_while_another_replica_dies(strategy):
         assert res.complete
         for app in q.sinks:
             assert_same_output(ref.outputs[app], res.outputs[app])
+        # nothing here is malformed or late in the input: a dead letter would be a stream replica
+        # breaking its punctuation contract (e.g. a moved replica emitting below its punctuation)
+        assert not res.dead_letter_summary()
         for op, ev in events.items():
             (new,) = ev["new_replicas"]
             assert new["server"] == target["server"] and ev["action"] == "replace-replica"

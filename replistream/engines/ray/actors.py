@@ -509,21 +509,28 @@ class ReplicaActor(_Base):
                         rest = list(self.inbox)
                         self.inbox.clear()
                         self._staged_run(rest, out)
-                        self._complete_transfer()
-                    self._emit(self.out, out)  # after the adopted log: links replay it first
+                        tail = self._complete_transfer()
+                    # after the adopted log (links replay it first), and before the punctuation at
+                    # the core's watermark now: ``out`` holds what the core emitted since it
+                    # completed, below that watermark (a punctuation before them would make them late)
+                    self._emit(self.out, out + tail)
             self.busy_s += time.time() - started
             if complete:
                 return
 
-    def _complete_transfer(self) -> None:
+    def _complete_transfer(self) -> list:
+        """Adopt the completed transfer's log; returns its closing punctuation, which the caller
+        emits after what the core output since it completed."""
         staged = self.staged
         items, acked = staged.final_output()
+        tail = [items.pop()] if items and isinstance(items[-1], Punctuation) else []
         self.core = staged.core
         self.staged = None
         # the peers' retained output and ours become our log: links added later replay it
         self.out.adopt(items)
         self.installed = {"checkpoint": "staged", **staged.stats(),
                           "seconds": time.time() - getattr(self, "started_transfer", time.time())}
+        return tail
 
     def transfer_status(self) -> dict:
         """Receiver: steps installed (step -> seconds since t0), bins missing, complete. Reads what the
