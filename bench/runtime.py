@@ -101,10 +101,12 @@ import datetime as _dt
 import json
 import resource
 import sys
+import threading
 import time
 import traceback
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from core import code_version, fmt_rate, machine  # noqa: E402  (bench/core.py)
@@ -135,7 +137,6 @@ def busy_cores(a: tuple[float, float], b: tuple[float, float]) -> float:
 def daemons_cpu() -> float | None:
     """CPU seconds used so far by this Ray instance's own processes (raylet, GCS, monitors), not its workers."""
     try:
-        import psutil
         import ray
 
         total = 0.0
@@ -144,7 +145,7 @@ def daemons_cpu() -> float | None:
                 t = psutil.Process(info.process.pid).cpu_times()
                 total += t.user + t.system
         return total
-    except Exception:  # private API or psutil missing: leave it out
+    except Exception:  # Ray's private API changed: leave it out (the report shows None)
         return None
 
 
@@ -385,15 +386,11 @@ class MemorySampler:
     """Peak memory of the driver and a deployment's actor processes, sampled in a thread."""
 
     def __init__(self, pids: list[int], every_s: float = 0.25, uss_every: int = 8):
-        import psutil
-
         self.procs = [psutil.Process(p) for p in [os.getpid()] + list(pids)]
         self.every_s, self.uss_every = every_s, uss_every
         self.peak_rss = self.peak_uss = 0
         self.samples = 0
         self._stop = False
-        import threading
-
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -406,7 +403,7 @@ class MemorySampler:
                     rss += p.memory_info().rss
                     if want_uss:
                         uss += p.memory_full_info().uss
-                except Exception:  # a process that ended: it holds nothing now
+                except psutil.NoSuchProcess:  # a process that ended: it holds nothing now
                     pass
             self.peak_rss = max(self.peak_rss, rss)
             if want_uss:

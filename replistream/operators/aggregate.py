@@ -149,10 +149,10 @@ class SortedIndex:
 
     def get(self, keys: np.ndarray) -> np.ndarray:
         """The row of each key, -1 where absent."""
-        pos = np.searchsorted(self.keys, keys)
-        pos[pos == len(self.keys)] = 0
-        hit = (self.keys[pos] == keys) if len(self.keys) else np.zeros(len(keys), dtype=bool)
-        return np.where(hit, self.rows[pos] if len(self.rows) else -1, -1)
+        if not len(self.keys):
+            return np.full(len(keys), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return np.where(self.keys[pos] == keys, self.rows[pos], -1)
 
     def insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Add ``keys`` (distinct, none present) with their rows."""

@@ -121,7 +121,9 @@ def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, 
             todo = [(i, steps[i]) for i in range(len(steps)) if i not in seen]
             try:
                 ray.get(topo.handle(peer).request_steps.remote(handle, todo, bits, pause_ms / 1e3), timeout=60)
-            except Exception:  # the peer died: marked failed, and the loop picks another
+            except Exception as e:  # the peer died: marked failed, and the loop picks another
+                if not is_actor_death(e):
+                    raise  # anything else fails the transfer loudly (staged_install records it)
                 if topo.is_running(peer):
                     mgr.dep.mark_failed(peer, "died during a state transfer")
                 continue
@@ -142,7 +144,7 @@ def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, 
             progress["state"] = "failed"
             first = min(set(range(len(steps))) - seen)
             raise TimeoutError(f"transfer to {label}: step {first} not installed after {step_timeout_s} s")
-        if time.time() - max(last_progress, forced or 0.0) > force_after_s:
+        if time.time() - max(last_progress, forced) > force_after_s:
             # no punctuation came (the input paused): the peer takes its next step(s) now, and
             # again after each further force_after_s without progress (sent, not awaited: if the
             # peer died, the next round notices it in the topology)
