@@ -37,6 +37,17 @@ def __getattr__(name):
         return FileSource
     raise AttributeError(f"module 'replistream' has no attribute {name!r}")
 
+
+def __dir__() -> list[str]:
+    """The module's names, with those loaded on first use (``deploy``, ``FileSource``, ...), so tab
+    completion and ``help()`` find them.
+
+    >>> import replistream as rs
+    >>> {"deploy", "FileSource", "Deployment", "GCConfig"} <= set(dir(rs))
+    True
+    """
+    return sorted(set(globals()) | set(__all__))
+
 __all__ = [
     "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "RunFailed", "SchemaError",
     "UserFunctionError",
