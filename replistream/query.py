@@ -202,7 +202,7 @@ class Stream:
 
     >>> q = Query(); s = q.source("s", {"x": "i8"})
     >>> s.filter(lambda b: b["x"] > 0, name="pos").map(lambda b: {"y": b["x"] * 2.0}, {"y": "f8"}, name="dbl")
-    Stream('dbl')
+    Stream('dbl': ts, y)
     """
 
     def __init__(self, query: "Query", node: str):
@@ -210,7 +210,11 @@ class Stream:
         self.node = node
 
     def __repr__(self) -> str:
-        return f"Stream({self.node!r})"
+        try:
+            names = ", ".join(["ts", *self.schema.names])
+        except Exception:  # a node whose schema cannot be derived yet: the repr must not raise
+            return f"Stream({self.node!r})"
+        return f"Stream({self.node!r}: {names})"
 
     @property
     def schema(self) -> Schema:
@@ -352,6 +356,20 @@ class Query:
     def outputs_of(self, node: str) -> list[tuple[str, int]]:
         """(downstream node, input port) pairs fed by ``node``."""
         return sorted((v, p) for _, v, p in self.graph.out_edges(node, data="port"))
+
+    def __repr__(self) -> str:
+        """The query's name, sources, operator count and applications.
+
+        >>> q = Query("q"); _ = q.source("s", {"x": "i8"}).filter(lambda b: b["x"] > 0).sink("out")
+        >>> q
+        Query('q': sources s; 1 operator; applications out)
+        """
+        try:
+            ops = len(self.operators)
+            return (f"Query({self.name!r}: sources {', '.join(self.sources) or 'none'}; "
+                    f"{ops} operator{'' if ops == 1 else 's'}; applications {', '.join(self.sinks) or 'none'})")
+        except Exception:  # a graph that cannot be ordered yet (a cycle): the repr must not raise
+            return f"Query({self.name!r})"
 
     @property
     def sources(self) -> list[str]:

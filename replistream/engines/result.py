@@ -17,10 +17,10 @@ from ..errors import DeadLetter
 from ..operators.base import NO_PUNCTUATION, Item
 from ..schema import END, TS, Punctuation
 
-__all__ = ["RunResult", "Collector", "as_multiset", "multiset_diff", "format_rows", "dead_letter_summary"]
+__all__ = ["RunResult", "Collector", "as_multiset", "multiset_diff", "format_rows", "dead_letter_summary", "TIME_FIELDS"]
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     """What an engine run delivered.
 
@@ -52,6 +52,22 @@ class RunResult:
     links: list[dict] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        """Per application (by name) its tuple count and column names, whether the run completed, and the dead
+        letters; :meth:`show` prints the tuples themselves.
+
+        >>> from replistream import Schema
+        >>> b = Schema({"x": "i8"}).from_columns({"ts": [1_000_000, 2_000_000], "x": [5, 7]})
+        >>> RunResult({"a": b}, {"a": END})
+        RunResult(complete; a: 2 tuples (ts, x); 0 dead letters)
+        """
+        apps = "; ".join(f"{app}: {len(out):,} tuple{'' if len(out) == 1 else 's'} "
+                         f"({', '.join(n for n in (out.dtype.names or ()) if n != 'id')})"
+                         for app, out in sorted(self.outputs.items()))
+        state = "complete" if self.complete else "incomplete"
+        dead = self.dead_letter_count()
+        return f"RunResult({state}; {apps or 'no applications'}; {dead:,} dead letter{'' if dead == 1 else 's'})"
+
     @property
     def complete(self) -> bool:
         """True when every application received the final punctuation."""
@@ -73,8 +89,8 @@ class RunResult:
         return arr, arr - (out[TS] - self.ts0) / (1e6 * (self.pace or 1.0))
 
     def show(self, app: str, n: int = 10, columns: list[str] | None = None) -> str:
-        """The first ``n`` tuples ``app`` received (by timestamp), as a readable table with named
-        columns and ``ts`` in seconds (:func:`format_rows`).
+        """The first ``n`` tuples ``app`` received (by timestamp, ties by id, so every engine shows the
+        same rows), as a readable table with named columns and times in seconds (:func:`format_rows`).
 
         >>> from replistream import Schema
         >>> b = Schema({"x": "i8"}).from_columns({"ts": [2_500_000, 1_000_000], "x": [7, 5]})
@@ -86,7 +102,10 @@ class RunResult:
         if app not in self.outputs:
             raise KeyError(f"{app!r} is not an application of this run; applications: {sorted(self.outputs)}")
         out = self.outputs[app]
-        return format_rows(out[np.argsort(out[TS], kind="stable")][:n], columns)
+        # by timestamp, ties by id: the same order whatever order the tuples arrived in
+        order = np.lexsort((out["id"], out[TS])) if "id" in (out.dtype.names or ()) else \
+            np.argsort(out[TS], kind="stable")
+        return format_rows(out[order][:n], columns)
 
     def to_pandas(self, app: str):
         """The tuples ``app`` received as a pandas DataFrame, in arrival order, with ``ts`` also as a
@@ -124,9 +143,13 @@ def dead_letter_summary(letters: Iterable[DeadLetter]) -> dict[tuple[str, str], 
     return dict(counts.most_common())
 
 
+TIME_FIELDS = (TS, "window_start", "window_end")
+"""Fields holding microsecond timestamps, which :func:`format_rows` shows in seconds (a window's bounds too)."""
+
+
 def format_rows(batch: np.ndarray, columns: list[str] | None = None) -> str:
-    """Tuples as a plain-text table: named columns, ``ts`` in seconds, floats to 4 significant digits,
-    ``id`` left out unless asked for.
+    """Tuples as a plain-text table: named columns, ``ts`` and window bounds in seconds, floats to 4
+    significant digits, ``id`` left out unless asked for.
 
     >>> from replistream import Schema
     >>> print(format_rows(Schema({"cpu": "f8"}).from_columns({"ts": [1_500_000], "cpu": [0.912345]})))
@@ -134,13 +157,14 @@ def format_rows(batch: np.ndarray, columns: list[str] | None = None) -> str:
        1.5  0.9123
     """
     names = [n for n in (columns or batch.dtype.names) if columns or n != "id"]
-    head = ["ts (s)" if n == TS else n for n in names]
+    times = {n for n in names if n in TIME_FIELDS and np.issubdtype(batch.dtype[n], np.integer)}
+    head = [f"{n} (s)" if n in times else n for n in names]
     cells = []
     for row in batch:
         line = []
         for n in names:
             v = row[n]
-            if n == TS:
+            if n in times:
                 line.append(f"{int(v) / 1e6:g}")
             elif isinstance(v, (float, np.floating)):
                 line.append(f"{float(v):.4g}")

@@ -5,10 +5,14 @@ from pathlib import Path
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
-def test_quickstart_runs(ray_session):
+def test_quickstart_runs(ray_session, capsys):
     code = re.findall(r"```python\n(.*?)```", README, re.S)
     assert code, "README has no python quickstart"
     exec(compile(code[0], "README.md", "exec"), {})
+    # what the README says it prints is what it prints
+    shown = re.search(r"It prints[^\n]*\n\n```\n(.*?)```", README, re.S)
+    assert shown, "README does not show what the quickstart prints"
+    assert capsys.readouterr().out == shown.group(1)
 
 
 def test_setup_commands_match_ci():
