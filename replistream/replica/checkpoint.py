@@ -26,9 +26,18 @@ class ReplicaCheckpoint:
     * ``output``, ``output_acked``: the peer's retained output since the last
       punctuation all its live downstream replicas acknowledged; the new replica
       adopts it as its own replay buffer, so it is as good an upstream replica as
-      the peer was.
+      the peer was;
+    * ``dead_letters``: every tuple the peer (its filters, sorters and logic, and
+      the peers it was itself built from) set aside so far, merged
+      (:func:`~replistream.errors.merge_dead_letters`: one
+      :class:`~replistream.errors.DeadLetter` per (where, reason), each id once).
+      Dead letters are state (docs/design.md, decision 9): the new replica skips
+      every tuple the checkpoint reflects, so it would never set those aside
+      itself; it restores them and reports them as its own. A step of a staged
+      transfer carries all of them, whatever its bins (docs/handover.md).
 
     Plain data (numpy arrays, ints, strings, Punctuation): ``to_bytes`` pickles it.
+    A checkpoint pickled before ``dead_letters`` existed loads with none.
 
     >>> from replistream import Query, Punctuation
     >>> from replistream.replica import ReplicaCore
@@ -42,6 +51,8 @@ class ReplicaCheckpoint:
     ((2,), 2, 2)
     >>> ReplicaCheckpoint.from_bytes(ck.to_bytes()).node
     'window'
+    >>> ck.dead_letters
+    []
     """
 
     node: str
@@ -51,6 +62,12 @@ class ReplicaCheckpoint:
     output: list = field(default_factory=list)
     output_acked: int = NO_PUNCTUATION
     version: int = CHECKPOINT_VERSION
+    dead_letters: list = field(default_factory=list)
+
+    def __setstate__(self, state: dict) -> None:
+        # a checkpoint pickled before ``dead_letters`` existed (same version: the field only adds)
+        state.setdefault("dead_letters", [])
+        self.__dict__.update(state)
 
     @property
     def punctuation(self) -> tuple[int, ...]:
@@ -61,6 +78,7 @@ class ReplicaCheckpoint:
         """Bytes of array data in the checkpoint (the pickle adds a little framing)."""
         n = self.logic.nbytes() + sum(f.nbytes() for f in self.filters)
         n += sum(s.nbytes() for s in self.sorters or ())
+        n += sum(d.batch.nbytes for d in self.dead_letters)
         return n + sum(it.nbytes for it in self.output if not isinstance(it, Punctuation))
 
     def to_bytes(self) -> bytes:
@@ -79,4 +97,5 @@ class ReplicaCheckpoint:
         return {"node": self.node, "punctuation": list(self.punctuation),
                 "applied": sum(f.applied for f in self.filters), "state_rows": self.logic.rows(),
                 "sorted_rows": sum(s.rows() for s in self.sorters or ()),
-                "output_items": len(self.output), "bytes": self.nbytes()}
+                "output_items": len(self.output), "dead_letters": sum(d.count for d in self.dead_letters),
+                "bytes": self.nbytes()}

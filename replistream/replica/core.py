@@ -23,7 +23,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..errors import DeadLetter
+from ..errors import DeadLetter, merge_dead_letters
 from ..operators import Item, OperatorLogic
 from ..operators.base import NO_PUNCTUATION, CheckpointError
 from ..operators.dupfilter import DuplicateFilter
@@ -158,6 +158,9 @@ class ReplicaCore:
         self.filters = None if channels is None else [
             DuplicateFilter(c, schemas[i], f"{node}.dupfilter[{i}]", strict) for i, c in enumerate(channels)]
         self.sorters = [query.build_sorter(node, i, strict) for i in range(n)] if query.sorted_inputs(node) else None
+        #: dead letters restored from a checkpoint (:meth:`from_checkpoint`): what the peers this
+        #: replica was built from set aside; :meth:`dead_letters` reports them with its own
+        self.inherited_letters: list[DeadLetter] = []
 
     def process(self, port: int, channel: int, item: Item) -> list[Item]:
         """Deliver ``item`` from stream replica ``channel`` of input ``port``; returns the outputs.
@@ -204,8 +207,9 @@ class ReplicaCore:
         Take it between two :meth:`process` calls. ``bits`` splits keyed state
         into ``2**bits`` bins (Megaphone); 0 keeps one bin and costs nothing extra.
         ``bins`` restricts the logic's state to those bins: one step of a binned
-        transfer (Megaphone §3.3, :class:`StagedReplica`); filters, sorters and
-        retained output are shipped whole at every step.
+        transfer (Megaphone §3.3, :class:`StagedReplica`); filters, sorters,
+        retained output and dead letters (:meth:`dead_letters`, merged) are shipped
+        whole at every step.
         """
         if self.filters is None:
             raise CheckpointError(f"{self.node!r}: a core without duplicate filters has no applied-id "
@@ -218,6 +222,7 @@ class ReplicaCore:
             logic=self.logic.checkpoint(bits) if bins is None else self.logic.checkpoint(bits, bins),
             output=log.items() if log is not None else [],
             output_acked=log.acked if log is not None else NO_PUNCTUATION,
+            dead_letters=self.dead_letters(),
         )
 
     @classmethod
@@ -228,7 +233,9 @@ class ReplicaCore:
         ``channels`` counts its own input stream replicas per port (one per live
         upstream replica it subscribed to). It then drops every tuple with
         ``ts <= p`` and every id the checkpoint already applied, so replayed and
-        later tuples change it only where the checkpoint did not reflect them.
+        later tuples change it only where the checkpoint did not reflect them;
+        what the peer set aside among those comes with the checkpoint
+        (``checkpoint.dead_letters``) and is reported by :meth:`dead_letters`.
 
         >>> from replistream import Query, Punctuation
         >>> q = Query(); s = q.source("s", {"k": "i8"})
@@ -261,7 +268,15 @@ class ReplicaCore:
         core.logic.restore(checkpoint.logic)
         if core.output_log is not None:
             core.output_log = ReplayLog(checkpoint.output, checkpoint.output_acked)
+        core.restore_letters(checkpoint.dead_letters)
         return core
+
+    def restore_letters(self, letters: Iterable[DeadLetter]) -> None:
+        """Adopt ``letters`` (a peer's, from a checkpoint) as set aside by this replica too:
+        :meth:`dead_letters` reports them with its own, each tuple once (docs/design.md, decision 9)."""
+        letters = list(letters)
+        if letters:
+            self.inherited_letters = merge_dead_letters(self.inherited_letters + letters)
 
     def delta_checkpoint(self, since: int) -> tuple[ReplicaCheckpoint, np.ndarray, int]:
         """An incremental checkpoint (Del Monte 2017): like :meth:`checkpoint`, but the logic's state is
@@ -278,16 +293,39 @@ class ReplicaCore:
         ck = ReplicaCheckpoint(node=self.node, filters=tuple(f.checkpoint() for f in self.filters),
                                sorters=None if self.sorters is None else tuple(s.checkpoint() for s in self.sorters),
                                logic=delta, output=log.items() if log is not None else [],
-                               output_acked=log.acked if log is not None else NO_PUNCTUATION)
+                               output_acked=log.acked if log is not None else NO_PUNCTUATION,
+                               dead_letters=self.dead_letters())
         return ck, bins, self.logic.version()
 
     def dead_letters(self) -> list[DeadLetter]:
-        dl = list(self.logic.dead_letters)
+        """Every tuple this replica set aside (its logic's, filters' and sorters' letters) and every
+        tuple the peers it was built from had set aside before their checkpoint
+        (:attr:`inherited_letters`), merged: one :class:`~replistream.errors.DeadLetter` per
+        (where, reason), each tuple id once (:func:`~replistream.errors.merge_dead_letters`).
+        Dead letters are state (docs/design.md, decision 9): they travel in every checkpoint.
+
+        >>> from replistream import Query
+        >>> q = Query(); s = q.source("s", {"x": "i8"})
+        >>> def inverse(b):
+        ...     if (b["x"] == 0).any():
+        ...         raise ZeroDivisionError("x is 0")
+        ...     return {"y": 10 // b["x"]}
+        >>> _ = s.map(inverse, {"y": "i8"}, name="m").sink("out"); q = q.build()
+        >>> old = ReplicaCore(q, "m", channels=[1])
+        >>> _ = old.process(0, 0, q.schema_of("s").from_columns({"ts": [1, 2], "x": [5, 0]}, ids=[1, 2]))
+        >>> [(d.where, d.batch["id"].tolist()) for d in old.dead_letters()]
+        [('m', [2])]
+        >>> new = ReplicaCore.from_checkpoint(q, old.checkpoint(), channels=[1])
+        >>> [(d.where, d.batch["id"].tolist()) for d in new.dead_letters()]  # the peer's, restored
+        [('m', [2])]
+        """
+        dl = list(self.inherited_letters)
+        dl.extend(self.logic.dead_letters)
         for f in self.filters or ():
             dl.extend(f.dead_letters)
         for s in self.sorters or ():
             dl.extend(s.dead_letters)
-        return dl
+        return merge_dead_letters(dl)
 
     def stats(self) -> dict:
         return {"logic": self.logic.stats(), "filters": [f.stats() for f in self.filters or ()]}

@@ -46,17 +46,22 @@ class DormantReplica:
             raise CheckpointError(f"{self.node!r}: {type(self.logic).__name__} cannot take incremental deltas")
         self.version = int(version)
         self.refreshes = 0
+        self.letters = list(checkpoint.dead_letters)  # the latest dead letters of the live replica
 
     def refresh(self, delta: ReplicaCheckpoint, bins: Iterable[int], version: int) -> None:
-        """Apply an incremental checkpoint taken since :attr:`version` (its filters and output are not kept)."""
+        """Apply an incremental checkpoint taken since :attr:`version` (its filters and output are not
+        kept; its dead letters, all the live replica's, replace :attr:`letters`)."""
         self.logic.apply_delta(delta.logic, bins)
+        self.letters = list(delta.dead_letters)
         self.version = int(version)
         self.refreshes += 1
 
     def revive(self, delta: ReplicaCheckpoint, bins: Iterable[int], version: int, channels: list[int],
                retain: bool = True) -> ReplicaCore:
         """A running replica from the last delta: its filters (p and applied ids), sorters, retained
-        output and changed bins, on top of the state this copy holds."""
+        output, dead letters (every one the live replica holds: a delta carries them all, so the
+        revived replica reports what its peer set aside) and changed bins, on top of the state
+        this copy holds."""
         self.refresh(delta, bins, version)
         core = ReplicaCore(self.query, self.node, channels, self.strict, retain)
         for f, st in zip(core.filters, delta.filters):
@@ -66,4 +71,5 @@ class DormantReplica:
         core.logic = self.logic
         if core.output_log is not None:
             core.output_log = ReplayLog(delta.output, delta.output_acked)
+        core.restore_letters(self.letters)
         return core

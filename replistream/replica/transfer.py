@@ -25,6 +25,7 @@ from typing import Iterable
 
 import numpy as np
 
+from ..errors import DeadLetter, merge_dead_letters
 from ..operators import Item
 from ..operators.base import NO_PUNCTUATION, CheckpointError, OperatorState, bin_of
 from ..operators.dupfilter import FilterState
@@ -124,6 +125,16 @@ class StagedReplica:
     punctuation at its watermark: every ideal output up to that is in it or was
     acknowledged by every live downstream replica (docs/migration.md).
 
+    Dead letters (docs/design.md, decision 9): every step's checkpoint carries
+    all the letters its peer holds at that step, whatever the step's bins (the
+    peer keeps processing between steps, so the letters of a bin's tuples that
+    it applied before the bin's step are only in that step's checkpoint, and a
+    restart from another peer brings that peer's). Each partial core restores
+    its step's letters and merges keep each set-aside tuple once by (where,
+    reason) and id, so the completed core's :meth:`ReplicaCore.dead_letters`
+    holds every letter once whatever the steps and peers; :meth:`dead_letters`
+    reports them meanwhile.
+
     >>> from replistream import Query, Punctuation
     >>> q = Query(); s = q.source("s", {"k": "i8"})
     >>> _ = s.window(size=10, by="k", name="w").sink("out"); q = q.build()
@@ -218,7 +229,8 @@ class StagedReplica:
         if checkpoint.logic.bits != self.bits:
             raise CheckpointError(f"{self.node!r}: step has {checkpoint.logic.bits} bits, receiver {self.bits}")
         ck = ReplicaCheckpoint(checkpoint.node, checkpoint.filters, checkpoint.sorters,
-                               checkpoint.logic.select(bins), [], checkpoint.output_acked)
+                               checkpoint.logic.select(bins), [], checkpoint.output_acked,
+                               dead_letters=checkpoint.dead_letters)
         core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False)
         bound = [int(f.applied_ts.max()) if len(f.applied_ts) else NO_PUNCTUATION for f in checkpoint.filters]
         idx = len(self.parts)
@@ -295,7 +307,8 @@ class StagedReplica:
             ids, first = np.unique(ids, return_index=True)
             filters.append(FilterState(sts[0].max_punct, ts[first], ids))
         logic = OperatorState.merge([m.core.logic.checkpoint(self.bits) for m in members])
-        ck = ReplicaCheckpoint(self.node, tuple(filters), None, logic, [], NO_PUNCTUATION)
+        letters = merge_dead_letters([d for m in members for d in m.core.dead_letters()])
+        ck = ReplicaCheckpoint(self.node, tuple(filters), None, logic, [], NO_PUNCTUATION, dead_letters=letters)
         core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False)
         part = _Part(core, np.concatenate([m.bins for m in members]),
                      [max(m.bound[i] for m in members) for i in range(ports)], sum(m.steps for m in members))
@@ -306,6 +319,20 @@ class StagedReplica:
         self.owner[part.bins] = idx
         self.merges += 1
         return part
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """What the receiver holds as set aside so far, each tuple once: the steps' letters and those
+        of its partial cores (the completed core's once complete).
+
+        >>> from replistream import Query
+        >>> q = Query(); s = q.source("s", {"k": "i8"})
+        >>> _ = s.window(size=10, by="k", name="w").sink("out"); q = q.build()
+        >>> StagedReplica(q, "w", channels=[1], bits=1).dead_letters()
+        []
+        """
+        if self.core is not None:
+            return self.core.dead_letters()
+        return merge_dead_letters([d for part in self._live() for d in part.core.dead_letters()])
 
     @property
     def complete(self) -> bool:
