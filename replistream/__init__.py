@@ -21,6 +21,7 @@ from .replica import ReplicaCore
 from .engines import RunResult, run_reference
 from .network import Server, default_servers
 from .scenario import Event, Scenario
+from .progress import quiet
 
 __version__ = "0.1.0"
 
@@ -53,5 +54,5 @@ __all__ = [
     "UserFunctionError",
     "Summary", "END", "Punctuation", "Schema", "millis", "seconds", "Query", "Stream",
     "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy", "GCConfig", "FileSource",
-    "Event", "Scenario", "__version__",
+    "Event", "Scenario", "quiet", "__version__",
 ]
