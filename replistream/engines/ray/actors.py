@@ -19,9 +19,16 @@ the emulated network and for failure injection.
 The coordinator actor is in :mod:`.coordinator`: it needs the placement library
 (scipy), which this module keeps out of the data-path actors' processes.
 
-Locks (each actor, in its own process): ``lock`` (the core and what it emitted)
-is taken before an outbox's lock; a receiver's ``staged_lock`` (a staged transfer)
-after ``lock``.
+Locks (each actor, in its own process; a thread holding one takes only those
+after it, never one before):
+
+1. ``lock`` (the core and what it emitted; ``inbox_cv`` is its condition);
+2. ``staged_lock`` (a receiver's :class:`~replistream.replica.StagedReplica`): the
+   transfer worker applies input and steps under it alone and publishes what it
+   installed under ``lock`` only after releasing it (``_staged_run``);
+3. an outbox's lock (``Outbox.lock``, one per output stream; never two at once).
+
+The probe (:meth:`_Base.probe`) runs on a thread of its own and takes no lock.
 
 >>> h = ReplicaActor.remote(query, "join", 0, "tokyo", [2, 2], network, t0, {})   # doctest: +SKIP
 >>> ray.get(h.connect.remote("join", "alerts", "boston", sink, 0, 0))          # doctest: +SKIP
@@ -67,7 +74,7 @@ class _Base:
         self.channel_opts = dict(channel_opts)
         self.coordinator = coordinator
         self.outboxes: dict[str, Outbox] = {}
-        self.sender = Sender([])
+        self.sender = Sender([], on_error=self._sender_failed)
         self.sender.start()
         self.cpu0 = _cpu_seconds()
         self.dropped: list[dict] = []
@@ -81,6 +88,25 @@ class _Base:
         self.pace: float | None = None
         self.created = time.time()
         self.fresh: dict[int, int] = {}
+        self.call_started: float | None = None  # when the data-path call running now began (probe)
+
+    # -- the failure detector's probe (detector.py): answered on a thread of its own ---------------
+    @ray.method(concurrency_group="probe")
+    def probe(self) -> dict:
+        """Answered apart from the data path (its own concurrency group), so a healthy replica
+        answers at once whatever its input queue: how long the data-path call running now has run
+        (``busy_s``, 0 between calls; time waiting on backpressure does not count), calls
+        completed, and the process id (to fence the replica off if it is declared failed).
+
+        >>> ray.get(replica.probe.remote())["busy_s"]   # doctest: +SKIP
+        0.0
+        """
+        started = getattr(self, "call_started", None)
+        node = getattr(self, "_node", None)
+        if node is None:
+            node = self._node = ray.get_runtime_context().get_node_id()
+        return {"busy_s": 0.0 if started is None else time.time() - started, "pushes": getattr(self, "pushes", 0),
+                "pid": os.getpid(), "node": node}
 
     # -- reuse by a later deployment (pool.py) --------------------------------------------------
     def stop_sending(self) -> bool:
@@ -227,7 +253,7 @@ class _Base:
         """Replace the emulated network view (failure injection at run time)."""
         self.network = network
         for ob in self.outboxes.values():
-            ob.network = network
+            ob.set_network(network)
         return True
 
     def set_start(self, t0: float) -> bool:
@@ -275,6 +301,40 @@ class _Base:
         with self.lock:
             return core.dead_letters()
 
+    def _guard(self, core, port: int, channel: int, item):
+        """``item`` without the tuples at or below the punctuation its own stream replica already
+        delivered on ``channel``: inside a deployment every sender is a replica of the system (an
+        entry point's disorder is set aside at the entry point), so such a tuple is a broken
+        contract of the sender, never late data. It is reported to the coordinator (receiver,
+        port, channel, timestamp, punctuation), which declares the sender failed while another
+        replica covers its node and ends the run naming sender, receiver and logical time
+        otherwise (docs/reliability.md); it is neither processed nor dead-lettered here."""
+        if isinstance(item, (Punctuation, Marker)) or core is None or core.filters is None or not len(item):
+            return item
+        cp = core.filters[port].chan_punct[channel]
+        if cp == NO_ACK:
+            return item
+        broken = item[TS] <= cp
+        if not broken.any():
+            return item
+        rec = {"receiver": self.label, "port": int(port), "channel": int(channel), "rows": int(broken.sum()),
+               "ts": int(item[TS][broken].min()), "punctuation": int(cp), "t": time.time() - self.t0}
+        self.broken_contracts = getattr(self, "broken_contracts", 0) + rec["rows"]
+        if self.coordinator is not None:
+            self._reports.append(self.coordinator.report.remote("broken_contract", rec))
+        return item[~broken]
+
+    def _sender_failed(self, error: BaseException) -> None:
+        """The sender thread raised (a bug): some link may lack a packet, so this replica can no
+        longer be trusted to deliver its streams. Reported to the coordinator as a replica to
+        declare failed (its peers carry the streams; repaired with ``repair=True``)."""
+        import traceback as tb
+
+        rec = {"replica": self.label, "reason": f"its sender thread raised {type(error).__name__}: {error}",
+               "traceback": "".join(tb.format_exception(error)), "t": time.time() - self.t0}
+        if self.coordinator is not None:
+            self._reports.append(self.coordinator.report.remote("declare_failed", rec))
+
     def _fatal(self, operator: str, logical_time, error: BaseException) -> None:
         """This replica's own code raised (a user function with ``on_error="fail"``, a wrong result, a
         bug): the run cannot complete exactly. Reported to the coordinator, which the driver reads
@@ -304,7 +364,7 @@ class _Base:
         }
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1})
 class ReplicaActor(_Base):
     """One replica of one operator: duplicate filters, optional sorters, the operator logic.
 
@@ -346,12 +406,16 @@ class ReplicaActor(_Base):
             self.buffered.append((port, channel, packet))
             self.last_push = time.time() - self.t0
             return NO_ACK
-        with self.lock:
-            out = self._process(port, channel, packet)
-            self.busy_s += time.time() - started
-            self._emit(self.out, out)  # queued under the lock: a checkpoint sees it in the log
-            if self.step_requests and any(isinstance(it, Punctuation) for it in out):
-                self._take_steps()  # a transfer step at this logical time (our punctuation)
+        self.call_started = started
+        try:
+            with self.lock:
+                out = self._process(port, channel, packet)
+                self.busy_s += time.time() - started
+                self._emit(self.out, out)  # queued under the lock: a checkpoint sees it in the log
+                if self.step_requests and any(isinstance(it, Punctuation) for it in out):
+                    self._take_steps()  # a transfer step at this logical time (our punctuation)
+        finally:
+            self.call_started = None
         self.out.wait_for_room()
         self._slowdown(started)
         self.pushes += 1
@@ -362,7 +426,7 @@ class ReplicaActor(_Base):
         out: list = []
         try:
             for item in packet:
-                out.extend(self.core.process(port, channel, item))
+                out.extend(self.core.process(port, channel, self._guard(self.core, port, channel, item)))
         except Exception as e:  # reported as the run's failure, then raised to the sender
             self._fatal(self.node, self.core.logic.watermark, e)
             raise
@@ -468,19 +532,21 @@ class ReplicaActor(_Base):
                 self.inbox_cv.notify()
         return self.transfer_status()
 
-    def _staged_run(self, items, out: list) -> None:
-        """Apply queued input and steps to the StagedReplica (under staged_lock); outputs of a
-        completed one (its merged core) go to ``out``."""
+    def _staged_run(self, items, out: list) -> list[tuple[int, float]]:
+        """Apply queued input and steps to the StagedReplica (under staged_lock, never taking
+        ``lock``: the lock order is ``lock`` then ``staged_lock``); outputs of a completed one
+        (its merged core) go to ``out``. Returns ``(step, seconds since t0)`` of the steps
+        installed, for the caller to publish under ``lock`` once ``staged_lock`` is released."""
         staged = self.staged
+        installed = []
         for it in items:
             if it[0] == "push":
                 for item in it[3]:
                     out.extend(staged.process(it[1], it[2], item))
             elif not staged.complete:
                 staged.install_step(it[1], it[2])
-                with self.lock:
-                    for step in it[3]:
-                        self.steps_installed[step] = time.time() - self.t0
+                installed.extend((step, time.time() - self.t0) for step in it[3])
+        return installed
 
     def _staged_loop(self) -> None:
         try:  # background work: the replicas serving the application (the sender) get the CPU first
@@ -498,17 +564,18 @@ class ReplicaActor(_Base):
             started = time.time()
             out: list = []
             with self.staged_lock:
-                self._staged_run(items, out)
+                installed = self._staged_run(items, out)
                 complete = self.staged.complete
                 info = self.staged.stats()
             with self.lock:
                 self.transfer_info = info
+                self.steps_installed.update(installed)
             if complete:
                 with self.lock:
                     with self.staged_lock:
                         rest = list(self.inbox)
                         self.inbox.clear()
-                        self._staged_run(rest, out)
+                        self.steps_installed.update(self._staged_run(rest, out))
                         tail = self._complete_transfer()
                     # after the adopted log (links replay it first), and before the punctuation at
                     # the core's watermark now: ``out`` holds what the core emitted since it
@@ -645,7 +712,7 @@ class ReplicaActor(_Base):
         return s
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1})
 class EntryActor(_Base):
     """One replica of the entry points of a group of sources (Hwang §II-B).
 
@@ -672,7 +739,13 @@ class EntryActor(_Base):
         """Take input chunk ``seq`` of ``source`` (duplicates and replays are ignored)."""
         if self.quiet:
             return -1
-        started = time.time()
+        started = self.call_started = time.time()
+        try:
+            return self._push_chunk(source, seq, chunk, started)
+        finally:
+            self.call_started = None
+
+    def _push_chunk(self, source: str, seq: int, chunk: Any, started: float) -> int:
         with self.lock:
             if seq < self.expected[source]:
                 return self.expected[source]
@@ -690,6 +763,7 @@ class EntryActor(_Base):
                     self._fatal(source, entry.punct, e)
                     raise
                 self.outboxes[source].emit(items, wait=False)
+        self.call_started = None  # waiting on downstream replicas is not this replica's silence
         self.outboxes[source].wait_for_room()
         self._slowdown(started)
         return self.expected[source]
@@ -709,7 +783,7 @@ class EntryActor(_Base):
             return [d for e in self.entries.values() for d in e.dead_letters]
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1})
 class SinkActor(_Base):
     """An application: merges its k input stream replicas (duplicate filter, sorter if ordered)
     and records every delivered tuple with its arrival time; optionally writes Parquet."""
@@ -736,14 +810,20 @@ class SinkActor(_Base):
     def push(self, port: int, channel: int, packet: list) -> int:
         if self.quiet:
             return NO_ACK
-        now = time.time()
+        now = self.call_started = time.time()
+        try:
+            return self._push(port, channel, packet, now)
+        finally:
+            self.call_started = None
+
+    def _push(self, port: int, channel: int, packet: list, now: float) -> int:
         self._observe(port, packet)
         with self.lock:
             for item in packet:
                 if isinstance(item, Marker):
                     continue  # the change concerns operators; nothing changes for an application
                 try:
-                    outs = self.core.process(port, channel, item)
+                    outs = self.core.process(port, channel, self._guard(self.core, port, channel, item))
                 except Exception as e:  # reported as the run's failure, then raised to the sender
                     self._fatal(self.node, self.punctuation, e)
                     raise

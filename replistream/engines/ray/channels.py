@@ -259,18 +259,16 @@ class Outbox:
         packet = coalesce(self.pending)
         tuples = self.pending_tuples
         self.pending, self.pending_tuples, self.pending_since = [], 0, None
+        live = [l for l in self.links if l.alive]
+        now = time.time()
+        dues = [self._due(link, now) for link in live]  # first: an error here leaves no link without the packet
         self.emitted += tuples
         self.log.append(packet)  # a marker is not kept: replicas started later are built from the changed query
-        live = [l for l in self.links if l.alive]
-        if not live:
-            return
-        now = time.time()
         # The packet goes to each link by value, not through ray.put: an object in
         # the object store is owned by this actor, and a receiver that still has
         # calls carrying objects of a dead owner stalls about a second per object
         # (measured on Ray 2.60). Inlined arguments (see RAY_SYSTEM_CONFIG) do not.
-        for link in live:
-            due = self._due(link, now)
+        for link, due in zip(live, dues):
             link.last_due = due
             link.queue.append((due, packet, now, tuples))
             if len(link.queue) > self.max_queued:
@@ -278,30 +276,77 @@ class Outbox:
         self.lock.notify_all()
 
     def _due(self, link: Link, now: float) -> float:
+        return max(self._delivery(link, now), link.last_due)  # FIFO: never overtake an earlier packet
+
+    def _delivery(self, link: Link, sent: float) -> float:
         if self.network is None:
-            due = now
-        else:
-            t_rel = now - self.t0
-            due = self.t0 + delivery_time(self.network, self.server, link.server, t_rel)
-        return max(due, link.last_due)  # FIFO: never overtake an earlier packet
+            return sent
+        return self.t0 + delivery_time(self.network, self.server, link.server, sent - self.t0)
+
+    def set_network(self, network) -> None:
+        """A new view of the emulated network: packets still queued are re-timed from when they
+        were sent (a link cut without a duration and later restored delivers its queue then,
+        instead of keeping it due at infinity), still in order.
+
+        >>> from replistream.network import NetworkConditions, ZeroLatency
+        >>> net = NetworkConditions(ZeroLatency(["a", "b"])); net.cut("a", "b", 0.0, None)
+        >>> ob = Outbox("f#0", "a", net, 0.0); ob.add_link(Link("g#0", "b", None, 0, 0))
+        0
+        >>> ob.emit([Punctuation(1)]); ob.links[0].queue[0][0]
+        inf
+        >>> net.restore(a="a", b="b", at=5.0); ob.set_network(net); ob.links[0].queue[0][0] < float("inf")
+        True
+        """
+        with self.lock:
+            self.network = network
+            for link in self.links:
+                last, down_until = 0.0, None
+                queued = deque()
+                for due, packet, sent, tuples in link.queue:
+                    if down_until is not None and sent < down_until:
+                        at = last  # sent while the link was still down: it comes up at the same moment
+                    else:
+                        at = self._delivery(link, sent)
+                        down = network is not None and not np.isfinite(
+                            network.latency_ms(self.server, link.server, sent - self.t0))
+                        down_until = at if down else None
+                    last = max(at, last)
+                    queued.append((last, packet, sent, tuples))
+                link.queue = queued
+                link.last_due = last
+            self.lock.notify_all()
+            if self.wake is not None:
+                self.wake.set()
 
     def _wait_for_room_locked(self) -> None:
+        """Backpressure follows the fastest receiver (Hwang: results as early as the fastest path
+        allows): wait only while *every* live link is full. A slower link's packets wait in its
+        queue (bounded by ``max_queued``); one blocked longer than ``drop_after_s`` is dropped and
+        reported by :meth:`_check_blocked_locked`, so no receiver ever holds this sender back."""
         started = None
         while True:
-            full = [l for l in self.links if l.alive and len(l.inflight) >= self.max_inflight]
-            if not full:
+            live = [l for l in self.links if l.alive]
+            if not live or any(len(l.inflight) < self.max_inflight for l in live):
                 if started is not None:
                     self.blocked_s += time.time() - started
                 return
-            now = time.time()
-            started = started or now
-            for l in full:
-                if l.blocked_since is None:
-                    l.blocked_since = now
-                elif now - l.blocked_since > self.drop_after_s:
-                    self._drop_locked(l, f"receiver slow: {len(l.inflight)} packets unprocessed for "
-                                         f"{self.drop_after_s:g} s")
+            started = started or time.time()
+            self._check_blocked_locked(time.time())
             self.lock.wait(0.005)
+
+    def _check_blocked_locked(self, now: float) -> None:
+        """Drop (and report) every live link whose receiver has left ``max_inflight`` packets
+        unprocessed for longer than ``drop_after_s``: a stopped or far too slow receiver."""
+        for l in self.links:
+            if not l.alive:
+                continue
+            if len(l.inflight) < self.max_inflight:
+                l.blocked_since = None
+            elif l.blocked_since is None:
+                l.blocked_since = now
+            elif now - l.blocked_since > self.drop_after_s:
+                self._drop_locked(l, f"receiver slow: {len(l.inflight)} packets unprocessed for "
+                                     f"{self.drop_after_s:g} s")
 
     # -- the sender thread's work ------------------------------------------------------
     def service(self) -> float | None:
@@ -311,6 +356,7 @@ class Outbox:
         is idle (nothing pending, queued or in flight)."""
         with self.lock:
             now = time.time()
+            self._check_blocked_locked(now)
             if self.pending and self.pending_since is not None and now - self.pending_since >= self.flush_s:
                 self._flush_locked()
             next_due = None
@@ -434,8 +480,10 @@ def _cause(e: BaseException) -> str:
 class Sender(threading.Thread):
     """The one background thread of an actor that services all its outboxes."""
 
-    def __init__(self, outboxes: list[Outbox]):
+    def __init__(self, outboxes: list[Outbox], on_error: Callable[[BaseException], None] | None = None):
         super().__init__(daemon=True, name="replistream-sender")
+        self.on_error = on_error  # the actor's report of its own failure (an error here is a bug)
+        self.errors = 0
         self.outboxes = outboxes
         self.wake = threading.Event()
         self.stopped = False
@@ -453,8 +501,8 @@ class Sender(threading.Thread):
             for ob in outboxes:
                 try:
                     w = ob.service()
-                except Exception:  # never let the sender thread die silently: print it and go on
-                    traceback.print_exc()
+                except Exception as e:  # reported: the replica is declared failed (its peers carry the stream)
+                    self._failed(e)
                     w = 0.01
                 if w is not None:
                     wait = w if wait is None else min(wait, w)
@@ -465,10 +513,23 @@ class Sender(threading.Thread):
                 if ready:
                     ready = set(ready)
                     for ob in outboxes:
-                        ob.collect(ready)
+                        try:
+                            ob.collect(ready)
+                        except Exception as e:  # reported as above
+                            self._failed(e)
             # idle: sleep until emit() wakes us (bounded, to notice stop); busy: until the next deadline
             self.wake.wait(0.25 if wait is None else max(0.0005, wait))
             self.wake.clear()
+
+    def _failed(self, e: BaseException) -> None:
+        """An error in this thread is a bug that may have left a link without a packet: the replica
+        reports it (``on_error``: the coordinator declares it failed, and its peers carry its
+        streams); without a reporter it is printed. Reported once; the thread goes on meanwhile."""
+        self.errors += 1
+        if self.errors == 1 and self.on_error is not None:
+            self.on_error(e)
+        elif self.errors == 1:
+            traceback.print_exc()
 
     def stop(self) -> None:
         self.stopped = True

@@ -72,6 +72,10 @@ class CoordinatorActor:
     def log(self) -> list[dict]:
         return list(self.events)
 
+    def reports_since(self, n: int) -> list[dict]:
+        """The reports logged after the first ``n`` (the driver's monitor reads them in turn)."""
+        return list(self.events[int(n):])
+
     def failures(self) -> list[dict]:
         """The run's failures: replicas whose own code raised (``"fatal"`` reports), and links a sender
         dropped because its receiver raised (a receiver that could not report it itself); then

@@ -56,6 +56,7 @@ from .actors import EntryActor, ReplicaActor, SinkActor
 from .common import is_actor_death, json_default, wait_quietly
 from .control import GCConfig, ReplicaManager
 from .coordinator import CoordinatorActor
+from .detector import DEFAULT_FAIL_AFTER_S, DEFAULT_SUSPECT_AFTER_S, FailureDetector
 from .feeder import Feeder
 from .resolve import (evaluate_plan, placement_network, resolve_network, resolve_placement_with_cost,
                       resolve_servers)
@@ -326,8 +327,19 @@ class Deployment:
 
     def __init__(self, query: Query, servers: list, k: int, plan: dict, conditions, seed: int,
                  channel_opts: dict, strict: bool, on_malformed: str, parquet_dir: str | None, cluster=None,
-                 gc: GCConfig | None = None):
+                 gc: GCConfig | None = None, suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S,
+                 fail_after_s: float = DEFAULT_FAIL_AFTER_S):
         self.query = query
+        # the failure detector for slowness (detector.py), fed by the monitor thread's probes
+        self.detector = FailureDetector(suspect_after_s, fail_after_s)
+        self._probes: dict[str, Any] = {}  # label -> outstanding probe
+        self._probed: dict[str, float] = {}  # label -> when it was last probed
+        self._pids: dict[str, tuple[int, str | None]] = {}  # label -> (pid, Ray node) from its probes
+        self._reports_seen = 0  # coordinator reports handled by the monitor (_handle_reports)
+        self._dropped_links: set[tuple[str, str]] = set()  # (sender, receiver) links dropped, not by a death
+        self._fetches: dict[str, tuple[Any, int]] = {}  # application replica -> outstanding fetch, from
+        self._retired_letters: list = []  # dead letters of replicas stopped by the deployment (retired)
+        self._monitor_thread: threading.Thread | None = None
         self.channel_opts = dict(channel_opts)
         self.strict = strict
         self.servers = {s.name: s for s in servers}
@@ -385,7 +397,7 @@ class Deployment:
         self._repair_thread: threading.Thread | None = None
         self._lost_servers: set[str] = set()
         self.feeder = Feeder(self.topology, on_start=self._feed_started, on_sentinel=self._run_sentinel,
-                             on_entry_failed=self.mark_failed)
+                             on_entry_failed=self.mark_failed, suspected=self.detector.is_suspected)
         self.manager: ReplicaManager | None = None if gc is None else ReplicaManager(self, gc)
 
     # -- views of the topology ------------------------------------------------------------------
@@ -517,7 +529,13 @@ class Deployment:
         """Garbage collection made ``label`` dormant: the topology says so, and an operator replica's
         actor stops (not a failure: no drop broadcast); an entry replica keeps running, fed."""
         if self.topology.retire(label):
-            self.stop_actors([(label, self.topology.handle(label))], "retired")
+            h = self.topology.handle(label)
+            try:  # its dead letters stay part of the run's (a peer may hold them too: merged by id)
+                self._retired_letters.extend(ray.get(h.dead_letters.remote(), timeout=self.detector.suspect_after_s))
+            except Exception as e:  # noqa: BLE001 - logged; its peers' letters stand for its own
+                self.events.append({"t": self.now(), "event": "no_answer", "actor": label, "call": "dead_letters",
+                                    "error": repr(e)})
+            self.stop_actors([(label, h)], "retired")
 
     # -- the control loop: hand-over, revival, garbage collection ----------------------------------
     def control_loop(self) -> ReplicaManager:
@@ -750,7 +768,7 @@ class Deployment:
         the entry points is lost (``RunFailed`` naming it); returns False after ``timeout`` s."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            self.poll()
+            self.poll(wait_s=0.05)
             if progress is not None:
                 progress({n: self.delivered.count(n) for n in self.query.sinks})
             self.check_failures()
@@ -774,42 +792,227 @@ class Deployment:
     #: one busy in a call that does not return is left out and said so.
     ASK_TIMEOUT_S = 15.0
 
-    #: Seconds between liveness pings of one actor (:meth:`_notice_deaths`).
-    PING_EVERY_S = 0.5
+    def _ask_all(self, asked: Mapping[str, Any], timeout: float) -> set:
+        """Wait for the calls ``asked`` (``{label: ObjectRef}``) until every one to an actor not
+        suspected by the failure detector has answered, or ``timeout`` s: nothing waits on a
+        replica that stopped answering. Returns the refs that are ready."""
+        refs = list(asked.values())
+        if not refs:
+            return set()
+        deadline = time.time() + timeout
+        while True:
+            ready = set(ray.wait(refs, num_returns=len(refs), timeout=min(0.05, max(0.0, deadline - time.time())))[0])
+            waiting = [label for label, ref in asked.items() if ref not in ready
+                       and not self.detector.is_suspected(label)]
+            if not waiting or time.time() >= deadline:
+                return ready
 
-    def _notice_deaths(self) -> None:
-        """Notice actors that died without the deployment killing them (a crashed process, an
-        out-of-memory kill, a lost node): each running actor has one ping outstanding
-        (``__ray_ready__``, re-sent :attr:`PING_EVERY_S` after it answered); a ping that fails
-        with the actor's death marks it failed (:meth:`mark_failed`, event ``"dead"``), so a loss
-        within k-1 replicas is logged and the loss of every replica of a node ends the run at once,
-        naming it, instead of waiting for a timeout. A busy actor answers late, never wrongly."""
-        running = dict(self.topology.running())
-        for label in [lab for lab in self._pings if lab not in running]:
-            del self._pings[label]
-        if self._pings:
-            refs = list(self._pings.values())
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            done = set(ready)
-            for label, ref in list(self._pings.items()):
-                if ref not in done:
-                    continue
-                del self._pings[label]
+    #: Seconds between probes of one actor (:meth:`watch_once`).
+    PROBE_EVERY_S = 0.25
+
+    #: Seconds between two rounds of the monitor thread.
+    MONITOR_EVERY_S = 0.1
+
+    def start_monitor(self) -> None:
+        """Start the monitor thread (once): every :attr:`MONITOR_EVERY_S` it runs :meth:`watch_once`.
+        It ends with the deployment."""
+        if self._monitor_thread is not None and self._monitor_thread.is_alive():
+            return
+
+        def loop():
+            while not self.shut_down:
                 try:
-                    ray.get(ref)
+                    self.watch_once()
+                except Exception as e:  # logged and warned: the waits' own checks still raise the run's failures
+                    self.events.append({"t": self.now(), "event": "monitor_error", "error": repr(e),
+                                        "traceback": traceback.format_exc(limit=8)})
+                    warnings.warn(f"replistream: the failure monitor raised {e!r}; it goes on", RuntimeWarning,
+                                  stacklevel=1)
+                time.sleep(self.MONITOR_EVERY_S)
+
+        self._monitor_thread = threading.Thread(target=loop, daemon=True, name="replistream-monitor")
+        self._monitor_thread.start()
+
+    def watch_once(self) -> None:
+        """One round of the failure monitor (docs/reliability.md, "Slow is dead"):
+
+        * every running actor has one probe outstanding (re-sent :attr:`PROBE_EVERY_S` after it
+          answered); the probe runs apart from the data path, so a healthy actor answers at once;
+        * a probe that fails with the actor's death marks it failed (:meth:`mark_failed`);
+        * the :class:`~.detector.FailureDetector` suspects an actor that makes no progress for
+          ``suspect_after_s`` while a peer does (nothing waits on it any more: the feeder, the
+          result fetches, :meth:`collect`) and declares it failed after ``fail_after_s``
+          (:meth:`declare_failed`: killed and fenced off, then as a crash);
+        * reports that name a replica to fail (:meth:`_handle_reports`): a sender whose thread
+          raised, a sender that broke its punctuation contract, a receiver starved of input by
+          dropped links."""
+        det = self.detector
+        now = time.time()
+        running = dict(self.topology.running())
+        for label in [lab for lab in det.watches if lab not in running]:
+            det.forget(label)
+        for label in [lab for lab in self._probes if lab not in running]:
+            del self._probes[label]
+        for label in running:
+            det.watch(label, self.topology.replica(label).operator, now)
+        if self._probes:
+            refs = list(self._probes.values())
+            ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+            for label, ref in list(self._probes.items()):
+                if ref not in ready:
+                    continue
+                del self._probes[label]
+                try:
+                    ans = ray.get(ref)
                 except Exception as e:
                     if is_actor_death(e):
-                        self.mark_failed(label, f"died (noticed by the driver's liveness check): {type(e).__name__}")
+                        self.mark_failed(label, f"died (noticed by the liveness probe): {type(e).__name__}")
                         running.pop(label, None)
+                        det.forget(label)
+                        continue
+                    raise
+                det.answered(label, time.time(), busy_s=ans.get("busy_s", 0.0))
+                self._pids[label] = (int(ans["pid"]), ans.get("node"))
         now = time.time()
         for label, h in running.items():
-            if label not in self._pings and now - self._pinged.get(label, 0.0) >= self.PING_EVERY_S:
-                self._pings[label] = h.__ray_ready__.remote()
-                self._pinged[label] = now
+            if label not in self._probes and now - self._probed.get(label, 0.0) >= self.PROBE_EVERY_S:
+                self._probes[label] = h.probe.remote()
+                self._probed[label] = now
+                det.asked(label, now)
+        for v in det.check(time.time()):
+            if v.state == "failed":
+                self.declare_failed(v.label, f"no progress for {v.silent_s:.1f} s while a peer progressed "
+                                             f"(fail_after_s={det.fail_after_s:g})")
+            else:
+                self.events.append({"t": self.now(), "event": v.state, "actor": v.label,
+                                    "silent_s": round(v.silent_s, 3)})
+        self._handle_reports()
+
+    def _handle_reports(self) -> None:
+        """Act on the coordinator's new reports that name a replica to fail: ``declare_failed`` (its
+        sender thread raised), ``broken_contract`` (a tuple at or below its own punctuation, named
+        with receiver, port, channel and logical time: the sender is declared failed), and dropped
+        links not due to a death (a receiver left with no live upstream replica on an input is
+        declared failed: it would never progress again)."""
+        try:
+            new = ray.get(self.coordinator.reports_since.remote(self._reports_seen), timeout=10)
+        except Exception as e:
+            if is_actor_death(e):
+                return  # check_failures raises the coordinator's loss
+            raise
+        self._reports_seen += len(new)
+        starved = set()
+        for rep in new:
+            kind = rep.get("kind")
+            if kind == "declare_failed":
+                self.declare_failed(rep["replica"], rep["reason"])
+            elif kind == "broken_contract":
+                sender = self.topology.sender_of(rep["receiver"], rep["port"], rep["channel"])
+                what = (f"sent {rep['rows']} tuple(s) from ts={rep['ts']} at or below its own punctuation "
+                        f"{rep['punctuation']} to {rep['receiver']} (input {rep['port']}, channel {rep['channel']}; "
+                        f"logical time {rep['punctuation'] / 1e6:.6g} s): a broken contract")
+                self.events.append({"t": self.now(), "event": "broken_contract", "sender": sender, **rep})
+                if sender is None:
+                    self.declare_failed(rep["receiver"], f"received a tuple below a punctuation from an unknown "
+                                                         f"sender: {what}")
+                else:
+                    self.declare_failed(sender, what)
+            elif kind == "channel_dropped":
+                reason = str(rep.get("reason", ""))
+                if reason.startswith(("receiver died", "receiver raised")):
+                    continue  # deaths and raised errors: check_failures
+                self._dropped_links.add((rep["from"], rep["to"]))
+                self.events.append({"t": self.now(), "event": "link_failed", "from": rep["from"], "to": rep["to"],
+                                    "reason": reason})
+                starved.add(rep["to"])
+        for label in starved:
+            port = self._starved_port(label)
+            if port is not None:
+                self.declare_failed(label, f"no live upstream replica feeds its input {port} any more (links "
+                                           f"dropped: {sorted(a for a, b in self._dropped_links if b == label)})")
+
+    def _starved_port(self, label: str) -> int | None:
+        """An input port of running ``label`` that no running upstream replica feeds over a link not
+        dropped (None: every input is fed)."""
+        if label not in self.topology or not self.topology.is_running(label):
+            return None
+        ports: dict[int, bool] = {}
+        for s in self.topology.streams(dst=label):
+            fed = s.live and self.topology.is_running(s.src) and (s.src, label) not in self._dropped_links
+            ports[s.port] = ports.get(s.port, False) or fed
+        return next((p for p, fed in sorted(ports.items()) if not fed), None)
+
+    def declare_failed(self, label: str, reason: str) -> None:
+        """Declare running ``label`` failed (the failure detector, a broken contract, a starved
+        receiver): logged (``declared_failed``), killed and fenced off (its process is killed with
+        SIGKILL, which also ends a stopped process: nothing it would send later arrives), then
+        handled as a crash (:meth:`mark_failed`: links dropped everywhere, repaired with
+        ``repair=True``)."""
+        if label not in self.topology or not self.topology.is_running(label):
+            return
+        self.events.append({"t": self.now(), "event": "declared_failed", "actor": label, "reason": reason})
+        self._fence(label)
+        self.mark_failed(label, f"declared failed: {reason}")
+
+    def _fence(self, label: str) -> None:
+        """Kill ``label``'s actor and its process (SIGKILL by pid, on its own node), whatever state
+        the process is in: a stopped process does not handle Ray's kill request."""
+        h = self.topology.handle(label)
+        try:
+            ray.kill(h, no_restart=True)
+        except Exception as e:  # logged: the actor may be gone already
+            self.events.append({"t": self.now(), "event": "kill_failed", "actor": label, "error": repr(e)})
+        pid, node = self._pids.get(label, (None, None))
+        if pid is None:
+            return
+        here = ray.get_runtime_context().get_node_id()
+        if node is None or node == here:
+            try:
+                os.kill(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass  # gone already (Ray's kill got there first), or not ours to kill
+        else:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            _kill_pid.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)).remote(pid)
+
+    def stop_replica(self, operator: str, replica: int) -> int:
+        """Stop replica ``replica`` of ``operator`` (``"entry"`` for an entry point, an application's
+        label for an application replica) with SIGSTOP, as a suspended VM or a frozen host would: it
+        does not crash, it stops answering. Failure injection; the failure detector masks it
+        (docs/reliability.md). Returns its process id (local replicas only).
+
+        >>> pid = dep.stop_replica("join", 0)    # doctest: +SKIP
+        """
+        return self._signal(operator, replica, 19)
+
+    def resume_replica(self, operator: str, replica: int) -> int:
+        """Resume a replica stopped by :meth:`stop_replica` (SIGCONT). One declared failed meanwhile
+        was killed: nothing is resumed then."""
+        return self._signal(operator, replica, 18)
+
+    def _signal(self, operator: str, replica, sig: int) -> int:
+        label = f"{operator}#{replica}" if f"{operator}#{replica}" in self.topology else str(operator)
+        if label not in self.topology or self.topology.handle(label) is None:
+            raise ValueError(f"no replica {label!r}; actors: {sorted(self.handles)}")
+        pid, node = self._pids.get(label, (None, None))
+        if pid is None:
+            ans = ray.get(self.topology.handle(label).probe.remote(), timeout=30)
+            pid, node = int(ans["pid"]), ans.get("node")
+            self._pids[label] = (pid, node)
+        if node is not None and node != ray.get_runtime_context().get_node_id():
+            raise ValueError(f"{label} runs on another Ray node: stop_replica signals local processes only")
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass  # killed meanwhile (declared failed)
+        self.events.append({"t": self.now(), "event": "stopped" if sig == 19 else "resumed", "actor": label})
+        return pid
 
     def check_failures(self) -> None:
-        """Raise the run's failure if it has one (see :meth:`wait`); nothing otherwise."""
-        self._notice_deaths()
+        """Raise the run's failure if it has one (see :meth:`wait`); nothing otherwise. Deaths,
+        silent replicas and dropped links are noticed by the monitor thread (:meth:`watch_once`)."""
+        self.start_monitor()
         try:
             failed = ray.get(self.coordinator.failures.remote(), timeout=30)
         except Exception as e:
@@ -871,24 +1074,46 @@ class Deployment:
             if not keep:
                 self.delivered.keep[app] = False
 
-    def poll(self) -> None:
-        """Fetch newly delivered tuples from the applications (and run output callbacks)."""
+    def poll(self, wait_s: float | None = None) -> None:
+        """Fetch newly delivered tuples from the applications (and run output callbacks).
+
+        Every running application replica has one fetch outstanding; this takes the answers that
+        come within ``wait_s`` (default: the detector's ``suspect_after_s``), and stops waiting
+        as soon as every replica not suspected has answered: results come from whichever
+        replica answers, never held by one that does not (``deploy(app_replicas=2)``)."""
         d = self.delivered
+        wait_s = self.detector.suspect_after_s if wait_s is None else float(wait_s)
+        deadline = time.time() + wait_s
         died = []
         with d.lock:
-            for r in self.topology.replicas():  # add_operator may add applications meanwhile
-                label, app = r.label, r.operator
-                if r.kind != "application" or not self.topology.is_running(label):
-                    continue
-                try:
-                    data, arr, count, punct = ray.get(self.topology.handle(label).fetch.remote(d.fetched[label]))
-                except Exception as e:
-                    if not is_actor_death(e):
-                        raise
-                    died.append((label, f"application died: {type(e).__name__}"))  # recorded below
-                    continue
-                d.add_batch(app, data, arr, label)
-                d.punctuation[app] = max(d.punctuation[app], int(punct))  # its fastest replica's
+            apps = {r.label: r.operator for r in self.topology.replicas()  # add_operator may add applications
+                    if r.kind == "application" and self.topology.is_running(r.label)}
+            for label in [lab for lab in self._fetches if lab not in apps]:
+                del self._fetches[label]
+            for label in apps:
+                if label not in self._fetches:
+                    self._fetches[label] = (self.topology.handle(label).fetch.remote(d.fetched[label]),
+                                            d.fetched[label])
+            while self._fetches:
+                refs = {ref: label for label, (ref, _) in self._fetches.items()}
+                ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=min(0.05, max(0.0, deadline - time.time())))
+                for ref in ready:
+                    label = refs[ref]
+                    _, start = self._fetches.pop(label)
+                    try:
+                        data, arr, count, punct = ray.get(ref)
+                    except Exception as e:
+                        if not is_actor_death(e):
+                            raise
+                        died.append((label, f"application died: {type(e).__name__}"))  # recorded below
+                        continue
+                    if start != d.fetched[label]:
+                        continue  # a fetch from an earlier position (cannot happen with one outstanding)
+                    d.add_batch(apps[label], data, arr, label)
+                    d.punctuation[apps[label]] = max(d.punctuation[apps[label]], int(punct))  # its fastest replica's
+                waiting = [lab for lab in self._fetches if not self.detector.is_suspected(lab)]
+                if not waiting or time.time() >= deadline:
+                    break
         for node, reason in died:  # a kill we asked for is recorded already (mark_failed is idempotent)
             self.mark_failed(node, reason)
 
@@ -947,8 +1172,7 @@ class Deployment:
         """
         running = self.topology.running()
         refs = {label: h.stats.remote() for label, h in running}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=wait_s) if refs else ([], [])
-        done = set(ready)
+        done = self._ask_all(refs, wait_s)
         where: dict[str, list[tuple[str, int | None, str]]] = {}
         for label, ref in refs.items():
             rep = self.topology.replica(label)
@@ -1001,15 +1225,16 @@ class Deployment:
         # (entry replicas: one answer, as malformed records have no id to merge by)
         running = self.topology.running()
         answers = [h.dead_letters.remote() for _, h in running]
-        ready = set(ray.wait(answers, num_returns=len(answers), timeout=self.ASK_TIMEOUT_S)[0]) if answers else set()
-        dead, entry_done = [], False
+        ready = self._ask_all({label: ref for (label, _), ref in zip(running, answers)}, self.ASK_TIMEOUT_S)
+        dead, entry_done = list(self._retired_letters), False
         for (label, _), ref in zip(running, answers):
             is_entry = self.topology.replica(label).kind == "entry"
             if is_entry and entry_done:
                 continue
-            if ref not in ready:  # busy in a call that does not return: its peers' letters stand for its own
+            if ref not in ready:  # busy in a call that does not return, or suspected: its peers' letters stand
                 self.events.append({"t": self.now(), "event": "no_answer", "actor": label, "call": "dead_letters",
-                                    "seconds": self.ASK_TIMEOUT_S})
+                                    "seconds": self.ASK_TIMEOUT_S,
+                                    "suspected": self.detector.is_suspected(label)})
                 continue
             try:
                 dead.extend(ray.get(ref))
@@ -1201,16 +1426,18 @@ class Deployment:
         """Per application: delivered tuples and latency; per actor: CPU seconds, links, drops."""
         actors = {}
         asked = {label: h.stats.remote() for label, h in self.handles.items() if self.topology.is_running(label)}
-        refs = list(asked.values())
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=self.ASK_TIMEOUT_S)[0]) if refs else set()
+        ready = self._ask_all(asked, self.ASK_TIMEOUT_S)
         for label, h in self.handles.items():
             server = self.topology.server(label)
             if label not in asked:
                 actors[label] = {"label": label, "server": server, "alive": False}
                 continue
-            if asked[label] not in ready:  # alive as far as anyone knows, but busy in a call
+            if asked[label] not in ready:  # alive as far as anyone knows, but busy in a call or suspected
+                suspected = self.detector.is_suspected(label)
                 actors[label] = {"label": label, "server": server, "alive": True, "busy": True,
-                                 "error": f"no answer within {self.ASK_TIMEOUT_S:g} s"}
+                                 "suspected": suspected,
+                                 "error": "suspected by the failure detector" if suspected
+                                 else f"no answer within {self.ASK_TIMEOUT_S:g} s"}
                 continue
             try:
                 s = ray.get(asked[label])
@@ -1258,12 +1485,14 @@ class Deployment:
     def shutdown(self) -> None:
         """Kill every actor of the deployment (Ray itself keeps running)."""
         self.shut_down = True
+        if self._monitor_thread is not None:
+            self._monitor_thread.join(10)
         if self.manager is not None:
             self.manager.stop()
         running = self.topology.stop_all()
         if self._repair_thread is not None:
             self._repair_thread.join(30)
-        threads = [self.feeder.thread, self._scenario_thread, self._repair_thread,
+        threads = [self.feeder.thread, self._scenario_thread, self._repair_thread, self._monitor_thread,
                    None if self.manager is None else getattr(self.manager, "_thread", None)]
         if pool.pool_size() and not any(t is not None and t.is_alive() for t in threads):
             # every actor stops sending and settles; local ones may be kept for the next deployment
@@ -1290,7 +1519,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
            parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None,
            on_output: Mapping[str, Callable] | None = None, gc=None, on_error: str | None = None,
-           app_replicas: int = 1, spares: int = 0, repair: bool = False) -> Deployment:
+           app_replicas: int = 1, spares: int = 0, repair: bool = False,
+           suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S, fail_after_s: float = DEFAULT_FAIL_AFTER_S) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -1329,8 +1559,13 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     (killed, or noticed dead by the liveness check) is replaced on its server
     by a new replica built by hand-over from a live peer, so the operator is
     back to k replicas (``dep.repairs``, ``repaired`` events; entry points,
-    applications and replicas of a lost server are not rebuilt). Every error
-    in the request is raised before any actor starts.
+    applications and replicas of a lost server are not rebuilt).
+    ``suspect_after_s``, ``fail_after_s``: the failure detector's bounds for a
+    replica that stops answering (a stopped process, a frozen host, a user
+    function that never returns) while a peer of its node progresses: after
+    ``suspect_after_s`` nothing waits on it, after ``fail_after_s`` it is
+    killed and handled as a crash (:mod:`.detector`, docs/reliability.md).
+    Every error in the request is raised before any actor starts.
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
@@ -1385,19 +1620,31 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         raise ValueError(f"spares must be a whole number >= 0, got {spares!r}")
     if not isinstance(repair, bool):
         raise ValueError(f"repair must be True or False, got {repair!r}")
+    FailureDetector(suspect_after_s, fail_after_s)  # bounds checked before anything starts
     init_ray(address, **(ray_init or {}))
     ship_user_code(query)
     channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                     "drop_after_s": drop_after_s}
     dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
-                     parquet_dir, cluster, gc)
+                     parquet_dir, cluster, gc, suspect_after_s=suspect_after_s, fail_after_s=fail_after_s)
     dep.placement = placed
     dep.repair, dep.spares = repair, int(spares)
     dep.start_spares(int(spares))
     ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server))
     for app, cb in (on_output or {}).items():
         dep.on_output(app, cb)
+    dep.start_monitor()
     return dep
+
+
+@ray.remote(num_cpus=0)
+def _kill_pid(pid: int) -> bool:
+    """Kill process ``pid`` on the node this task runs on (fencing a replica of another node)."""
+    try:
+        os.kill(pid, 9)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _percentiles(lat: np.ndarray) -> dict:

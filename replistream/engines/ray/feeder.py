@@ -10,7 +10,10 @@ time (:func:`~replistream.sources.chunk_time`); records without ``ts`` are
 stamped with its clock (:func:`~replistream.sources.stamp`), one clock for every
 entry replica. A chunk already in Ray's object store
 (:class:`~replistream.sources.ChunkRef`) goes by reference: the rows never pass
-through the driver. At most 32 chunks per entry replica are in flight; an entry
+through the driver. The feeder goes on as soon as the fastest entry replica has
+room (at most 32 chunks in flight); a slower one may lag up to 256 chunks, and one
+the failure detector suspects (``suspected``) is never waited on: its calls stay
+queued and it catches up from the object store, or it is declared failed. An entry
 replica whose call fails is reported (``on_entry_failed``) and skipped.
 
 With idle timeouts (``idle``: ``{source: seconds}``) the sources are merged by
@@ -48,10 +51,15 @@ from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, 
 from .common import is_actor_death
 from .topology import Topology
 
-__all__ = ["Feeder", "MAX_INFLIGHT_CHUNKS"]
+__all__ = ["Feeder", "MAX_INFLIGHT_CHUNKS", "MAX_LAG_CHUNKS"]
 
-#: Chunks in flight per entry replica before the feeder waits for the oldest.
+#: Chunks in flight to the fastest entry replica before the feeder waits.
 MAX_INFLIGHT_CHUNKS = 32
+
+#: Chunks a slower entry replica (not suspected) may have in flight before the feeder waits for it:
+#: a replica that is merely slower is waited for at this distance; one that stops answering is
+#: suspected by the failure detector and then never waited on.
+MAX_LAG_CHUNKS = 8 * MAX_INFLIGHT_CHUNKS
 
 
 class Feeder:
@@ -72,8 +80,10 @@ class Feeder:
     """
 
     def __init__(self, topology: Topology, on_start: Callable[[float], None],
-                 on_sentinel: Callable[[Sentinel], None], on_entry_failed: Callable[[str, str], None]):
+                 on_sentinel: Callable[[Sentinel], None], on_entry_failed: Callable[[str, str], None],
+                 suspected: Callable[[str], bool] | None = None):
         self.topology = topology
+        self.suspected = suspected or (lambda label: False)
         self.on_start = on_start
         self.on_sentinel = on_sentinel
         self.on_entry_failed = on_entry_failed
@@ -168,8 +178,7 @@ class Feeder:
         self.feeding = True
         for t, src, chunk in merge:
             if isinstance(chunk, Sentinel):
-                for label in list(self.inflight):
-                    self._settle(label, 0)  # everything before the event has reached the entry points
+                self._settle(0, 0)  # everything before the event has reached the entry points
                 self.on_sentinel(chunk)
                 continue
             if pace is not None and chunk is not None and math.isfinite(t):
@@ -191,8 +200,7 @@ class Feeder:
                     elif self.max_fed is None or hi > self.max_fed:
                         self.max_fed = hi
         self.feeding = False
-        for label in list(self.inflight):
-            self._settle(label, 0)
+        self._settle(0, 0)
         self.done_wall = time.time()
 
     def _send(self, src: str, chunk) -> None:
@@ -207,31 +215,51 @@ class Feeder:
         for label, h in self.topology.running(ENTRY):
             self.inflight.setdefault(label, []).append(h.push_chunk.remote(src, seq, ref))
             sent = True
-            self._settle(label, MAX_INFLIGHT_CHUNKS)
         if not sent:
             raise RuntimeError("every entry point replica is dead: the input cannot be delivered")
         self.seqs[src] = seq + 1
+        self._settle(MAX_INFLIGHT_CHUNKS, MAX_LAG_CHUNKS)
 
-    def _settle(self, label: str, limit: int) -> None:
-        """Wait until at most ``limit`` chunks are in flight to entry replica ``label``; an entry
-        replica that stopped (or whose call failed: reported) is skipped."""
-        refs = self.inflight[label]
-        while len(refs) > limit:
-            ready, _ = ray.wait(refs[:1], timeout=1.0)
-            if not ready:
-                if not self.topology.is_running(label):
-                    refs.clear()
-                    return
-                continue
-            try:
-                ray.get(ready[0])
-            except Exception as e:
-                if not is_actor_death(e):
-                    raise  # its code refused a chunk: it reported the run's failure; the feed ends here
-                self.on_entry_failed(label, f"entry point died: {type(e).__name__}")  # its peers go on
-                refs.clear()
+    def _settle(self, limit: int, lag: int) -> None:
+        """Backpressure that follows the fastest entry replica (Hwang: the fast path sets the pace):
+        wait until some entry replica not suspected by the failure detector has at most ``limit``
+        chunks in flight and none of them more than ``lag``. A suspected replica is never waited on:
+        its calls stay queued at it (the chunks wait in the object store) and it catches up when it
+        answers again, or is declared failed. An entry replica whose call failed with its death is
+        reported (``on_entry_failed``) and skipped; one whose code refused a chunk ends the feed."""
+        while True:
+            self._reap()
+            waited = [label for label, refs in self.inflight.items()
+                      if refs and self.topology.is_running(label) and not self.suspected(label)]
+            if not waited:
                 return
-            refs.pop(0)
+            counts = [len(self.inflight[label]) for label in waited]
+            active = [label for label, _ in self.topology.running(ENTRY) if not self.suspected(label)]
+            fastest = min((len(self.inflight.get(label, [])) for label in active), default=0)
+            if fastest <= limit and max(counts) <= lag:
+                return
+            refs = [r for label in waited for r in self.inflight[label]]
+            ray.wait(refs, num_returns=1, timeout=0.1)
+
+    def _reap(self) -> None:
+        """Take the answers of completed calls to the entry replicas (in order, per replica)."""
+        for label, refs in self.inflight.items():
+            if not refs:
+                continue
+            if not self.topology.is_running(label):
+                refs.clear()
+                continue
+            ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+            while refs and refs[0] in ready:
+                try:
+                    ray.get(refs[0])
+                except Exception as e:
+                    if not is_actor_death(e):
+                        raise  # its code refused a chunk: it reported the run's failure; the feed ends here
+                    self.on_entry_failed(label, f"entry point died: {type(e).__name__}")  # its peers go on
+                    refs.clear()
+                    break
+                refs.pop(0)
 
     # -- markers after everything fed (changes at logical times) ------------------------------
     @contextmanager

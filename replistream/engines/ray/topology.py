@@ -257,6 +257,15 @@ class Topology:
                     and (src is None or s.src == src) and (dst is None or s.dst == dst)
                     and (touching is None or touching in (s.src, s.dst))]
 
+    def sender_of(self, dst: str, port: int, channel: int) -> str | None:
+        """The upstream replica whose stream replica feeds ``dst``'s input ``port`` on duplicate-filter
+        channel ``channel`` (None if none is recorded)."""
+        with self.lock:
+            for sid, s in self._streams.items():
+                if s.dst == dst and s.port == port and self._channels.get(sid) == channel:
+                    return s.src
+        return None
+
     def put_stream(self, stream: StreamReplica, channel: int | None = None) -> None:
         """Add a stream replica, or replace the record of the one with its id (which keeps its place)."""
         with self.lock:
