@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from .query import Query
 
 __all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
-           "source_streams", "Sentinel", "KillReplica", "KillServer", "Pause", "Call", "Revive", "AddReplica",
-           "inject_at"]
+           "source_streams", "Sentinel", "KillReplica", "StopReplica", "KillServer", "Pause", "Call", "Revive",
+           "AddReplica", "inject_at"]
 
 
 # -- chunks --------------------------------------------------------------------------
@@ -491,6 +491,43 @@ class KillReplica(Sentinel):
 
     def apply(self, deployment) -> None:
         deployment.kill_replica(self.operator, self.replica)
+
+
+@dataclass(frozen=True)
+class StopReplica(Sentinel):
+    """Stop replica ``replica`` of ``operator`` (``"entry"`` for an entry point) without killing it:
+    from then on it is never scheduled again, never crashes and never answers (a suspended VM, a
+    swapping host, a process sent SIGSTOP). Its peers must mask it as they mask a crash (Hwang §II:
+    the application gets every result as early as the fastest replica delivers it).
+
+    :func:`run_replicated` delivers nothing more to it and schedules it no more; it still counts
+    among the live receivers whose acknowledgements trim their senders' retained output (nothing
+    tells the engine it stopped), but never as a working replica: no hand-over takes a checkpoint
+    from it, and a stop that would leave an operator without a working replica is skipped (and
+    listed in ``HarnessStats.spared``). A deployment runs it as
+    ``deployment.stop_replica(operator, replica)``.
+
+    >>> from replistream import Query
+    >>> from replistream.testing import assert_same_output, run_reference, run_replicated
+    >>> q = Query(); s = q.source("s", {"k": "i8"}, punctuate_every=4)
+    >>> _ = s.window(size=8, by="k", name="w").sink("out")
+    >>> recs = [{"ts": t, "k": t % 3} for t in range(40)]
+    >>> data = {"s": recs[:20] + [StopReplica("w", 0)] + recs[20:]}
+    >>> rep = run_replicated(q, data, k=2, seed=3)
+    >>> rep.stats["harness"].stopped, rep.complete
+    (['w#0'], True)
+    >>> assert_same_output(run_reference(q, data).outputs["out"], rep.outputs["out"])
+    """
+
+    operator: str
+    replica: int
+
+    def apply(self, deployment) -> None:
+        fn = getattr(deployment, "stop_replica", None)
+        if fn is None:
+            raise NotImplementedError(f"{type(deployment).__name__} has no stop_replica(); stopped replicas "
+                                      f"run in replistream.engines.inprocess.run_replicated")
+        fn(self.operator, self.replica)
 
 
 @dataclass(frozen=True)

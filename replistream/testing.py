@@ -4,7 +4,7 @@
   (every operator replicated in process, with crashes and hand-overs), re-exported
   from :mod:`replistream.engines`;
 * sentinels that script events at a point of a source's input
-  (:class:`KillReplica`, :class:`KillServer`, :class:`Pause`, :class:`Call`,
+  (:class:`KillReplica`, :class:`StopReplica`, :class:`KillServer`, :class:`Pause`, :class:`Call`,
   :class:`Revive`, :class:`AddReplica`, placed by event time with
   :class:`inject_at`), re-exported from :mod:`replistream.sources`;
 * :func:`as_multiset`, :func:`multiset_diff`, :func:`assert_same_output`: compare
@@ -32,11 +32,11 @@ from .engines.inprocess import HarnessStats, ReplicaDivergence, run_replicated
 from .engines.reference import run_reference
 from .engines.result import as_multiset, multiset_diff
 from .schema import Punctuation
-from .sources import AddReplica, Call, KillReplica, KillServer, Pause, Revive, Sentinel, inject_at
+from .sources import AddReplica, Call, KillReplica, KillServer, Pause, Revive, Sentinel, StopReplica, inject_at
 
 __all__ = ["run_reference", "run_replicated", "as_multiset", "assert_same_output", "multiset_diff",
-           "chunked", "with_punctuations", "HarnessStats", "Sentinel", "KillReplica", "KillServer", "Pause",
-           "Call", "Revive", "AddReplica", "ReplicaDivergence", "inject_at"]
+           "chunked", "with_punctuations", "HarnessStats", "Sentinel", "KillReplica", "StopReplica", "KillServer",
+           "Pause", "Call", "Revive", "AddReplica", "ReplicaDivergence", "inject_at"]
 
 
 # -- comparing outputs ----------------------------------------------------------

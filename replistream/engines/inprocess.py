@@ -13,7 +13,8 @@ point at random steps. A failing seed reproduces exactly.
 
 Sentinels in the inputs script events at a point of a source's stream:
 :class:`~replistream.sources.KillReplica`, :class:`~replistream.sources.KillServer`
-(every replica the plan puts on that server), and hand-over of stateful
+(every replica the plan puts on that server), :class:`~replistream.sources.StopReplica`
+(a replica never scheduled again, which neither crashes nor answers), and hand-over of stateful
 replicas (docs/handover.md, docs/migration.md):
 :class:`~replistream.sources.Revive` and :class:`~replistream.sources.AddReplica`
 build a replica from a live peer's checkpoint mid-stream, with upstream
@@ -53,7 +54,7 @@ from ..replica.checkpoint import ReplicaCheckpoint
 from ..replica.core import ReplayLog, ReplicaCore
 from ..replica.transfer import StagedReplica, plan_transfer, splittable
 from ..schema import END, Punctuation
-from ..sources import AddReplica, Call, KillReplica, KillServer, Pause, Revive, Sentinel, source_streams
+from ..sources import AddReplica, Call, KillReplica, KillServer, Pause, Revive, Sentinel, StopReplica, source_streams
 from .reference import run_reference, run_reference_on_streams  # noqa: F401 (run_reference: the doctests)
 from .result import Collector, RunResult, as_multiset
 
@@ -72,7 +73,8 @@ class ReplicaDivergence(AssertionError):
 
 @dataclass
 class HarnessStats:
-    """What the engine did: steps, crashed replicas, batches split and re-sent, kills
+    """What the engine did: steps, crashed replicas, stopped replicas (``stopped``,
+    :class:`~replistream.sources.StopReplica`), batches split and re-sent, kills and stops
     skipped to keep a working replica (``spared``), and one record per hand-over
     (``handovers``: node, new replica, peer, the checkpoint's punctuations and those of
     the other working replicas, applied ids, state rows, tuples replayed, bytes) and per
@@ -84,6 +86,7 @@ class HarnessStats:
 
     steps: int = 0
     crashed: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
     splits: int = 0
     resent: int = 0
     spared: list[str] = field(default_factory=list)
@@ -118,7 +121,8 @@ class _Replica:
     and no core yet: it counts its new input channels (``chan_counts``) until
     its checkpoint is installed, or receives its state in steps (``staged``,
     ``transfer``). ``server``: where the plan puts it (None for a replica
-    :class:`AddReplica` created, which the plan does not place).
+    :class:`AddReplica` created, which the plan does not place). ``stopped``: a
+    :class:`~replistream.sources.StopReplica` stopped it: still alive, never scheduled again.
     """
 
     node: str
@@ -128,6 +132,7 @@ class _Replica:
     items: list[Item] | None = None
     cursor: int = 0
     alive: bool = True
+    stopped: bool = False
     out: list["_Channel"] = field(default_factory=list)
     entry_log: ReplayLog | None = None
     generation: int = 0
@@ -147,8 +152,13 @@ class _Replica:
 
     @property
     def ready(self) -> bool:
-        """Alive and working (an entry copy, or a replica with its state installed)."""
-        return self.alive and (self.items is not None or self.core is not None)
+        """Alive, not stopped, and working (an entry copy, or a replica with its state installed)."""
+        return self.alive and not self.stopped and (self.items is not None or self.core is not None)
+
+    @property
+    def scheduled(self) -> bool:
+        """The scheduler may still run it: alive and not stopped."""
+        return self.alive and not self.stopped
 
     @property
     def receiving(self) -> bool:
@@ -325,13 +335,16 @@ class InProcessEngine:
         for ev in events:
             if isinstance(ev, (Revive, AddReplica)) and ev.operator not in q.operators:
                 raise QueryError(f"{type(ev).__name__}: {ev.operator!r} is not an operator of query {q.name!r}")
+            if isinstance(ev, StopReplica) and ev.operator != ENTRY and ev.operator not in q.operators + q.sinks:
+                raise QueryError(f"StopReplica: {ev.operator!r} is not an operator, application or {ENTRY!r} of "
+                                 f"query {q.name!r}")
             if isinstance(ev, KillServer) and ev.server not in self.servers:
                 raise QueryError(f"KillServer: no server {ev.server!r} in the plan; servers: {self.servers}")
             if isinstance(ev, Call):
                 raise QueryError("Call: the in-process engine has no deployment to call; run the query with "
-                                 "replistream.deploy, or script the event as a KillReplica, KillServer, "
-                                 "Revive or AddReplica sentinel")
-            if not isinstance(ev, (KillReplica, KillServer, Pause, Revive, AddReplica)):
+                                 "replistream.deploy, or script the event as a KillReplica, StopReplica, "
+                                 "KillServer, Revive or AddReplica sentinel")
+            if not isinstance(ev, (KillReplica, StopReplica, KillServer, Pause, Revive, AddReplica)):
                 raise QueryError(f"{type(ev).__name__}: the in-process engine cannot run this sentinel")
 
     def _crash_schedule(self) -> list[tuple[int, _Replica]]:
@@ -361,10 +374,10 @@ class InProcessEngine:
         for new in list(self.transferring):
             self._check_peer(new)
         cands: list = [e for src in self.query.sources for e in self.groups[src]
-                       if e.alive and e.cursor < len(e.items)]
+                       if e.scheduled and e.cursor < len(e.items)]
         weights = [1.0] * len(cands)
         for ch in self.channels:
-            if ch.queue and ch.receiver.alive and ch.receiver.receiving:
+            if ch.queue and ch.receiver.scheduled and ch.receiver.receiving:
                 cands.append(ch)
                 weights.append(ch.speed)
         if not cands:
@@ -419,7 +432,13 @@ class InProcessEngine:
                     self._take_step(t)
 
     def _result(self) -> RunResult:
-        """The run's :class:`RunResult`, after checking every staged transfer completed (and the audit)."""
+        """The run's :class:`RunResult`, after checking every staged transfer completed (and the audit).
+
+        Its dead letters are those of the entry points and of the replicas still working at the end
+        (what a deployment can still ask), merged: dead letters are state (docs/design.md, decision 9),
+        so a working replica built by hand-over holds what its peers set aside before the checkpoint.
+        Every letter of a replica killed, stopped or retired must be among them, or the run raises
+        :class:`ReplicaDivergence` naming it: a hand-over that dropped letters is a loss, never quiet."""
         q = self.query
         if self.transferring:
             raise RuntimeError(f"staged transfers did not complete: "
@@ -427,7 +446,7 @@ class InProcessEngine:
         everyone = [i for node in q.operators + q.sinks for i in self.groups[node]] + self.retired
         dead = [d for e in self.entries.values() for d in e.dead_letters]
         for i in everyone:
-            if i.core is not None:
+            if i.ready:
                 dead.extend(i.core.dead_letters())
         weights = {n: [f.weights.tolist() for f in self.groups[n][0].core.filters] for n in q.sinks}
         result = RunResult(
@@ -443,6 +462,10 @@ class InProcessEngine:
             result.stats["audit"] = problems
             if problems:
                 raise ReplicaDivergence("replicas diverge from the ideal run:\n  " + "\n  ".join(problems[:10]))
+        lost = _letters_not_held(everyone)
+        if lost:
+            raise ReplicaDivergence("dead letters set aside by replicas that no longer work are held by no working "
+                                    "replica (a hand-over lost them):\n  " + "\n  ".join(lost[:10]))
         return result
 
     # -- channels, acknowledgements, retention ---------------------------------------------------
@@ -536,6 +559,18 @@ class InProcessEngine:
         for ch in victim.out:
             ch.queue.clear()
 
+    def _stop(self, victim: _Replica) -> None:
+        """Stop ``victim`` (:class:`~replistream.sources.StopReplica`): it stays alive, keeps what it
+        holds and what is queued for it, and is never scheduled again. A stop that would leave its
+        node without a working replica is skipped and listed in ``stats.spared``."""
+        if not victim.scheduled:
+            return
+        if victim.ready and sum(r.ready for r in self.groups[victim.node]) <= 1:
+            self.stats.spared.append(victim.label)
+            return
+        victim.stopped = True
+        self.stats.stopped.append(victim.label)
+
     def _kill_server(self, server: str) -> None:
         """Kill every replica the plan puts on ``server`` (entry copies, operator replicas and
         a revived replica in its predecessor's place), one :meth:`_kill` each, in plan order:
@@ -550,12 +585,15 @@ class InProcessEngine:
     def _run_event(self, ev: Sentinel) -> None:
         """Run one sentinel (checked by :meth:`_check_events` before the run)."""
         q = self.query
-        if isinstance(ev, KillReplica):
+        if isinstance(ev, (KillReplica, StopReplica)):
             nodes = q.sources if ev.operator == ENTRY else [ev.operator]
             for n in nodes:
                 if n not in self.groups or not 0 <= ev.replica < len(self.groups[n]):
-                    raise QueryError(f"KillReplica: no replica {ev.replica} of {n!r}")
-                self._kill(self.groups[n][ev.replica])
+                    raise QueryError(f"{type(ev).__name__}: no replica {ev.replica} of {n!r}")
+                if isinstance(ev, KillReplica):
+                    self._kill(self.groups[n][ev.replica])
+                else:
+                    self._stop(self.groups[n][ev.replica])
         elif isinstance(ev, KillServer):
             self._kill_server(ev.server)
         elif isinstance(ev, (Revive, AddReplica)):
@@ -788,6 +826,31 @@ def _shuffled_bins(state: OperatorState, rng: random.Random) -> OperatorState:
     bins = list(range(state.n_bins))
     rng.shuffle(bins)
     return OperatorState.merge([state.select([b]) for b in bins])
+
+
+def _letter_keys(letters) -> set[tuple]:
+    """Each set-aside tuple as (where, reason, id); a letter without ids (a custom operator's) by its
+    rows' bytes."""
+    keys = set()
+    for d in letters:
+        rows = d.batch["id"].tolist() if "id" in (d.batch.dtype.names or ()) else [r.tobytes() for r in d.batch]
+        keys.update((d.where, d.reason, r) for r in rows)
+    return keys
+
+
+def _letters_not_held(replicas: list[_Replica]) -> list[str]:
+    """The dead letters (where, reason, id) some replica in ``replicas`` set aside that no working
+    replica of the same node holds, one line per (node, where, reason)."""
+    held: dict[str, set] = {}
+    for r in replicas:
+        if r.ready:
+            held.setdefault(r.node, set()).update(_letter_keys(r.core.dead_letters()))
+    lost: Counter = Counter()
+    for r in replicas:
+        if r.core is not None and not r.ready:
+            for where, reason, _ in _letter_keys(r.core.dead_letters()) - held.get(r.node, set()):
+                lost[(r.label, where, reason)] += 1
+    return [f"{label}: {n} tuple(s) at {where!r} ({reason})" for (label, where, reason), n in sorted(lost.items())]
 
 
 def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: list[_Replica]) -> list[str]:
