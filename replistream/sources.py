@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .errors import QueryError
+from .errors import QueryError, SchemaError
 from .operators.base import NO_PUNCTUATION, Item
 from .schema import END, TS, Punctuation
 
@@ -438,7 +438,15 @@ def source_streams(query: Query, inputs: Mapping[str, Any], strict: bool = False
     structured arrays, Punctuations) or a single structured array / column
     mapping. Sources missing from ``inputs`` are empty. Sentinels are skipped;
     given a list ``events``, each is appended to it as ``(source, position,
-    sentinel)``, ``position`` being the number of the source's items before it.
+    sentinel)``, ``position`` being the number of the source's items before it. A record an entry
+    point cannot read raises :class:`~replistream.errors.SchemaError` with ``on_malformed="raise"``
+    (its message names the other policy) and is dead-lettered with ``"dead_letter"``.
+
+    >>> from replistream import Query
+    >>> q = Query(); _ = q.source("s", {"x": "i8"}).sink("o")
+    >>> streams, entries = source_streams(q.build(), {"s": [{"ts": 1, "x": 1}, {"ts": 2}]}, on_malformed="dead_letter")
+    >>> entries["s"].dead_letters[0].reason
+    "malformed: source 's': record 0 is missing field 'x'"
     """
     unknown = set(inputs) - set(query.sources)
     if unknown:
@@ -452,7 +460,11 @@ def source_streams(query: Query, inputs: Mapping[str, Any], strict: bool = False
                 if events is not None:
                     events.append((src, len(items), chunk))
                 continue  # scripted events only mean something to a deployment or the harness
-            items.extend(entry.push(chunk))
+            try:
+                items.extend(entry.push(chunk))
+            except SchemaError as e:  # with on_malformed="raise": name the other policy, the deployments' default
+                raise SchemaError(f"{e} (on_malformed='dead_letter' sets unreadable records aside with their "
+                                  "reason, as deploy() and the simulator do by default)") from e
         items.extend(entry.close())
         streams[src], entries[src] = items, entry
     return streams, entries

@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from .experiments import EXPERIMENTS, jsonable, run_experiment, table
+from .experiments import EXPERIMENTS, jsonable, run_experiment, table, verdict
 
 __all__ = ["register", "run", "main"]
 
@@ -40,8 +40,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the data as JSON instead of a table")
     p.add_argument("--out", default=None, metavar="DIR", help="write <experiment>.png/.json/.csv here")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                   help="a progress bar per simulated run on stderr (default; off a terminal, one line as each "
-                        "run ends); --no-progress for none")
+                   help="one labelled progress line per simulated run on stderr (experiment, kmax, strategy; "
+                        "default; off a terminal, one line as each run ends); --no-progress for none")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="fig5: run the kmax rows in N processes (default: one per CPU at full scale)")
     p.add_argument("--resume", action="store_true", default=None,
@@ -117,9 +117,11 @@ def run(args) -> int:
                phase=f"simulating {args.experiment}")
         data = run_experiment(args.experiment, quick=args.quick, seed=args.seed, out=args.out,
                               progress=args.progress, **f5)
+    line = verdict(data)
     if args.json:
-        print(json.dumps(data, default=jsonable))
+        print(json.dumps({"verdict": line, **data}, default=jsonable))
     else:
+        print(line)  # first: the verdict beside the paper's claim, then the table
         print(table(data))
         if args.out:
             print(f"wrote {args.out}/{args.experiment}.png, .json, .csv")

@@ -91,7 +91,7 @@ from replistream.sources import KillReplica, KillServer, Sentinel, chunk_time, i
 
 from .cpu import CpuModel, operator_kind
 
-__all__ = ["Simulator", "MODES", "ENTRY", "sentinel_kill"]
+__all__ = ["Simulator", "MODES", "ENTRY", "sentinel_kill", "RunProgress"]
 
 MODES = ("replication", "synchronization", "deterministic")
 _NO_P = int(np.iinfo(np.int64).min)
@@ -247,6 +247,56 @@ def sentinel_kill(sentinel: Sentinel, at: float, source: str) -> Event:
                      f"coordinator)")
 
 
+class RunProgress:
+    """One labelled progress line per simulated run, on stderr (stdout carries the results): on a
+    terminal a ``rich`` bar over virtual time; off a terminal one plain line when the run ends.
+    ``update(task, completed=t)`` and ``tasks[0].total`` as for a ``rich`` Progress, which the
+    engines drive.
+
+    >>> import io
+    >>> line = RunProgress("fig4 min-cost kmax=3", 1800.0, stream=io.StringIO())
+    >>> line.update(0, completed=900.0); line.stop()
+    >>> line.stream.getvalue().startswith("fig4 min-cost kmax=3: 1,800 simulated s in ")
+    True
+    """
+
+    def __init__(self, label: str, total: float, stream=None):
+        import sys
+        import time
+        from types import SimpleNamespace
+
+        self.label, self.total = label, float(total)
+        self.stream = sys.stderr if stream is None else stream
+        self.tasks = [SimpleNamespace(total=self.total)]
+        self._t0 = time.perf_counter()
+        self._bar = None
+        if getattr(self.stream, "isatty", lambda: False)():
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn(label.replace("[", "\\[")), BarColumn(),
+                                 TextColumn("{task.completed:,.0f}/{task.total:,.0f} simulated s"),
+                                 TimeElapsedColumn(), transient=False, console=Console(file=self.stream),
+                                 redirect_stdout=False, redirect_stderr=False)
+            self._task = self._bar.add_task(label, total=self.total)
+            self._bar.start()
+
+    def update(self, task, completed: float) -> None:
+        """Virtual time ``completed`` reached."""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=completed)
+
+    def stop(self) -> None:
+        """The run ended: the bar stays as it is; off a terminal, the one line is written."""
+        import time
+
+        if self._bar is not None:
+            self._bar.stop()
+        else:
+            print(f"{self.label}: {self.total:,.0f} simulated s in {time.perf_counter() - self._t0:.1f} s",
+                  file=self.stream, flush=True)
+
+
 class Simulator:
     """A replicated query over a simulated wide-area network (see the module docs).
 
@@ -262,6 +312,9 @@ class Simulator:
     :data:`MODES`. ``detect_s``: failure detection delay of the failover modes.
     ``coordinator``: optional ``(period_s, fn)``; ``fn(sim, t)`` runs every
     ``period_s`` virtual seconds (the GC/revival experiments use it).
+    ``on_malformed``: what the entry points do with a record they cannot read, as in a
+    deployment: ``"dead_letter"`` (the default; set aside with its reason) or ``"raise"`` (the
+    run stops with the :class:`~replistream.errors.SchemaError` naming it).
     ``keep_outputs=False`` keeps only each output's timestamp and arrival time
     (``RunResult.outputs`` then has just a ``ts`` column): for month-long runs.
     ``retain=True`` keeps every replica's output since the last punctuation its live
@@ -282,8 +335,12 @@ class Simulator:
                  scenario: Scenario | None = None, cpu: CpuModel | None = None,
                  sources: Mapping[str, str] | None = None, mode: str = "replication", detect_s: float = 2.0,
                  coordinator: tuple[float, Callable] | None = None, strict: bool = False,
-                 keep_outputs: bool = True, retain: bool = False, batch_s: float | None = None):
+                 keep_outputs: bool = True, retain: bool = False, batch_s: float | None = None,
+                 on_malformed: str = "dead_letter"):
         query.build()
+        if on_malformed not in ("raise", "dead_letter"):
+            raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
+        self.on_malformed = on_malformed
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if batch_s is not None:
@@ -402,8 +459,9 @@ class Simulator:
             horizon_s: float | None = None) -> RunResult:
         """Feed ``inputs`` (``{source: chunks}``, as for ``run_reference``; generators are read
         lazily) and simulate until every event has happened (or virtual time ``until``).
-        ``progress`` shows a progress bar (rich) up to ``horizon_s`` virtual seconds (default:
-        the last chunk's time when the inputs are lists)."""
+        ``progress`` (True, or a label such as ``"fig4 min-cost kmax=3"``) shows this run's
+        :class:`RunProgress` line up to ``horizon_s`` virtual seconds (default: the last chunk's time
+        when the inputs are lists)."""
         q = self.query
         unknown = set(inputs) - set(q.sources)
         if unknown:
@@ -413,7 +471,7 @@ class Simulator:
         self.now = 0.0
         self.events: list[dict] = []
         self.busy: dict[str, float] = {}
-        self.entries = {s: q.build_entry(s, self.strict, "dead_letter") for s in q.sources}
+        self.entries = {s: q.build_entry(s, self.strict, self.on_malformed) for s in q.sources}
         self._iters = {s: iter(iter_chunks(inputs.get(s, ()))) for s in q.sources}
         self._src_last: dict[tuple[str, int], float] = {}
         self._ended: set[str] = set()  # sources whose input is exhausted
@@ -478,20 +536,13 @@ class Simulator:
                 bar.stop()
         return self._result()
 
-    def _progress_bar(self, progress: bool, until, horizon_s, inputs):
-        """(bar, task) of a rich progress bar over virtual time up to the horizon, or (None, None)."""
+    def _progress_bar(self, progress: bool | str, until, horizon_s, inputs):
+        """(line, task) of this run's progress line over virtual time up to the horizon, or (None, None)."""
         if not progress:
             return None, None
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
         horizon = horizon_s or (until if until is not None else self._horizon_hint(inputs))
-        # on stderr: stdout carries the results (JSON with --json); off a terminal rich draws the
-        # finished bar only, one line per simulated run
-        bar = Progress(TextColumn("simulated"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} s"),
-                       TimeRemainingColumn(), transient=False, console=Console(stderr=True))
-        task = bar.add_task("sim", total=max(1.0, horizon))
-        bar.start()
-        return bar, task
+        line = RunProgress(progress if isinstance(progress, str) else "simulated", max(1.0, horizon))
+        return line, 0
 
     def _horizon_hint(self, inputs) -> float:
         last = 0

@@ -44,7 +44,7 @@ from .engine import Simulator
 from .traces import month_model
 
 __all__ = ["EXPERIMENTS", "CCDF_POINTS", "ccdf", "Setting", "fig1_setting", "random_extension",
-           "fig2", "fig3", "fig4", "fig5", "table1", "table", "run_experiment"]
+           "fig2", "fig3", "fig4", "fig5", "table1", "table", "verdict", "run_experiment"]
 
 #: Latencies (s) at which the CCDF is reported: the x axis of the paper's Fig. 4.
 CCDF_POINTS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -164,7 +164,7 @@ def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
                 pl = base if k == 1 else min_cost(st.problem, k)
             else:
                 pl = place(st.problem, k, "random", seed=seed)
-            res = _simulate(st, pl.plan(), progress=progress)
+            res = _simulate(st, pl.plan(), progress=progress and f"fig4 {strategy} kmax={k}")
             _check_exact(st, res, ref)
             lat = np.concatenate([res.latencies(a)[1] for a in st.query.sinks])
             rel = pl.relative_to(base)
@@ -255,7 +255,7 @@ def fig3(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     for k in (1, 2, 3):
         t0 = time.time()
         pl = min_cost(st.problem, k)
-        res = _simulate(st, pl.plan(), progress=progress)
+        res = _simulate(st, pl.plan(), progress=progress and f"fig3 min-cost kmax={k}")
         _check_exact(st, res, ref)
         arr, lat = res.latencies(st.query.sinks[0])
         order = np.argsort(arr, kind="stable")
@@ -339,7 +339,7 @@ def fig2(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
                               ("synchronization", double, "synchronization"),
                               ("deterministic", double, "deterministic")):
         res = Simulator(q, plan, net, sources=sources, scenario=crash, mode=mode, detect_s=detect_s).run(
-            inputs, progress=progress)
+            inputs, progress=progress and f"fig2 {label}")
         if label != "no replication":
             from replistream.testing import assert_same_output
 
@@ -513,7 +513,7 @@ def _placer(st: Setting, sim):
     return place
 
 
-def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool, period_s: float = 10.0,
+def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | str, period_s: float = 10.0,
             gc_period_s: float = 300.0, threshold_s: float = FIG5_REVIVAL_THRESHOLD_S, damping: dict | None = None,
             create: bool = True) -> dict:
     """Simulate ``plan`` with only ``snap``'s live stream replicas; with ``revival``, a coordinator
@@ -660,7 +660,7 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     assert math.isclose(_cost(st, _snapshot(st, base.plan())), base_cost, rel_tol=1e-9)
     plan = min_cost(st.problem, k).plan()
     sim = Simulator(st.query, plan, st.network, sources=st.sources, batch_s=FIG5_BATCH_S)
-    res = sim.run(st.inputs, progress=progress)
+    res = sim.run(st.inputs, progress=progress and f"fig5 kmax={k} static min-cost")
     _check_exact(st, res, ref)
     lat = np.concatenate([res.latencies(a)[1] for a in st.query.sinks])
     snap0 = _snapshot(st, plan, weights=sim.weights())
@@ -678,7 +678,8 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
         key = (mode, f if mode == "gc+revival" else None, live)  # revival's GC steps aim at theta
         if key not in done:
             snap = g.snapshot.evolve(theta=f * static) if mode == "gc+revival" else g.snapshot
-            done[key] = _gc_run(st, plan, snap, ref, revival=mode == "gc+revival", progress=progress,
+            done[key] = _gc_run(st, plan, snap, ref, revival=mode == "gc+revival",
+                                progress=progress and f"fig5 kmax={k} {mode} theta={f:g}",
                                 damping=FIG5_DAMPING if damping else None, create=create)
             tried.append({"theta": f, "mode": mode, **done[key]})
         r = done[key]
@@ -874,6 +875,88 @@ def _table_fig4(data: dict) -> str:
         lines.append(f"{r['strategy']:<9} {r['k']:<2} {r['p50_s']:>7.3f} {r['p99_s']:>7.3f} {r['max_s']:>7.3f}  "
                      f"{r['ccdf']['1.0']:<8.3g} {r['bandwidth_ratio']:>8.2f}x {r['cost_ratio']:>7.2f}x")
     return "\n".join(lines)
+
+
+# -- verdicts: the first line a run prints, beside the paper's claim ---------------------------------
+
+def verdict(data: dict) -> str:
+    """One line that compares an experiment's result with the paper's claim and says whether it
+    holds: what ``replistream sim`` prints first.
+
+    >>> rows = [{"strategy": s, "k": 3, "ccdf": {"1.0": p}, "cost_ratio": c}
+    ...         for s, p, c in (("min-cost", 0.0, 25.8), ("random", 0.0, 43.9))]
+    >>> verdict({"experiment": "fig4", "rows": rows})
+    "fig4: min-cost k=3 keeps P(latency > 1 s) = 0 at 0.59x random's network cost; paper 0.82x (10.99x vs 13.39x): holds"
+    """
+    return _VERDICTS[data["experiment"]](data)
+
+
+def _verdict_fig4(data: dict) -> str:
+    rows = {(r["strategy"], r["k"]): r for r in data["rows"]}
+    ks = sorted(k for s, k in rows if s == "min-cost" and ("random", k) in rows)
+    if not ks:
+        return "fig4: no kmax ran with both strategies: nothing to compare with the paper"
+    k = 3 if 3 in ks else ks[-1]
+    mc, rnd = rows[("min-cost", k)], rows[("random", k)]
+    p = mc["ccdf"]["1.0"]
+    ratio = mc["cost_ratio"] / rnd["cost_ratio"]
+    holds = p == 0 and ratio < 1
+    return (f"fig4: min-cost k={k} keeps P(latency > 1 s) = {p:.3g} at {ratio:.2f}x random's network cost; "
+            f"paper 0.82x (10.99x vs 13.39x): {'holds' if holds else 'does not hold'}")
+
+
+def _verdict_fig3(data: dict) -> str:
+    rows = sorted(data["rows"], key=lambda r: r["k"])
+    means = [r["mean_s"] for r in rows]
+    stds = [r["std_s"] for r in rows]
+    down = all(b <= a for a, b in zip(means, means[1:])) and all(b <= a for a, b in zip(stds, stds[1:]))
+    ks = ", ".join(str(r["k"]) for r in rows)
+    return (f"fig3: kmax {ks}: mean latency {' -> '.join(f'{m:.3f}' for m in means)} s, std "
+            f"{' -> '.join(f'{x:.3f}' for x in stds)} s; paper: both decrease with more replicas: "
+            f"{'holds' if down else 'does not hold'}")
+
+
+def _verdict_fig2(data: dict) -> str:
+    rows = {r["strategy"]: r for r in data["rows"]}
+    none, rep = rows["no replication"], rows["replication"]
+    others = [rows[s] for s in ("synchronization", "deterministic") if s in rows]
+    stops = none["delivered_after_crash"] == 0
+    lowest = all(rep["mean_before_s"] is not None and o["mean_before_s"] is not None
+                 and rep["mean_before_s"] <= o["mean_before_s"] for o in others)
+    rest = ", ".join(f"{o['strategy']} {_fmt(o['mean_before_s'])} s" for o in others)
+    crash = data.get("crash", {})
+    return (f"fig2: {crash.get('server', 'a server')} killed at {crash.get('at_s', '?')} s: no replication delivers "
+            f"{none['delivered_after_crash']} tuples after it, replication all of them at mean latency "
+            f"{_fmt(rep['mean_before_s'])} s before it ({rest}); paper: no output without replication, replication "
+            f"lowest: {'holds' if stops and lowest else 'does not hold'}")
+
+
+def _verdict_table1(data: dict) -> str:
+    ours = [r["ours_ratio"][-1] for r in data["rows"]]
+    paper = [r["paper_ratio_vs_k1"][-1] for r in data["rows"]]
+    grows = all(all(b >= a for a, b in zip(r["ours_ratio"], r["ours_ratio"][1:])) for r in data["rows"])
+    below = all(x < 4 for x in ours)
+    return (f"table1: per-replica CPU at k=4 is {min(ours):.2f}-{max(ours):.2f}x k=1's (measured on the Ray runtime, "
+            f"not simulated); paper {min(paper):.2f}-{max(paper):.2f}x: grows with k, less than k-fold: "
+            f"{'holds' if grows and below else 'does not hold'}")
+
+
+def _verdict_fig5(data: dict) -> str:
+    rows = data["rows"]
+    if not rows:
+        return "fig5: no kmax row ran: nothing to compare with the paper"
+    guarantee = data.get("guarantee_s", FIG5_GUARANTEE_S)
+    gc_saves = all(r["gc_cost"] < r["static_cost"] for r in rows)
+    rv_more = all(r["revival_cost"] is not None and r["revival_cost"] <= r["gc_cost"] for r in rows)
+    top = max(rows, key=lambda r: r["k"])
+    rv = "-" if top["revival_cost"] is None else f"{top['revival_cost']:.2f}x"
+    return (f"fig5: kmax={top['k']} at the {guarantee:g} s guarantee: network cost {top['static_cost']:.2f}x static, "
+            f"{top['gc_cost']:.2f}x with GC, {rv} with GC + revival (kmax {', '.join(str(r['k']) for r in rows)}); "
+            f"paper: GC saves, GC + revival saves more: {'holds' if gc_saves and rv_more else 'does not hold'}")
+
+
+_VERDICTS: dict[str, Callable[[dict], str]] = {"fig2": _verdict_fig2, "fig3": _verdict_fig3, "fig4": _verdict_fig4,
+                                               "fig5": _verdict_fig5, "table1": _verdict_table1}
 
 
 _TABLES: dict[str, Callable[[dict], str]] = {"fig2": _table_fig2, "fig3": _table_fig3, "fig4": _table_fig4,
