@@ -476,7 +476,7 @@ class Sentinel:
     """An event placed among a source's input chunks; a deployment's feeder runs it
     when it reaches that point of the input, so failures happen at a known place in
     the stream without sleeping. The reference engine ignores sentinels;
-    :func:`run_replicated` runs :class:`KillReplica`, :class:`KillServer`,
+    :func:`run_replicated` runs :class:`KillReplica`, :class:`StopReplica`, :class:`KillServer`,
     :class:`Revive` and :class:`AddReplica` when the first entry-point copy of
     that source reaches them, takes :class:`Pause` as a no-op and refuses
     :class:`Call` (it has no deployment to call).
