@@ -277,9 +277,6 @@ class RayAdapter:
     def run(self, plan, inputs, faults):
         from replistream import deploy
 
-        if stops(faults):
-            pytest.skip("Ray engine: stop_replica pending (lead)")
-
         q = plan.query
         with deploy(q, servers=SERVERS, k=K, placement=plan.placement, network="zero") as dep:
             res = dep.run(with_sentinels(q, inputs, faults), timeout=120)
@@ -335,6 +332,7 @@ def engine_under_test(request) -> EngineAdapter:
 
 # -- the suite -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", FAULT_SCRIPTS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_engine_matches_the_ideal_run(engine_under_test, case, script):

@@ -297,7 +297,11 @@ class _Base:
         method gives its entry points')."""
         core = getattr(self, "core", None)
         if core is None:
-            return []
+            staged = getattr(self, "staged", None)  # a staged transfer: what its received parts hold
+            if staged is None:
+                return []
+            with self.staged_lock:
+                return staged.dead_letters() if self.staged is staged else self.core.dead_letters()
         with self.lock:
             return core.dead_letters()
 

@@ -496,30 +496,39 @@ class Sender(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped:
-            wait = None
-            outboxes = list(self.outboxes)
-            for ob in outboxes:
-                try:
-                    w = ob.service()
-                except Exception as e:  # reported: the replica is declared failed (its peers carry the stream)
-                    self._failed(e)
-                    w = 0.01
-                if w is not None:
-                    wait = w if wait is None else min(wait, w)
-            # one ray.wait per tick across every output stream of the actor
-            refs = [r for ob in outboxes for r in ob.inflight_refs()]
-            if refs:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                if ready:
-                    ready = set(ready)
-                    for ob in outboxes:
-                        try:
-                            ob.collect(ready)
-                        except Exception as e:  # reported as above
-                            self._failed(e)
-            # idle: sleep until emit() wakes us (bounded, to notice stop); busy: until the next deadline
-            self.wake.wait(0.25 if wait is None else max(0.0005, wait))
-            self.wake.clear()
+            try:
+                self._round()
+            except Exception as e:  # reported (the replica is declared failed); the thread goes on
+                self._failed(e)
+                time.sleep(0.01)
+
+    def _round(self) -> None:
+        """One round: service every outbox, collect acknowledgements, sleep until the next deadline."""
+        wait = None
+        outboxes = list(self.outboxes)
+        for ob in outboxes:
+            try:
+                w = ob.service()
+            except Exception as e:  # reported: the replica is declared failed (its peers carry the stream)
+                self._failed(e)
+                w = 0.01
+            if w is not None:
+                wait = w if wait is None else min(wait, w)
+        # one ray.wait per tick across every output stream of the actor
+        refs = [r for ob in outboxes for r in ob.inflight_refs()]
+        if refs:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            if ready:
+                ready = set(ready)
+                for ob in outboxes:
+                    try:
+                        ob.collect(ready)
+                    except Exception as e:  # reported as above
+                        self._failed(e)
+        # idle: sleep until emit() wakes us (bounded, to notice stop); busy: until the next deadline
+        # (bounded too: a cut link's packets are due at infinity until restore() re-times them)
+        self.wake.wait(0.25 if wait is None else min(0.25, max(0.0005, wait)))
+        self.wake.clear()
 
     def _failed(self, e: BaseException) -> None:
         """An error in this thread is a bug that may have left a link without a packet: the replica
