@@ -7,9 +7,13 @@ seeded input that holds malformed records, and injects seeded faults at event ti
 * kills of replicas of every operator and of the entry points, at most ``k - 1`` per node; half
   of them by the deployment, half behind its back (the actor dies unannounced, as a crashed
   process: only the driver's liveness check and the senders notice);
+* replicas that stop answering (SIGSTOP, as a suspended VM or a frozen host): never resumed, or
+  resumed after 0.5-6 s (before or after the failure detector declares them failed); they count
+  toward the ``k - 1`` of their node, as kills do;
 * server kills that stay within the fault model (every node keeps a live replica; the
   application's server is spared, as it runs one replica);
-* delayed and cut links, for a few seconds each;
+* delayed and cut links and slowed servers, for a few seconds each, and links cut without a
+  duration and restored later;
 * on the keyed query: rows on which the user's map raises (a seeded subset of keys, known in
   advance), a live move of a stateful replica to another server (Megaphone's fluid migration),
   and a runtime change of the map's function to an equivalent one.
@@ -40,7 +44,7 @@ from .network import default_servers
 from .plan import ENTRY
 from .query import Query
 from .schema import END, seconds
-from .sources import Call, KillReplica, KillServer, inject_at
+from .sources import Call, KillReplica, KillServer, StopReplica, inject_at
 from .workloads import fig1_inputs, fig1_query
 
 __all__ = ["run_campaign", "Trial", "plan_faults", "format_report", "QUERIES"]
@@ -156,10 +160,17 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
             for i in rng.choice(k, size=int(rng.integers(1, k)), replace=False).tolist():
                 if len(killed[g]) < k - 1:
                     killed[g].add(i)
-                    if rng.random() < 0.5:  # the deployment kills it (and so knows at once)
+                    how = rng.random()
+                    if how < 0.35:  # the deployment kills it (and so knows at once)
                         faults.append((at(), f"kill {g}#{i}", KillReplica(g, int(i))))
-                    else:  # it dies behind the deployment's back: only the liveness check tells
+                    elif how < 0.7:  # it dies behind the deployment's back: only the liveness check tells
                         faults.append((at(), f"crash {g}#{i}", Call(lambda d, label=f"{g}#{i}": _crash(d, label))))
+                    elif how < 0.85:  # it stops answering for good: the failure detector must mask it
+                        faults.append((at(), f"stop {g}#{i}", StopReplica(g, int(i))))
+                    else:  # it stops, then answers again (cleared, or fenced if declared failed meanwhile)
+                        pause = float(np.round(0.5 + 5.5 * rng.random(), 1))
+                        faults.append((at(), f"stop {g}#{i} for {pause:g} s",
+                                       Call(lambda d, g=g, i=int(i), pause=pause: _stop_for(d, g, i, pause))))
     candidates = [s for s in servers if s not in apps_servers]
     rng.shuffle(candidates)
     for s in candidates[:1]:  # one server, if the model allows it
@@ -169,16 +180,27 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
             for g in groups:
                 killed[g] |= hit[g]
             faults.append((at(), f"kill server {s}", KillServer(s)))
-    for _ in range(int(rng.integers(1, 3))):
+    for _ in range(int(rng.integers(1, 4))):
         a, b = rng.choice(servers, size=2, replace=False).tolist()
         dur = float(np.round(1.0 + 2.0 * rng.random(), 1))
-        if rng.random() < 0.5:
+        what = rng.random()
+        if what < 0.35:
             ms = float(np.round(50 + 250 * rng.random()))
             faults.append((at(), f"delay {a}<->{b} +{ms:g} ms for {dur:g} s",
                            Call(lambda d, a=a, b=b, ms=ms, dur=dur: d.delay_link(a, b, ms, dur))))
-        else:
+        elif what < 0.6:
             faults.append((at(), f"cut {a}<->{b} for {dur:g} s",
                            Call(lambda d, a=a, b=b, dur=dur: d.cut_link(a, b, dur))))
+        elif what < 0.8:  # cut until restored (no duration): its queue is re-timed by restore()
+            t = at()
+            faults.append((t, f"cut {a}<->{b} until restored",
+                           Call(lambda d, a=a, b=b: d.cut_link(a, b))))
+            faults.append((min(t1, t + int(dur * 1e6)), f"restore {a}<->{b}",
+                           Call(lambda d, a=a, b=b: d.restore(a, b))))
+        else:
+            factor = float(np.round(3 + 17 * rng.random()))
+            faults.append((at(), f"slow server {a} x{factor:g} for {dur:g} s",
+                           Call(lambda d, a=a, factor=factor, dur=dur: d.slow_server(a, factor, dur))))
     return sorted(faults, key=lambda f: f[0])
 
 
@@ -189,6 +211,17 @@ def _crash(dep, label: str) -> None:
     h = dep.topology.handle(label)
     if h is not None and dep.topology.is_running(label):
         ray.kill(h, no_restart=True)
+
+
+def _stop_for(dep, operator: str, replica: int, pause: float) -> None:
+    """Stop ``operator#replica`` (SIGSTOP) and resume it ``pause`` seconds later, from a timer thread
+    (the feeder, which runs this sentinel, goes on meanwhile)."""
+    if not dep.topology.is_running(f"{operator}#{replica}"):
+        return
+    dep.stop_replica(operator, replica)
+    timer = threading.Timer(pause, lambda: dep.resume_replica(operator, replica))
+    timer.daemon = True
+    timer.start()
 
 
 def _time_span(inputs: dict) -> tuple[int, int]:
@@ -219,8 +252,15 @@ def _dead_letters(result) -> dict[str, int]:
     return {f"{where}: {reason}": n for (where, reason), n in result.dead_letter_summary().items()}
 
 
-def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, repair: bool = False) -> dict:
-    """Deploy, inject, run, compare; fills and returns ``trial.result``."""
+#: A trial's run may take at most this many times the same trial without faults (``timing=True``).
+TIMING_BOUND = 1.5
+
+
+def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, repair: bool = False,
+              timing: bool = False) -> dict:
+    """Deploy, inject, run, compare; fills and returns ``trial.result``. With ``timing`` the same
+    trial first runs without faults, and ``run_seconds`` over ``baseline_seconds`` is checked
+    against :data:`TIMING_BOUND` (``timing_ok``)."""
     from .engines.ray import deploy
     from .engines.reference import run_reference
 
@@ -240,6 +280,12 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
     moved: dict = {}
     try:
         ref = run_reference(query, inputs, on_malformed="dead_letter")
+        if timing:  # the same trial without faults: what its wall time is compared with
+            with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed,
+                        on_malformed="dead_letter", repair=repair, spares=1 if repair else 0) as dep:
+                begun = time.perf_counter()
+                dep.run(inputs, timeout=timeout)
+                res["baseline_seconds"] = round(time.perf_counter() - begun, 3)
         with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed,
                     on_malformed="dead_letter", repair=repair, spares=1 if repair else 0) as dep:
             t0, t1 = _time_span(inputs)
@@ -248,7 +294,9 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
             if trial.query == "keyed":
                 trial.faults += _runtime_changes(rng, dep, trial.seed, t0, t1, moved)
                 trial.faults.sort(key=lambda f: f[0])
+            begun = time.perf_counter()
             got = dep.run(_inject(inputs, trial.faults), timeout=timeout)
+            res["run_seconds"] = round(time.perf_counter() - begun, 3)
             if "thread" in moved:
                 moved["thread"].join(timeout)
             if repair:
@@ -269,6 +317,9 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
         res["dead_letters_received"] = _dead_letters(got)
         res["complete"] = bool(got.complete)
         res["error"] = moved.get("error")
+        if timing:
+            res["timing_ratio"] = round(res["run_seconds"] / max(res["baseline_seconds"], 1e-3), 3)
+            res["timing_ok"] = res["timing_ratio"] <= TIMING_BOUND
         res["ok"] = (res["lost"] == 0 and res["duplicated"] == 0 and res["unexpected"] == 0 and res["complete"]
                      and res["dead_letters_expected"] == res["dead_letters_received"] and res["error"] is None)
     except (ReplistreamError, RuntimeError, ValueError) as e:
@@ -305,13 +356,17 @@ def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict) -> list
 
 
 def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | None = None,
-                 progress: Callable[[Trial], None] | None = None, repair: bool = False) -> dict:
+                 progress: Callable[[Trial], None] | None = None, repair: bool = False,
+                 timing: bool = False) -> dict:
     """Run trials until ``minutes`` have passed (or ``trials`` trials); the report as a dict (JSON-ready):
     ``verdict`` (one line), ``matches_reference``, ``lost``, ``duplicated``, ``dead_letters`` (expected,
     received, by reason), ``faults`` (counted by kind) and ``trials`` (each with its seed, faults and
     result). ``progress(trial)`` hears each finished trial. ``repair``: deploy with ``repair=True`` and
     one warm spare, so crashed operator replicas are rebuilt during the trials
-    (:class:`~replistream.engines.ray.deployment.Deployment`); the repairs are counted."""
+    (:class:`~replistream.engines.ray.deployment.Deployment`); the repairs are counted. ``timing``:
+    each trial also runs without faults first, and its faulty run must take at most
+    :data:`TIMING_BOUND` times as long (a timing check; counted in the verdict, and a trial over it
+    fails)."""
     from .engines.ray import init_ray
 
     if not k >= 1:
@@ -323,7 +378,7 @@ def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | 
     i = 0
     while (trials is None and (time.time() < deadline or not done)) or (trials is not None and i < trials):
         t = Trial(i, int(zlib.crc32(f"{seed}:{i}".encode())), QUERIES[i % len(QUERIES)])
-        run_trial(t, k, servers, repair=repair)
+        run_trial(t, k, servers, repair=repair, timing=timing)
         done.append(t)
         if progress is not None:
             progress(t)
@@ -346,12 +401,17 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
         for _, what, _ in t.faults:
             kind = ("server kill" if what.startswith("kill server") else "replica kill" if what.startswith("kill")
                     else "unannounced replica crash" if what.startswith("crash")
+                    else "stopped replica, resumed" if what.startswith("stop") and " for " in what
+                    else "stopped replica" if what.startswith("stop")
+                    else "slowed server" if what.startswith("slow")
+                    else "link restore" if what.startswith("restore")
                     else "link delay" if what.startswith("delay") else "link cut" if what.startswith("cut")
                     else "live move" if what.startswith("move") else "runtime change")
             kinds[kind] = kinds.get(kind, 0) + 1
         kinds["malformed record"] = kinds.get("malformed record", 0) + len(t.bad_records)
-    ok = all(r.get("ok") for r in results)
-    failed = [t for t in done if not t.result.get("ok")]
+    timed = [r for r in results if "timing_ok" in r]
+    ok = all(r.get("ok") and r.get("timing_ok", True) for r in results)
+    failed = [t for t in done if not (t.result.get("ok") and t.result.get("timing_ok", True))]
     n_bad = sum(expected.values())
     head = "PASS" if ok else "FAIL"
     verdict = (f"{head}: {len(done)} trials, {total['outputs']:,} outputs "
@@ -363,6 +423,10 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
         errs = [e for r in repairs for e in r.get("repair_errors", [])]
         verdict += (f"; {sum(r['repairs'] for r in repairs)} crashed replicas repaired, {len(errs)} repairs failed"
                     + (f" ({'; '.join(errs[:3])})" if errs else ""))
+    if timed:
+        worst = max(r["timing_ratio"] for r in timed)
+        verdict += (f"; timing: {sum(r['timing_ok'] for r in timed)} of {len(timed)} trials within "
+                    f"{TIMING_BOUND:g}x the same trial without faults (worst {worst:.2f}x)")
     if failed:
         verdict += f"; failed trials: {', '.join(str(t.index) for t in failed)}"
     return {"verdict": verdict, "matches_reference": ok, "seed": seed, "k": k, "minutes": minutes,
@@ -377,6 +441,8 @@ def format_report(report: dict) -> str:
     for i, r in enumerate(report["trials"]):
         exp, rec = sum(r.get("dead_letters_expected", {}).values()), sum(r.get("dead_letters_received", {}).values())
         verdict = "ok" if r.get("ok") else f"FAIL {r.get('error') or ''}".strip()
+        if "timing_ratio" in r:
+            verdict += f" ({r['timing_ratio']:.2f}x{'' if r['timing_ok'] else ' OVER THE BOUND'})"
         lines.append(f"{i:>3} {r['query']:<6} {r.get('outputs', 0):>8,} {r.get('lost', 0):>5} "
                      f"{r.get('duplicated', 0):>4} {f'{rec}/{exp}':>13} {r['seconds']:>6.1f}  {verdict}: "
                      + "; ".join(r["faults"]))

@@ -10,7 +10,7 @@ import pytest
 
 from replistream.chaos import _summarise, Trial, keyed_query, plan_faults, run_campaign
 from replistream.plan import ENTRY
-from replistream.sources import KillReplica, KillServer
+from replistream.sources import KillReplica, KillServer, StopReplica
 from replistream.workloads import fig1_query
 
 
@@ -31,7 +31,7 @@ def test_fault_schedules_stay_within_the_fault_model(k):
         killed = {n: set() for n in nodes}
         for _, what, ev in faults:
             kinds.add(what.split()[0] + (" server" if isinstance(ev, KillServer) else ""))
-            if isinstance(ev, KillReplica):
+            if isinstance(ev, (KillReplica, StopReplica)):
                 killed[ev.operator].add(ev.replica)
             elif isinstance(ev, KillServer):
                 assert ev.server not in plan["alerts"]
@@ -39,7 +39,7 @@ def test_fault_schedules_stay_within_the_fault_model(k):
                     killed[n] |= {i for i, s in enumerate(plan[n]) if s == ev.server}
         assert all(len(v) <= k - 1 for v in killed.values()), (seed, faults)
         assert not killed["hot"]
-    assert {"kill", "kill server", "delay", "cut"} <= kinds
+    assert {"kill", "kill server", "delay", "cut", "crash", "stop", "slow", "restore"} <= kinds
 
 
 def test_the_report_fails_on_any_difference():
@@ -69,6 +69,7 @@ def test_the_keyed_query_fails_on_a_known_tenth_of_its_keys():
     assert 0.03 < sum(letters.values()) / 3000 < 0.2
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
 def test_a_short_campaign_passes_on_both_queries():
     report = run_campaign(trials=2, seed=3, k=2)
@@ -81,6 +82,7 @@ def test_a_short_campaign_passes_on_both_queries():
     assert report["faults"].get("malformed record", 0) >= 2
 
 
+@pytest.mark.slow
 def test_the_command_line_prints_the_verdict_first(tmp_path):
     out = subprocess.run([sys.executable, "-m", "replistream.cli", "chaos", "--trials", "1", "--seed", "5"],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)

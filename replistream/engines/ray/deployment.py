@@ -927,7 +927,13 @@ class Deployment:
                 starved.add(rep["to"])
         for label in starved:
             port = self._starved_port(label)
-            if port is not None:
+            node = self.topology.replica(label).operator if label in self.topology else None
+            # only while a peer of its node is fed and progresses: a node whose every replica is
+            # starved (or stuck) has nothing to mask with, and the run's timeout names it
+            covered = node is not None and any(
+                r.label != label and self.topology.is_running(r.label) and self._starved_port(r.label) is None
+                and not self.detector.is_suspected(r.label) for r in self.topology.replicas(node))
+            if port is not None and covered:
                 self.declare_failed(label, f"no live upstream replica feeds its input {port} any more (links "
                                            f"dropped: {sorted(a for a, b in self._dropped_links if b == label)})")
 
@@ -980,7 +986,8 @@ class Deployment:
         """Stop replica ``replica`` of ``operator`` (``"entry"`` for an entry point, an application's
         label for an application replica) with SIGSTOP, as a suspended VM or a frozen host would: it
         does not crash, it stops answering. Failure injection; the failure detector masks it
-        (docs/reliability.md). Returns its process id (local replicas only).
+        (docs/reliability.md). Returns its process id (local replicas only; -1 if it no longer
+        runs: nothing is signalled).
 
         >>> pid = dep.stop_replica("join", 0)    # doctest: +SKIP
         """
@@ -995,6 +1002,9 @@ class Deployment:
         label = f"{operator}#{replica}" if f"{operator}#{replica}" in self.topology else str(operator)
         if label not in self.topology or self.topology.handle(label) is None:
             raise ValueError(f"no replica {label!r}; actors: {sorted(self.handles)}")
+        if not self.topology.is_running(label):  # dead, retired or declared failed: nothing to signal
+            self.events.append({"t": self.now(), "event": "not_signalled", "actor": label, "signal": sig})
+            return -1
         pid, node = self._pids.get(label, (None, None))
         if pid is None:
             ans = ray.get(self.topology.handle(label).probe.remote(), timeout=30)
