@@ -32,6 +32,7 @@ def test_inprocess_demo_json_matches_reference(k):
         assert summary["crashed_replicas"], "the demo is meant to crash replicas"
 
 
+@pytest.mark.slow
 def test_ray_demo_json_survives_a_server_kill():
     """The main job, as the README runs it, at a small scale (its own Ray instance)."""
     out = run(sys.executable, "-m", "replistream.cli", "demo", "--json", "--servers", "4", "--duration", "8",
@@ -56,6 +57,7 @@ def test_demo_rejects_bad_k():
 # process's shared Ray and Spark sessions (a subprocess would start Spark again: +20 s)
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")
                                            if p.name not in ("failure_injection.py", "spark_pipeline.py")))
+@pytest.mark.slow
 def test_example_runs(script):
     out = run(sys.executable, str(ROOT / "examples" / script))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -63,6 +65,7 @@ def test_example_runs(script):
     assert "identical to the ideal run" in out.stdout
 
 
+@pytest.mark.slow
 def test_failure_injection_example_writes_a_plot(tmp_path):
     png = tmp_path / "latency.png"
     out = run(sys.executable, str(ROOT / "examples" / "failure_injection.py"),
@@ -78,6 +81,7 @@ def test_sim_is_a_subcommand():
     assert "fig4" in out.stdout and "--quick" in out.stdout
 
 
+@pytest.mark.slow
 def test_sim_shows_progress_on_stderr_and_keeps_stdout_json():
     """#17: sim is never silent (a start line, then a line per simulated run off a terminal), and its
     progress never mixes into the JSON on stdout."""

@@ -15,6 +15,7 @@ from replistream.cli import main
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
+@pytest.mark.slow
 def test_demo_gc_revival_json(capsys):
     code = main(["demo", "--gc", "--revival", "--json", "--servers", "4", "--duration", "12", "--period", "0.5",
                  "--congest-at", "6", "--kmin", "1"])  # GC may leave one path (the default kmin is min(2, k))

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from replistream.network import default_servers
 from replistream.placement import ENTRY, place, problem_from_query
 from replistream.workloads import fig1_query
@@ -19,6 +21,7 @@ def place_cli(*args):
     return run(sys.executable, "-m", "replistream.cli", "place", *args)
 
 
+@pytest.mark.slow
 def test_place_fig1_json_is_a_valid_min_cost_placement():
     """The issue's "done when": ``replistream place --query fig1 --k 3 --json`` on the 30 built-in servers."""
     out = place_cli("--query", "fig1", "--k", "3", "--json")
@@ -40,6 +43,7 @@ def test_place_fig1_json_is_a_valid_min_cost_placement():
     assert {a["reason"] for r in later for a in r["rejected"]} >= {"d_min", "cost"}
 
 
+@pytest.mark.slow
 def test_place_min_cost_beats_random_and_matches_the_library():
     mc = json.loads(place_cli("--servers", "12", "--k", "2", "--json").stdout)
     rnd = [json.loads(place_cli("--servers", "12", "--k", "2", "--strategy", "random", "--seed", str(s),
@@ -49,6 +53,7 @@ def test_place_min_cost_beats_random_and_matches_the_library():
     assert mc["baseline"] == rnd[0]["baseline"]  # both relative to the same non-replicated placement
 
 
+@pytest.mark.slow
 def test_place_plot_and_text_output(tmp_path):
     png = tmp_path / "placement.png"
     out = place_cli("--servers", "10", "--k", "2", "--plot", str(png), "--explain")
@@ -58,6 +63,7 @@ def test_place_plot_and_text_output(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_place_reads_a_server_file_and_reports_infeasible_requests(tmp_path):
     path = tmp_path / "servers.csv"
     path.write_text("name,lat,lon,capacity\nboston,42.36,-71.06,1\nlondon,51.51,-0.13,1\ntokyo,35.68,139.69,2\n"
@@ -73,6 +79,7 @@ def test_place_reads_a_server_file_and_reports_infeasible_requests(tmp_path):
     assert nonrep.returncode == 2 and "one replica per node" in nonrep.stderr
 
 
+@pytest.mark.slow
 def test_place_cli_agrees_with_the_pure_function():
     from replistream import run_reference
     from replistream.placement import QueryStats, fig1_sources

@@ -18,6 +18,7 @@ def run(*args, timeout=300):
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_fig2_prints_the_verdict_first_and_one_labelled_line_per_run():
     out = run("sim", "fig2", "--quick")
     assert out.returncode == 0, out.stderr[-2000:]

@@ -113,6 +113,7 @@ def test_every_engine_raises_the_same_error_under_raise(engine):
     assert refusal(engine).split(" (on_malformed=")[0] == ideal.split(" (on_malformed=")[0]
 
 
+@pytest.mark.slow
 def test_a_ray_deployment_dead_letters_as_the_reference_does(ray_session, ideal):
     from replistream import deploy
 
@@ -125,6 +126,7 @@ def test_a_ray_deployment_dead_letters_as_the_reference_does(ray_session, ideal)
     assert dead_letter_summary(res.dead_letters) == dead_letter_summary(ideal.dead_letters)
 
 
+@pytest.mark.slow
 def test_a_ray_deployment_dead_letters_as_the_reference_does(ray_session, ideal):
     """The one Ray case: the deployment's default policy gives the reference's dead letters and
     outputs; under ``on_malformed="raise"`` the run ends with the entry point's SchemaError text."""

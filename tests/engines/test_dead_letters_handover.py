@@ -100,6 +100,7 @@ def test_a_checkpoint_without_its_dead_letters_fails_the_run_loudly():
         run_replicated(q, data, k=2, seed=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fluid", "batched"])
 def test_a_staged_move_whose_peer_dies_keeps_every_dead_letter(strategy):
     """A keyed join whose predicate raises, k = 2: replica 0 is revived in steps of bins from replica
@@ -157,6 +158,7 @@ def event_strategy(k: int):
 @PROPS
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1), k=st.integers(2, 3), crash=st.booleans(),
        bits=st.sampled_from([0, 2]), n=st.integers(20, 80))
+@pytest.mark.slow
 def test_dead_letters_equal_the_reference_after_any_hand_overs(data, seed, k, crash, bits, n):
     """A filter and a keyed join, both raising on some rows, under a random sequence of kills,
     stops, revivals (whole or staged), added replicas and random crashes."""

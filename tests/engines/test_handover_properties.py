@@ -111,6 +111,7 @@ handover = dict(
 )
 
 
+@pytest.mark.slow
 @PROPS
 @given(**handover, window=st.integers(1, 200), keyed=st.booleans())
 def test_join_handover(seed, k, n, scenario, delay, bits, crash, every, window, keyed):
@@ -167,6 +168,7 @@ def test_count_window_handover(seed, k, n, scenario, delay, bits, crash, every, 
 
 @settings(max_examples=_DEEP or 15, deadline=None, derandomize=not _DEEP, database=None,
           suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
 @given(seed=st.integers(0, 2**31 - 1), n=st.integers(10, 40), crash=st.booleans())
 def test_chained_handovers(seed, n, crash):
     """A Join feeding both Aggregates; hand-overs at every level, at overlapping times, so a new
@@ -211,6 +213,7 @@ def _guard_runs():
     return recs
 
 
+@pytest.mark.slow
 def test_handover_properties_cover_the_hard_cases():
     """Guard against properties that cannot fail: over fixed seeds, checkpoints must carry applied
     ids and open state, replays must re-deliver tuples, and the peer must be behind another live
@@ -275,6 +278,7 @@ def _caught(q, inputs, seed) -> tuple[bool, dict | None]:
     return False, record
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["join", "tumbling", "sliding", "count"])
 @pytest.mark.parametrize("tamper, matters", [(drop_applied_ids, "applied"), (drop_state, "state_rows")])
 def test_wrong_checkpoint_is_caught(op, tamper, matters):

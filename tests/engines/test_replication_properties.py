@@ -64,6 +64,7 @@ def check(query, inputs, k, seed, crash, ordered_sinks=()):
     return ref, rep
 
 
+@pytest.mark.slow
 @PROPS
 @given(**common)
 def test_union_filter_map(seed, k, n, every, explicit, disorder, crash):
@@ -109,6 +110,7 @@ def test_windowed_join(seed, k, n, every, explicit, disorder, crash, window, key
     assert got == expected
 
 
+@pytest.mark.slow
 @PROPS
 @given(**common, size=st.integers(1, 400), slide=st.integers(1, 400), grouped=st.booleans())
 def test_sliding_time_window_aggregate(seed, k, n, every, explicit, disorder, crash, size, slide, grouped):
@@ -141,6 +143,7 @@ def test_count_window_aggregate(seed, k, n, every, explicit, disorder, crash, si
     check(q, inputs, k, seed, crash, ordered_sinks=("agg",))
 
 
+@pytest.mark.slow
 @PROPS
 @given(**common, n_servers=st.integers(1, 4), window=st.integers(1, 300))
 def test_two_level_fig1_shape(seed, k, n, every, explicit, disorder, crash, n_servers, window):

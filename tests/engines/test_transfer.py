@@ -67,6 +67,7 @@ def scenario(name: str, seed: int, strategy: str, kill_other: bool = True, n: in
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("name", sorted(QUERIES))
 def test_every_strategy_is_transparent_under_a_concurrent_failure(name, strategy):
@@ -97,6 +98,7 @@ def test_staged_receivers_really_ran_partial_cores():
     assert early > 0 and merges > 0
 
 
+@pytest.mark.slow
 def test_a_transfer_whose_peer_dies_restarts_from_another_peer():
     """The peer of a fluid transfer (replica 1) dies a few chunks later; the rest comes from replica 2."""
     restarted = 0

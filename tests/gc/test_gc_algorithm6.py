@@ -343,6 +343,7 @@ PROPS = settings(max_examples=200, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @PROPS
 @given(st.integers(0, 2**32 - 1))
 def test_dependents_equal_brute_force_and_d_star_minimises_utility_per_cost(seed):
@@ -372,6 +373,7 @@ def test_dependents_equal_brute_force_and_d_star_minimises_utility_per_cost(seed
     assert all(d.ratio <= r * (1 + 1e-9) + 1e-15 for r in ratios.values())
 
 
+@pytest.mark.slow
 @PROPS
 @given(st.integers(0, 2**32 - 1))
 def test_collect_keeps_kmin_and_applications_and_lowers_the_cost(seed):

@@ -310,6 +310,7 @@ def test_revival_policy_combines_both():
 PROPS = settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @PROPS
 @given(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
 def test_revival_keeps_snapshots_consistent_and_never_loses_replicas(seed, dseed):
@@ -336,6 +337,7 @@ def test_revival_keeps_snapshots_consistent_and_never_loses_replicas(seed, dseed
     assert {e.replica for e in events} <= {lab for lab, d in delays.items() if d > 10.0}
 
 
+@pytest.mark.slow
 @PROPS
 @given(st.integers(0, 2**32 - 1))
 def test_proactive_revival_stays_within_theta_so_gc_does_not_fire_again(seed):

@@ -14,6 +14,7 @@ def fig2_data(tmp_path_factory):
     return fig2(quick=True, out=str(out)), out
 
 
+@pytest.mark.slow
 def test_fig2_shapes(fig2_data):
     data, out = fig2_data
     rows = {r["strategy"]: r for r in data["rows"]}
@@ -32,6 +33,7 @@ def test_fig2_shapes(fig2_data):
     assert "synchronization" in table(data)
 
 
+@pytest.mark.slow
 def test_fig3_more_replicas_never_hurt(tmp_path):
     data = fig3(quick=True, out=str(tmp_path))
     rows = {r["k"]: r for r in data["rows"]}
@@ -52,6 +54,7 @@ def test_table1_quotes_the_measured_runtime_figures(tmp_path, capsys):
     assert (tmp_path / "table1.png").exists()
 
 
+@pytest.mark.slow
 def test_fig5_garbage_collection_saves_cost_within_the_guarantee(tmp_path):
     from replistream.sim.experiments import fig5
 
@@ -103,6 +106,7 @@ def test_fig5_search_finds_the_lowest_passing_target_in_log_trials():
             assert len(seen) <= n.bit_length()
 
 
+@pytest.mark.slow
 def test_revival_reacts_to_a_cut_on_the_only_live_path():
     """GC keeps one path; a cut on it makes the Union replica observe delays; revival
     brings back discarded stream replicas (Hwang §V-C) and the output stays exact."""

@@ -20,6 +20,7 @@ def fig4_json(tmp_path_factory):
     return json.loads(buf.getvalue()), out
 
 
+@pytest.mark.slow
 def test_prints_ccdf_and_ratios_per_strategy_and_kmax(fig4_json):
     data, out = fig4_json
     rows = {(r["strategy"], r["k"]): r for r in data["rows"]}
@@ -33,6 +34,7 @@ def test_prints_ccdf_and_ratios_per_strategy_and_kmax(fig4_json):
     assert (out / "fig4.csv").read_text().count("\n") == 11
 
 
+@pytest.mark.slow
 def test_min_cost_has_lighter_tail_and_lower_cost(fig4_json):
     data, _ = fig4_json
     rows = {(r["strategy"], r["k"]): r for r in data["rows"]}

@@ -154,6 +154,7 @@ PLACEMENT_MODULES = ["replistream.placement"] + sorted(
     m.name for m in pkgutil.walk_packages(P.__path__, "replistream.placement."))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PLACEMENT_MODULES)
 def test_placement_docstring_examples(name):
     module = importlib.import_module(name)
@@ -383,6 +384,7 @@ def run_checked(problem, k, alpha, d_min):
     return placer.replicas(), None
 
 
+@pytest.mark.slow
 @MORE
 @given(problems(), st.integers(1, 3), st.sampled_from([0.5, 0.8, 1.0, math.inf]), st.sampled_from([0.0, 20.0, 45.0]))
 def test_each_phase_picks_the_cheapest_feasible_server(problem, k, alpha, d_min):
@@ -399,6 +401,7 @@ def test_each_phase_picks_the_cheapest_feasible_server(problem, k, alpha, d_min)
 @MORE
 @given(problems(max_servers=5, max_nodes=2), st.integers(1, 2), st.sampled_from([0.8, 1.0, math.inf]),
        st.sampled_from([0.0, 30.0]), st.sampled_from(["spring", "greedy"]))
+@pytest.mark.slow
 def test_properties_of_min_cost(problem, k, alpha, d_min, initial):
     k = min(k, len(problem.servers))
     try:

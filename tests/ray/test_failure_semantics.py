@@ -47,6 +47,7 @@ def raised(result):
                   for i in d.batch["id"])
 
 
+@pytest.mark.slow
 def test_rows_a_user_function_raises_on_are_dead_lettered_once_and_nothing_else_is_lost():
     q = query()
     ref = run_reference(q, inputs())
@@ -57,6 +58,7 @@ def test_rows_a_user_function_raises_on_are_dead_lettered_once_and_nothing_else_
     assert sorted(map(tuple, res.outputs["out"].tolist())) == sorted(map(tuple, ref.outputs["out"].tolist()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["fail", "wrong_length"])
 def test_an_error_in_a_replica_ends_the_run_at_once_naming_operator_and_replica(case):
     q = query(raising, on_error="fail") if case == "fail" else query(lambda b: np.ones(len(b) + 1, dtype=bool))
@@ -77,6 +79,7 @@ def test_deploy_on_error_overrides_the_query_policy():
         deploy(query(), servers=SERVERS, k=2, on_error="ignore")
 
 
+@pytest.mark.slow
 def test_a_record_an_entry_point_refuses_ends_the_run_and_is_not_an_entry_death():
     data = [{"ts": i * 1000, "k": 1, "v": 1.0} for i in range(1, 60)]
     data[10] = {"ts": 5, "k": [1, 2], "v": 1.0}
@@ -91,6 +94,7 @@ def test_a_record_an_entry_point_refuses_ends_the_run_and_is_not_an_entry_death(
     assert "field 'k' has 2 values" in res.dead_letters[0].reason
 
 
+@pytest.mark.slow
 def test_losing_every_replica_of_an_operator_ends_the_run_at_once_naming_it():
     q = query(lambda b: b["v"] > 0, window=True)
     data = inputs()
@@ -108,6 +112,7 @@ def crash(label):
     return Call(lambda d: ray.kill(d.topology.handle(label), no_restart=True))
 
 
+@pytest.mark.slow
 def test_replicas_that_die_on_their_own_are_noticed_and_losing_all_ends_the_run_naming_them():
     q = query(lambda b: b["v"] > 0, window=True)
     data = inputs()
@@ -119,6 +124,7 @@ def test_replicas_that_die_on_their_own_are_noticed_and_losing_all_ends_the_run_
     assert e.value.operator == "per_k"
 
 
+@pytest.mark.slow
 def test_one_replica_that_dies_on_its_own_is_masked_and_logged():
     q = query(lambda b: b["v"] > 0, window=True)
     data = inputs()
@@ -142,6 +148,7 @@ def hangs(b):
     return b["v"] > 0
 
 
+@pytest.mark.slow
 def test_a_timeout_names_the_operator_that_holds_the_run_back():
     with deploy(query(hangs), servers=SERVERS, k=2) as dep:
         dep.ASK_TIMEOUT_S = 2.0  # the hung replicas never answer: do not wait long for them
@@ -151,6 +158,7 @@ def test_a_timeout_names_the_operator_that_holds_the_run_back():
     assert {"pick#0", "pick#1"} <= {a["actor"] for a in e.value.result.events if a.get("event") == "no_answer"}
 
 
+@pytest.mark.slow
 def test_losing_the_only_application_replica_ends_the_run_naming_the_application():
     data = inputs()
     data["s"] = inject_at(data["s"], seconds(15), KillServer("boston"))
@@ -176,6 +184,7 @@ def test_misuse_gets_a_clear_error():
         dep.run(inputs(n=40))
 
 
+@pytest.mark.slow
 def test_parquet_files_stay_inside_the_folder_given(tmp_path):
     from replistream.engines.ray.deployment import inside
 
@@ -187,6 +196,7 @@ def test_parquet_files_stay_inside_the_folder_given(tmp_path):
     assert files and all(f.startswith("pq/out/out-") for f in files)
 
 
+@pytest.mark.slow
 def test_applications_as_replicas_mask_the_loss_of_one_and_count_each_result_once():
     """app_replicas=2: each application replica has its duplicate filter, the driver keeps the first
     copy of each result; killing one application's server loses nothing and duplicates nothing."""

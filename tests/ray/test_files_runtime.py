@@ -44,6 +44,7 @@ def same(ref, res):
     assert null(res) == null(ref) > 0
 
 
+@pytest.mark.slow
 def test_parquet_directory_read_by_ray_tasks_with_an_entry_killed(tmp_path):
     for i in range(4):
         pq.write_table(part(i), str(tmp_path / f"part-{i:02d}.parquet"))
@@ -59,6 +60,7 @@ def test_parquet_directory_read_by_ray_tasks_with_an_entry_killed(tmp_path):
     assert src.stats["files"] == 4 and src.stats["chunks"] == 12 and src.stats["rows"] == 12_000
 
 
+@pytest.mark.slow
 def test_watched_directory_picks_up_new_files(tmp_path):
     d = tmp_path / "incoming"
     d.mkdir()
@@ -97,6 +99,7 @@ def test_an_unreadable_file_fails_the_run_naming_it(tmp_path):
             dep.run({"load": src}, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_whole_column_mapping_is_cut_into_chunks():
     rng = np.random.default_rng(4)
     n = 25_000
@@ -115,6 +118,7 @@ def test_a_whole_column_mapping_is_cut_into_chunks():
             dep.run({"s": cols}, chunk_size=0)
 
 
+@pytest.mark.slow
 def test_a_paced_chunk_is_cut_to_chunk_ms_of_wall_time():
     """Paced, a chunk goes at once at its first timestamp: it is cut to span at most chunk_ms
     (here 2 s of event time at pace 10 in 4,000-row chunks: the last rows of each would

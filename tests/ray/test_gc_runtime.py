@@ -54,6 +54,7 @@ def run_checked(dep, q, data, **kw):
     return ref, res
 
 
+@pytest.mark.slow
 def test_stateful_handover_mid_window_then_peer_dies():
     """Replace join#0 and agg#0 mid-window by hand-over, then kill the old peers: the new replicas alone
     produce the rest, which needs the window state they got from the checkpoint."""
@@ -92,6 +93,7 @@ def test_handover_without_checkpoint_loses_output():
         assert_same_output(ref.outputs["sums"], res.outputs["sums"])
 
 
+@pytest.mark.slow
 def test_gc_discards_keep_output_exact_and_kmin():
     """Algorithm 6 on a running Fig. 1 deployment: cost falls below theta, output is exactly the ideal
     run's, and no operator ever has fewer than kmin live replicas. (k=2, kmin=1: replicas do go, down to
@@ -119,6 +121,7 @@ def test_gc_discards_keep_output_exact_and_kmin():
         assert all(n >= kmin for op, n in live.items() if op != "alerts"), live
 
 
+@pytest.mark.slow
 def test_revival_after_congestion_restores_latency():
     """After GC left one path, 3 s of extra delay on it: delay-triggered revival (§V-C) brings a dormant
     path back, and what the application receives after the last revival is under the threshold again."""
@@ -148,6 +151,7 @@ def test_revival_after_congestion_restores_latency():
         assert len(after) > 20 and np.percentile(after, 99) < 1000 * threshold, (np.percentile(after, 99), events)
 
 
+@pytest.mark.slow
 def test_link_bound_replica_is_told_apart_from_a_starved_one():
     """ReplicaManager.link_bound (no actors): a hindered replica whose every input, live or discarded,
     from a functioning replica is slower than the threshold is replaced at once; one that a revived

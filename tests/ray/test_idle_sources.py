@@ -45,6 +45,7 @@ def wait_for(cond, dep, deadline_s=60.0):
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", [False, True])
 def test_a_quiet_source_no_longer_holds_back_a_join(kill):
     rng = np.random.default_rng(18)

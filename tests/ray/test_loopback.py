@@ -90,6 +90,7 @@ def test_a_local_deployment_listens_on_loopback_only():
     assert not exposed, f"listeners outside 127.0.0.0/8: {exposed}"
 
 
+@pytest.mark.slow
 def test_ray_messages_stay_off_stdout_and_routine_ones_are_dropped(capsys):
     """The raylet's messages to the driver (printed by Ray on stdout) go to stderr, the routine
     "worker processes have been started" warning not at all (#17): stdout is the verdict's."""

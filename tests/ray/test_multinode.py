@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parent / "scripts" / "multinode_check.py"
 
 
+@pytest.mark.slow
 def test_multinode_cluster_node_removed_mid_run():
     out = subprocess.run([sys.executable, str(SCRIPT), "1"], capture_output=True, text=True, timeout=420)
     lines = [l for l in out.stdout.splitlines() if l.startswith("{")]

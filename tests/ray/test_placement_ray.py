@@ -60,6 +60,7 @@ def test_servers_from_a_file(tmp_path):
         resolve_servers("boston")
 
 
+@pytest.mark.slow
 def test_min_cost_deployment_on_logical_servers(ray_session, tmp_path):
     q = fig1_query(3, window_s=3.0)
     servers = default_servers(6)
@@ -90,6 +91,7 @@ def test_min_cost_deployment_on_logical_servers(ray_session, tmp_path):
         dep.shutdown()
 
 
+@pytest.mark.slow
 def test_default_min_cost_by_name_and_spread_is_costed_too(ray_session, tmp_path):
     """placement="min-cost" with servers from a file of network coordinates and no emulated delay."""
     path = tmp_path / "s.csv"
@@ -112,6 +114,7 @@ def test_default_min_cost_by_name_and_spread_is_costed_too(ray_session, tmp_path
         dep.shutdown()
 
 
+@pytest.mark.slow
 def test_min_cost_on_a_three_node_cluster():
     """Servers pinned by node id, node label and custom resource; every replica lands on its node."""
     out = subprocess.run([sys.executable, str(SCRIPT), "0"], capture_output=True, text=True, timeout=420)

@@ -40,6 +40,7 @@ def pids(dep):
     return {label: ray.get(h.pid.remote()) for label, h in dep.handles.items()}
 
 
+@pytest.mark.slow
 def test_a_second_deployment_reuses_the_processes_and_is_exact():
     q1, d1 = keyed(1)
     with deploy(q1, servers=3, k=2) as dep:
@@ -57,6 +58,7 @@ def test_a_second_deployment_reuses_the_processes_and_is_exact():
     assert_same_output(run_reference(q2, d2).outputs["out"], res2.outputs["out"])
 
 
+@pytest.mark.slow
 def test_killed_replicas_are_not_kept_and_the_rest_are_reused():
     q, d = keyed(3)
     d["s"].insert(4, KillReplica("w", 0))
@@ -72,6 +74,7 @@ def test_killed_replicas_are_not_kept_and_the_rest_are_reused():
     assert_same_output(run_reference(q2, d2).outputs["out"], res2.outputs["out"])
 
 
+@pytest.mark.slow
 def test_nothing_is_kept_when_the_run_was_cut_short():
     q, d = keyed(5)
     d["s"].insert(2, Pause(30.0))  # the feeder is still at work when the deployment ends
@@ -95,6 +98,7 @@ def _dead_within(h, seconds: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_a_kept_actor_that_died_is_replaced():
     q, d = keyed(6)
     with deploy(q, servers=3, k=1) as dep:
@@ -120,6 +124,7 @@ def test_reuse_can_be_turned_off():
         pool.set_pool_size(-1)
 
 
+@pytest.mark.slow
 def test_a_warm_spare_takes_a_revived_replica_and_the_run_stays_exact():
     q, d = keyed(9, n=8_000)
     ref = run_reference(q, d)

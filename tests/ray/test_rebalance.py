@@ -33,6 +33,7 @@ def inputs(seconds=16, rate=5_000, seed=5):
     return {"s": [{"ts": ts[a:a + step], "k": k[a:a + step]} for a in range(0, n, step)]}
 
 
+@pytest.mark.slow
 def test_a_server_whose_load_rises_loses_its_replica_to_a_quieter_server():
     q = query()
     data = inputs()

@@ -41,6 +41,7 @@ def check_all(dep, data, res) -> dict:
     return {app: len(ref.outputs[app]) for app in dep.query.sinks}
 
 
+@pytest.mark.slow
 def test_time_switch_splits_by_timestamp_for_every_kind():
     from replistream import Schema
 
@@ -72,6 +73,7 @@ def test_changes_are_checked_before_anything_runs():
     assert add.added == ("f2", "top") and isinstance(q2.spec("f2"), CutSpec) and q2.spec("f2").lower == 5
 
 
+@pytest.mark.slow
 def test_replace_add_remove_while_a_replica_dies():
     """Three changes at known points of the input, and join#1 killed between them: every application,
     including the added one and the removed one, equals the reference run of the changed query."""
@@ -112,6 +114,7 @@ def test_replace_add_remove_while_a_replica_dies():
         assert not any(dep.alive.get(l) for l in ("agg#0", "agg#1")) and {"agg#0", "agg#1"} <= dep.removed
 
 
+@pytest.mark.slow
 def test_set_replication_up_and_down_keeps_output_exact():
     q = query()
     data = inputs(200, seed=2)
@@ -134,6 +137,7 @@ def test_a_change_needs_a_running_feed():
             dep.replace_function("hot", lambda t: t["x"] > 0.1)
 
 
+@pytest.mark.slow
 def test_cli_reconfigure_json(capsys):
     """`replistream reconfigure --json`: the scripted example (replace a function, add an operator, move a
     Join replica with the fluid strategy) ends with every application equal to the changed query's reference."""

@@ -48,6 +48,7 @@ def repaired(label, deadline_s=120):
     return Call(wait)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spares", [0, 1])
 def test_a_crashed_replica_is_repaired_and_the_other_may_crash_later(spares):
     q = query()
@@ -70,6 +71,7 @@ def test_a_crashed_replica_is_repaired_and_the_other_may_crash_later(spares):
     assert_same_output(ref.outputs["out"], res.outputs["out"])
 
 
+@pytest.mark.slow
 def test_without_repair_the_same_crashes_lose_every_replica():
     q = query()
     data = inputs()
@@ -81,6 +83,7 @@ def test_without_repair_the_same_crashes_lose_every_replica():
         assert dep.repairs == []
 
 
+@pytest.mark.slow
 def test_replicas_of_a_lost_server_and_entry_points_are_not_rebuilt():
     q = query()
     data = inputs()

@@ -41,6 +41,7 @@ def check(dep, q, data, timeout=120):
     return ref, res
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_fig1_no_failures(k):
     q, data = small_fig1(seed=k)
@@ -52,6 +53,7 @@ def test_fig1_no_failures(k):
         assert all(a.get("cpu_seconds", 0) >= 0 for a in m["actors"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k,seed", [(2, 1), (3, 2), (3, 3)])
 def test_random_replica_kills(k, seed):
     """Kill up to k-1 replicas of every operator and of the entry points at random points."""
@@ -76,6 +78,7 @@ def test_kill_a_server():
         assert not any(dep.alive[l] for l, s in dep.actor_server.items() if s == victim)
 
 
+@pytest.mark.slow
 def test_delayed_and_cut_links_on_geo_network():
     q, data = small_fig1(seed=7, duration_s=20)
     with deploy(q, servers=["boston", "london", "tokyo", "sydney"], k=2, network="geo-static", seed=7) as dep:
@@ -88,6 +91,7 @@ def test_delayed_and_cut_links_on_geo_network():
         assert "delay_link" in kinds and "cut_link" in kinds
 
 
+@pytest.mark.slow
 def test_paced_run_reports_latency():
     q, data = small_fig1(seed=9, duration_s=3, period_s=0.25, chunk=1)
     with deploy(q, servers=3, k=2, network="geo-static") as dep:
@@ -100,6 +104,7 @@ def test_paced_run_reports_latency():
         assert 0 < lat["p50"] < 10_000
 
 
+@pytest.mark.slow
 def test_malformed_records_are_dead_lettered_and_the_rest_flows():
     q = rs.Query("bad")
     s = q.source("s", {"x": "i8"}, punctuate_every=10)
@@ -138,6 +143,7 @@ def test_invalid_deployments_fail_before_any_actor_starts():
         deploy(bad, servers=2, k=1)
 
 
+@pytest.mark.slow
 def test_applications_deliver_to_callbacks_and_parquet(tmp_path):
     import pyarrow.parquet as pq
 

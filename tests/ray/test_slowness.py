@@ -64,6 +64,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [("per_k", 0), ("entry", 0)])
 def test_a_stopped_replica_is_declared_failed_killed_and_masked(target):
     q = query()
@@ -88,6 +89,7 @@ def test_a_stopped_replica_is_declared_failed_killed_and_masked(target):
     assert not [d for d in res.dead_letters if "late" in d.reason]
 
 
+@pytest.mark.slow
 def test_a_stopped_application_replica_holds_nothing():
     q = query(window=False)
     data = inputs(n=1500)
@@ -99,6 +101,7 @@ def test_a_stopped_application_replica_holds_nothing():
     exact(ref, res)
 
 
+@pytest.mark.slow
 def test_a_replica_stopped_briefly_is_suspected_then_cleared_not_failed():
     q = query()
     data = inputs()
@@ -127,6 +130,7 @@ def test_a_replica_stopped_briefly_is_suspected_then_cleared_not_failed():
     exact(ref, res)
 
 
+@pytest.mark.slow
 def test_a_replica_declared_failed_while_stopped_is_fenced_when_resumed():
     """Resuming a replica after it was declared failed resumes nothing: its process was killed."""
     q = query()
@@ -151,6 +155,7 @@ def test_a_replica_declared_failed_while_stopped_is_fenced_when_resumed():
     exact(ref, res)
 
 
+@pytest.mark.slow
 def test_dropped_links_are_failures_a_starved_receiver_is_declared_failed():
     q = query()
     data = inputs()
@@ -187,6 +192,7 @@ def _break_contract(sender: str, receiver: str, port: int = 0):
     return Call(go)
 
 
+@pytest.mark.slow
 def test_a_tuple_below_its_channels_punctuation_fails_the_sender_not_a_late_dead_letter():
     q = query()
     data = inputs()
@@ -201,6 +207,7 @@ def test_a_tuple_below_its_channels_punctuation_fails_the_sender_not_a_late_dead
     assert not [d for d in res.dead_letters if "late" in d.reason], "a broken contract became a late dead letter"
 
 
+@pytest.mark.slow
 def test_a_broken_contract_without_a_peer_ends_the_run_naming_sender_receiver_and_time():
     q = query()
     data = inputs()
@@ -211,6 +218,7 @@ def test_a_broken_contract_without_a_peer_ends_the_run_naming_sender_receiver_an
             dep.run(data, pace=4.0, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_link_cut_without_a_duration_delivers_its_queue_once_restored():
     q = query()
     data = inputs(n=1500)
@@ -224,6 +232,7 @@ def test_a_link_cut_without_a_duration_delivers_its_queue_once_restored():
     exact(ref, res)
 
 
+@pytest.mark.slow
 def test_an_upstream_channel_added_while_a_staged_transfer_installs_steps():
     """The lock order: add_channel (what connecting a new upstream replica calls at its receiver)
     takes lock then staged_lock; the transfer worker never takes lock under staged_lock, so adding

@@ -56,6 +56,7 @@ class Background:
         return self.result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["all-at-once", "batched", "fluid"])
 def test_move_with_each_strategy_while_another_replica_dies(strategy):
     q = count_and_window_query()
@@ -99,6 +100,7 @@ def test_move_with_each_strategy_while_another_replica_dies(strategy):
         assert {t["state"] for t in dep.transfers()} == {"complete"}
 
 
+@pytest.mark.slow
 def test_a_transfer_whose_peer_dies_restarts_from_another_live_peer():
     q = count_and_window_query()
     data = chunks()

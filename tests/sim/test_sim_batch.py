@@ -37,6 +37,7 @@ def assert_same_run(a, b, app="alerts", atol=1e-9):
     assert np.allclose(la, lb, rtol=0, atol=atol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epoch", [0.7, 30.0, 1000.0])
 @pytest.mark.parametrize("faults", [False, True])
 def test_batched_equals_per_packet(epoch, faults):
@@ -82,6 +83,7 @@ def test_chunks_of_many_readings_release_each_at_its_timestamp():
     assert_same_run(a, b, atol=0)
 
 
+@pytest.mark.slow
 def test_keep_outputs_false_keeps_times():
     net = GeoLatencyModel(SERVERS, seed=1)
     a = Simulator(Q, PLAN, net, batch_s=100).run(DATA)
@@ -90,6 +92,7 @@ def test_keep_outputs_false_keeps_times():
     assert np.array_equal(a.arrivals["alerts"], b.arrivals["alerts"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retain", [False, True])
 def test_gc_and_revival_hand_over_as_per_packet(retain):
     plan = {n: NAMES[2 * i:2 * i + 2] for i, n in enumerate(["entry", *Q.operators])} | {"alerts": [NAMES[0]]}

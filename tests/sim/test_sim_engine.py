@@ -98,6 +98,7 @@ def test_replication_masks_a_slow_server():
     assert lat2.max() < 0.05
 
 
+@pytest.mark.slow
 def test_cpu_cost_is_charged_per_copy():
     plan = {n: [NAMES[0], NAMES[1], NAMES[2]] for n in ["entry", *Q.operators]} | {"alerts": [NAMES[4]]}
     res3 = Simulator(Q, plan, ZeroLatency(NAMES[:5])).run(DATA)
@@ -105,6 +106,7 @@ def test_cpu_cost_is_charged_per_copy():
     assert res3.stats["cpu_s"]["loads#0"] > 2 * res1.stats["cpu_s"]["loads#0"]
 
 
+@pytest.mark.slow
 def test_sources_at_servers_add_their_latency():
     net = GeoLatencyModel(SERVERS, static=True)
     src = {s: NAMES[6] for s in Q.sources}
@@ -114,6 +116,7 @@ def test_sources_at_servers_add_their_latency():
     assert np.median(far) - np.median(base) >= extra * 0.99
 
 
+@pytest.mark.slow
 def test_sync_and_deterministic_are_slower_than_replication():
     net = GeoLatencyModel(SERVERS, seed=2)
     med = {m: float(np.median(Simulator(Q, PLAN, net, mode=m).run(DATA).latencies("alerts")[1]))
@@ -144,6 +147,7 @@ def test_errors_name_the_problem():
         Simulator(Q, PLAN).run({"nope": []})
 
 
+@pytest.mark.slow
 def test_runs_are_deterministic():
     net = GeoLatencyModel(SERVERS, seed=5)
     a = Simulator(Q, PLAN, net, scenario=FAULTS).run(DATA)

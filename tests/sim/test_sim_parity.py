@@ -31,6 +31,7 @@ PLAN = {"entry": ["boston", "london"], "loads": ["tokyo", "saopaulo"], "pings": 
 CRASH = Scenario.from_dict({"events": [{"at": 6.0, "action": "kill_server", "server": "tokyo"}]})
 
 
+@pytest.mark.slow
 def test_sim_and_ray_agree_on_output_and_latency(tmp_path):
     model = month_model(30, seed=7)
     trace_path = tmp_path / "trace.csv"

@@ -21,6 +21,7 @@ def with_sentinel(source: str, after: int, sentinel) -> dict:
     return DATA | {source: chunks[:after + 1] + [sentinel] + chunks[after + 1:]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epoch", [None, 30.0])
 def test_a_kill_by_sentinel_is_the_scenario_kill_at_that_time(epoch):
     """The feeder reaches a sentinel at the release time of the source's chunk before it: the same
@@ -48,6 +49,7 @@ def test_a_kill_by_sentinel_is_the_scenario_kill_at_that_time(epoch):
     assert by_sentinel.links == by_scenario.links
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("epoch", [None, 30.0])
 def test_a_sentinel_first_in_the_input_kills_at_zero_and_keeps_the_time_origin(epoch):
     inputs = DATA | {"load_0": [KillReplica("hot", 0)] + list(DATA["load_0"])}

@@ -7,6 +7,7 @@ from replistream.sim.traces import MONTH_S, load_trace, month_model, trace_stats
 from replistream.workloads import fig1_inputs, fig1_query
 
 
+@pytest.mark.slow
 def test_month_model_at_100_servers_varies_over_a_month():
     m = month_model(100, seed=4)
     assert len(m.names) == 100

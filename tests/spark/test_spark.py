@@ -47,6 +47,7 @@ def test_one_session_is_shared(spark):
         "spark.ray.raydp_app_master.extraJavaOptions")
 
 
+@pytest.mark.slow
 def test_python_workers_run_this_interpreter(spark):
     """Spark's Python workers start sys.executable, not the first python3 on PATH (#17: an unactivated
     virtual environment otherwise fails inside Spark with an EOFException from pyspark.daemon)."""
@@ -57,6 +58,7 @@ def test_python_workers_run_this_interpreter(spark):
         .collect() == [sys.executable]
 
 
+@pytest.mark.slow
 def test_parquet_timestamps_paced_replay_with_a_crash_equals_the_reference(spark, tmp_path):
     cols = readings(3000, seed=1, start_us=EPOCH_US)
     table = pa.table({"event_time": pa.array(cols["t"], pa.timestamp("us", tz="UTC")),
@@ -87,6 +89,7 @@ def test_parquet_timestamps_paced_replay_with_a_crash_equals_the_reference(spark
     assert np.isfinite(lat).all()  # paced from the first epoch timestamp, not from 1970
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["csv", "json"])
 def test_csv_and_json_sources_deliver_the_rows_in_event_time_order(spark, tmp_path, fmt):
     cols = readings(400, seed=2)
@@ -104,6 +107,7 @@ def test_csv_and_json_sources_deliver_the_rows_in_event_time_order(spark, tmp_pa
     assert got["server"].tolist() == cols["server"].tolist() and got["cpu"].tolist() == cols["cpu"].tolist()
 
 
+@pytest.mark.slow
 def test_bad_columns_are_refused_before_the_stream_starts(spark):
     df = spark.createDataFrame([("1", 1, "0.5", "a")], "t string, server int, cpu string, s string")
     with pytest.raises(SchemaError, match="event-time column 't' has Spark type string"):
@@ -125,6 +129,7 @@ def test_bad_columns_are_refused_before_the_stream_starts(spark):
         assert not dep.fed  # nothing was sent
 
 
+@pytest.mark.slow
 def test_nulls_and_late_rows_are_dead_lettered_and_counted(spark):
     q = rs.Query("late")
     load = q.source("load", {"server": "i4", "cpu": "f8"}, punctuate_every=100, max_disorder=50)
@@ -149,6 +154,7 @@ def test_nulls_and_late_rows_are_dead_lettered_and_counted(spark):
     assert res.dead_letter_count() == sum(d.count for d in ref.dead_letters) == 3
 
 
+@pytest.mark.slow
 def test_streaming_micro_batches_follow_the_spark_watermark(spark, tmp_path):
     """Three files, one per micro-batch; the third holds a row Spark would drop as late."""
     incoming = tmp_path / "incoming"
@@ -181,6 +187,7 @@ def test_streaming_micro_batches_follow_the_spark_watermark(spark, tmp_path):
         ("late: ts <= punctuation in force", [1500])]
 
 
+@pytest.mark.slow
 def test_results_return_to_spark_and_parquet(spark, tmp_path):
     cols = readings(500, seed=4)
     q = load_query()
@@ -209,6 +216,7 @@ def test_results_return_to_spark_and_parquet(spark, tmp_path):
     assert sorted(r.id for r in longs.select("id").collect()) == sorted(exp["id"].view(np.int64).tolist())
 
 
+@pytest.mark.slow
 def test_spark_sink_holds_at_most_its_budget_in_the_driver(spark, tmp_path):
     """A result of about 1 MB through a sink with a 64 KB budget: the driver never holds more than the
     budget plus the batch arriving, and Spark reads the whole result exactly (#18)."""
@@ -241,6 +249,7 @@ def test_spark_sink_holds_at_most_its_budget_in_the_driver(spark, tmp_path):
     assert [tuple(r) for r in got] == want
 
 
+@pytest.mark.slow
 def test_a_batch_source_streams_partition_by_partition(spark, tmp_path):
     """The first chunk leaves Spark before the last partition is read (#18): the last partition's
     last row waits for a gate that is opened only once the first chunk is in the object store.
@@ -278,6 +287,7 @@ def test_a_batch_source_streams_partition_by_partition(spark, tmp_path):
     assert src.stats["rows"] == n
 
 
+@pytest.mark.slow
 def test_a_failing_spark_job_fails_the_source_loudly(spark):
     from pyspark.sql import functions as F
 
@@ -298,6 +308,7 @@ def test_a_failing_spark_job_fails_the_source_loudly(spark):
     assert fed == 1_500  # partitions 0-2 went through, whole; nothing of partition 3
 
 
+@pytest.mark.slow
 def test_spark_pipeline_example_matches_spark_sql(spark, tmp_path, repo_root):
     """examples/spark_pipeline.py at small scale, in this process (shared Ray and Spark)."""
     import importlib.util
@@ -314,6 +325,7 @@ def test_spark_pipeline_example_matches_spark_sql(spark, tmp_path, repo_root):
     assert report["readings_after_cleaning"]["loads"] < report["readings_written"]["loads"]
 
 
+@pytest.mark.slow
 def test_readme_spark_snippet_runs(spark, tmp_path, repo_root):
     import re
 
