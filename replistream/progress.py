@@ -220,7 +220,9 @@ class Reporter:
 
     def _render(self) -> None:  # under self._lock
         if self._bar is not None:
-            self._bar.update(self._task, description=self._description(), total=self._total, completed=self._done)
+            # drawn now, not at the next refresh: a short phase still shows once
+            self._bar.update(self._task, description=self._description(), total=self._total, completed=self._done,
+                             refresh=True)
 
 
 def reporter(title: str, progress: bool | None = None, stream=None, delay: float = 2.0) -> Reporter:

@@ -35,7 +35,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "'trace' writes a CSV latency trace instead.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS) + ["trace"], help="what to run")
     p.add_argument("--quick", action="store_true",
-                   help="reduced scale, what the tests run: 0.5-31 s each on a quiet 2-core machine")
+                   help="reduced scale, what the tests run: from 0.5 s (table1) to a few minutes (fig4, ten "
+                        "simulations) on a 2-core machine")
     p.add_argument("--seed", type=int, default=0, help="seed of the network model, inputs and random placement")
     p.add_argument("--json", action="store_true", help="print the data as JSON instead of a table")
     p.add_argument("--out", default=None, metavar="DIR", help="write <experiment>.png/.json/.csv here")

@@ -35,6 +35,7 @@ def test_demo_gc_revival_json(capsys):
     assert sum(b["count"] for b in out["latency_over_time_ms"]) == out["latency_ms"]["all"]["count"]
 
 
+@pytest.mark.slow
 def test_demo_gc_keeps_fault_tolerance_by_default(capsys):
     """kmin defaults to min(2, k): with k = 2, collection never takes an operator below two live
     replicas, and the report says the deployment still masks one crash."""
