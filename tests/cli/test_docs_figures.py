@@ -8,7 +8,7 @@ header row, or in a fenced block.
 
 A figure is *recorded* when its value and unit (each end of a range) appear in a record:
 
-* a **record section** of a page: a ``##`` section that names a date (``YYYY-MM-DD``), the
+* a **record section** of a page of docs/ (README.md only quotes): a ``##`` section that names a date (``YYYY-MM-DD``), the
   machine (the word "machine") and the command it ran (in backticks: ``python ...``,
   ``replistream ...``, ``pytest ...``), as docs/benchmarks.md's sections do; or
 * a **record file** ``docs/experiments/*.json`` with ``date``, ``machine``, ``load``, ``command``
@@ -88,6 +88,11 @@ def is_record_section(body: str) -> bool:
     return bool(DATE.search(body)) and "machine" in body.lower() and bool(COMMAND.search(body))
 
 
+def holds_records(page: str) -> bool:
+    """README.md quotes and never records: every figure in it must match a record in docs/."""
+    return Path(page).name != "README.md"
+
+
 def quoted_figures(body: str) -> list[tuple[str, tuple[tuple[str, str], ...], str]]:
     """(figure text, ((number, unit), ...), paragraph) of every quoted figure in ``body``."""
     out = []
@@ -130,7 +135,7 @@ def record_corpus(pages: dict[str, str], records: dict[str, dict]) -> dict[str, 
     corpus: dict[str, set] = {}
     for name, text in pages.items():
         corpus[Path(name).name] = set().union(*[figures_in(body) for _, body in sections(text)
-                                                if is_record_section(body)] or [set()])
+                                                if holds_records(name) and is_record_section(body)] or [set()])
     for name, data in records.items():
         corpus[name] = set().union(*[figures_in(str(v)) for v in data["figures"].values()] or [set()])
     return corpus
@@ -144,7 +149,7 @@ def unrecorded(pages: dict[str, str], records: dict[str, dict]) -> list[tuple[st
     for name, text in pages.items():
         own = corpus.get(Path(name).name, set()) | files  # the page's own record sections, the record files
         for _, body in sections(text):
-            if is_record_section(body):
+            if holds_records(name) and is_record_section(body):
                 continue
             for fig, values, para in quoted_figures(body):
                 cited = [corpus.get(f, set()) for f in CITES_FILE.findall(para)] or \
@@ -200,6 +205,13 @@ def test_parameters_and_targets_are_not_quoted_figures():
     text = ("## Run\n\nThe target p99 <= 200 ms was met. With idle_timeout=0.5 s the latency stays low. "
             "A heartbeat every 10 s keeps the wall clock honest. The span doubles up to 1 s while latency grows.\n\n| mean latency 40-60 s | n |\n|---|---|\n| 1 | 2 |\n")
     assert quoted_figures(text) == []
+
+
+def test_a_figure_in_the_readme_must_match_a_record_even_in_a_dated_section():
+    readme = {"README.md": "## Set up\n\nOn 2026-11-26 `python -m pytest` took 300 s on this machine.\n"}
+    assert [fig for _, fig, _ in unrecorded(readme, {})] == ["300 s"]
+    page = {"docs/x.md": readme["README.md"]}  # the same section in docs/ is a record itself
+    assert unrecorded(page, {}) == []
 
 
 def test_a_dated_section_with_machine_and_command_is_a_record():
