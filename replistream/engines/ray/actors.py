@@ -106,7 +106,16 @@ class _Base:
         if node is None:
             node = self._node = ray.get_runtime_context().get_node_id()
         return {"busy_s": 0.0 if started is None else time.time() - started, "pushes": getattr(self, "pushes", 0),
-                "pid": os.getpid(), "node": node}
+                "pid": os.getpid(), "node": node, "position": self._position()}
+
+    def _position(self) -> int | None:
+        """Its logical position for the failure detector (comparable among the replicas of one node):
+        the watermark its core reached (an application: its last punctuation; an entry replica:
+        chunks taken). Read without a lock: one attribute, possibly a moment old."""
+        core = getattr(self, "core", None)
+        logic = getattr(core, "logic", None)
+        w = getattr(logic, "watermark", None)
+        return None if w is None else int(w)
 
     # -- reuse by a later deployment (pool.py) --------------------------------------------------
     def stop_sending(self) -> bool:
@@ -772,6 +781,10 @@ class EntryActor(_Base):
         self._slowdown(started)
         return self.expected[source]
 
+    def _position(self) -> int | None:
+        expected = getattr(self, "expected", None)
+        return None if expected is None else int(sum(expected.values()))
+
     def stats(self) -> dict:
         s = self._common_stats()
         with self.lock:
@@ -875,6 +888,9 @@ class SinkActor(_Base):
             else:
                 data, arr = self.schema.empty(), np.zeros(0)
             return data, arr, self.count, self.punctuation
+
+    def _position(self) -> int | None:
+        return getattr(self, "count", None)  # results delivered (its punctuations may lag its peers')
 
     def wait_done(self, timeout: float) -> bool:
         return self.done.wait(timeout)

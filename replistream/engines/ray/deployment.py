@@ -871,7 +871,7 @@ class Deployment:
                         det.forget(label)
                         continue
                     raise
-                det.answered(label, time.time(), busy_s=ans.get("busy_s", 0.0))
+                det.answered(label, time.time(), busy_s=ans.get("busy_s", 0.0), position=ans.get("position"))
                 self._pids[label] = (int(ans["pid"]), ans.get("node"))
         now = time.time()
         for label, h in running.items():

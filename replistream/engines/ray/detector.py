@@ -8,9 +8,14 @@ swapping). This detector turns "not answering" into a failure with two bounds:
 * **suspected** after ``suspect_after_s`` without progress while a peer of the
   same node progresses: nothing waits on it any more (the feeder goes on
   without it, results and dead letters are taken from its peers);
-* **declared failed** after ``fail_after_s`` (again while a peer progresses):
-  treated exactly as a crash (killed, so anything it would send later is
-  fenced off, its links dropped, repaired with ``repair=True``).
+* **declared failed** after ``fail_after_s`` while a peer progresses *and has
+  gone past it* (a logical position further than the one it last reported:
+  the punctuation an operator replica reached, the chunks an entry replica
+  took): treated exactly as a crash (killed, so anything it would send later
+  is fenced off, its links dropped, repaired with ``repair=True``). A user
+  function that hangs on some rows hangs every replica at the same position,
+  so a replica that merely reached those rows first is never declared failed
+  because its peers are still behind.
 
 Progress is read from probes the replica answers on a thread of its own (a
 concurrency group apart from the data path, so a healthy replica with a long
@@ -30,7 +35,7 @@ The detector is plain bookkeeping, no Ray and no clock of its own (callers pass
 >>> d.answered("f#1", now=2.0); d.asked("f#0", now=0.1)
 >>> [(v.label, v.state) for v in d.check(now=2.0)]
 [('f#0', 'suspected')]
->>> d.answered("f#1", now=3.5); [(v.label, v.state) for v in d.check(now=3.5)]
+>>> d.answered("f#1", now=3.5, position=7); [(v.label, v.state) for v in d.check(now=3.5)]
 [('f#0', 'failed')]
 >>> d.is_suspected("f#0"), d.is_suspected("f#1")
 (True, False)
@@ -73,7 +78,7 @@ class _Watch:
     asked: float | None = None  # when the outstanding probe was sent (None: none outstanding)
     busy_s: float = 0.0  # how long its current call had run at its last answer
     state: str = "ok"  # ok | suspected | failed
-    progress: dict = field(default_factory=dict)
+    position: int | None = None  # its logical position at its last answer (None: never reported)
 
 
 class FailureDetector:
@@ -109,15 +114,16 @@ class FailureDetector:
         w = self.watches.get(label)
         return w is not None and w.asked is not None
 
-    def answered(self, label: str, now: float, busy_s: float = 0.0, progress: dict | None = None) -> None:
+    def answered(self, label: str, now: float, busy_s: float = 0.0, position: int | None = None) -> None:
         """``label`` answered its probe at ``now``; ``busy_s``: how long its current call had been
-        running (0 when idle between calls)."""
+        running (0 when idle between calls); ``position``: its logical position (larger is
+        further; comparable among the replicas of one node)."""
         w = self.watches.get(label)
         if w is None:
             return
         w.last_answer, w.asked, w.busy_s = now, None, float(busy_s or 0.0)
-        if progress:
-            w.progress = dict(progress)
+        if position is not None:
+            w.position = int(position)
 
     def silent_s(self, label: str, now: float) -> float:
         """Seconds ``label`` has made no progress: since its last answer while a probe is
@@ -139,10 +145,10 @@ class FailureDetector:
         """The state changes at ``now``: replicas newly suspected or declared failed (only while a
         peer of the same node makes progress), and suspected ones answering again."""
         silent = {label: self.silent_s(label, now) for label in self.watches}
-        progressing: dict[str, int] = {}
+        progressing: dict[str, list[_Watch]] = {}
         for label, w in self.watches.items():
             if w.state != "failed" and silent[label] < self.suspect_after_s:
-                progressing[w.node] = progressing.get(w.node, 0) + 1
+                progressing.setdefault(w.node, []).append(w)
         out = []
         for label, w in self.watches.items():
             s = silent[label]
@@ -153,9 +159,11 @@ class FailureDetector:
                     w.state = "ok"
                     out.append(Verdict(label, w.node, "cleared", s))
                 continue
-            if not progressing.get(w.node):
+            peers = progressing.get(w.node)
+            if not peers:
                 continue  # no peer progresses: nothing to mask with (the run's timeout names it)
-            if s >= self.fail_after_s:
+            ahead = any(w.position is None or p.position is None or p.position > w.position for p in peers)
+            if s >= self.fail_after_s and ahead:
                 w.state = "failed"
                 out.append(Verdict(label, w.node, "failed", s))
             elif w.state == "ok":
