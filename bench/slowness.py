@@ -11,7 +11,9 @@ stops one process with SIGSTOP (``Deployment.stop_replica``), never resumed:
 * ``healthy``: nothing is stopped (the baseline);
 * ``operator``: replica 0 of the Join;
 * ``entry``: entry replica 0;
-* ``application``: application replica 1 of 2 (``app_replicas=2``).
+* ``application``: application replica 1 of 2 (``app_replicas=2``);
+* ``repair``: as ``operator``, deployed with ``repair=True`` and one warm spare: the Join is
+  back to k replicas once the replacement is installed (``repaired`` event).
 
 Per run: wall time of ``run()``; p99 latency of the results delivered before and after the
 stop; seconds from the stop to "declared failed" (the failure detector's event); whether the
@@ -36,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SERVERS = ["boston", "london", "tokyo", "paris"]
-CASES = ["healthy", "operator", "entry", "application"]
+CASES = ["healthy", "operator", "entry", "application", "repair"]
 
 
 def run_case(case: str, wall: float, duration: float, fail_after: float, suspect_after: float) -> dict:
@@ -47,9 +49,11 @@ def run_case(case: str, wall: float, duration: float, fail_after: float, suspect
     q = fig1_query()
     inputs = fig1_inputs(duration_s=duration, period_s=1.0)
     join = "correlate"  # the Join of Fig. 1
-    target = {"operator": (join, 0), "entry": ("entry", 0), "application": (q.sinks[0], 1)}.get(case)
+    target = {"operator": (join, 0), "repair": (join, 0), "entry": ("entry", 0),
+              "application": (q.sinks[0], 1)}.get(case)
     with rs.deploy(q, servers=SERVERS, k=2, app_replicas=2 if case == "application" else 1,
-                   suspect_after_s=suspect_after, fail_after_s=fail_after) as dep:
+                   suspect_after_s=suspect_after, fail_after_s=fail_after, repair=case == "repair",
+                   spares=1 if case == "repair" else 0) as dep:
         stop_at = {}
 
         def stopper():
@@ -89,6 +93,9 @@ def run_case(case: str, wall: float, duration: float, fail_after: float, suspect
         # event times are seconds since the deployment's t0; convert the stop to the same clock
         stop_rel = next((e["t"] for e in events if e.get("event") == "stopped"), None)
         out["declared_after_s"] = round(dec[0]["t"] - stop_rel, 3) if dec and stop_rel is not None else None
+        fixed = [e for e in events if e.get("event") == "repaired" and e.get("actor") == stop_at["label"]]
+        if case == "repair":
+            out["repaired_after_declared_s"] = round(fixed[0]["t"] - dec[0]["t"], 3) if fixed and dec else None
         out["suspected_after_s"] = round(sus[0]["t"] - stop_rel, 3) if sus and stop_rel is not None else None
     return out
 
@@ -122,13 +129,13 @@ def main(argv=None) -> int:
     ok = all(r["exact"] and r["complete"] for r in rows)
     print(f"{'PASS' if ok else 'FAIL'}: {len(rows)} runs, every output exact: {ok}")
     print(f"{'case':<12} {'wall s':>7} {'x healthy':>9} {'p99 before':>10} {'p99 after':>9} {'suspected':>9} "
-          f"{'declared':>8} exact")
+          f"{'declared':>8} {'repaired':>8} exact")
     for r in rows:
         ratio = "" if healthy is None else f"{r['wall_s'] / healthy:.2f}"
         f = lambda v, d=0: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
         print(f"{r['case']:<12} {r['wall_s']:>7.2f} {ratio:>9} {f(r.get('p99_before_ms')):>10} "
               f"{f(r.get('p99_after_ms')):>9} {f(r.get('suspected_after_s'), 2):>9} {f(r.get('declared_after_s'), 2):>8}"
-              f" {r['exact']}")
+              f" {f(r.get('repaired_after_declared_s'), 2):>8} {r['exact']}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),

@@ -328,7 +328,11 @@ class Deployment:
     def __init__(self, query: Query, servers: list, k: int, plan: dict, conditions, seed: int,
                  channel_opts: dict, strict: bool, on_malformed: str, parquet_dir: str | None, cluster=None,
                  gc: GCConfig | None = None, suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S,
-                 fail_after_s: float = DEFAULT_FAIL_AFTER_S):
+                 fail_after_s: float = DEFAULT_FAIL_AFTER_S, reporter=None):
+        from ...progress import Reporter
+
+        rep = reporter or Reporter("deploy", enabled=False)
+        self.show_progress: bool | None = None  # deploy(progress=): run() shows its phases alike
         self.query = query
         # the failure detector for slowness (detector.py), fed by the monitor thread's probes
         self.detector = FailureDetector(suspect_after_s, fail_after_s)
@@ -363,6 +367,7 @@ class Deployment:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        rep.phase("starting the coordinator")
         self.coordinator = self._settle(*self._start(CoordinatorActor, {"scheduling_strategy": here}, self.t0,
                                                      local=True))
         started = []  # every actor at once (kept ones re-initialised, see pool.py), then one wait
@@ -376,10 +381,13 @@ class Deployment:
                 parquet = None if parquet_dir is None or not r.application else inside(parquet_dir, r.node)
                 started.append((r.label, self._new_actor(query, r.node, r.index, server, physical.channels(r.node),
                                                          parquet_dir=parquet)))
+        rep.phase("starting replicas", total=len(started))
         for label, begun in started:
             self.topology.attach(label, self._settle(*begun))
+            rep.advance()
         # every upstream replica feeds every downstream replica
         topo = self.topology
+        rep.phase("connecting stream replicas", total=len(list(physical.streams())))
         ray.get([topo.handle(e.src.label).connect.remote(e.stream, e.dst.label, physical.server(e.dst),
                                                           topo.handle(e.dst.label), e.port, e.channel)
                  for e in physical.streams()])
@@ -1153,13 +1161,25 @@ class Deployment:
         ``chunk_ms`` the most wall time a paced chunk spans, and ``idle_timeout`` when a quiet
         source stops holding the others back (see :meth:`feed`).
         """
-        if scenario is not None:
-            self.install_scenario(scenario)
-        self.feed(inputs, pace, chunk_size, idle_timeout, chunk_ms)
-        if scenario is not None:
-            self._start_scenario_thread(scenario)
-        ok = self.wait(timeout, progress)
-        res = self.collect()
+        from ...progress import reporter
+
+        with reporter("run", self.show_progress) as rep:
+            if scenario is not None:
+                self.install_scenario(scenario)
+            rep.phase("feeding the sources")
+            self.feed(inputs, pace, chunk_size, idle_timeout, chunk_ms)
+            if scenario is not None:
+                self._start_scenario_thread(scenario)
+            rep.phase("running" + (f" (paced x{pace:g})" if pace else ""))
+
+            def tick(counts):
+                rep.update(detail=", ".join(f"{app} {n:,} tuples" for app, n in counts.items()))
+                if progress is not None:
+                    progress(counts)
+
+            ok = self.wait(timeout, tick)
+            rep.phase("collecting the results")
+            res = self.collect()
         if not ok:
             waiting = {n: "none yet" if p == NO_PUNCTUATION else f"{p / 1e6:.6g} s"
                        for n, p in res.punctuation.items() if p != END}
@@ -1530,7 +1550,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            parquet_dir: str | None = None, cluster=None, ray_init: dict | None = None,
            on_output: Mapping[str, Callable] | None = None, gc=None, on_error: str | None = None,
            app_replicas: int = 1, spares: int = 0, repair: bool = False,
-           suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S, fail_after_s: float = DEFAULT_FAIL_AFTER_S) -> Deployment:
+           suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S, fail_after_s: float = DEFAULT_FAIL_AFTER_S,
+           progress: bool | None = None) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -1575,7 +1596,11 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     function that never returns) while a peer of its node progresses: after
     ``suspect_after_s`` nothing waits on it, after ``fail_after_s`` it is
     killed and handled as a crash (:mod:`.detector`, docs/reliability.md).
-    Every error in the request is raised before any actor starts.
+    ``progress``: a phase line on stderr while the call runs, when stderr is a
+    terminal and only after 2 s (None: unless :func:`replistream.quiet`;
+    False: never; True: also after ``quiet()``); the deployment's ``run()``
+    uses the same setting. Every error in the request is raised before any
+    actor starts.
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
@@ -1631,19 +1656,28 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     if not isinstance(repair, bool):
         raise ValueError(f"repair must be True or False, got {repair!r}")
     FailureDetector(suspect_after_s, fail_after_s)  # bounds checked before anything starts
-    init_ray(address, **(ray_init or {}))
-    ship_user_code(query)
-    channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
-                    "drop_after_s": drop_after_s}
-    dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
-                     parquet_dir, cluster, gc, suspect_after_s=suspect_after_s, fail_after_s=fail_after_s)
-    dep.placement = placed
-    dep.repair, dep.spares = repair, int(spares)
-    dep.start_spares(int(spares))
-    ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server))
-    for app, cb in (on_output or {}).items():
-        dep.on_output(app, cb)
-    dep.start_monitor()
+    from ...progress import reporter
+
+    with reporter("deploy", progress) as rep:
+        rep.phase("starting Ray")
+        init_ray(address, **(ray_init or {}))
+        ship_user_code(query)
+        channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
+                        "drop_after_s": drop_after_s}
+        dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
+                         parquet_dir, cluster, gc, suspect_after_s=suspect_after_s, fail_after_s=fail_after_s,
+                         reporter=rep)
+        dep.show_progress = progress
+        dep.placement = placed
+        dep.repair, dep.spares = repair, int(spares)
+        if spares:
+            rep.phase(f"starting {int(spares)} warm spares")
+        dep.start_spares(int(spares))
+        rep.phase("handing the placement to the coordinator")
+        ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server))
+        for app, cb in (on_output or {}).items():
+            dep.on_output(app, cb)
+        dep.start_monitor()
     return dep
 
 
