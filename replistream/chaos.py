@@ -9,7 +9,9 @@ seeded input that holds malformed records, and injects seeded faults at event ti
   process: only the driver's liveness check and the senders notice);
 * replicas that stop answering (SIGSTOP, as a suspended VM or a frozen host): never resumed, or
   resumed after 0.5-6 s (before or after the failure detector declares them failed); they count
-  toward the ``k - 1`` of their node, as kills do;
+  toward the ``k - 1`` of their node, as kills do; the application runs as two replicas, and
+  one of them may be stopped;
+* with ``repair``: a second kill in a group once its repair has brought it back to k;
 * server kills that stay within the fault model (every node keeps a live replica; the
   application's server is spared, as it runs one replica);
 * delayed and cut links and slowed servers, for a few seconds each, and links cut without a
@@ -130,13 +132,15 @@ class Trial:
 
 
 def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Query, k: int, t0: int, t1: int,
-                spare: frozenset = frozenset()) -> list[tuple[int, str, object]]:
+                spare: frozenset = frozenset(), repair: bool = False) -> list[tuple[int, str, object]]:
     """A seeded fault schedule within the fault model, as ``(event time, description, sentinel)``.
 
     ``plan`` is the deployment's ``{node: [server, ...]}`` (``"entry"`` for the entry points). Kills
     of replicas take at most ``k - 1`` of each node; a server kill is chosen only if it leaves every
     node a live replica and spares the applications' servers; links are delayed or cut for 1-3 s.
-    Nodes in ``spare`` (one whose replica moves live meanwhile) lose no replica.
+    Nodes in ``spare`` (one whose replica moves live meanwhile) lose no replica. An application
+    with several replicas may have one stopped (SIGSTOP). With ``repair`` a killed operator replica
+    may be followed by a second kill in its group once the repair has brought it back to k.
 
     >>> q = fig1_query(n_servers=2)
     >>> plan = {"entry": ["a", "b"], "loads": ["a", "b"], "pings": ["b", "c"], "correlate": ["c", "a"],
@@ -171,6 +175,15 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
                         pause = float(np.round(0.5 + 5.5 * rng.random(), 1))
                         faults.append((at(), f"stop {g}#{i} for {pause:g} s",
                                        Call(lambda d, g=g, i=int(i), pause=pause: _stop_for(d, g, i, pause))))
+    for app in query.sinks:  # an application replica that stops answering (never the last one)
+        if len(plan.get(app, [])) > 1 and rng.random() < 0.4:
+            faults.append((at(), f"stop {app}#1", StopReplica(app, 1)))
+    if repair:  # kill, repair, kill again: the second kill only once the group is back to k
+        for g in [g for g in query.operators if killed[g] and g not in spare]:
+            if rng.random() < 0.5:
+                t = int(t0 + span * (0.75 + 0.2 * rng.random()))
+                faults.append((t, f"kill {g} again once repaired",
+                               Call(lambda d, g=g, k=k: _kill_again(d, g, k))))
     candidates = [s for s in servers if s not in apps_servers]
     rng.shuffle(candidates)
     for s in candidates[:1]:  # one server, if the model allows it
@@ -211,6 +224,15 @@ def _crash(dep, label: str) -> None:
     h = dep.topology.handle(label)
     if h is not None and dep.topology.is_running(label):
         ray.kill(h, no_restart=True)
+
+
+def _kill_again(dep, group: str, k: int) -> None:
+    """Kill the newest running replica of ``group`` if the group is back to ``k`` running replicas
+    (a repair replaced the one killed before); otherwise nothing (the fault would exceed the model)."""
+    running = [r.label for r in dep.topology.replicas(group) if dep.topology.is_running(r.label)]
+    if len(running) >= k:
+        label = max(running, key=lambda lab: int(lab.rpartition("#")[2]))
+        dep.kill(label, "killed again after its group's repair")
 
 
 def _stop_for(dep, operator: str, replica: int, pause: float) -> None:
@@ -255,6 +277,11 @@ def _dead_letters(result) -> dict[str, int]:
 #: A trial's run may take at most this many times the same trial without faults (``timing=True``).
 TIMING_BOUND = 1.5
 
+#: With ``timing=True`` both runs of a trial replay event time at this pace (event seconds per
+#: wall second), as a stream arrives: a fault then costs time only when the fastest path it leaves
+#: cannot keep up (unpaced, any fault on a 2-s trial's critical path would exceed the bound).
+TIMING_PACE = 3.0
+
 
 def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, repair: bool = False,
               timing: bool = False) -> dict:
@@ -281,21 +308,22 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
     try:
         ref = run_reference(query, inputs, on_malformed="dead_letter")
         if timing:  # the same trial without faults: what its wall time is compared with
-            with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed,
+            with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed, app_replicas=min(2, k),
                         on_malformed="dead_letter", repair=repair, spares=1 if repair else 0) as dep:
                 begun = time.perf_counter()
-                dep.run(inputs, timeout=timeout)
+                dep.run(inputs, timeout=timeout, pace=TIMING_PACE)
                 res["baseline_seconds"] = round(time.perf_counter() - begun, 3)
-        with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed,
+        with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed, app_replicas=min(2, k),
                     on_malformed="dead_letter", repair=repair, spares=1 if repair else 0) as dep:
             t0, t1 = _time_span(inputs)
             trial.faults = plan_faults(rng, dep.plan, query, k, t0, t1,
-                                       spare=frozenset({"per_key"}) if trial.query == "keyed" else frozenset())
+                                       spare=frozenset({"per_key"}) if trial.query == "keyed" else frozenset(),
+                                       repair=repair)
             if trial.query == "keyed":
                 trial.faults += _runtime_changes(rng, dep, trial.seed, t0, t1, moved)
                 trial.faults.sort(key=lambda f: f[0])
             begun = time.perf_counter()
-            got = dep.run(_inject(inputs, trial.faults), timeout=timeout)
+            got = dep.run(_inject(inputs, trial.faults), timeout=timeout, pace=TIMING_PACE if timing else None)
             res["run_seconds"] = round(time.perf_counter() - begun, 3)
             if "thread" in moved:
                 moved["thread"].join(timeout)
@@ -364,9 +392,9 @@ def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | 
     result). ``progress(trial)`` hears each finished trial. ``repair``: deploy with ``repair=True`` and
     one warm spare, so crashed operator replicas are rebuilt during the trials
     (:class:`~replistream.engines.ray.deployment.Deployment`); the repairs are counted. ``timing``:
-    each trial also runs without faults first, and its faulty run must take at most
-    :data:`TIMING_BOUND` times as long (a timing check; counted in the verdict, and a trial over it
-    fails)."""
+    each trial also runs without faults first, both paced at :data:`TIMING_PACE`, and its faulty
+    run must take at most :data:`TIMING_BOUND` times as long (a timing check; counted in the
+    verdict, and a trial over it fails)."""
     from .engines.ray import init_ray
 
     if not k >= 1:
@@ -399,7 +427,9 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
     kinds: dict[str, int] = {}
     for t in done:
         for _, what, _ in t.faults:
-            kind = ("server kill" if what.startswith("kill server") else "replica kill" if what.startswith("kill")
+            kind = ("server kill" if what.startswith("kill server")
+                    else "second kill after a repair" if " again " in what
+                    else "replica kill" if what.startswith("kill")
                     else "unannounced replica crash" if what.startswith("crash")
                     else "stopped replica, resumed" if what.startswith("stop") and " for " in what
                     else "stopped replica" if what.startswith("stop")

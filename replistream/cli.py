@@ -897,8 +897,8 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--k", type=int, default=2, help="replicas per operator (default 2)")
     chaos.add_argument("--repair", action="store_true", help="deploy with repair=True and one warm spare: crashed "
                        "operator replicas are rebuilt during the trials")
-    chaos.add_argument("--timing", action="store_true", help="also run each trial without faults first; a trial "
-                       "whose run takes more than 1.5x as long fails the timing check")
+    chaos.add_argument("--timing", action="store_true", help="run each trial paced (3 event seconds per second), "
+                       "and first without faults: a trial whose run takes more than 1.5x as long fails the timing check")
     chaos.add_argument("--json", action="store_true", help="print one JSON object (the verdict is in it)")
     chaos.add_argument("--verbose", action="store_true", help="let Ray's own log lines through")
     chaos.set_defaults(func=_chaos, check=check_chaos)

@@ -156,7 +156,7 @@ def test_a_replica_declared_failed_while_stopped_is_fenced_when_resumed():
 
 
 @pytest.mark.slow
-def test_dropped_links_are_failures_a_starved_receiver_is_declared_failed():
+def test_a_dropped_link_is_reconnected_and_a_starved_receiver_is_declared_failed():
     q = query()
     data = inputs()
     ref = run_reference(q, data)
@@ -172,7 +172,11 @@ def test_dropped_links_are_failures_a_starved_receiver_is_declared_failed():
             assert time.time() < deadline, "the dropped link was never reported"
             time.sleep(0.05)
         assert dep.topology.is_running("per_k#0"), "per_k#0 is still fed by pick#1: it must stay"
-        ray.get(dep.handles["pick#1"].drop_link.remote("per_k#0", "receiver slow: test"))
+        while not events(dep, "link_reconnected"):  # both ends run and the link is up: reconnected
+            assert time.time() < deadline + 15, f"the dropped link was never reconnected: {dep.events[-8:]}"
+            time.sleep(0.05)
+        assert events(dep, "link_reconnected")[0]["from"] == "pick#0"
+        ray.get([dep.handles[p].drop_link.remote("per_k#0", "receiver slow: test") for p in ("pick#0", "pick#1")])
         while not events(dep, "declared_failed", "per_k#0"):
             assert time.time() < deadline + 30, "per_k#0 lost every input link and was never declared failed"
             time.sleep(0.05)
@@ -292,3 +296,32 @@ def test_the_sender_threads_errors_are_reported_not_printed():
         sender.stop()
     assert "latency model broke" in str(errors[0])
     assert ob.links[0].queue == type(ob.links[0].queue)() and ob.log.tuples == 0  # nothing half-sent
+
+
+def test_dead_letters_survive_kill_revive_kill_of_the_same_operator():
+    """Dead letters are state: kill pick#0, revive it from pick#1, kill pick#1; the replica left holds
+    what both set aside (through its checkpoint), so result.dead_letters equals the reference's."""
+    from replistream.sources import KillReplica, Revive
+
+    def raising(b):
+        if (b["k"] == 3).any():
+            raise ValueError("k is 3")
+        return b["v"] > -1.0
+
+    q = Query("letters")
+    s = q.source("s", {"k": "i8", "v": "f8"}, punctuate_every=seconds(1))
+    s.filter(raising, name="pick").window(size=seconds(2), by="k", aggs={"n": "count"}, name="per_k").sink("out")
+    q.build()
+    data = inputs(n=1500)
+    ref = run_reference(q, data)
+    data["s"] = inject_at(data["s"], seconds(8), KillReplica("pick", 0))
+    data["s"] = inject_at(data["s"], seconds(14), Revive("pick", 0))
+    data["s"] = inject_at(data["s"], seconds(20), KillReplica("pick", 1))
+    with deploy(q, servers=SERVERS, k=2, **DETECT) as dep:
+        res = dep.run(data, timeout=120)
+        assert [r.label for r in dep.topology.replicas("pick") if dep.topology.is_running(r.label)] == ["pick#2"]
+
+    def letters(r):
+        return sorted((d.where, d.reason, int(i)) for d in r.dead_letters for i in d.batch["id"])
+    exact(ref, res)
+    assert len(letters(ref)) > 20 and letters(res) == letters(ref)

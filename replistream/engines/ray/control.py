@@ -95,7 +95,7 @@ from ...gc import ENTRY, OperatorReplica, RevivalEvent, RevivalPolicy, Snapshot,
 from ...plan import group_of
 from ...replica.handover import missing_feeders, rank_peers, shares_feeders
 from ...replica.transfer import STRATEGIES
-from .common import is_actor_death, json_default, wait_quietly
+from .common import is_actor_death, json_default
 from .transfer import staged_install
 
 __all__ = ["CUT_MS", "GCConfig", "ReplicaManager"]
@@ -844,13 +844,13 @@ class ReplicaManager:
     def _apply_discard(self, streams, replicas) -> None:
         """Stop the discarded stream replicas at their sources; retire the replicas left dormant."""
         topo = self.topology
-        calls = []
+        calls = {}
         for sid in streams:
             s = topo.stream(sid)
             topo.disconnect(sid)
             if topo.is_running(s.src):
-                calls.append(topo.handle(s.src).disconnect.remote(s.dst, s.port))
-        wait_quietly(calls, timeout=60)
+                calls[f"{s.src}|{sid}"] = topo.handle(s.src).disconnect.remote(s.dst, s.port)
+        self.dep.tell({key: ref for key, ref in calls.items()}, timeout=60)
         for label in replicas:
             self.dep.retire(label)
 

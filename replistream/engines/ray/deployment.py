@@ -341,6 +341,8 @@ class Deployment:
         self._pids: dict[str, tuple[int, str | None]] = {}  # label -> (pid, Ray node) from its probes
         self._reports_seen = 0  # coordinator reports handled by the monitor (_handle_reports)
         self._dropped_links: set[tuple[str, str]] = set()  # (sender, receiver) links dropped, not by a death
+        self._link_drops: dict[tuple[str, str], dict] = {}  # per dropped link: when, why, reconnections tried
+        self._reconnect_threads: list[threading.Thread] = []
         self._fetches: dict[str, tuple[Any, int]] = {}  # application replica -> outstanding fetch, from
         self._retired_letters: list = []  # dead letters of replicas stopped by the deployment (retired)
         self._monitor_thread: threading.Thread | None = None
@@ -739,7 +741,7 @@ class Deployment:
                 data.bind(src, self.query.schema_of(src))
         self.speed = pace
         self.t0 = time.time() + 0.05
-        wait_quietly([h.set_start.remote(self.t0) for _, h in self.topology.running()])
+        self.tell({label: h.set_start.remote(self.t0) for label, h in self.topology.running()})
         self._broadcast_network()
         disorder = {src: self.query.spec(src).max_disorder for src in self.query.sources}
         self.feeder.start(self.query.sources, inputs, pace, chunk_size, self.t0, idle=idle, disorder=disorder,
@@ -759,7 +761,7 @@ class Deployment:
         §V-C), and the control loop, if any, starts."""
         self.ts0 = ts0
         self.t0 = self.feeder.t0  # with a pace: the replay starts when the first chunks are there
-        wait_quietly([h.set_clock.remote(self.t0, self.ts0, self.speed) for _, h in self.topology.running()])
+        self.tell({label: h.set_clock.remote(self.t0, self.ts0, self.speed) for label, h in self.topology.running()})
         if self.manager is not None:
             self.manager.start()
 
@@ -800,8 +802,17 @@ class Deployment:
     #: one busy in a call that does not return is left out and said so.
     ASK_TIMEOUT_S = 15.0
 
+    def tell(self, calls: Mapping[str, Any], timeout: float = 30.0) -> list[BaseException]:
+        """Wait for calls whose failure is noticed elsewhere (``{label: ObjectRef}``: settings sent
+        to every replica, disconnections), like :func:`~.common.wait_quietly`, but never on a
+        replica the failure detector suspects (a stopped one gets the call when it answers again,
+        calls run in order): at most ``timeout`` s in all. Returns the errors of those that failed."""
+        ready = self._ask_all(calls, timeout)
+        return wait_quietly([ref for ref in calls.values() if ref in ready], timeout=0)
+
     def _ask_all(self, asked: Mapping[str, Any], timeout: float) -> set:
-        """Wait for the calls ``asked`` (``{label: ObjectRef}``) until every one to an actor not
+        """Wait for the calls ``asked`` (``{label: ObjectRef}``, or ``{"label|anything": ...}`` for
+        several calls to one actor) until every one to an actor not
         suspected by the failure detector has answered, or ``timeout`` s: nothing waits on a
         replica that stopped answering. Returns the refs that are ready."""
         refs = list(asked.values())
@@ -810,8 +821,8 @@ class Deployment:
         deadline = time.time() + timeout
         while True:
             ready = set(ray.wait(refs, num_returns=len(refs), timeout=min(0.05, max(0.0, deadline - time.time())))[0])
-            waiting = [label for label, ref in asked.items() if ref not in ready
-                       and not self.detector.is_suspected(label)]
+            waiting = [key for key, ref in asked.items() if ref not in ready  # key: a label, or "label|..."
+                       and not self.detector.is_suspected(key.split("|", 1)[0])]
             if not waiting or time.time() >= deadline:
                 return ready
 
@@ -895,6 +906,59 @@ class Deployment:
                 self.events.append({"t": self.now(), "event": v.state, "actor": v.label,
                                     "silent_s": round(v.silent_s, 3)})
         self._handle_reports()
+        self._reconnect_dropped()
+
+    #: A dropped link is reconnected this long after its drop at the earliest, and at most
+    #: :attr:`RECONNECT_TRIES` times (a receiver that keeps being dropped is left to its peers).
+    RECONNECT_AFTER_S = 2.0
+    RECONNECT_TRIES = 3
+
+    def _reconnect_dropped(self) -> None:
+        """Reconnect stream replicas whose link a sender dropped (a cut that outlasted the queue, a
+        receiver blocked for ``drop_after_s``, a failed send) once both ends still run, the
+        emulated link is up again and :attr:`RECONNECT_AFTER_S` have passed: the receiver gets a
+        new duplicate-filter channel and the sender replays its retention log on it (as for a new
+        replica, decision 7). The log may no longer reach back to the drop; the gap is covered by
+        the receiver's other upstream replicas, which fed it throughout (a receiver left with none
+        was declared failed instead). Each reconnection runs in a thread of its own, under the
+        control loop's lock (one control action at a time), so the monitor never waits on it."""
+        self._reconnect_threads = [t for t in self._reconnect_threads if t.is_alive()]
+        now = time.time()
+        for (src, dst), drop in list(self._link_drops.items()):
+            if drop.get("busy") or drop["tries"] >= self.RECONNECT_TRIES or now - drop["wall"] < self.RECONNECT_AFTER_S:
+                continue
+            if not (self.topology.is_running(src) and self.topology.is_running(dst)):
+                continue
+            try:
+                lat = self.conditions.latency_ms(self.topology.server(src), self.topology.server(dst), self.now())
+            except Exception:  # noqa: BLE001 - a model that cannot tell: try the reconnection
+                lat = 0.0
+            if not np.isfinite(lat):
+                continue  # still cut: it would overflow again
+            drop["busy"] = True
+            drop["tries"] += 1
+            t = threading.Thread(target=self._reconnect, args=(src, dst, drop), daemon=True,
+                                 name="replistream-reconnect")
+            self._reconnect_threads.append(t)
+            t.start()
+
+    def _reconnect(self, src: str, dst: str, drop: dict) -> None:
+        try:
+            mgr = self.control_loop()
+            with mgr.lock:
+                if self.shut_down or not (self.topology.is_running(src) and self.topology.is_running(dst)):
+                    return
+                streams = [st for st in self.topology.streams(src=src, dst=dst) if st.live]
+                replayed = sum(mgr._connect(st) for st in streams)
+                self._dropped_links.discard((src, dst))
+                self.events.append({"t": self.now(), "event": "link_reconnected", "from": src, "to": dst,
+                                    "replayed": int(replayed), "try": drop["tries"]})
+        except Exception as e:  # logged; the receiver's other links feed it, or it is declared failed
+            self.events.append({"t": self.now(), "event": "reconnect_failed", "from": src, "to": dst,
+                                "error": repr(e)})
+        finally:
+            drop["busy"] = False
+            drop["wall"] = time.time()
 
     def _handle_reports(self) -> None:
         """Act on the coordinator's new reports that name a replica to fail: ``declare_failed`` (its
@@ -930,6 +994,8 @@ class Deployment:
                 if reason.startswith(("receiver died", "receiver raised")):
                     continue  # deaths and raised errors: check_failures
                 self._dropped_links.add((rep["from"], rep["to"]))
+                drop = self._link_drops.setdefault((rep["from"], rep["to"]), {"tries": 0})
+                drop.update(wall=time.time(), reason=reason)
                 self.events.append({"t": self.now(), "event": "link_failed", "from": rep["from"], "to": rep["to"],
                                     "reason": reason})
                 starved.add(rep["to"])
@@ -1421,7 +1487,7 @@ class Deployment:
         self._net_event({"event": "restore", "a": a, "b": b, "server": server})
 
     def _broadcast_network(self) -> None:
-        wait_quietly([h.set_network.remote(self.conditions) for _, h in self.topology.running()])
+        self.tell({label: h.set_network.remote(self.conditions) for label, h in self.topology.running()})
 
     def install_scenario(self, scenario) -> None:
         """Validate ``scenario`` against this deployment and install its network events."""
@@ -1522,7 +1588,10 @@ class Deployment:
         running = self.topology.stop_all()
         if self._repair_thread is not None:
             self._repair_thread.join(30)
+        for t in list(self._reconnect_threads):
+            t.join(30)
         threads = [self.feeder.thread, self._scenario_thread, self._repair_thread, self._monitor_thread,
+                   *self._reconnect_threads,
                    None if self.manager is None else getattr(self.manager, "_thread", None)]
         if pool.pool_size() and not any(t is not None and t.is_alive() for t in threads):
             # every actor stops sending and settles; local ones may be kept for the next deployment

@@ -38,7 +38,6 @@ from ...gc import OperatorReplica, StreamReplica
 from ...plan import PhysicalPlan, group_of
 from ...replica.changes import PENDING, AddOperator, CutSpec, RemoveOperator, ReplaceFunction, new_marker, set_spec
 from ...schema import END, as_seconds
-from .common import wait_quietly
 from .topology import kind_of
 
 __all__ = ["add_operator", "remove_operator", "replace_function", "set_replication"]
@@ -108,8 +107,8 @@ def _retire(dep, labels: list[str]) -> None:
     """Disconnect ``labels`` from their upstream replicas, stop them, forget them (topology)."""
     with (dep.manager.lock if dep.manager is not None else nullcontext()):
         running = dep.topology.running()
-        calls = [h.disconnect.remote(label) for src, h in running if src not in labels for label in labels]
-        wait_quietly(calls, timeout=60)
+        dep.tell({f"{src}|{label}": h.disconnect.remote(label) for src, h in running if src not in labels
+                  for label in labels}, timeout=60)
         dep.stop_actors(dep.topology.remove(labels), "operator removed")
 
 
