@@ -325,3 +325,18 @@ def test_dead_letters_survive_kill_revive_kill_of_the_same_operator():
         return sorted((d.where, d.reason, int(i)) for d in r.dead_letters for i in d.batch["id"])
     exact(ref, res)
     assert len(letters(ref)) > 20 and letters(res) == letters(ref)
+
+
+def test_a_paced_run_sets_aside_a_record_stamped_with_the_reserved_end_time():
+    """Pacing never waits for a record the entry points will set aside: a chunk at END (the reserved
+    timestamp) once made the feeder's sleep() overflow and end the run."""
+    from replistream.schema import END
+
+    q = query(window=False)
+    data = inputs(n=400, span_s=4)
+    data["s"].insert(len(data["s"]) // 2, [{"ts": int(END), "k": 1, "v": 0.5}])
+    ref = run_reference(q, data, on_malformed="dead_letter")
+    with deploy(q, servers=SERVERS, k=2, **DETECT) as dep:
+        res = dep.run(data, pace=4.0, timeout=60)
+    exact(ref, res)
+    assert [d.reason for d in res.dead_letters] == [d.reason for d in ref.dead_letters] and ref.dead_letters

@@ -45,6 +45,7 @@ import ray
 
 from ...operators.base import NO_PUNCTUATION
 from ...plan import ENTRY
+from ...schema import END
 from ...idle import Heartbeat, IdleMerge
 from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, cut_by_time, iter_chunks,
                         needs_stamp, stamp)
@@ -181,10 +182,13 @@ class Feeder:
                 self._settle(0, 0)  # everything before the event has reached the entry points
                 self.on_sentinel(chunk)
                 continue
-            if pace is not None and chunk is not None and math.isfinite(t):
-                delay = self.t0 + (t - ts0) / (1e6 * pace) - time.time()
-                if delay > 0:
-                    time.sleep(delay)
+            if pace is not None and chunk is not None and math.isfinite(t) and t < END:
+                # (a chunk starting at END holds only records the entry points set aside: no wait)
+                delay = early = self.t0 + (t - ts0) / (1e6 * pace) - time.time()
+                while delay > 0:  # in slices: a timestamp years ahead must not overflow sleep()
+                    time.sleep(min(delay, 1.0))
+                    delay = self.t0 + (t - ts0) / (1e6 * pace) - time.time()
+                delay = early
                 if cut is not None:
                     cut.sent(-delay)
             if chunk is not None and needs_stamp(chunk):
