@@ -230,9 +230,11 @@ def _kill_again(dep, group: str, k: int) -> None:
     """Kill the newest running replica of ``group`` if the group is back to ``k`` running replicas
     (a repair replaced the one killed before); otherwise nothing (the fault would exceed the model)."""
     running = [r.label for r in dep.topology.replicas(group) if dep.topology.is_running(r.label)]
-    if len(running) >= k:
-        label = max(running, key=lambda lab: int(lab.rpartition("#")[2]))
-        dep.kill(label, "killed again after its group's repair")
+    newest = max(running, key=lambda lab: int(lab.rpartition("#")[2]), default=None)
+    # a replica a repair started (index >= k) runs: the crash before it was noticed, so a second
+    # kill stays within the model (a crash not noticed yet still counts as running)
+    if newest is not None and len(running) >= k and int(newest.rpartition("#")[2]) >= k:
+        dep.kill(newest, "killed again after its group's repair")
 
 
 def _stop_for(dep, operator: str, replica: int, pause: float) -> None:
