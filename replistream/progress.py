@@ -39,7 +39,7 @@ class Heartbeat:
         """Stop beating; no line follows. Idempotent."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(5.0)  # it wakes on the event at once; never wait on it for ever
 
     def __enter__(self) -> "Heartbeat":
         return self.start()
@@ -179,7 +179,7 @@ class Reporter:
         time); if it never showed, nothing is written. Idempotent."""
         self.closed.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(5.0)  # it wakes on the event at once; never wait on it for ever
         with self._lock:
             if self._bar is not None:
                 took = time.perf_counter() - self._started

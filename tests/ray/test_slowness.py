@@ -162,7 +162,7 @@ def test_a_dropped_link_is_reconnected_and_a_starved_receiver_is_declared_failed
     ref = run_reference(q, data)
 
     def drop(sender):
-        return Call(lambda dep: ray.get(dep.handles[sender].drop_link.remote("per_k#0", "receiver slow: test")))
+        return Call(lambda dep: ray.get(dep.handles[sender].drop_link.remote("per_k#0", "receiver slow: test"), timeout=30))
 
     data["s"] = inject_at(data["s"], seconds(8), drop("pick#0"))
     with deploy(q, servers=SERVERS, k=2, **DETECT) as dep:
@@ -176,7 +176,8 @@ def test_a_dropped_link_is_reconnected_and_a_starved_receiver_is_declared_failed
             assert time.time() < deadline + 15, f"the dropped link was never reconnected: {dep.events[-8:]}"
             time.sleep(0.05)
         assert events(dep, "link_reconnected")[0]["from"] == "pick#0"
-        ray.get([dep.handles[p].drop_link.remote("per_k#0", "receiver slow: test") for p in ("pick#0", "pick#1")])
+        ray.get([dep.handles[p].drop_link.remote("per_k#0", "receiver slow: test") for p in ("pick#0", "pick#1")],
+                timeout=30)
         while not events(dep, "declared_failed", "per_k#0"):
             assert time.time() < deadline + 30, "per_k#0 lost every input link and was never declared failed"
             time.sleep(0.05)
@@ -192,7 +193,7 @@ def _break_contract(sender: str, receiver: str, port: int = 0):
         sid = next(s for s in dep.topology.streams(src=sender, dst=receiver))
         channel = dep.topology.channel(sid.id)
         late = dep.query.schema_of("pick").from_columns({"ts": [0], "k": [1], "v": [0.5]}, ids=[12345])
-        ray.get(dep.handles[receiver].push.remote(port, channel, [late]))
+        ray.get(dep.handles[receiver].push.remote(port, channel, [late]), timeout=30)
     return Call(go)
 
 

@@ -1743,7 +1743,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
             rep.phase(f"starting {int(spares)} warm spares")
         dep.start_spares(int(spares))
         rep.phase("handing the placement to the coordinator")
-        ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server))
+        ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server),
+                timeout=60)
         for app, cb in (on_output or {}).items():
             dep.on_output(app, cb)
         dep.start_monitor()
