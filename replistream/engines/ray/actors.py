@@ -42,6 +42,7 @@ import resource
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,15 @@ class _Base:
             node = self._node = ray.get_runtime_context().get_node_id()
         return {"busy_s": 0.0 if started is None else time.time() - started, "pushes": getattr(self, "pushes", 0),
                 "pid": os.getpid(), "node": node, "position": self._position()}
+
+    @contextmanager
+    def _data_call(self, started: float):
+        """A data-path call runs from ``started`` (what :meth:`probe` reports as ``busy_s``)."""
+        self.call_started = started
+        try:
+            yield
+        finally:
+            self.call_started = None
 
     def _position(self) -> int | None:
         """Its logical position for the failure detector (comparable among the replicas of one node):
@@ -419,16 +429,12 @@ class ReplicaActor(_Base):
             self.buffered.append((port, channel, packet))
             self.last_push = time.time() - self.t0
             return NO_ACK
-        self.call_started = started
-        try:
-            with self.lock:
-                out = self._process(port, channel, packet)
-                self.busy_s += time.time() - started
-                self._emit(self.out, out)  # queued under the lock: a checkpoint sees it in the log
-                if self.step_requests and any(isinstance(it, Punctuation) for it in out):
-                    self._take_steps()  # a transfer step at this logical time (our punctuation)
-        finally:
-            self.call_started = None
+        with self._data_call(started), self.lock:
+            out = self._process(port, channel, packet)
+            self.busy_s += time.time() - started
+            self._emit(self.out, out)  # queued under the lock: a checkpoint sees it in the log
+            if self.step_requests and any(isinstance(it, Punctuation) for it in out):
+                self._take_steps()  # a transfer step at this logical time (our punctuation)
         self.out.wait_for_room()
         self._slowdown(started)
         self.pushes += 1
@@ -752,11 +758,9 @@ class EntryActor(_Base):
         """Take input chunk ``seq`` of ``source`` (duplicates and replays are ignored)."""
         if self.quiet:
             return -1
-        started = self.call_started = time.time()
-        try:
+        started = time.time()
+        with self._data_call(started):
             return self._push_chunk(source, seq, chunk, started)
-        finally:
-            self.call_started = None
 
     def _push_chunk(self, source: str, seq: int, chunk: Any, started: float) -> int:
         with self.lock:
@@ -827,11 +831,9 @@ class SinkActor(_Base):
     def push(self, port: int, channel: int, packet: list) -> int:
         if self.quiet:
             return NO_ACK
-        now = self.call_started = time.time()
-        try:
+        now = time.time()
+        with self._data_call(now):
             return self._push(port, channel, packet, now)
-        finally:
-            self.call_started = None
 
     def _push(self, port: int, channel: int, packet: list, now: float) -> int:
         self._observe(port, packet)
