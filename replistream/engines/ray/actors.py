@@ -37,6 +37,7 @@ The probe (:meth:`_Base.probe`) runs on a thread of its own and takes no lock.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import resource
 import threading
@@ -68,6 +69,8 @@ class _Base:
         self.label = label
         self.quiet = False  # the deployment ended: send nothing, ignore input (pool.py)
         self._reports: list = []  # reports sent to the coordinator (settled() waits for them)
+        self._sent: list[tuple[str, dict]] = []  # every report, sent again to a new coordinator
+        self._rid = itertools.count()  # report ids (next() is atomic: the sender thread reports too)
         self.failure: dict | None = None  # set when this replica's own code raised (_fatal)
         self.server = server
         self.network = network
@@ -159,6 +162,28 @@ class _Base:
         self.__init__(*args, **kwargs)
         return True
 
+    def _report(self, kind: str, rec: dict) -> None:
+        """Send a report to the coordinator, with an id (``rid``) that makes sending it again harmless."""
+        if self.coordinator is None:
+            return
+        rec = {**rec, "rid": f"{self.label}/{next(self._rid)}"}
+        self._sent.append((kind, rec))
+        self._reports.append(self.coordinator.report.remote(kind, rec))
+
+    @ray.method(concurrency_group="probe")  # not behind a long data-path call
+    def set_coordinator(self, handle) -> int:
+        """The deployment replaced its coordinator (the old one was lost for good): report to
+        ``handle`` from now on, and send it every report sent so far (it logs each id once), so
+        none sent to the lost one is lost with it. Returns how many were sent again.
+
+        >>> ray.get(replica.set_coordinator.remote(new_coordinator))   # doctest: +SKIP
+        2
+        """
+        self.coordinator = handle
+        sent = list(self._sent)
+        self._reports = [handle.report.remote(kind, rec) for kind, rec in sent]
+        return len(sent)
+
     def _outbox(self, stream: str) -> Outbox:
         ob = self.outboxes.get(stream)
         if ob is None:
@@ -171,8 +196,7 @@ class _Base:
     def _on_drop(self, owner: str, link: Link, reason: str) -> None:
         rec = {"from": owner, "to": link.label, "reason": reason, "t": time.time() - self.t0}
         self.dropped.append(rec)
-        if self.coordinator is not None:
-            self._reports.append(self.coordinator.report.remote("channel_dropped", rec))
+        self._report("channel_dropped", rec)
 
     def connect(self, stream: str, label: str, server: str, handle, port: int, channel: int,
                 replay: bool = False) -> int:
@@ -343,8 +367,7 @@ class _Base:
         rec = {"receiver": self.label, "port": int(port), "channel": int(channel), "rows": int(broken.sum()),
                "ts": int(item[TS][broken].min()), "punctuation": int(cp), "t": time.time() - self.t0}
         self.broken_contracts = getattr(self, "broken_contracts", 0) + rec["rows"]
-        if self.coordinator is not None:
-            self._reports.append(self.coordinator.report.remote("broken_contract", rec))
+        self._report("broken_contract", rec)
         return item[~broken]
 
     def _sender_failed(self, error: BaseException) -> None:
@@ -355,8 +378,7 @@ class _Base:
 
         rec = {"replica": self.label, "reason": f"its sender thread raised {type(error).__name__}: {error}",
                "traceback": "".join(tb.format_exception(error)), "t": time.time() - self.t0}
-        if self.coordinator is not None:
-            self._reports.append(self.coordinator.report.remote("declare_failed", rec))
+        self._report("declare_failed", rec)
 
     def _fatal(self, operator: str, logical_time, error: BaseException) -> None:
         """This replica's own code raised (a user function with ``on_error="fail"``, a wrong result, a
@@ -366,8 +388,7 @@ class _Base:
         rec = failure_record(self.label, operator, None if logical_time is None else int(logical_time), error)
         rec["t"] = time.time() - self.t0
         self.failure = rec
-        if self.coordinator is not None:
-            self._reports.append(self.coordinator.report.remote("fatal", rec))
+        self._report("fatal", rec)
 
     def _common_stats(self) -> dict:
         return {

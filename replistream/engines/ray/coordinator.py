@@ -8,21 +8,34 @@ garbage-collection and revival decisions). It lives apart from the data-path
 actors (:mod:`.actors`) because it needs the placement library (scipy), which
 only this actor's process imports.
 
->>> coordinator = CoordinatorActor.remote(time.time())             # doctest: +SKIP
+Its loss does not end the run. Everything it holds (the plan, the actors it was
+given, the reports log) is written to Ray's internal key-value store under the
+deployment's key as it changes, so the coordinator the deployment puts in its
+place (a warm standby, re-initialised with the key) picks the state up where it
+was. Reports carry an id (``rid``), and one already logged is not logged again:
+replicas send their reports again to a new coordinator.
+
+>>> coordinator = CoordinatorActor.remote(time.time(), "replistream/coordinator/demo")  # doctest: +SKIP
 >>> ray.get(coordinator.network_cost.remote())                    # doctest: +SKIP
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import ray
+from ray import cloudpickle
+from ray.experimental import internal_kv
 
 from ...placement.model import QueryStats, with_stats
 from ...placement.policy import place
 from ...placement.result import Placement
 
-__all__ = ["CoordinatorActor"]
+__all__ = ["CoordinatorActor", "KV_NAMESPACE"]
+
+#: The namespace of Ray's internal key-value store where coordinators keep their state.
+KV_NAMESPACE = "replistream"
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -38,11 +51,17 @@ class CoordinatorActor:
     (dropped channels, failures) that the metrics expose. The deployment
     applies the initial plan when it starts the actors; moving running
     replicas to a new plan is left to the revival and state-transfer work.
+
+    ``key``: where its state lives in Ray's internal key-value store (namespace
+    :data:`KV_NAMESPACE`); a coordinator started with the key of one that was
+    lost resumes from that state (``restored`` says so). None keeps nothing.
     """
 
-    def __init__(self, t0: float):
+    def __init__(self, t0: float, key: str | None = None):
         self.t0 = t0
+        self.key = key
         self.events: list[dict] = []
+        self._rids: set = set()  # ids of the reports logged (a report sent twice is logged once)
         self.query = None
         self.servers: list = []
         self._placement = None  # the Placement of the running plan (None if it could not be costed)
@@ -51,6 +70,59 @@ class CoordinatorActor:
         self.actor_server: dict[str, str] = {}
         self.stats = None  # QueryStats from the last collect_stats()
         self.proposed = None  # the last Placement computed by place()
+        self.restored = self._restore()
+
+    # -- state kept in Ray's key-value store ----------------------------------------------------
+    def _kv(self, name: str) -> str:
+        return f"{self.key}/{name}"
+
+    def _restore(self) -> dict | None:
+        """Take up the state a lost coordinator with the same key left (None if there is none)."""
+        if self.key is None:
+            return None
+        raw = internal_kv._internal_kv_get(self._kv("plan"), namespace=KV_NAMESPACE)
+        keys = sorted(internal_kv._internal_kv_list(self._kv("ev/"), namespace=KV_NAMESPACE))
+        if raw is None and not keys:
+            return None
+        if raw is not None:
+            st = cloudpickle.loads(raw)
+            self.query, self.servers, self._placement = st["query"], st["servers"], st["placement"]
+            self._plan, self.handles, self.actor_server = st["plan"], st["handles"], st["actor_server"]
+        for k in keys:  # the log in chunks of EVENTS_PER_KEY
+            for e in cloudpickle.loads(internal_kv._internal_kv_get(k, namespace=KV_NAMESPACE)):
+                self.events.append(e)
+                if e.get("rid") is not None:
+                    self._rids.add(e["rid"])
+        info = {"events": len(self.events), "plan": raw is not None}
+        self._log({"kind": "coordinator_restored", "t": time.time() - self.t0, **info})
+        return info
+
+    #: Reports per key of the log in the key-value store (the last chunk is written again as it grows).
+    EVENTS_PER_KEY = 64
+
+    def _log(self, e: dict) -> None:
+        """Append ``e`` to the reports log, and to the key-value store (before it counts as logged)."""
+        if self.key is not None:
+            c = len(self.events) // self.EVENTS_PER_KEY
+            chunk = self.events[c * self.EVENTS_PER_KEY:] + [e]
+            internal_kv._internal_kv_put(self._kv(f"ev/{c:09d}"), cloudpickle.dumps(chunk), namespace=KV_NAMESPACE)
+        self.events.append(e)
+
+    def _keep_plan(self) -> None:
+        if self.key is not None:
+            st = {"query": self.query, "servers": self.servers, "placement": self._placement, "plan": self._plan,
+                  "handles": self.handles, "actor_server": self.actor_server}
+            internal_kv._internal_kv_put(self._kv("plan"), cloudpickle.dumps(st), namespace=KV_NAMESPACE)
+
+    def forget(self) -> int:
+        """The deployment ended: drop the state kept in the key-value store. Returns the keys dropped."""
+        if self.key is None:
+            return 0
+        return int(internal_kv._internal_kv_del(self.key + "/", del_by_prefix=True, namespace=KV_NAMESPACE))
+
+    def ping(self) -> dict:
+        """Answers once the coordinator runs: its ``pid`` and what it ``restored`` (None: it started fresh)."""
+        return {"pid": os.getpid(), "restored": self.restored}
 
     # -- reuse by a later deployment (pool.py): it holds no thread and sends nothing -------------
     def stop_sending(self) -> bool:
@@ -59,15 +131,23 @@ class CoordinatorActor:
     def settled(self) -> tuple[bool, bool]:
         return True, True
 
-    def reinit(self, t0: float) -> bool:
+    def reinit(self, t0: float, key: str | None = None) -> bool:
         """Become the coordinator of another deployment (every attribute dropped, ``__init__`` again)."""
+        self.forget()
         for name in [n for n in self.__dict__ if not n.startswith("_ray")]:
             del self.__dict__[name]
-        self.__init__(t0)
+        self.__init__(t0, key)
         return True
 
     def report(self, kind: str, info: dict) -> None:
-        self.events.append({"kind": kind, **info})
+        """Log a replica's report (``kind``: ``channel_dropped``, ``fatal``, ...); one whose ``rid``
+        was logged already is not logged again."""
+        rid = info.get("rid")
+        if rid is not None:
+            if rid in self._rids:
+                return
+            self._rids.add(rid)
+        self._log({"kind": kind, **info})
 
     def log(self) -> list[dict]:
         return list(self.events)
@@ -107,9 +187,9 @@ class CoordinatorActor:
             for label, srv in sorted(self.actor_server.items()):
                 plan.setdefault(label.rsplit("#", 1)[0], []).append(srv)
             self._plan = plan
-        self.events.append({"kind": "placement", "t": time.time() - self.t0,
-                            "strategy": getattr(placement, "strategy", None),
-                            "network_cost": self.network_cost()})
+        self._keep_plan()
+        self._log({"kind": "placement", "t": time.time() - self.t0, "strategy": getattr(placement, "strategy", None),
+                   "network_cost": self.network_cost()})
         return True
 
     def plan(self) -> dict[str, list[str]]:
@@ -147,7 +227,7 @@ class CoordinatorActor:
             except Exception:
                 continue  # dead or unreachable: no statistics from it
         self.stats = QueryStats.from_metrics(self.query, {"actors": actors}, duration)
-        self.events.append({"kind": "stats", "t": time.time() - self.t0, "actors": len(actors)})
+        self._log({"kind": "stats", "t": time.time() - self.t0, "actors": len(actors)})
         return self.stats
 
     def place(self, k: int | None = None, strategy: str = "min-cost", **params) -> dict:

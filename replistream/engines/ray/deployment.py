@@ -34,6 +34,7 @@ import re
 import threading
 import time
 import traceback
+import uuid
 import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
@@ -370,8 +371,12 @@ class Deployment:
 
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         rep.phase("starting the coordinator")
+        self.coordinator_key = f"replistream/coordinator/{uuid.uuid4().hex}"  # its state in Ray's key-value store
+        self._coordinator_lock = threading.Lock()
         self.coordinator = self._settle(*self._start(CoordinatorActor, {"scheduling_strategy": here}, self.t0,
-                                                     local=True))
+                                                     self.coordinator_key, local=True))
+        self._coordinator_pid: int | None = None  # known once it answers (deploy() asks)
+        self._standby = None  # a warm coordinator that takes over if this one is lost (start_standby)
         started = []  # every actor at once (kept ones re-initialised, see pool.py), then one wait
         for r in physical.replicas():
             server = physical.server(r)
@@ -966,12 +971,7 @@ class Deployment:
         with receiver, port, channel and logical time: the sender is declared failed), and dropped
         links not due to a death (a receiver left with no live upstream replica on an input is
         declared failed: it would never progress again)."""
-        try:
-            new = ray.get(self.coordinator.reports_since.remote(self._reports_seen), timeout=10)
-        except Exception as e:
-            if is_actor_death(e):
-                return  # check_failures raises the coordinator's loss
-            raise
+        new = self.ask_coordinator("reports_since", self._reports_seen, timeout=10)
         self._reports_seen += len(new)
         starved = set()
         for rep in new:
@@ -1093,18 +1093,90 @@ class Deployment:
         self.events.append({"t": self.now(), "event": "stopped" if sig == 19 else "resumed", "actor": label})
         return pid
 
+    def ask_coordinator(self, method: str, *args, timeout: float = 30.0):
+        """Call the coordinator's ``method`` and return the answer. A coordinator that crashed is
+        restarted by Ray and the call retried; one lost for good (killed without restart, its node
+        gone) is replaced by a new one that takes up the state it kept in Ray's key-value store
+        (:meth:`replace_coordinator`), and the call is asked again. Raises :class:`RunFailed`
+        naming the coordinator if no answer comes within ``timeout`` s or it cannot be replaced.
+
+        >>> dep.ask_coordinator("network_cost")   # doctest: +SKIP
+        0.042
+        """
+        for attempt in range(3):
+            h = self.coordinator
+            try:
+                return ray.get(getattr(h, method).remote(*args), timeout=timeout)
+            except Exception as e:
+                lost, silent = is_actor_death(e), isinstance(e, ray.exceptions.GetTimeoutError)
+                if not (lost or silent):
+                    raise
+                what = f"{type(e).__name__} on {method!r}" + (f" (no answer in {timeout:g} s)" if silent else "")
+                if attempt == 2:
+                    raise RunFailed(f"the deployment's coordinator was lost twice in a row ({what}): it holds the "
+                                    f"plan and the failure reports, so the run cannot go on; nothing after the "
+                                    f"last results fetched is known to be delivered", operator="coordinator") from e
+                self.replace_coordinator(h, what, fence=silent)
+
+    def replace_coordinator(self, lost, reason: str, fence: bool = False) -> None:
+        """Start a new coordinator in place of ``lost`` (if it is still the current one), from the
+        state the lost one kept in Ray's key-value store (plan, actors, reports log), and point every
+        running replica at it; each sends its reports again (logged once each, by id). ``fence``:
+        the lost one only stopped answering; it is killed first (SIGKILL by pid, which also ends
+        a stopped process), so that one coordinator runs. Logged as a ``coordinator_replaced``
+        event with the seconds it took."""
+        with self._coordinator_lock:
+            if self.coordinator is not lost or self.shut_down:
+                return
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            started = time.time()
+            if fence:
+                try:
+                    ray.kill(lost, no_restart=True)
+                except Exception as e:  # logged: it may be gone already
+                    self.events.append({"t": self.now(), "event": "kill_failed", "actor": "coordinator",
+                                        "error": repr(e)})
+                if self._coordinator_pid is not None:
+                    try:
+                        os.kill(self._coordinator_pid, 9)  # it runs on the driver's node
+                    except (ProcessLookupError, PermissionError):
+                        pass  # gone already
+            new, self._standby = self._standby, None
+            info = None
+            if new is not None:  # the warm standby takes the state up (no process start, no imports)
+                try:
+                    ray.get(new.reinit.remote(self.t0, self.coordinator_key), timeout=30)
+                    info = ray.get(new.ping.remote(), timeout=30)
+                except Exception as e:  # logged; a new process instead
+                    self.events.append({"t": self.now(), "event": "standby_failed", "error": repr(e)})
+            if info is None:
+                here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+                new = CoordinatorActor.options(scheduling_strategy=here).remote(self.t0, self.coordinator_key)
+                info = ray.get(new.ping.remote(), timeout=60)
+            restored = info["restored"]
+            self.coordinator, self._coordinator_pid = new, info["pid"]
+            self.start_standby()
+            self.tell({label: h.set_coordinator.remote(new) for label, h in self.topology.running()}, timeout=10)
+            self.events.append({"t": self.now(), "event": "coordinator_replaced", "reason": reason,
+                                "restored": restored, "seconds": round(time.time() - started, 3)})
+
+    def start_standby(self) -> None:
+        """Start a warm standby coordinator on the driver's node (not waited for): it holds nothing
+        until :meth:`replace_coordinator` hands it the lost coordinator's key, so taking over costs
+        no process start and no imports (about 1.3 s of imports here)."""
+        if self._standby is not None or self.shut_down:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        self._standby = CoordinatorActor.options(scheduling_strategy=here).remote(self.t0, None)
+
     def check_failures(self) -> None:
         """Raise the run's failure if it has one (see :meth:`wait`); nothing otherwise. Deaths,
         silent replicas and dropped links are noticed by the monitor thread (:meth:`watch_once`)."""
         self.start_monitor()
-        try:
-            failed = ray.get(self.coordinator.failures.remote(), timeout=30)
-        except Exception as e:
-            if not is_actor_death(e):
-                raise
-            raise RunFailed(f"the deployment's coordinator died ({type(e).__name__}): it holds the plan and "
-                            f"the failure reports, so the run cannot go on; nothing after the last results "
-                            f"fetched is known to be delivered") from e
+        failed = self.ask_coordinator("failures", timeout=30)
         for f in [f for f in failed if f["kind"] == "died"]:  # a sender found its receiver dead
             self.mark_failed(f["replica"], f"died: {f['reason']}")  # idempotent: one already known is left
         failed = [f for f in failed if f["kind"] != "died"]
@@ -1554,7 +1626,7 @@ class Deployment:
         out = {"applications": apps, "actors": actors, "stream_replicas": links, "events": list(self.events),
                "coordinator": [], "placement": self.plan, **self.fault_tolerance()}
         try:
-            out["coordinator"] = ray.get(self.coordinator.log.remote(), timeout=10)
+            out["coordinator"] = self.ask_coordinator("log", timeout=10)
         except Exception as e:  # reported in the metrics
             out["coordinator_error"] = repr(e)
         return out
@@ -1586,6 +1658,7 @@ class Deployment:
         if self.manager is not None:
             self.manager.stop()
         running = self.topology.stop_all()
+        wait_quietly([self.coordinator.forget.remote()], timeout=5)  # its kept state goes with the deployment
         if self._repair_thread is not None:
             self._repair_thread.join(30)
         for t in list(self._reconnect_threads):
@@ -1599,11 +1672,15 @@ class Deployment:
             named = [(None if ray_options(self.servers[self.actor_server[label]]) else
                       kinds.get(self.topology.replica(label).kind, "ReplicaActor"), h) for label, h in running]
             label_of = {id(h): label for label, h in running}
-            named.append(("CoordinatorActor", self.coordinator))
-            label_of[id(self.coordinator)] = "coordinator"
+            for h in [self.coordinator, self._standby]:
+                if h is not None:
+                    named.append(("CoordinatorActor", h))
+                    label_of[id(h)] = "coordinator"
             running = [(label_of[id(h)], h) for _, h in pool.recycle(named)]
         else:
             running.append(("coordinator", self.coordinator))
+            if self._standby is not None:
+                running.append(("coordinator", self._standby))
         self.stop_actors(running, "shutdown")
 
     def __enter__(self):
@@ -1745,6 +1822,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         rep.phase("handing the placement to the coordinator")
         ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server),
                 timeout=60)
+        dep._coordinator_pid = ray.get(dep.coordinator.ping.remote(), timeout=60)["pid"]
+        dep.start_standby()
         for app, cb in (on_output or {}).items():
             dep.on_output(app, cb)
         dep.start_monitor()
