@@ -60,7 +60,7 @@ class SourceSpec(Spec):
     kind = "source"
     arity = (0, 0)
 
-    def build_entry(self, name: str, strict: bool = False, on_malformed: str = "raise",
+    def build_entry(self, name: str, strict: bool = False, on_malformed: str = "dead_letter",
                     window_grid: int | None = None) -> EntryLogic:
         """The entry-point logic; ``window_grid`` adds punctuations at window expiry times (§IV-F)."""
         every = self.punctuate_every
@@ -435,9 +435,17 @@ class Query:
                 grid = g if grid is None else math.gcd(grid, g)
         return grid
 
-    def build_entry(self, source: str, strict: bool = False, on_malformed: str = "raise") -> EntryLogic:
+    def build_entry(self, source: str, strict: bool = False, on_malformed: str = "dead_letter") -> EntryLogic:
         """The entry-point logic of ``source``: its declared punctuation policy, plus
-        punctuations at the expiry times of downstream time windows."""
+        punctuations at the expiry times of downstream time windows. ``on_malformed``:
+        ``"dead_letter"`` (the default on every engine) sets a record it cannot read aside with
+        its reason; ``"raise"`` refuses the chunk with a :class:`~replistream.errors.SchemaError`.
+
+        >>> q = Query(); _ = q.source("s", {"x": "i8"}).sink("o")
+        >>> e = q.build().build_entry("s")
+        >>> len(e.push([{"ts": 1}, {"ts": 2, "x": 2}])[0]), e.dead_letters[0].reason
+        (1, "malformed: source 's': record 0 is missing field 'x'")
+        """
         return self.spec(source).build_entry(source, strict, on_malformed, self.window_grid(source))
 
     def build_logic(self, node: str, strict: bool = False) -> OperatorLogic:

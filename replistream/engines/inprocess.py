@@ -256,7 +256,7 @@ class InProcessEngine:
 
     def __init__(self, query: Query, k: int = 2, seed: int = 0, *, crash: bool = False, split: bool = True,
                  resend_prob: float = 0.05, speed_spread: float = 1.0, strict: bool = False,
-                 on_malformed: str = "raise", audit: bool = False, checkpoint_bits: int = 0,
+                 on_malformed: str = "dead_letter", audit: bool = False, checkpoint_bits: int = 0,
                  placement: Mapping[str, Sequence[str]] | None = None):
         if int(k) < 1:
             raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
@@ -778,7 +778,7 @@ class InProcessEngine:
 
 def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: int = 0, *, crash: bool = False,
                    split: bool = True, resend_prob: float = 0.05, speed_spread: float = 1.0,
-                   strict: bool = False, on_malformed: str = "raise", audit: bool = False,
+                   strict: bool = False, on_malformed: str = "dead_letter", audit: bool = False,
                    checkpoint_bits: int = 0, placement: Mapping[str, Sequence[str]] | None = None) -> RunResult:
     """Run ``query`` with every operator and entry point replicated ``k`` times, in process
     (``InProcessEngine(query, k, seed, ...).run(inputs)``).

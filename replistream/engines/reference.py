@@ -19,8 +19,12 @@ __all__ = ["run_reference", "run_reference_on_streams"]
 
 
 def run_reference(query: Query, inputs: Mapping[str, Any], strict: bool = False,
-                  on_malformed: str = "raise") -> RunResult:
+                  on_malformed: str = "dead_letter") -> RunResult:
     """The ideal, non-replicated, failure-free run of ``query`` over ``inputs`` (Hwang §III).
+
+    A record an entry point cannot read is set aside as a dead letter with its reason
+    (``on_malformed="dead_letter"``, the default, as on every engine); ``on_malformed="raise"``
+    stops the run with a :class:`~replistream.errors.SchemaError` naming the record instead.
 
     >>> from replistream import Query
     >>> q = Query(); s = q.source("s", {"x": "i8"})
@@ -28,6 +32,13 @@ def run_reference(query: Query, inputs: Mapping[str, Any], strict: bool = False,
     >>> r = run_reference(q.build(), {"s": [{"ts": t, "x": t} for t in range(6)]})
     >>> r.outputs["even"]["x"].tolist(), r.complete
     ([0, 2, 4], True)
+    >>> r = run_reference(q, {"s": [{"ts": 0, "x": 0}, {"ts": 1}]})
+    >>> r.outputs["even"]["x"].tolist(), r.dead_letters[0].reason
+    ([0], "malformed: source 's': record 0 is missing field 'x'")
+    >>> run_reference(q, {"s": [{"ts": 1}]}, on_malformed="raise")
+    Traceback (most recent call last):
+    ...
+    replistream.errors.SchemaError: source 's': record 0 is missing field 'x' (on_malformed='dead_letter' ...)
     """
     query.build()
     streams, entries = source_streams(query, inputs, strict, on_malformed)

@@ -59,7 +59,11 @@ def test_operator_rejects_malformed_batch_naming_field(batch, field):
 def test_run_reference_rejects_malformed_records_naming_field(records, field):
     q = simple_query()
     with pytest.raises(SchemaError, match=f"source 'load'.*'{field}'"):
-        run_reference(q, {"load": records})
+        run_reference(q, {"load": records}, on_malformed="raise")
+    r = run_reference(q, {"load": records})  # the default, as on every engine: set aside, with the same text
+    assert r.complete and len(r.outputs["out"]) == 0
+    assert [(d.where, d.count) for d in r.dead_letters] == [("source 'load'", 1)]
+    assert r.dead_letters[0].reason.startswith("malformed: source 'load'") and f"'{field}'" in r.dead_letters[0].reason
 
 
 @pytest.mark.parametrize("cols, field", [
@@ -70,7 +74,7 @@ def test_run_reference_rejects_malformed_records_naming_field(records, field):
 ])
 def test_run_reference_rejects_malformed_columns_naming_field(cols, field):
     with pytest.raises(SchemaError, match=f"'{field}'"):
-        run_reference(simple_query(), {"load": cols})
+        run_reference(simple_query(), {"load": cols}, on_malformed="raise")
 
 
 def test_dead_letter_mode_keeps_the_query_running():

@@ -204,8 +204,11 @@ def test_an_unreadable_record_is_dead_lettered_with_its_reason(record, reason):
     assert r.complete and len(r.outputs["o"]) == 28
     assert [d.count for d in r.dead_letters] == [1]
     assert r.dead_letters[0].reason.startswith("malformed: ") and reason in r.dead_letters[0].reason
-    with pytest.raises(SchemaError):  # and in the default mode, an error naming it (never OverflowError)
-        run_reference(q, {"s": recs})
+    with pytest.raises(SchemaError):  # and under the explicit "raise" policy, an error naming it (never OverflowError)
+        run_reference(q, {"s": recs}, on_malformed="raise")
+    default = run_reference(q, {"s": recs})  # the default policy is the dead letter, on every engine
+    assert [(d.where, d.reason, d.count) for d in default.dead_letters] == \
+        [(d.where, d.reason, d.count) for d in r.dead_letters]
 
 
 def test_a_value_too_large_for_a_float32_field_is_malformed_not_infinity():

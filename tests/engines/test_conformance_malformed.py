@@ -1,5 +1,5 @@
 """Records an entry point cannot read, on every engine (#31): under ``on_malformed="dead_letter"``
-(the default of a deployment and of the simulator) the reference engine, the in-process
+(the default of every engine) the reference engine, the in-process
 replicated engine, the simulator and a Ray deployment set aside the same records with the same
 ``where`` and reason and deliver the same outputs; under ``on_malformed="raise"`` each stops with
 the same :class:`~replistream.errors.SchemaError` text (a deployment wraps it in
@@ -52,18 +52,23 @@ PLAN = {"entry": SERVERS[:2], "keep": SERVERS[1:], "per_k": [SERVERS[2], SERVERS
         "kept": SERVERS[:1], "per_k_out": SERVERS[:1]}
 
 
+def policy_kw(policy) -> dict:
+    """``on_malformed=policy``, or no argument at all for ``None`` (the engine's default)."""
+    return {} if policy is None else {"on_malformed": policy}
+
+
 def reference(policy):
-    return run_reference(query(), inputs(), on_malformed=policy)
+    return run_reference(query(), inputs(), **policy_kw(policy))
 
 
 def inprocess(policy):
-    return run_replicated(query(), inputs(), k=K, seed=31, placement=PLAN, on_malformed=policy)
+    return run_replicated(query(), inputs(), k=K, seed=31, placement=PLAN, **policy_kw(policy))
 
 
 def sim(policy):
     from replistream.sim import Simulator
 
-    return Simulator(query(), PLAN, ZeroLatency(SERVERS), on_malformed=policy).run(inputs())
+    return Simulator(query(), PLAN, ZeroLatency(SERVERS), **policy_kw(policy)).run(inputs())
 
 
 ENGINES = {"reference": reference, "inprocess": inprocess, "sim": sim}
@@ -99,6 +104,17 @@ def test_every_engine_dead_letters_alike(engine, ideal):
     assert dead_letter_summary(res.dead_letters) == dead_letter_summary(ideal.dead_letters)
 
 
+@pytest.mark.parametrize("engine", ["reference", "inprocess", "sim"])
+def test_the_default_policy_is_the_dead_letter_on_every_engine(engine, ideal):
+    """No ``on_malformed`` given: every engine sets the records aside with the same where and
+    reason as the reference under the explicit policy (a deployment's default: the Ray case below)."""
+    res = ENGINES[engine](None)
+    assert res.complete
+    assert letters(res) == letters(ideal) and len(letters(res)) == len(BAD)
+    for app in ideal.outputs:
+        assert_same_output(ideal.outputs[app], res.outputs[app])
+
+
 def refusal(engine: str) -> str:
     with pytest.raises(SchemaError) as e:
         ENGINES[engine]("raise")
@@ -111,19 +127,6 @@ def test_every_engine_raises_the_same_error_under_raise(engine):
     assert ideal.startswith("source 's': record ")
     assert "on_malformed='dead_letter'" in ideal  # the in-driver engines name the other policy
     assert refusal(engine).split(" (on_malformed=")[0] == ideal.split(" (on_malformed=")[0]
-
-
-@pytest.mark.slow
-def test_a_ray_deployment_dead_letters_as_the_reference_does(ray_session, ideal):
-    from replistream import deploy
-
-    with deploy(query(), servers=SERVERS, k=K, placement=PLAN, network="zero") as dep:  # default: dead_letter
-        res = dep.run(inputs(), timeout=120)
-    assert res.complete
-    for app in ideal.outputs:
-        assert_same_output(ideal.outputs[app], res.outputs[app])
-    assert letters(res) == letters(ideal)
-    assert dead_letter_summary(res.dead_letters) == dead_letter_summary(ideal.dead_letters)
 
 
 @pytest.mark.slow
