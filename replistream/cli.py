@@ -467,7 +467,7 @@ def _demo_ray(args) -> int:
                   f"{summary['dropped_stream_replicas']:,}")
     if summary.get("fault_tolerance") is not None:
         table.add_row("fault tolerance at the end (fewest live replicas - 1, over operators)",
-                      str(summary["fault_tolerance"]))
+                      f"{summary['fault_tolerance']}: {fault_tolerance_meaning(summary['fault_tolerance'])}")
     table.add_row("contribution weight per upstream replica at 'alerts' (1 per first copy, 1/j per j-th; §V-B)",
                   " ".join(f"{w:.1f}" for w in summary["filter_weights"] or []))
     if gc_cfg is not None:
@@ -516,8 +516,36 @@ def _ray_notes(summary: dict, gc: bool) -> list[str]:
         notes.append(f"network cost {cost[0]:,.0f} -> {cost[-1]:,.0f} bytes/s x ms "
                      f"({summary['gc_discards']} replicas discarded, {summary['revivals']} revived)")
     if summary.get("fault_tolerance") is not None:
-        notes.append(f"fault tolerance {summary['fault_tolerance']} at the end")
+        notes.append(f"fault tolerance {summary['fault_tolerance']} at the end: "
+                     f"{fault_tolerance_meaning(summary['fault_tolerance'])}")
     return notes
+
+
+def fault_tolerance_meaning(tolerance: int) -> str:
+    """What a deployment's fault tolerance (its operators' fewest live replicas - 1) means, in words:
+    how many more server losses the run survives. An operator's replicas are on distinct
+    servers, so a server loss takes at most one replica of each.
+
+    >>> fault_tolerance_meaning(1)
+    '1 more server loss survivable'
+    >>> fault_tolerance_meaning(2)
+    '2 more server losses survivable'
+    >>> fault_tolerance_meaning(0)
+    'no further server loss survivable (an operator has one replica left: losing its server ends the run)'
+    >>> fault_tolerance_meaning(-1)
+    'an operator has no live replica left'
+    >>> fault_tolerance_meaning("1")
+    Traceback (most recent call last):
+    ...
+    TypeError: fault tolerance must be an int (fewest live replicas - 1), got '1'
+    """
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int):
+        raise TypeError(f"fault tolerance must be an int (fewest live replicas - 1), got {tolerance!r}")
+    if tolerance < 0:
+        return "an operator has no live replica left"
+    if tolerance == 0:
+        return "no further server loss survivable (an operator has one replica left: losing its server ends the run)"
+    return f"{tolerance} more server loss{'es' if tolerance > 1 else ''} survivable"
 
 
 def _start_after_feed(dep, timer) -> None:

@@ -43,4 +43,5 @@ def test_demo_gc_keeps_fault_tolerance_by_default(capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["matches_reference"], out
     assert out["fault_tolerance"] == 1, out.get("fault_tolerance_per_node")
+    assert "; fault tolerance 1 at the end: 1 more server loss survivable" in out["verdict"], out["verdict"]
     assert all(v >= 1 for n, v in out["fault_tolerance_per_node"].items() if n != "alerts")
