@@ -27,7 +27,8 @@ from ..errors import QueryError
 from ..exact import LIMBS, ExactSums, exact_row_sums
 from ..ids import hash_columns, mix, stable_hash
 from ..schema import ID, TS, Schema
-from .base import OperatorLogic
+from .base import OperatorLogic, concat_ranges
+from .keyed import bin_bounds
 from .sorter import canonical_order
 
 BUILTIN = ("count", "sum", "min", "max", "mean")
@@ -174,6 +175,76 @@ class SortedIndex:
         self.insert(keys, rows)
 
 
+class HashRuns:
+    """Slot rows indexed by key hash, for finding a bin's rows without a pass over the rest (live
+    bins, Megaphone §3.4): sorted runs of ``(hash, row, tag)``, each at least twice as long as
+    the next (a log-structured merge, so a row is copied ``O(log n)`` times over its life). The
+    rows of a bin, the top bits of the hash, are a slice of every run for any number of bins.
+
+    Removal is lazy: an entry stays until a compaction and is valid while the slot still holds
+    the row it was added for, which the caller checks with ``valid(rows, tags)`` (a freed slot is
+    reused with another tag). :meth:`forget` counts removals and compacts once they outnumber
+    the live entries.
+
+    >>> ix = HashRuns()
+    >>> ix.add(np.array([2**63 + 1, 5], dtype=np.uint64), np.array([0, 1]), np.array([10, 11], dtype=np.uint64))
+    >>> ix.rows(1, np.array([1]), lambda r, t: np.ones(len(r), bool)).tolist()
+    [0]
+    >>> ix.rows(1, np.array([0, 1]), lambda r, t: r != 1).tolist()   # row 1 was freed
+    [0]
+    """
+
+    def __init__(self):
+        self.hash: list[np.ndarray] = []
+        self.row: list[np.ndarray] = []
+        self.tag: list[np.ndarray] = []
+        self.stale = 0
+
+    def __len__(self) -> int:
+        return sum(len(h) for h in self.hash)
+
+    def add(self, hashes: np.ndarray, rows: np.ndarray, tags: np.ndarray) -> None:
+        """Index new ``rows`` (with their ``hashes`` and ``tags``); costs a sort of them plus
+        amortised merges."""
+        if not len(hashes):
+            return
+        order = np.argsort(hashes, kind="stable")
+        self.hash.append(np.asarray(hashes, dtype=np.uint64)[order])
+        self.row.append(np.asarray(rows, dtype=np.int64)[order])
+        self.tag.append(np.asarray(tags, dtype=np.uint64)[order])
+        while len(self.hash) > 1 and 2 * len(self.hash[-1]) >= len(self.hash[-2]):
+            a, b = self.hash[-2], self.hash[-1]
+            at = np.searchsorted(a, b)
+            self.hash[-2] = np.insert(a, at, b)
+            self.row[-2] = np.insert(self.row[-2], at, self.row[-1])
+            self.tag[-2] = np.insert(self.tag[-2], at, self.tag[-1])
+            del self.hash[-1], self.row[-1], self.tag[-1]
+
+    def rows(self, bits: int, bins: np.ndarray, valid) -> np.ndarray:
+        """The valid rows whose hash lies in ``bins`` (sorted, distinct) at ``2**bits`` bins."""
+        got = []
+        for h, r, t in zip(self.hash, self.row, self.tag):
+            off = bin_bounds(h, bits)
+            idx = concat_ranges(off[bins], off[bins + 1])
+            if len(idx):
+                rr, tt = r[idx], t[idx]
+                got.append(rr[valid(rr, tt)])
+        return np.concatenate(got) if got else np.zeros(0, dtype=np.int64)
+
+    def forget(self, n: int, valid) -> None:
+        """``n`` indexed rows were removed; once removals outnumber the live entries, drop every
+        entry ``valid`` rejects (one pass, amortised over the removals)."""
+        self.stale += int(n)
+        total = len(self)
+        if self.stale * 2 <= total or not total:
+            return
+        h, r, t = (np.concatenate(x) for x in (self.hash, self.row, self.tag))
+        keep = valid(r, t)
+        order = np.argsort(h[keep], kind="stable")
+        self.hash, self.row, self.tag = [h[keep][order]], [r[keep][order]], [t[keep][order]]
+        self.stale = 0
+
+
 class _GroupedWindows(OperatorLogic):
     """What both aggregates share: parameters, output schema, group hashing."""
 
@@ -224,7 +295,11 @@ class TimeWindowAggregateLogic(_GroupedWindows):
     and id ``mix(hash(operator), hash(group), start)``.
 
     State is columnar: one row per open (group, window) in numpy arrays,
-    located through a dict from the 64-bit (group, window) hash.
+    located through a sorted index of the 64-bit (group, window) hash. The rows are also
+    indexed by group hash (:class:`HashRuns`), so the bins of the state (the top bits of the
+    group hash, Megaphone §3.4) are found without hashing or scanning the rest: a transfer
+    step's :meth:`checkpoint` costs its bins' windows, and :meth:`install_bins` adds a step's
+    windows to a running logic.
 
     >>> from replistream.schema import Punctuation
     >>> s = Schema({"k": "i8", "x": "f8"})
@@ -248,6 +323,8 @@ class TimeWindowAggregateLogic(_GroupedWindows):
         schema = in_schemas[0]
         self._nwin = -(-self.size // self.slide)  # windows per tuple, at most
         self._index = SortedIndex()  # open window's (group, start) hash -> row
+        self._bins = HashRuns()  # open windows by group hash (live bins)
+        self._ghash = np.zeros(0, dtype=np.uint64)  # each row's group hash
         self._free = np.zeros(0, dtype=np.int64)  # rows of closed windows, reused first
         self._cap = 0
         self._n = 0  # rows ever allocated (high-water mark)
@@ -284,6 +361,7 @@ class TimeWindowAggregateLogic(_GroupedWindows):
 
         self._key, self._start, self._alive, self._count = (ext(self._key), ext(self._start),
                                                              ext(self._alive, False), ext(self._count))
+        self._ghash = ext(self._ghash)
         if self._group is not None:
             self._group = ext(self._group)
         for k, acc in self._acc.items():
@@ -320,7 +398,8 @@ class TimeWindowAggregateLogic(_GroupedWindows):
             src, starts = src[valid], starts[valid]
         if not len(src):
             return []
-        key = mix(self._group_hash(batch)[src], starts.view(np.uint64))
+        gsrc = self._group_hash(batch)[src]
+        key = mix(gsrc, starts.view(np.uint64))
         uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
         rows = self._index.get(uniq)
         miss = rows < 0
@@ -330,6 +409,8 @@ class TimeWindowAggregateLogic(_GroupedWindows):
             self._index.insert(uniq[miss], new)
             f = first[miss]
             self._key[new] = uniq[miss]
+            self._ghash[new] = gsrc[f]
+            self._bins.add(gsrc[f], new, uniq[miss])
             self._start[new] = starts[f]
             self._alive[new] = True
             self._count[new] = 0
@@ -411,6 +492,7 @@ class TimeWindowAggregateLogic(_GroupedWindows):
                 out[a.name] = self._acc[(a.how, a.field)][closing]
         self._alive[closing] = False
         self._index.delete(self._key[closing])
+        self._bins.forget(len(closing), self._live_row)
         self._free = np.r_[self._free, closing.astype(np.int64)]
         return [out[canonical_order(out)]]
 
@@ -427,8 +509,25 @@ class TimeWindowAggregateLogic(_GroupedWindows):
         """Group hash: all windows of a group share the group's bin (Megaphone §3.2)."""
         return self._group_hash(batch)
 
+    live_bins = True
+
+    def _live_row(self, rows: np.ndarray, tags: np.ndarray) -> np.ndarray:
+        """Whether each slot still holds the open window ``tags`` names (:class:`HashRuns`)."""
+        return self._alive[rows] & (self._key[rows] == tags)
+
+    def _live_tables(self, bits, bins):
+        """The open windows of ``bins`` (all when None), found by group hash, with their values."""
+        if bins is None:
+            rows = np.flatnonzero(self._alive[: self._n])
+        else:
+            rows = np.sort(self._bins.rows(bits, bins, self._live_row))  # slot order, as the whole layout
+        return self._tables_of(rows, True)
+
     def _state_tables(self, keyed):
-        rows = np.flatnonzero(self._alive[: self._n])
+        return self._tables_of(np.flatnonzero(self._alive[: self._n]), keyed)
+
+    def _tables_of(self, rows: np.ndarray, keyed: bool) -> dict:
+        """``{table: (columns, group hash or None)}`` of the open windows in slots ``rows``."""
         cols: dict[str, np.ndarray] = {"key": self._key[rows], "start": self._start[rows],
                                        "count": self._count[rows]}
         if self._group is not None:
@@ -441,8 +540,7 @@ class TimeWindowAggregateLogic(_GroupedWindows):
                 cols[f"fsum:{fld}:adds"] = acc.adds[rows]
             else:
                 cols[f"{kind}:{fld}"] = acc[rows]
-        ghash = self._group_hash(self._group[rows]) if (keyed and self._group is not None) else (
-            np.zeros(len(rows), dtype=np.uint64) if keyed else None)
+        ghash = self._ghash[rows] if keyed else None
         tables = {"windows": (cols, ghash)}
         for name, store in self._udf.items():
             parts, lens, owner = [], [], []
@@ -467,10 +565,19 @@ class TimeWindowAggregateLogic(_GroupedWindows):
         return repack_fields(schema.empty()[cols])
 
     def _restore_tables(self, tables):
+        self._install_tables(tables)
+
+    def _install_tables(self, tables):
+        """Open the windows of ``tables`` (of groups this logic does not hold) in fresh slots."""
         cols = tables["windows"]
         n = len(cols["key"])
+        if not n:
+            return
         rows = self._allocate(n)
         self._key[rows] = cols["key"]
+        ghash = self._group_hash(cols["group"]) if self._group is not None else np.zeros(n, dtype=np.uint64)
+        self._ghash[rows] = ghash
+        self._bins.add(ghash, rows, cols["key"])
         self._start[rows] = cols["start"]
         self._count[rows] = cols["count"]
         self._alive[rows] = True
@@ -484,7 +591,7 @@ class TimeWindowAggregateLogic(_GroupedWindows):
                 acc.adds[rows] = cols[f"fsum:{fld}:adds"]
             else:
                 acc[rows] = cols[f"{kind}:{fld}"]
-        self._index.reset(cols["key"], rows)
+        self._index.insert(cols["key"], rows)
         for name, store in self._udf.items():
             t = tables[f"udf:{name}"]
             if not len(t["key"]):

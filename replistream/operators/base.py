@@ -175,6 +175,8 @@ class OperatorState:
     def select(self, bins: Iterable[int]) -> "OperatorState":
         """The state restricted to ``bins`` (other bins empty): one step of a binned transfer
         (Megaphone §3.3). Costs in proportion to the rows of ``bins`` (plus ``2**bits`` for the offsets).
+        A band (a 2-D column named ``...:band``, zero-padded on the right) keeps only as many
+        columns as its selected rows use, as a checkpoint of those bins alone would.
 
         >>> st = OperatorState("X", "x", {}, (0,), 0, bits=1, tables={"t": {"v": np.arange(3)}},
         ...                    offsets={"t": np.array([0, 1, 3])})
@@ -188,7 +190,7 @@ class OperatorState:
         for t, cols in self.tables.items():
             off = self.offsets[t]
             idx = concat_ranges(off[chosen], off[chosen + 1])
-            tables[t] = {c: a[idx] for c, a in cols.items()}
+            tables[t] = {c: _trim_band(a[idx]) if c.endswith(":band") else a[idx] for c, a in cols.items()}
             counts = np.where(keep, np.diff(off), 0)
             offsets[t] = np.r_[0, np.cumsum(counts)].astype(np.int64)
         return replace(self, tables=tables, offsets=offsets)
@@ -256,6 +258,19 @@ def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return starts + np.arange(int(n.sum()), dtype=np.int64)
 
 
+def _trim_band(a: np.ndarray) -> np.ndarray:
+    """A 2-D zero-padded band without its trailing all-zero columns; other arrays as they are.
+
+    >>> _trim_band(np.array([[1, 0, 0], [2, 3, 0]])).tolist()
+    [[1, 0], [2, 3]]
+    """
+    if a.ndim != 2:
+        return a
+    used = np.flatnonzero((a != 0).any(axis=0))
+    w = int(used[-1]) + 1 if len(used) else 0
+    return a if w == a.shape[1] else a[:, :w]
+
+
 def _concat_rows(pieces: list, like: np.ndarray) -> np.ndarray:
     """Concatenate row blocks; 2-D bands of different widths are zero-padded on the right."""
     if not pieces:
@@ -288,6 +303,11 @@ def _rows_of_bins(tables: dict, bits: int, bins: Iterable[int]) -> dict:
             m = keep[bin_of(key, bits)]
             out[name] = ({c: a[m] for c, a in cols.items()}, key[m])
     return out
+
+
+def _bin_list(bins: Iterable[int]) -> np.ndarray:
+    """``bins`` as a sorted array of distinct int64."""
+    return np.unique(np.asarray(list(bins) if not isinstance(bins, np.ndarray) else bins, dtype=np.int64))
 
 
 def binned(tables: dict, bits: int) -> tuple[dict, dict]:
@@ -496,14 +516,62 @@ class OperatorLogic:
         >>> g.in_punct, g.watermark
         ([5], 5)
         """
+        bits = int(bits)
+        if self.live_bins:  # the rows of ``bins`` are found without a pass over the rest
+            tables, offsets = binned(self._live_tables(bits, None if bins is None else _bin_list(bins)), bits)
+            return OperatorState(type(self).__name__, self.name, self._state_params(), tuple(self.in_punct),
+                                 int(self.watermark), bits, tables, offsets)
         raw = self._state_tables(bits > 0)
         subset = bins is not None and bits > 0
         if subset:  # only the rows of ``bins`` are sorted and copied
-            raw = _rows_of_bins(raw, int(bits), bins)
-        tables, offsets = binned(raw, int(bits))
+            raw = _rows_of_bins(raw, bits, bins)
+        tables, offsets = binned(raw, bits)
         st = OperatorState(type(self).__name__, self.name, self._state_params(), tuple(self.in_punct),
-                           int(self.watermark), int(bits), tables, offsets)
+                           int(self.watermark), bits, tables, offsets)
         return st if bins is None or subset else st.select(bins)
+
+    #: True when the logic keeps its state ordered by key hash while it runs (live bins,
+    #: Megaphone §3.4): :meth:`checkpoint` of a few bins then costs those bins' rows (no hash
+    #: pass over the state), at any ``bits``, and :meth:`install_bins` adds bins to the running
+    #: logic without copying the others. Such logics implement ``_live_tables``.
+    live_bins: bool = False
+
+    def _live_tables(self, bits: int, bins: np.ndarray | None) -> dict:
+        """``{table: (columns, key_hash)}`` of the rows of ``bins`` at ``2**bits`` bins (every row
+        when None), found through the live layout; only for logics with :attr:`live_bins`."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no live bins")
+
+    def install_bins(self, state: OperatorState, bins: Iterable[int]) -> "OperatorLogic":
+        """Add the rows of ``state`` (a :meth:`checkpoint` of this operator, at any ``bits``, holding
+        only ``bins``) to this running logic, which holds none of ``bins`` and has the same
+        punctuation bookkeeping: the receiving side of one step of a binned transfer (Megaphone
+        §3.3), costing the installed rows only. Logics without :attr:`live_bins` raise
+        :class:`CheckpointError` (a receiver then merges checkpoints instead).
+
+        >>> from replistream.operators.join import JoinLogic
+        >>> L = Schema({"k": "i8"})
+        >>> a, b = (JoinLogic("j", [L, L], window=5, left_key="k", right_key="k") for _ in range(2))
+        >>> rows = L.from_columns({"ts": [1, 2], "k": [1, 2]}, ids=[1, 2])
+        >>> _ = a.process(0, rows)
+        >>> ck = a.checkpoint(1); mine = ck.nonempty_bins()[:1]
+        >>> _ = b.process(0, rows[np.isin(bin_of(a.bin_keys(0, rows), 1), mine, invert=True)])
+        >>> b.install_bins(ck.select(mine), mine).buffered
+        (2, 0)
+        """
+        if not self.live_bins:
+            raise CheckpointError(f"{self.name!r}: {type(self).__name__} keeps no live bins; merge checkpoints")
+        if state.kind != type(self).__name__ or state.name != self.name or state.params != self._state_params():
+            raise CheckpointError(f"state of {state.kind} {state.name!r} cannot be installed into "
+                                  f"{type(self).__name__} {self.name!r}")
+        if tuple(int(p) for p in state.in_punct) != tuple(self.in_punct) or int(state.watermark) != self.watermark:
+            raise CheckpointError(f"{self.name!r}: bins taken at punctuations {tuple(state.in_punct)} cannot join "
+                                  f"a logic at {tuple(self.in_punct)}")
+        self._install_tables(state.tables)
+        return self
+
+    def _install_tables(self, tables: dict) -> None:
+        """Add the rows of ``tables`` (bins this logic does not hold) to the live state."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no live bins")
 
     def bin_keys(self, port: int, batch: np.ndarray) -> np.ndarray | None:
         """The 64-bit key hash of each tuple of ``batch`` (input ``port``) that decides which

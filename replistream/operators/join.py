@@ -20,6 +20,15 @@ before it while it is at least half that one's size, so chunk sizes grow
 geometrically, a buffer of n tuples has O(log n) chunks, and each tuple is
 copied O(log n) times, whatever the state's size (merging everything every
 few batches made a Join over 1M buffered tuples spend 18 ms per 100-tuple batch).
+
+Live bins (Megaphone §3.4): a keyed Join's search key is the 64-bit hash of its join key
+(:func:`~replistream.ids.hash_columns`, the same on both inputs), so every chunk is sorted by
+key hash and the bin of a row, the top bits of its hash, is a contiguous slice of each chunk
+for *any* number of bins. A transfer step (:meth:`JoinLogic.checkpoint` with ``bins``) takes
+those slices, two binary searches per bin and chunk, without hashing or scanning the rest of
+the window; a receiver adds a step's rows as one more chunk (:meth:`JoinLogic.install_bins`).
+Exact key equality is still tested on the candidate pairs, so a hash collision never makes a
+false match.
 """
 from __future__ import annotations
 
@@ -30,7 +39,8 @@ import numpy as np
 from ..errors import SchemaError, UserFunctionError
 from ..ids import hash_columns, mix
 from ..schema import ID, TS, Schema
-from .base import OperatorLogic
+from .base import OperatorLogic, concat_ranges
+from .keyed import bin_bounds
 
 _MAX_CHUNKS = 32  # more than this (purges can leave many small chunks): merge them all
 
@@ -133,6 +143,26 @@ class _SideBuffer:
         hi[empty] = 0
         return lo, np.maximum(hi, lo)
 
+    def rows_in_bins(self, bits: int, bins: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(rows, keys)`` of the buffered tuples whose key (a 64-bit hash) lies in ``bins`` at
+        ``2**bits`` bins (all when None), in chunk order: slices of each sorted chunk, found
+        by binary search; None when nothing is buffered."""
+        rows, keys = [], []
+        for c, k in zip(self.chunks, self.keys):
+            if bins is not None:
+                off = bin_bounds(k, bits)
+                idx = concat_ranges(off[bins], off[bins + 1])
+                if not len(idx):
+                    continue
+                c, k = c[idx], k[idx]
+            rows.append(c)
+            keys.append(k)
+        if not rows:
+            return None
+        if len(rows) == 1:
+            return rows[0], keys[0]
+        return np.concatenate(rows), np.concatenate(keys)
+
     def __len__(self) -> int:
         return sum(len(c) for c in self.chunks)
 
@@ -185,11 +215,18 @@ class JoinLogic(OperatorLogic):
         self.keys = (lk, rk)
         self.predicate = predicate
         self.buffers = (_SideBuffer(), _SideBuffer())
+        # live bins: search by key hash when equal keys of the two inputs hash alike (an unkeyed
+        # Join is all in bin 0, live as it is)
+        self._hashed = lk is not None and all(_hash_alike(in_schemas[0][a], in_schemas[1][b])
+                                              for a, b in zip(lk, rk))
+        self.live_bins = lk is None or self._hashed
 
     def _search_key(self, port: int, batch: np.ndarray) -> np.ndarray:
         keys = self.keys[port]
         if keys is None:
             return batch[TS]
+        if self._hashed:
+            return hash_columns(batch, keys)
         if len(keys) == 1:
             col = batch[keys[0]]
             if col.dtype.kind in "iufUSb":
@@ -305,11 +342,43 @@ class JoinLogic(OperatorLogic):
             tables[side] = ({"rows": rows}, key)
         return tables
 
+    def _live_tables(self, bits, bins):
+        """Each side's rows of ``bins``: slices of its hash-sorted chunks (an unkeyed Join's
+        whole window is bin 0)."""
+        tables = {}
+        for port, side in enumerate(("left", "right")):
+            buf = self.buffers[port]
+            if self.keys[port] is None:
+                got = buf.rows_in_bins(0, None) if bins is None or 0 in bins else None
+                key = None
+            else:
+                got = buf.rows_in_bins(bits, bins)
+                key = np.zeros(0, np.uint64) if got is None else got[1]
+            rows = self.in_schemas[port].empty() if got is None else got[0]
+            tables[side] = ({"rows": rows}, key)
+        return tables
+
+    def _install_tables(self, tables):
+        """A step's rows become one more chunk of each side (merged as the chunks always are)."""
+        self._restore_tables(tables)
+
     def _restore_tables(self, tables):
         for port, side in enumerate(("left", "right")):
             rows = self.in_schemas[port].check(tables[side]["rows"], f"{self.name} checkpoint ({side})")
             if len(rows):
                 self.buffers[port].add(rows, self._search_key(port, rows))
+
+
+def _hash_alike(a: np.dtype, b: np.dtype) -> bool:
+    """Whether equal values of dtypes ``a`` and ``b`` get equal :func:`~replistream.ids.hash_columns`
+    (integers and booleans alike, floats alike, strings or bytes alike).
+
+    >>> _hash_alike(np.dtype("i4"), np.dtype("i8")), _hash_alike(np.dtype("i8"), np.dtype("f8"))
+    (True, False)
+    """
+    group = {"i": "i", "u": "i", "b": "i", "f": "f", "U": "U", "S": "S", "M": "M", "m": "m"}
+    ka, kb = group.get(np.dtype(a).kind), group.get(np.dtype(b).kind)
+    return ka is not None and ka == kb and (ka not in "Mm" or np.dtype(a) == np.dtype(b))
 
 
 def _key_tuple(key):
