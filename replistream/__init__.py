@@ -36,6 +36,10 @@ def __getattr__(name):
         from .files import FileSource
 
         return FileSource
+    if name == "ParquetSink":
+        from .sinks import ParquetSink
+
+        return ParquetSink
     raise AttributeError(f"module 'replistream' has no attribute {name!r}")
 
 
@@ -54,5 +58,5 @@ __all__ = [
     "UserFunctionError",
     "Summary", "END", "Punctuation", "Schema", "millis", "seconds", "Query", "Stream",
     "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy", "GCConfig", "FileSource",
-    "Event", "Scenario", "quiet", "__version__",
+    "ParquetSink", "Event", "Scenario", "quiet", "__version__",
 ]

@@ -32,6 +32,7 @@ a pure function of the seed (timings of course vary).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import zlib
@@ -140,7 +141,8 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
     node a live replica and spares the applications' servers; links are delayed or cut for 1-3 s.
     Nodes in ``spare`` (one whose replica moves live meanwhile) lose no replica. An application
     with several replicas may have one stopped (SIGSTOP). With ``repair`` a killed operator replica
-    may be followed by a second kill in its group once the repair has brought it back to k.
+    may be followed by a second kill in its group once the repair has brought it back to k. The
+    coordinator may be lost (killed, crashed, stopped): the deployment replaces it.
 
     >>> q = fig1_query(n_servers=2)
     >>> plan = {"entry": ["a", "b"], "loads": ["a", "b"], "pings": ["b", "c"], "correlate": ["c", "a"],
@@ -214,7 +216,23 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
             factor = float(np.round(3 + 17 * rng.random()))
             faults.append((at(), f"slow server {a} x{factor:g} for {dur:g} s",
                            Call(lambda d, a=a, factor=factor, dur=dur: d.slow_server(a, factor, dur))))
+    if rng.random() < 0.4:  # the coordinator is lost: killed, crashed, or it stops answering
+        how = ["killed", "crashed", "stopped"][int(rng.integers(3))]
+        faults.append((at(), f"coordinator {how}", Call(lambda d, how=how: _lose_coordinator(d, how))))
     return sorted(faults, key=lambda f: f[0])
+
+
+def _lose_coordinator(dep, how: str) -> None:
+    """Lose the deployment's coordinator: ``killed`` (Ray's kill, no restart), ``crashed`` (SIGKILL
+    of its process), ``stopped`` (SIGSTOP, never resumed: it is fenced and replaced)."""
+    import signal
+
+    import ray
+
+    if how == "killed":
+        ray.kill(dep.coordinator, no_restart=True)
+    elif dep._coordinator_pid is not None:
+        os.kill(dep._coordinator_pid, signal.SIGKILL if how == "crashed" else signal.SIGSTOP)
 
 
 def _crash(dep, label: str) -> None:
@@ -436,6 +454,7 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
                     else "stopped replica, resumed" if what.startswith("stop") and " for " in what
                     else "stopped replica" if what.startswith("stop")
                     else "slowed server" if what.startswith("slow")
+                    else "lost coordinator" if what.startswith("coordinator")
                     else "link restore" if what.startswith("restore")
                     else "link delay" if what.startswith("delay") else "link cut" if what.startswith("cut")
                     else "live move" if what.startswith("move") else "runtime change")

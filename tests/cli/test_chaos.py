@@ -39,7 +39,7 @@ def test_fault_schedules_stay_within_the_fault_model(k):
                     killed[n] |= {i for i, s in enumerate(plan[n]) if s == ev.server}
         assert all(len(v) <= k - 1 for v in killed.values()), (seed, faults)
         assert not killed["hot"]
-    assert {"kill", "kill server", "delay", "cut", "crash", "stop", "slow", "restore"} <= kinds
+    assert {"kill", "kill server", "delay", "cut", "crash", "stop", "slow", "restore", "coordinator"} <= kinds
 
 
 def test_the_report_fails_on_any_difference():

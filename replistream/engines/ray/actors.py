@@ -51,6 +51,7 @@ import ray
 
 from ...replica import ReplicaCore, StagedReplica
 from ...schema import END, TS, Marker, Punctuation
+from ...sinks import SinkWriter
 from .channels import NO_ACK, Link, Outbox, Sender
 from .common import failure_record
 
@@ -832,8 +833,11 @@ class SinkActor(_Base):
 
     def __init__(self, query, node: str, server: str, channels: list[int], network, t0: float,
                  channel_opts: dict, coordinator=None, strict: bool = False, parquet_dir: str | None = None,
-                 time_origin: float | None = None, label: str | None = None):
+                 time_origin: float | None = None, label: str | None = None, sink=None):
         self._setup(label or node, server, network, t0, channel_opts, coordinator)
+        # a ParquetSink (replistream.sinks): this replica writes the application's files itself
+        self.writer = None if sink is None else SinkWriter(sink, node, self.label)
+        self.keep = sink is None or sink.keep  # tuples also kept for the driver's fetches
         self.node = node
         self.core = ReplicaCore(query, node, channels, strict)
         self.schema = query.schema_of(node)
@@ -870,15 +874,30 @@ class SinkActor(_Base):
                 for out in outs:
                     if isinstance(out, Punctuation):
                         self.punctuation = max(self.punctuation, out.p)
+                        if self.writer is not None:
+                            self._write(self.writer.punctuate, out.p)  # commits the cells it closes
                         if out.p == END:
                             self.done.set()
                     elif len(out):
-                        self.batches.append(out)
-                        self.arrivals.append(np.full(len(out), now))
+                        if self.keep:
+                            self.batches.append(out)
+                            self.arrivals.append(np.full(len(out), now))
                         self.count += len(out)
+                        if self.writer is not None:
+                            self.writer.add(out)
                         if self.parquet_dir:
                             self._write_parquet(out)
         return self.core.filters[port].max_punct
+
+    def _write(self, fn, p: int) -> None:
+        """Run a sink step; an error (a full disk, a folder removed) is the run's failure, named."""
+        try:
+            fn(p)
+        except Exception as e:
+            self._fatal(self.node, self.punctuation, RuntimeError(
+                f"{self.label} could not write its ParquetSink {self.writer.sink.path!r} at logical time "
+                f"{p}: {type(e).__name__}: {e}"))
+            raise
 
     def _write_parquet(self, batch: np.ndarray) -> None:
         import pyarrow as pa
@@ -919,7 +938,7 @@ class SinkActor(_Base):
         return self.done.wait(timeout)
 
     def _reusable(self) -> bool:
-        return self.failure is None and self.parquet_dir is None
+        return self.failure is None and self.parquet_dir is None and self.writer is None
 
     def add_channel(self, port: int) -> int:
         """A new upstream replica will feed ``port``: returns its channel index."""
@@ -937,5 +956,6 @@ class SinkActor(_Base):
             s.update({"node": self.node, "delivered": self.count, "punctuation": self.punctuation,
                       "filters": [f.stats() for f in self.core.filters],
                       "dead_letters": sum(d.count for d in self.core.dead_letters()),
-                      "parquet_files": list(self.parquet_files)})
+                      "parquet_files": list(self.parquet_files),
+                      "sink": None if self.writer is None else self.writer.stats()})
         return s

@@ -329,9 +329,10 @@ class Deployment:
     def __init__(self, query: Query, servers: list, k: int, plan: dict, conditions, seed: int,
                  channel_opts: dict, strict: bool, on_malformed: str, parquet_dir: str | None, cluster=None,
                  gc: GCConfig | None = None, suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S,
-                 fail_after_s: float = DEFAULT_FAIL_AFTER_S, reporter=None):
+                 fail_after_s: float = DEFAULT_FAIL_AFTER_S, reporter=None, file_sinks: Mapping | None = None):
         from ...progress import Reporter
 
+        self.file_sinks = dict(file_sinks or {})  # {app: ParquetSink}: its replicas write the files
         rep = reporter or Reporter("deploy", enabled=False)
         self.show_progress: bool | None = None  # deploy(progress=): run() shows its phases alike
         self.query = query
@@ -401,6 +402,8 @@ class Deployment:
         self.delivered = Delivered([])
         for app in query.sinks:
             self.delivered.add(app, [r.label for r in physical.replicas(app)])
+            if app in self.file_sinks and not self.file_sinks[app].keep:
+                self.delivered.keep[app] = False  # its tuples stay in its files (counted, not fetched)
         self._raised_since: float | None = None  # when a sender first reported that its receiver raised
         self._pings: dict[str, Any] = {}  # label -> outstanding liveness ping (_notice_deaths)
         self._pinged: dict[str, float] = {}  # label -> when it was last pinged
@@ -470,7 +473,7 @@ class Deployment:
         if query.spec(node).kind == "sink":
             return self._start(SinkActor, opts, query, node, server, channels, self.conditions, self.t0,
                                self.channel_opts, self.coordinator, self.strict, parquet_dir,
-                               label=ReplicaId(node, index, application=True).label)
+                               label=ReplicaId(node, index, application=True).label, sink=self.file_sinks.get(node))
         return self._start(ReplicaActor, opts, query, node, index, server, channels, self.conditions, self.t0,
                            self.channel_opts, self.coordinator, self.strict, pending)
 
@@ -1266,6 +1269,8 @@ class Deployment:
                     if start != d.fetched[label]:
                         continue  # a fetch from an earlier position (cannot happen with one outstanding)
                     d.add_batch(apps[label], data, arr, label)
+                    if apps[label] in self.file_sinks and not d.keep[apps[label]]:  # written by the replicas
+                        d.handed_off[apps[label]] = max(d.handed_off[apps[label]], int(count))
                     d.punctuation[apps[label]] = max(d.punctuation[apps[label]], int(punct))  # its fastest replica's
                 waiting = [lab for lab in self._fetches if not self.detector.is_suspected(lab)]
                 if not waiting or time.time() >= deadline:
@@ -1417,9 +1422,16 @@ class Deployment:
             punct = dict(self.delivered.punctuation)
             handed = {n: c for n, c in self.delivered.handed_off.items() if not self.delivered.keep[n]}
         end = max((float(a.max()) for a in arrivals.values() if len(a)), default=0.0)  # the last tuple's arrival
+        stats = {"handed_off": handed} if handed else {}
+        if self.file_sinks:  # what each ParquetSink holds (its marker's manifest once complete)
+            stats["sinks"] = {app: {"path": sink.path, "complete": sink.complete(),
+                                    **({k: v for k, v in sink.manifest().items() if k != "files"}
+                                       if sink.complete() else {}),
+                                    "files": len(sink.manifest()["files"]) if sink.complete() else None}
+                              for app, sink in self.file_sinks.items()}
         return RunResult(outputs, punct, dead, arrivals=arrivals, ts0=int(round(self.ts0)), pace=self.speed,
                          end_time=end, events=list(self.events), links=metrics["stream_replicas"], metrics=metrics,
-                         stats={"handed_off": handed} if handed else {})
+                         stats=stats)
 
     # -- failure injection ---------------------------------------------------------------------
     def kill(self, label: str, reason: str = "killed") -> None:
@@ -1697,7 +1709,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            on_output: Mapping[str, Callable] | None = None, gc=None, on_error: str | None = None,
            app_replicas: int = 1, spares: int = 0, repair: bool = False,
            suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S, fail_after_s: float = DEFAULT_FAIL_AFTER_S,
-           progress: bool | None = None) -> Deployment:
+           progress: bool | None = None, sinks: Mapping[str, Any] | None = None) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -1797,6 +1809,16 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     for app in on_output or {}:
         if app not in query.sinks:
             raise ValueError(f"on_output names {app!r}, not an application of query {query.name!r}")
+    from ...sinks import ParquetSink
+
+    for app, sink in (sinks or {}).items():
+        if app not in query.sinks:
+            raise ValueError(f"sinks names {app!r}, not an application of query {query.name!r}; "
+                             f"applications: {query.sinks}")
+        if not isinstance(sink, ParquetSink):
+            raise ValueError(f"sinks[{app!r}] must be a replistream.ParquetSink, got {type(sink).__name__}")
+    for sink in (sinks or {}).values():
+        sink.prepare()  # a used folder is refused (or cleaned) before anything starts
     if isinstance(spares, bool) or not isinstance(spares, (int, np.integer)) or spares < 0:
         raise ValueError(f"spares must be a whole number >= 0, got {spares!r}")
     if not isinstance(repair, bool):
@@ -1812,7 +1834,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
                         "drop_after_s": drop_after_s}
         dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
                          parquet_dir, cluster, gc, suspect_after_s=suspect_after_s, fail_after_s=fail_after_s,
-                         reporter=rep)
+                         reporter=rep, file_sinks=sinks)
         dep.show_progress = progress
         dep.placement = placed
         dep.repair, dep.spares = repair, int(spares)
