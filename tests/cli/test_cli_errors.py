@@ -56,7 +56,19 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("argv,expected", CASES, ids=[" ".join(a) for a, _ in CASES])
+# the quick subset (``-m "not slow"``, #31) checks one mistake per command and the suggestion; each
+# case is a fresh interpreter (1-8 s on a loaded 2-core machine), so the rest run in the whole suite
+QUICK = {"demo --servers 1 --k 3", "demo --netwrk geo", "place --k 0", "reconfigure --servers 1",
+         "sim trace --servers 500 --out {d}/t"}
+PARAMS = [pytest.param(argv, expected, id=" ".join(argv),
+                       marks=() if " ".join(argv) in QUICK else pytest.mark.slow) for argv, expected in CASES]
+
+
+def test_the_quick_cases_are_cases():
+    assert QUICK <= {" ".join(a) for a, _ in CASES}
+
+
+@pytest.mark.parametrize("argv,expected", PARAMS)
 def test_a_mistake_gives_one_line_and_exit_2(fenced_env, files, argv, expected):
     argv = [a.format(d=files) for a in argv]
     out = subprocess.run([sys.executable, "-m", "replistream.cli", *argv], capture_output=True, text=True,

@@ -19,8 +19,8 @@ def test_help_lists_commands():
     assert "demo" in out.stdout
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_inprocess_demo_json_matches_reference(k):
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow)])
+def test_inprocess_demo_json_matches_reference(k):  # the quick subset (#31) runs k=2, with crashes
     out = run(sys.executable, "-m", "replistream.cli", "demo", "--engine", "inprocess", "--json", "--k", str(k),
               "--servers", "4", "--duration", "120", "--period", "10", "--seed", str(k))
     assert out.returncode == 0, out.stderr

@@ -10,12 +10,26 @@ import json
 
 import pytest
 
-from replistream.cli import main
+from replistream.cli import _ray_notes, _verdict, main
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+
+def test_the_gc_verdict_names_the_cost_fall_the_discards_and_what_is_left_to_lose():
+    """What `demo --gc` prints first, from the fields of its --json summary (no Ray: the quick subset's
+    case of this file, #31)."""
+    summary = {"matches_reference": True, "complete": True, "outputs": 120, "reference_outputs": 120, "lost": 0,
+               "duplicates": 0, "unexpected": 0, "failures": [],
+               "latency_ms": {"all": {"p99": 310.4}, "before_failure": {"p99": None}, "after_failure": {"p99": None}},
+               "network_cost": [{"t": 0.5, "cost": 15704.2}, {"t": 6.0, "cost": 9120.0}], "gc_discards": 3,
+               "revivals": 1, "fault_tolerance": 1}
+    assert _verdict(summary, _ray_notes(summary, gc=True)) == (
+        "PASS: 120 alerts identical to the ideal run (0 lost, 0 duplicated); p99 latency 310 ms; "
+        "network cost 15,704 -> 9,120 bytes/s x ms (3 replicas discarded, 1 revived); "
+        "fault tolerance 1 at the end: 1 more server loss survivable")
+    assert "network cost" not in " ".join(_ray_notes(summary, gc=False))  # only a GC run reports the cost
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_demo_gc_revival_json(capsys):
     code = main(["demo", "--gc", "--revival", "--json", "--servers", "4", "--duration", "12", "--period", "0.5",
                  "--congest-at", "6", "--kmin", "1"])  # GC may leave one path (the default kmin is min(2, k))
@@ -36,6 +50,7 @@ def test_demo_gc_revival_json(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_demo_gc_keeps_fault_tolerance_by_default(capsys):
     """kmin defaults to min(2, k): with k = 2, collection never takes an operator below two live
     replicas, and the report says the deployment still masks one crash."""

@@ -2,9 +2,12 @@
 import re
 from pathlib import Path
 
+import pytest
+
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
+@pytest.mark.slow  # a Ray run: 24 s of the quick subset (#31); the whole suite runs it
 def test_quickstart_runs(ray_session, capsys):
     code = re.findall(r"```python\n(.*?)```", README, re.S)
     assert code, "README has no python quickstart"

@@ -75,6 +75,7 @@ def keyed_query():
     return q.build()
 
 
+@pytest.mark.slow  # 2.7 s of the quick subset (#31); the module keeps its fast cases
 def test_cutting_does_not_change_results_or_dead_letters():
     q = keyed_query()
     cols, recs = late_and_malformed_input()

@@ -119,6 +119,7 @@ def test_a_transfer_whose_peer_dies_restarts_from_another_peer():
     assert restarted >= 5
 
 
+@pytest.mark.slow  # 2.4 s in the quick subset (#31)
 def test_added_replicas_and_transfers_at_every_level_of_a_chain():
     """A Join feeding a keyed count; staged AddReplica at both levels with background crashes."""
     q = Query("chain")
@@ -150,7 +151,8 @@ def _drop_state(ck):
     return ck
 
 
-@pytest.mark.parametrize("tamper", [_drop_applied, _drop_state], ids=["applied-ids", "state"])
+@pytest.mark.parametrize("tamper", [_drop_applied, pytest.param(_drop_state, marks=pytest.mark.slow)],  # 2.2 s (#31)
+                         ids=["applied-ids", "state"])
 def test_tampered_steps_are_caught(tamper):
     """Negative control: steps without their applied ids or their state make some run fail (the audit
     or the comparison), and the same runs pass untampered."""

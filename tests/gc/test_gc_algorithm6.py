@@ -406,6 +406,7 @@ def test_collect_keeps_kmin_and_applications_and_lowers_the_cost(seed):
         assert r.stopped.startswith("cost")
 
 
+@pytest.mark.slow  # 7.1 s in the quick subset (#31)
 @PROPS
 @given(st.integers(0, 2**32 - 1))
 def test_utility_is_conserved_per_port(seed):
@@ -427,6 +428,7 @@ def test_utility_is_conserved_per_port(seed):
                 assert all(u.streams[s.id] >= 0 for s in ins)
 
 
+@pytest.mark.slow  # 4.1 s in the quick subset (#31)
 @PROPS
 @given(st.integers(0, 2**32 - 1))
 def test_snapshot_json_round_trip(seed):

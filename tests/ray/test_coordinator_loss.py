@@ -36,7 +36,8 @@ def kill_coordinator(how):
     return Call(act)
 
 
-@pytest.mark.parametrize("how", ["ray.kill", "SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("how", ["ray.kill", pytest.param("SIGKILL", marks=pytest.mark.slow),  # quick subset: one (#31)
+                                 pytest.param("SIGSTOP", marks=pytest.mark.slow)])
 def test_the_coordinator_lost_mid_run_is_replaced_and_the_output_is_exact(how):
     q, data = query(), inputs(n=1500, span_s=16)
     ref = run_reference(q, data)

@@ -71,6 +71,7 @@ def test_an_error_in_a_replica_ends_the_run_at_once_naming_operator_and_replica(
         assert "predicate raised ValueError: k is 3" in str(e.value) and e.value.row[2] == 3
 
 
+@pytest.mark.slow  # a full Ray run: 11.7 s of the quick subset (#31)
 def test_deploy_on_error_overrides_the_query_policy():
     with deploy(query(), servers=SERVERS, k=2, on_error="fail") as dep:
         with pytest.raises(UserFunctionError, match="k is 3"):

@@ -130,6 +130,7 @@ def test_set_replication_up_and_down_keeps_output_exact():
         assert len(live) == 1
 
 
+@pytest.mark.slow  # starts a deployment: 7.6 s of the quick subset (#31)
 def test_a_change_needs_a_running_feed():
     q = query()
     with deploy(q, servers=2, k=1, network="zero") as dep:

@@ -69,6 +69,7 @@ def test_random_replica_kills(k, seed):
         assert len(dead) == len(kills)
 
 
+@pytest.mark.slow  # a full Ray run: 9.0 s of the quick subset (#31)
 def test_kill_a_server():
     q, data = small_fig1(seed=5)
     with deploy(q, servers=3, k=2) as dep:

@@ -299,6 +299,7 @@ def test_the_sender_threads_errors_are_reported_not_printed():
     assert ob.links[0].queue == type(ob.links[0].queue)() and ob.log.tuples == 0  # nothing half-sent
 
 
+@pytest.mark.slow  # a full Ray run with kill, revive, kill (#31: out of the quick subset)
 def test_dead_letters_survive_kill_revive_kill_of_the_same_operator():
     """Dead letters are state: kill pick#0, revive it from pick#1, kill pick#1; the replica left holds
     what both set aside (through its checkpoint), so result.dead_letters equals the reference's."""

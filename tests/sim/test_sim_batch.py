@@ -166,6 +166,7 @@ def test_batched_errors_name_the_problem():
         Simulator(Q, PLAN, batch_s=0)
 
 
+@pytest.mark.slow  # 2.5 s in the quick subset (#31)
 def test_outages_are_waited_out_as_delivery_time_does():
     from replistream.network import delivery_time
 

@@ -35,7 +35,7 @@ FAULTS = Scenario.from_dict({"events": [
 
 
 @pytest.mark.parametrize("mode", ["replication", "synchronization", "deterministic"])
-@pytest.mark.parametrize("faults", [False, True])
+@pytest.mark.parametrize("faults", [pytest.param(False, marks=pytest.mark.slow), True])  # quick subset (#31): with faults
 def test_output_equals_reference(mode, faults):
     net = GeoLatencyModel(SERVERS, seed=1)
     res = Simulator(Q, PLAN, net, scenario=FAULTS if faults else None, mode=mode).run(DATA)
