@@ -360,6 +360,21 @@ class KeyedOperatorLogic(OperatorLogic):
         self._pending = [rows] if len(rows) else []
         self._pending_hash = [np.asarray(p["hash"], dtype=np.uint64)] if len(rows) else []
 
+    live_bins = True  # the state is a KeyedState: sorted by key hash as it runs
+
+    def _install_tables(self, tables):
+        """Insert a step's keys (of bins this logic does not hold) into the sorted state, and
+        append its pending tuples."""
+        st = tables["state"]
+        h = np.asarray(st["hash"], dtype=np.uint64)
+        if len(h):
+            self.state.replace_bins(np.zeros(0, dtype=np.int64), h, {c: st[c] for c in self.state.dtypes})
+        p = tables["pending"]
+        rows = self.in_schemas[0].check(p["rows"], f"{self.name} step (pending)")
+        if len(rows):
+            self._pending.append(rows)
+            self._pending_hash.append(np.asarray(p["hash"], dtype=np.uint64))
+
     def version(self) -> int:
         """The state's version: the clock of its last change."""
         return self.state.clock

@@ -112,11 +112,16 @@ class StagedReplica:
     its step (docs/handover.md, A-C), whatever the logical time of the other
     steps.
 
-    Cores merge (:meth:`OperatorState.merge`, filters' applied ids united) once
+    Cores merge (filters' applied ids united) once
     they agree on their filters' punctuation on every port and that punctuation
     has passed every applied id their checkpoints brought, so a merged filter
     never holds the id of a tuple of another core's bin that this core has not
-    applied. Before completion the receiver emits no punctuation and sends
+    applied. A logic with live bins (Join, time-window Aggregate, keyed operators:
+    :attr:`~replistream.operators.base.OperatorLogic.live_bins`) takes the other cores' bins
+    into the running logic of the core holding the most bins
+    (:meth:`~replistream.operators.base.OperatorLogic.install_bins`: the installed rows are
+    copied, the rest is not); other logics merge checkpoints (:meth:`OperatorState.merge`)
+    into a new core. Before completion the receiver emits no punctuation and sends
     nothing (its outputs wait in :attr:`early`); it is :attr:`complete` once it
     holds every bin in one core whose watermark has reached the largest
     watermark ``Q`` of the steps' checkpoints. Its output log
@@ -169,6 +174,7 @@ class StagedReplica:
         self.early: list[np.ndarray] = []  # tuples the cores emitted before completion
         self.steps = 0
         self.merges = 0
+        self.live_merges = 0  # merges that installed bins into a running logic (no copy of its state)
         self.core: ReplicaCore | None = None
 
     # -- input -----------------------------------------------------------------------
@@ -298,6 +304,10 @@ class StagedReplica:
             self.core = live[0].core
 
     def _merge(self, members: list[_Part]) -> _Part:
+        """One part from ``members`` (equal filter punctuations and watermark). With live bins
+        (:attr:`~replistream.operators.base.OperatorLogic.live_bins`) the others' bins are
+        installed into the running logic of the member holding the most bins, which is not
+        copied (Megaphone §3.3); otherwise the members' checkpoints are merged and restored."""
         ports = len(self.channels)
         filters = []
         for i in range(ports):
@@ -306,16 +316,32 @@ class StagedReplica:
             ids = np.concatenate([s.applied_ids for s in sts])
             ids, first = np.unique(ids, return_index=True)
             filters.append(FilterState(sts[0].max_punct, ts[first], ids))
-        logic = OperatorState.merge([m.core.logic.checkpoint(self.bits) for m in members])
         letters = merge_dead_letters([d for m in members for d in m.core.dead_letters()])
-        ck = ReplicaCheckpoint(self.node, tuple(filters), None, logic, [], NO_PUNCTUATION, dead_letters=letters)
-        core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False)
+        base = max(members, key=lambda m: len(m.bins))
+        logic = base.core.logic
+        live = logic.live_bins and base.core.sorters is None and all(
+            tuple(m.core.logic.in_punct) == tuple(logic.in_punct) and m.core.logic.watermark == logic.watermark
+            for m in members)
+        if live:
+            for m in members:
+                if m is not base:  # its core holds only its own bins: its whole state is theirs
+                    logic.install_bins(m.core.logic.checkpoint(self.bits), m.bins)
+            core = ReplicaCore(self.query, self.node, self.channels, self.strict, retain=False)
+            for f, st in zip(core.filters, filters):
+                f.restore(st)
+            core.logic = logic
+            core.restore_letters(letters)
+            self.live_merges += 1
+        else:
+            state = OperatorState.merge([m.core.logic.checkpoint(self.bits) for m in members])
+            ck = ReplicaCheckpoint(self.node, tuple(filters), None, state, [], NO_PUNCTUATION, dead_letters=letters)
+            core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False)
         part = _Part(core, np.concatenate([m.bins for m in members]),
                      [max(m.bound[i] for m in members) for i in range(ports)], sum(m.steps for m in members))
         idx = len(self.parts)
         self.parts.append(part)
         for m in members:
-            self.parts[self.parts.index(m)] = None
+            self.parts[next(i for i, p in enumerate(self.parts) if p is m)] = None
         self.owner[part.bins] = idx
         self.merges += 1
         return part
@@ -359,7 +385,8 @@ class StagedReplica:
         return out, self.acked
 
     def stats(self) -> dict:
-        return {"steps": self.steps, "merges": self.merges, "parts": len(self._live()),
+        return {"steps": self.steps, "merges": self.merges, "live_merges": self.live_merges,
+                "parts": len(self._live()),
                 "missing_bins": int((self.owner < 0).sum()),
                 "waiting_tuples": sum(len(c[0]) for cs in self.wait_rows.values() for c in cs),
                 "early_tuples": sum(len(b) for b in self.early), "complete": self.complete}
