@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # The Ray engine is imported on first use, so the core stays light to import.
-    if name in ("deploy", "Deployment", "GCConfig"):
+    if name in ("deploy", "Deployment", "GCConfig", "attach"):
         from .engines import ray
 
         return getattr(ray, name)
@@ -58,5 +58,5 @@ __all__ = [
     "UserFunctionError",
     "Summary", "END", "Punctuation", "Schema", "millis", "seconds", "Query", "Stream",
     "ReplicaCore", "RunResult", "run_reference", "Server", "default_servers", "Deployment", "deploy", "GCConfig", "FileSource",
-    "ParquetSink", "Event", "Scenario", "quiet", "__version__",
+    "ParquetSink", "attach", "Event", "Scenario", "quiet", "__version__",
 ]

@@ -51,7 +51,7 @@ the deployment, placement (scipy) or the garbage collector.
 
 >>> import replistream.engines.ray as engine
 >>> sorted(engine.__all__)[:4]
-['Deployment', 'GCConfig', 'PLACEMENTS', 'RAY_SYSTEM_CONFIG']
+['Deployment', 'DeploymentClient', 'GCConfig', 'PLACEMENTS']
 >>> dep = engine.deploy(query, servers=4, k=2)   # doctest: +SKIP
 """
 from __future__ import annotations
@@ -59,11 +59,12 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["Deployment", "deploy", "init_ray", "RAY_SYSTEM_CONFIG", "spread_placement", "PLACEMENTS", "GCConfig",
-           "ReplicaManager"]
+           "ReplicaManager", "attach", "list_deployments", "DeploymentClient"]
 
 _WHERE = {"Deployment": "deployment", "deploy": "deployment", "init_ray": "deployment",
           "RAY_SYSTEM_CONFIG": "deployment", "spread_placement": "resolve", "PLACEMENTS": "resolve",
-          "GCConfig": "control", "ReplicaManager": "control"}
+          "GCConfig": "control", "ReplicaManager": "control", "attach": "host", "list_deployments": "host",
+          "DeploymentClient": "host"}
 
 
 def __getattr__(name: str):

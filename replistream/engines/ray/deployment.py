@@ -99,7 +99,8 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
     else:
         opts["address"] = address
     opts.update(kwargs)
-    if not local or "_node_ip_address" in kwargs:
+    loopback = local or str(address).split("://")[-1].startswith(("127.0.0.1:", "localhost:"))
+    if not loopback or "_node_ip_address" in kwargs:
         ray.init(**opts)
         return
     with _loopback():
@@ -1702,6 +1703,52 @@ class Deployment:
         self.shutdown()
 
 
+def check_detached(name, detached: bool, on_output) -> None:
+    """``deploy``'s ``name``/``detached`` checked before anything starts (ValueError naming the fix)."""
+    if not isinstance(detached, bool):
+        raise ValueError(f"detached must be True or False, got {detached!r}")
+    if not detached:
+        raise ValueError("name= is for a detached deployment: pass detached=True too (a deployment of this "
+                         "script needs no name)")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        raise ValueError(f"detached=True needs name='...' (letters, digits, '_', '.', '-'; at most 64), got "
+                         f"{name!r}: other drivers attach to it by that name")
+    if on_output:
+        raise ValueError("on_output runs callbacks in this script, which a detached deployment outlives: "
+                         "write the results with sinks={app: ParquetSink(folder)} instead")
+
+
+def _deploy_detached(query: Query, name: str, address: str | None, ray_init: dict | None, options: dict):
+    """Start the host actor of a detached deployment and deploy ``query`` in it (host.py)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from .host import NAMESPACE, DeploymentClient, DeploymentHost, cluster_address
+
+    if not ray.is_initialized():
+        addr = address or cluster_address()
+        if addr is None:
+            raise RuntimeError("detached=True needs a Ray cluster that outlives this script: start one with "
+                               "`replistream up` (or `ray start --head`, or set RAY_ADDRESS), then deploy again")
+        init_ray(addr, **(ray_init or {}))
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+        raise ValueError(f"a detached deployment named {name!r} runs already on this cluster: "
+                         f"replistream.attach({name!r}) to use it, or stop it first")
+    except ValueError as e:
+        if "runs already" in str(e):
+            raise
+    ship_user_code(query)
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+    host = DeploymentHost.options(name=name, namespace=NAMESPACE, lifetime="detached",
+                                  scheduling_strategy=here).remote()
+    try:
+        ray.get(host.start.remote(query, options), timeout=600)
+    except BaseException:
+        ray.kill(host, no_restart=True)  # a deployment that did not start leaves nothing behind
+        raise
+    return DeploymentClient(host, name)
+
+
 def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero", *, address: str | None = None,
            seed: int = 0, flush_ms: float = 2.0, max_batch: int = 10_000, max_inflight: int = 16,
            drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",
@@ -1709,7 +1756,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            on_output: Mapping[str, Callable] | None = None, gc=None, on_error: str | None = None,
            app_replicas: int = 1, spares: int = 0, repair: bool = False,
            suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S, fail_after_s: float = DEFAULT_FAIL_AFTER_S,
-           progress: bool | None = None, sinks: Mapping[str, Any] | None = None) -> Deployment:
+           progress: bool | None = None, sinks: Mapping[str, Any] | None = None, name: str | None = None,
+           detached: bool = False) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -1762,6 +1810,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
+    given = {n: v for n, v in locals().items() if n not in ("query", "name", "detached", "address", "ray_init")}
     query.build()
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) < 1:
         raise ValueError(f"k (the degree of replication) must be an integer >= 1, got {k!r}")
@@ -1817,8 +1866,12 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
                              f"applications: {query.sinks}")
         if not isinstance(sink, ParquetSink):
             raise ValueError(f"sinks[{app!r}] must be a replistream.ParquetSink, got {type(sink).__name__}")
+    if detached or name is not None:
+        check_detached(name, detached, on_output)
     for sink in (sinks or {}).values():
         sink.prepare()  # a used folder is refused (or cleaned) before anything starts
+    if detached:
+        return _deploy_detached(query, name, address, ray_init, given)
     if isinstance(spares, bool) or not isinstance(spares, (int, np.integer)) or spares < 0:
         raise ValueError(f"spares must be a whole number >= 0, got {spares!r}")
     if not isinstance(repair, bool):
@@ -1828,6 +1881,10 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
 
     with reporter("deploy", progress) as rep:
         rep.phase("starting Ray")
+        if address is None and ray_init is None and not ray.is_initialized():
+            from .host import cluster_address
+
+            address = cluster_address()  # a cluster kept between scripts (replistream up) is joined
         init_ray(address, **(ray_init or {}))
         ship_user_code(query)
         channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,

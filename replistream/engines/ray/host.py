@@ -1,0 +1,243 @@
+"""Deployments that live in the cluster: a detached, named host actor runs the deployment, and a
+thin client talks to it from any driver (issue #29, points 1 and 2).
+
+``deploy(q, ..., name="monitor", detached=True)`` starts :class:`DeploymentHost`, a detached Ray
+actor named ``monitor`` in the namespace :data:`NAMESPACE`, and the host deploys the query
+itself: every replica, the coordinator and the deployment's threads (feeder, failure monitor,
+repairs, control loop) are created by the host and live as long as it does, not as long as the
+script that asked for them. What ``deploy`` returns is a :class:`DeploymentClient` with the
+deployment's API (``feed``, ``wait``, ``run``, ``metrics``, ``kill_replica``,
+``move_replica``, ...): each call is forwarded to the host. A driver that exits (or is killed)
+without :meth:`DeploymentClient.stop` leaves the deployment running; :func:`attach` returns a
+client from another driver on the cluster, and ``replistream status`` lists what runs.
+
+What a detached deployment needs: a Ray cluster that outlives the script (``replistream up``,
+``ray start --head``, or ``RAY_ADDRESS``), inputs the host can hold (``FileSource``, lists
+of chunks or records; not a generator of the driver) and results that need no driver
+(``sinks={app: ParquetSink(...)}``; ``collect()`` still returns what the applications hold).
+
+>>> dep = deploy(q, servers=3, k=2, name="monitor", detached=True,          # doctest: +SKIP
+...              sinks={"alerts": ParquetSink("out/alerts")})
+>>> dep.feed({"s": FileSource("in/")}, pace=1.0)                              # doctest: +SKIP
+>>> attach("monitor").wait(600)                                               # doctest: +SKIP
+True
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ray
+
+from ...schema import END
+
+__all__ = ["NAMESPACE", "DeploymentHost", "DeploymentClient", "attach", "list_deployments", "cluster_address"]
+
+#: The Ray namespace of detached deployments' host actors.
+NAMESPACE = "replistream"
+
+
+def cluster_address() -> str | None:
+    """The address of a Ray cluster running apart from this process (``RAY_ADDRESS``, or one
+    started with ``replistream up`` / ``ray start --head`` on this machine), or None.
+
+    >>> cluster_address() is None or ":" in cluster_address()   # doctest: +SKIP
+    True
+    """
+    import os
+    import socket
+
+    addr = os.environ.get("RAY_ADDRESS")
+    if addr:
+        return addr
+    try:
+        from ray._private.services import get_ray_address_from_environment
+
+        addr = get_ray_address_from_environment("auto", None)
+    except Exception:  # noqa: BLE001 - no cluster recorded on this machine
+        return None
+    host, _, port = str(addr).rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return addr
+    except (OSError, ValueError):
+        return None  # recorded, but no longer running
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=32)
+class DeploymentHost:
+    """A detached deployment's home in the cluster: it runs :func:`~.deployment.deploy` and holds
+    the :class:`~.deployment.Deployment`; its methods run the deployment's (several at once: a
+    ``wait`` does not hold a ``metrics``).
+
+    >>> host = DeploymentHost.options(name="m", namespace=NAMESPACE, lifetime="detached").remote(q, {})  # doctest: +SKIP
+    """
+
+    def __init__(self):
+        self.started = time.time()
+        self.name = ray.get_runtime_context().get_actor_name()
+        self.dep = None
+        self.fed = False
+        self.lock = threading.Lock()
+
+    def start(self, query, options: dict) -> bool:
+        """Deploy ``query`` with ``deploy``'s ``options`` here (its errors reach the caller)."""
+        from .deployment import deploy
+
+        with self.lock:
+            if self.dep is None:
+                self.dep = deploy(query, **options)
+        return True
+
+    def call(self, method: str, args: tuple = (), kwargs: dict | None = None):
+        """Run ``dep.<method>(*args, **kwargs)`` and return its answer."""
+        if method.startswith("_"):
+            raise AttributeError(f"{method!r} is not part of the deployment's API")
+        if method == "feed":
+            with self.lock:
+                self.fed = True
+        return getattr(self.dep, method)(*args, **(kwargs or {}))
+
+    def get(self, name: str):
+        """The deployment's attribute ``name`` (``events``, ``plan``, ``topology``, ...)."""
+        if name.startswith("_"):
+            raise AttributeError(f"{name!r} is not part of the deployment's API")
+        return getattr(self.dep, name)
+
+    def kinds(self) -> dict[str, str]:
+        """``{public name: "method" | "value"}`` of the deployment."""
+        out = {}
+        for n in dir(type(self.dep)):
+            if not n.startswith("_"):
+                out[n] = "method" if callable(getattr(type(self.dep), n)) else "value"
+        for n in vars(self.dep):
+            if not n.startswith("_"):
+                out.setdefault(n, "value")
+        return out
+
+    def status(self) -> dict:
+        """What ``replistream status`` shows: the query, how long it runs, per application the
+        tuples delivered and whether the end of the stream came, and the fault tolerance."""
+        d = self.dep
+        try:
+            d.poll(0.5)
+        except Exception:  # noqa: BLE001 - a status never fails the deployment; its own waits raise
+            pass
+        apps = {a: {"delivered": d.delivered.count(a), "complete": d.delivered.punctuation.get(a) == END}
+                for a in d.query.sinks}
+        return {"name": self.name, "query": d.query.name, "running_s": round(time.time() - self.started, 1),
+                "fed": self.fed, "complete": all(a["complete"] for a in apps.values()), "applications": apps,
+                **d.fault_tolerance()}
+
+    def stop(self) -> bool:
+        """Shut the deployment down (every actor it started); the caller then kills the host."""
+        self.dep.shutdown()
+        return True
+
+
+class DeploymentClient:
+    """A driver's handle on a detached deployment (see the module doc): the deployment's methods
+    and attributes, forwarded to its host actor. ``wait(timeout)`` waits in the host; no call
+    waits on the host without a deadline (``call_timeout_s``, or the call's own timeout plus that).
+
+    >>> dep = attach("monitor")        # doctest: +SKIP
+    >>> dep.wait(60), dep.fault_tolerance()["fault_tolerance"]   # doctest: +SKIP
+    (True, 1)
+    """
+
+    #: Seconds a forwarded call may take beyond its own ``timeout`` argument (if any).
+    call_timeout_s = 120.0
+
+    def __init__(self, host, name: str):
+        self._host, self.name = host, name
+        self._kinds = ray.get(host.kinds.remote(), timeout=self.call_timeout_s)
+
+    def _call(self, method: str, *args, timeout: float | None = None, **kwargs):
+        limit = self.call_timeout_s + (float(kwargs.get("timeout", 0) or 0) if timeout is None else timeout)
+        try:
+            return ray.get(self._host.call.remote(method, args, kwargs), timeout=limit)
+        except ray.exceptions.GetTimeoutError as e:
+            from ...errors import RunFailed
+
+            raise RunFailed(f"the host of detached deployment {self.name!r} did not answer {method!r} within "
+                            f"{limit:g} s", operator="host") from e
+        except ray.exceptions.RayActorError as e:
+            from ...errors import RunFailed
+
+            raise RunFailed(f"the host of detached deployment {self.name!r} is gone ({type(e).__name__}): the "
+                            f"deployment ended with it", operator="host") from e
+
+    def __getattr__(self, name: str):
+        kinds = self.__dict__.get("_kinds", {})
+        if name.startswith("_") or name not in kinds:
+            raise AttributeError(f"a deployment has no attribute {name!r}")
+        if kinds[name] == "method":
+            return lambda *args, **kwargs: self._call(name, *args, **kwargs)
+        return ray.get(self._host.get.remote(name), timeout=self.call_timeout_s)
+
+    def __dir__(self):
+        return sorted(set(self._kinds) | {"stop", "status", "run", "name"})
+
+    def run(self, inputs, pace: float | None = None, timeout: float = 600.0, **kwargs):
+        """Feed ``inputs`` and wait for the end of the stream, in the host (see ``Deployment.run``)."""
+        return self._call("run", inputs, pace, timeout, **kwargs)
+
+    def status(self) -> dict:
+        """The host's :meth:`DeploymentHost.status`."""
+        return ray.get(self._host.status.remote(), timeout=self.call_timeout_s)
+
+    def stop(self) -> None:
+        """Stop the deployment: every actor it started, then its host."""
+        try:
+            ray.get(self._host.stop.remote(), timeout=self.call_timeout_s)
+        finally:
+            ray.kill(self._host, no_restart=True)
+
+    def shutdown(self) -> None:
+        """Same as :meth:`stop`."""
+        self.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        """Leaving a ``with`` block does not stop a detached deployment (it outlives its script):
+        call :meth:`stop` for that."""
+
+    def __repr__(self) -> str:
+        return f"DeploymentClient({self.name!r}, detached)"
+
+
+def attach(name: str, address: str | None = None) -> DeploymentClient:
+    """A client for the detached deployment ``name`` running on the cluster (``address``: the
+    cluster's; default: the one this process is connected to, ``RAY_ADDRESS``, or the one
+    started on this machine). Raises ``LookupError`` naming the deployments that run.
+
+    >>> dep = attach("monitor")      # doctest: +SKIP
+    """
+    from .deployment import init_ray
+
+    if not ray.is_initialized():
+        addr = address or cluster_address()
+        if addr is None:
+            raise LookupError(f"no Ray cluster to find deployment {name!r} on: start one with `replistream up` "
+                              f"(or set RAY_ADDRESS) before deploying with detached=True")
+        init_ray(addr)
+    try:
+        host = ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        running = list_deployments()
+        raise LookupError(f"no detached deployment named {name!r} on this cluster; running: "
+                          f"{running or 'none'}") from None
+    return DeploymentClient(host, name)
+
+
+def list_deployments() -> list[str]:
+    """The names of the detached deployments running on the connected cluster.
+
+    >>> list_deployments()   # doctest: +SKIP
+    ['monitor']
+    """
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a.get("namespace") == NAMESPACE)
