@@ -28,7 +28,7 @@ from ..exact import LIMBS, ExactSums, exact_row_sums
 from ..ids import hash_columns, mix, stable_hash
 from ..schema import ID, TS, Schema
 from .base import OperatorLogic, concat_ranges
-from .keyed import bin_bounds
+from .keyed import bin_ranges
 from .sorter import canonical_order
 
 BUILTIN = ("count", "sum", "min", "max", "mean")
@@ -224,8 +224,7 @@ class HashRuns:
         """The valid rows whose hash lies in ``bins`` (sorted, distinct) at ``2**bits`` bins."""
         got = []
         for h, r, t in zip(self.hash, self.row, self.tag):
-            off = bin_bounds(h, bits)
-            idx = concat_ranges(off[bins], off[bins + 1])
+            idx = concat_ranges(*bin_ranges(h, bits, bins))
             if len(idx):
                 rr, tt = r[idx], t[idx]
                 got.append(rr[valid(rr, tt)])

@@ -40,7 +40,7 @@ from ..errors import SchemaError, UserFunctionError
 from ..ids import hash_columns, mix
 from ..schema import ID, TS, Schema
 from .base import OperatorLogic, concat_ranges
-from .keyed import bin_bounds
+from .keyed import bin_ranges
 
 _MAX_CHUNKS = 32  # more than this (purges can leave many small chunks): merge them all
 
@@ -150,8 +150,7 @@ class _SideBuffer:
         rows, keys = [], []
         for c, k in zip(self.chunks, self.keys):
             if bins is not None:
-                off = bin_bounds(k, bits)
-                idx = concat_ranges(off[bins], off[bins + 1])
+                idx = concat_ranges(*bin_ranges(k, bits, bins))
                 if not len(idx):
                     continue
                 c, k = c[idx], k[idx]

@@ -71,6 +71,25 @@ def bin_bounds(hashes: np.ndarray, bits: int) -> np.ndarray:
     return np.r_[0, np.searchsorted(hashes, edges), len(hashes)].astype(np.int64)
 
 
+def bin_ranges(hashes: np.ndarray, bits: int, bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)``: where each of ``bins`` (int64) lies in an array of hashes sorted ascending, at
+    ``2**bits`` bins; two binary searches per bin asked for, whatever the number of bins.
+
+    >>> lo, hi = bin_ranges(np.array([1, 2**63, 2**63 + 5], dtype=np.uint64), 1, np.array([1]))
+    >>> lo.tolist(), hi.tolist()
+    ([1], [3])
+    """
+    bins = np.asarray(bins, dtype=np.int64)
+    if bits == 0:
+        return np.zeros(len(bins), np.int64), np.full(len(bins), len(hashes), np.int64)
+    shift = np.uint64(64 - bits)
+    lo = np.searchsorted(hashes, bins.astype(np.uint64) << shift)
+    last = bins + 1 >= (1 << bits)
+    hi = np.searchsorted(hashes, np.where(last, 0, bins + 1).astype(np.uint64) << shift)
+    hi[last] = len(hashes)
+    return lo.astype(np.int64), hi.astype(np.int64)
+
+
 class KeyedState:
     """Per-key rows in flat columns sorted by key hash; bins are hash ranges (Megaphone §3.4).
 
@@ -156,13 +175,13 @@ class KeyedState:
         :attr:`bits`), copied; offsets cover every bin, empty for the others. Costs the rows of
         ``bins`` plus a binary search per bin."""
         bits = self.bits if bits is None else int(bits)
-        off = bin_bounds(self.hash, bits)
         if bins is None:
-            return self.hash.copy(), {c: a.copy() for c, a in self.cols.items()}, off
+            return self.hash.copy(), {c: a.copy() for c, a in self.cols.items()}, bin_bounds(self.hash, bits)
         chosen = np.unique(np.asarray(list(bins), dtype=np.int64))
-        idx = concat_ranges(off[chosen], off[chosen + 1])
+        lo, hi = bin_ranges(self.hash, bits, chosen)  # searches for the chosen bins only
+        idx = concat_ranges(lo, hi)
         counts = np.zeros(1 << bits, dtype=np.int64)
-        counts[chosen] = off[chosen + 1] - off[chosen]
+        counts[chosen] = hi - lo
         return self.hash[idx], {c: a[idx] for c, a in self.cols.items()}, np.r_[0, np.cumsum(counts)]
 
     def replace_bins(self, bins: Iterable[int], hashes: np.ndarray, cols: Mapping[str, np.ndarray],
