@@ -194,24 +194,41 @@ class HashRuns:
     [0]
     """
 
+    #: entries gathered unsorted before they become a run (a batch then pays a list append)
+    FOLD = 1024
+
     def __init__(self):
         self.hash: list[np.ndarray] = []
         self.row: list[np.ndarray] = []
         self.tag: list[np.ndarray] = []
         self.stale = 0
+        self._new: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._n_new = 0
 
     def __len__(self) -> int:
-        return sum(len(h) for h in self.hash)
+        return sum(len(h) for h in self.hash) + self._n_new
 
     def add(self, hashes: np.ndarray, rows: np.ndarray, tags: np.ndarray) -> None:
-        """Index new ``rows`` (with their ``hashes`` and ``tags``); costs a sort of them plus
-        amortised merges."""
+        """Index new ``rows`` (with their ``hashes`` and ``tags``): gathered, then sorted into a
+        run once :attr:`FOLD` have come (amortised merges follow)."""
         if not len(hashes):
             return
-        order = np.argsort(hashes, kind="stable")
-        self.hash.append(np.asarray(hashes, dtype=np.uint64)[order])
-        self.row.append(np.asarray(rows, dtype=np.int64)[order])
-        self.tag.append(np.asarray(tags, dtype=np.uint64)[order])
+        self._new.append((np.asarray(hashes, dtype=np.uint64), np.asarray(rows, dtype=np.int64),
+                          np.asarray(tags, dtype=np.uint64)))
+        self._n_new += len(hashes)
+        if self._n_new >= self.FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Sort the gathered entries into a new run and merge runs as the invariant asks."""
+        if not self._new:
+            return
+        h, r, t = (np.concatenate(x) for x in zip(*self._new))
+        self._new, self._n_new = [], 0
+        order = np.argsort(h, kind="stable")
+        self.hash.append(h[order])
+        self.row.append(r[order])
+        self.tag.append(t[order])
         while len(self.hash) > 1 and 2 * len(self.hash[-1]) >= len(self.hash[-2]):
             a, b = self.hash[-2], self.hash[-1]
             at = np.searchsorted(a, b)
@@ -222,6 +239,7 @@ class HashRuns:
 
     def rows(self, bits: int, bins: np.ndarray, valid) -> np.ndarray:
         """The valid rows whose hash lies in ``bins`` (sorted, distinct) at ``2**bits`` bins."""
+        self._fold()
         got = []
         for h, r, t in zip(self.hash, self.row, self.tag):
             idx = concat_ranges(*bin_ranges(h, bits, bins))
@@ -237,6 +255,7 @@ class HashRuns:
         total = len(self)
         if self.stale * 2 <= total or not total:
             return
+        self._fold()
         h, r, t = (np.concatenate(x) for x in (self.hash, self.row, self.tag))
         keep = valid(r, t)
         order = np.argsort(h[keep], kind="stable")
