@@ -21,6 +21,7 @@ from replistream import Punctuation, Query
 from replistream.errors import merge_dead_letters
 from replistream.ids import hash_columns
 from replistream.operators.base import CheckpointError, OperatorState, bin_of
+from replistream.operators.keyed import KeyedCount
 from replistream.replica import ReplicaCore, StagedReplica, plan_transfer, splittable
 from replistream.schema import ID, TS
 from replistream.sources import source_streams
@@ -51,9 +52,11 @@ def build(kind: str) -> tuple[Query, str]:
     elif kind == "sliding":
         q.source("s", {"k": "i8", "x": "f8"}).window(
             size=30, slide=10, by="k", aggs={"n": "count", "m": ("x", "mean"), "hi": ("x", "max")}, name="op").sink("out")
-    else:
+    elif kind == "tumbling":
         q.source("s", {"k": "i8", "x": "f8"}).window(size=15, by="k", aggs={"s": ("x", "sum"), "lo": ("x", "min")},
                                                      name="op").sink("out")
+    else:  # a keyed operator, whose state was live-binned before (KeyedState)
+        q.source("s", {"k": "i8", "x": "f8"}).apply(KeyedCount(by="k", bits=3), name="op").sink("out")
     return q.build(), "op"
 
 
@@ -236,7 +239,7 @@ def transfer(q: Query, node: str, items: list, bits: int, strategy: str, rng) ->
 
 
 @PROPS
-@given(kind=st.sampled_from(KINDS), seed=st.integers(0, 2**31 - 1), keys=st.integers(1, 100),
+@given(kind=st.sampled_from(KINDS + ("keyed",)), seed=st.integers(0, 2**31 - 1), keys=st.integers(1, 100),
        bits=st.integers(0, 6), strategy=st.sampled_from(("all-at-once", "batched", "fluid")))
 def test_a_staged_transfer_installing_live_bins_gives_the_reference_output(kind, seed, keys, bits, strategy):
     q, node = build(kind)
