@@ -825,6 +825,82 @@ def _reconfigure(args) -> int:
     return 0 if rep["matches_reference"] else 1
 
 
+def _up(args) -> int:
+    from .engines.ray.cluster import up
+
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise CliError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    print("starting a local Ray cluster for replistream (loopback only) ...", file=sys.stderr, flush=True)
+    try:
+        addr = up(num_cpus=args.num_cpus, port=args.port)
+    except RuntimeError as e:
+        raise CliError(str(e)) from None
+    print(f"up: a Ray cluster runs at {addr}; deploy() in any script on this machine joins it, and detached "
+          f"deployments live in it; `replistream down` stops it")
+    return 0
+
+
+def _down(args) -> int:
+    from .engines.ray.cluster import down
+
+    try:
+        stopped = down()
+    except RuntimeError as e:
+        raise CliError(str(e)) from None
+    print("down: the local Ray cluster is stopped" if stopped else "down: no cluster started by `replistream up` runs")
+    return 0
+
+
+def _connect() -> None:
+    """Join the running cluster (CliError naming the fix if there is none)."""
+    import ray
+
+    from .engines.ray import init_ray
+    from .engines.ray.host import cluster_address
+
+    addr = cluster_address()
+    if addr is None:
+        raise CliError("no Ray cluster runs on this machine (and RAY_ADDRESS is not set): start one with "
+                       "`replistream up`, then deploy with detached=True")
+    if not ray.is_initialized():
+        init_ray(addr)
+
+
+def _status(args) -> int:
+    from .engines.ray.host import attach, list_deployments
+
+    _connect()
+    names = [args.name] if args.name else list_deployments()
+    if args.name and args.name not in list_deployments():
+        raise CliError(f"no detached deployment named {args.name!r}; running: {list_deployments() or 'none'}")
+    rows = [attach(n).status() for n in names]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        print("status: no detached deployment runs on this cluster")
+        return 0
+    print(f"status: {len(rows)} detached deployment(s), {sum(r['complete'] for r in rows)} complete")
+    for r in rows:
+        apps = ", ".join(f"{a} {v['delivered']:,} tuples{' (complete)' if v['complete'] else ''}"
+                         for a, v in r["applications"].items())
+        print(f"  {r['name']}: query {r['query']!r}, running {r['running_s']:g} s, "
+              f"{'fed' if r['fed'] else 'not fed yet'}; {apps}; fault tolerance {r['fault_tolerance']} "
+              f"({fault_tolerance_meaning(r['fault_tolerance'])})")
+    return 0
+
+
+def _stop(args) -> int:
+    from .engines.ray.host import attach, list_deployments
+
+    _connect()
+    if args.name not in list_deployments():
+        raise CliError(f"no detached deployment named {args.name!r}; running: {list_deployments() or 'none'}")
+    attach(args.name).stop()
+    print(f"stop: deployment {args.name!r} stopped")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="replistream",
@@ -930,6 +1006,22 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--json", action="store_true", help="print one JSON object (the verdict is in it)")
     chaos.add_argument("--verbose", action="store_true", help="let Ray's own log lines through")
     chaos.set_defaults(func=_chaos, check=check_chaos)
+
+    up_ = sub.add_parser("up", help="start a local Ray cluster kept between scripts (loopback only): deployments "
+                                    "join it, detached ones live in it")
+    up_.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: the machine's)")
+    up_.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+    up_.set_defaults(func=_up)
+    down_ = sub.add_parser("down", help="stop the local Ray cluster and every deployment in it")
+    down_.set_defaults(func=_down)
+    status = sub.add_parser("status", help="list the detached deployments running on the cluster, with their "
+                                           "progress and fault tolerance")
+    status.add_argument("name", nargs="?", default=None, help="only this deployment")
+    status.add_argument("--json", action="store_true", help="print one JSON list")
+    status.set_defaults(func=_status)
+    stop = sub.add_parser("stop", help="stop a detached deployment")
+    stop.add_argument("name", help="the deployment's name")
+    stop.set_defaults(func=_stop)
 
     from .sim.cli import register as register_sim, run as run_sim  # replistream sim <experiment> (Hwang §VI)
 

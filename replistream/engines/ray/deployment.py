@@ -99,6 +99,16 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
     else:
         opts["address"] = address
     opts.update(kwargs)
+    if not local:
+        hostport = str(address).split("://")[-1]
+        if address != "auto" and "://" not in str(address) and re.fullmatch(r"[\w.-]+:\d+", hostport):
+            from .cluster import _answers
+
+            if not _answers(hostport, timeout=2.0):  # ray.init would retry for minutes
+                raise ConnectionError(f"no Ray cluster answers at {address} (RAY_ADDRESS or address=): start one "
+                                      f"there (`replistream up`), or unset RAY_ADDRESS to run on a Ray of this "
+                                      f"script's own")
+        _same_auth_as_ray_start()
     loopback = local or str(address).split("://")[-1].startswith(("127.0.0.1:", "localhost:"))
     if not loopback or "_node_ip_address" in kwargs:
         ray.init(**opts)
@@ -110,6 +120,21 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
 #: Messages the raylet sends every driver that are routine for replistream: each replica is an
 #: actor in its own worker process, so a deployment starts more of them than there are CPUs.
 RAY_ROUTINE_MESSAGES = re.compile(r"PYTHON worker processes have been started")
+
+
+def _same_auth_as_ray_start() -> None:
+    """Before joining a cluster: use token authentication when this machine has a Ray token
+    (``~/.ray/auth_token``), as ``ray start`` (and so ``replistream up``) does unless
+    ``RAY_AUTH_MODE`` says otherwise; without it, a driver is refused ("InvalidAuthToken")."""
+    if os.environ.get("RAY_AUTH_MODE") is not None:
+        return  # said explicitly
+    try:
+        from ray._private.authentication.authentication_token_setup import (AuthenticationTokenLoader,
+                                                                            _enable_token_auth)
+    except ImportError:  # pragma: no cover - a Ray without token authentication
+        return
+    if AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        _enable_token_auth()  # what Ray's own helper does, without its warning on every connection
 
 
 def quiet_ray_messages() -> None:

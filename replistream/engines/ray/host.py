@@ -51,6 +51,11 @@ def cluster_address() -> str | None:
     addr = os.environ.get("RAY_ADDRESS")
     if addr:
         return addr
+    from .cluster import recorded
+
+    mine = recorded()
+    if mine is not None:
+        return mine["address"]
     try:
         from ray._private.services import get_ray_address_from_environment
 

@@ -1,0 +1,138 @@
+"""A local Ray cluster kept between scripts: ``replistream up`` / ``replistream down``.
+
+``up()`` starts a Ray head on this machine with replistream's settings (:data:`.deployment.RAY_SYSTEM_CONFIG`),
+listening on the loopback interface only (127.0.0.1: nothing on the machine's other interfaces,
+docs/reliability.md), without the dashboard or usage statistics, in a process of its own
+(``ray start --head --block``) whose id and address it records in :data:`STATE_FILE`. Every later
+``deploy()`` in any script on the machine joins it instead of starting its own Ray (so it skips
+Ray's start-up), and a detached deployment (``deploy(..., name=..., detached=True)``) lives in it
+after its script ends. ``down()`` stops that cluster, and every deployment in it; it never
+touches another Ray instance on the machine (``ray stop`` would stop them all).
+
+>>> up(num_cpus=4)     # doctest: +SKIP
+'127.0.0.1:6379'
+>>> down()             # doctest: +SKIP
+True
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+__all__ = ["up", "down", "STATE_FILE", "recorded"]
+
+#: Where ``up()`` records the cluster it started (``{"pid", "address", "log"}``).
+STATE_FILE = os.path.join(os.path.expanduser("~"), ".replistream", "cluster.json")
+
+
+def _ray_cli() -> str:
+    exe = os.path.join(os.path.dirname(sys.executable), "ray")
+    return exe if os.path.exists(exe) else (shutil.which("ray") or "ray")
+
+
+def _answers(address: str, timeout: float = 0.5) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def recorded() -> dict | None:
+    """The cluster ``up()`` started and that still runs (``{"pid", "address", "log"}``), or None."""
+    try:
+        with open(STATE_FILE) as f:
+            st = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return st if _alive(int(st["pid"])) and _answers(st["address"]) else None
+
+
+def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0) -> str:
+    """Start a local Ray head for replistream (loopback only); returns its address once it answers.
+    Raises ``RuntimeError`` naming the fix if a cluster runs already or Ray cannot start.
+
+    >>> up(num_cpus=2)     # doctest: +SKIP
+    '127.0.0.1:6379'
+    """
+    from .deployment import RAY_SYSTEM_CONFIG
+    from .host import cluster_address
+
+    running = cluster_address()
+    if running is not None:
+        raise RuntimeError(f"a Ray cluster runs already at {running}: deployments join it "
+                           f"({'`replistream down` stops it' if recorded() else 'it was not started by replistream up'})")
+    address = f"127.0.0.1:{int(port)}"
+    if _answers(address):
+        raise RuntimeError(f"port {port} is in use on 127.0.0.1: choose another with --port")
+    cmd = [_ray_cli(), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={int(port)}",
+           "--include-dashboard=false", "--disable-usage-stats", f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}"]
+    if num_cpus is not None:
+        cmd.append(f"--num-cpus={int(num_cpus)}")
+    os.makedirs(os.path.dirname(STATE_FILE), exist_ok=True)
+    log = os.path.join(os.path.dirname(STATE_FILE), "cluster.log")
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # keep 127.0.0.1 (single-machine mode)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # not stopped with the shell that ran `up`
+    deadline = time.time() + timeout
+    while not _answers(address):
+        if proc.poll() is not None:
+            with open(log) as f:
+                tail = f.read().strip().splitlines()[-3:]
+            raise RuntimeError(f"`ray start` exited with {proc.returncode}: {' / '.join(tail)} (log: {log})")
+        if time.time() > deadline:
+            proc.terminate()
+            raise RuntimeError(f"the Ray head did not answer at {address} within {timeout:g} s (log: {log})")
+        time.sleep(0.2)
+    with open(STATE_FILE, "w") as f:
+        json.dump({"pid": proc.pid, "address": address, "log": log}, f)
+    return address
+
+
+def down(timeout: float = 60.0) -> bool:
+    """Stop the cluster ``up()`` started (and every deployment in it). Returns whether one ran.
+    A cluster it did not start is left alone: ``RuntimeError`` names it and how to stop it.
+
+    >>> down()     # doctest: +SKIP
+    True
+    """
+    from .host import cluster_address
+
+    st = recorded()
+    if st is None:
+        other = cluster_address()
+        if other is not None and not os.environ.get("RAY_ADDRESS"):
+            raise RuntimeError(f"the Ray cluster at {other} was not started by `replistream up`: stop it with "
+                               f"`ray stop` (which stops every Ray instance on this machine)")
+        try:
+            os.unlink(STATE_FILE)
+        except OSError:
+            pass
+        return False
+    pid = int(st["pid"])
+    os.killpg(pid, signal.SIGTERM)  # `ray start --block` stops its node's processes as it exits
+    deadline = time.time() + timeout
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.2)
+    if _alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+    os.unlink(STATE_FILE)
+    return True

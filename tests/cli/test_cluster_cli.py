@@ -1,0 +1,80 @@
+"""``replistream up / status / stop / down`` (#29): a local Ray cluster kept between scripts; a
+detached deployment started by one script is listed, and stopped, by later commands; ``down`` stops
+that cluster only (never another Ray on the machine) and answers a mistake with one line."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CLI = [sys.executable, "-c", "import sys; from replistream.cli import main; sys.exit(main())"]
+
+
+def run(args, env, timeout=300):
+    return subprocess.run(CLI + args, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def isolated(tmp_path) -> dict:
+    """A HOME of its own (the record of the cluster `up` started lives there) and no RAY_ADDRESS."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    env["HOME"] = str(tmp_path / "home")
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_without_a_cluster_the_commands_say_what_to_do(tmp_path):
+    env = isolated(tmp_path)
+    env["RAY_ADDRESS"] = f"127.0.0.1:{free_port()}"  # nothing listens there: status must not hang on it
+    got = run(["status"], env, timeout=60)
+    assert got.returncode == 1 and "no Ray cluster answers at" in got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1
+    env.pop("RAY_ADDRESS")
+    got = run(["down"], env)
+    assert got.returncode == 0 and "no cluster started by `replistream up`" in got.stdout
+
+
+@pytest.mark.slow
+def test_up_deploy_detached_status_stop_down(tmp_path):
+    env = isolated(tmp_path)
+    port = free_port()
+    got = run(["up", "--num-cpus", "2", "--port", str(port)], env)
+    assert got.returncode == 0, got.stderr
+    assert f"127.0.0.1:{port}" in got.stdout
+    record = json.loads((tmp_path / "home" / ".replistream" / "cluster.json").read_text())
+    try:
+        again = run(["up", "--port", str(port)], env)
+        assert again.returncode == 2 and "runs already" in again.stderr
+        script = textwrap.dedent("""
+            import numpy as np
+            from replistream import ParquetSink, Query, deploy, seconds
+            q = Query("kept"); s = q.source("s", {"k": "i8"}, punctuate_every=seconds(1))
+            s.window(size=seconds(1), by="k", aggs={"n": "count"}, name="per_k").sink("out")
+            ts = np.arange(0, seconds(4), 1000)
+            dep = deploy(q, servers=3, k=2, name="kept", detached=True, sinks={"out": ParquetSink(%r)})
+            dep.feed({"s": [{"ts": ts, "k": ts %% 7}]})
+            print("fed", flush=True)
+        """ % str(tmp_path / "out"))
+        fed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert fed.returncode == 0 and "fed" in fed.stdout, fed.stderr  # the script joined the cluster and ended
+        status = run(["status", "--json"], env)
+        assert status.returncode == 0, status.stderr
+        (row,) = json.loads(status.stdout)
+        assert row["name"] == "kept" and row["query"] == "kept" and row["fed"]
+        assert run(["stop", "kept"], env).returncode == 0
+        status = run(["status"], env)
+        assert "no detached deployment" in status.stdout
+    finally:
+        down = run(["down"], env)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    with pytest.raises(ProcessLookupError):
+        os.killpg(record["pid"], 0)  # the head and its node's processes are gone
