@@ -1856,11 +1856,11 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         names = [s.name for s in servers]
         for app in query.sinks:
             where = list(plan[app])
-            for name in names[names.index(where[0]):] + names:
+            for srv in names[names.index(where[0]):] + names:
                 if len(where) >= app_replicas:
                     break
-                if name not in where:
-                    where.append(name)
+                if srv not in where:
+                    where.append(srv)
             plan[app] = where
         PhysicalPlan(query, plan)  # checked again
         placed = None
