@@ -27,7 +27,7 @@ from ..errors import QueryError
 from ..exact import LIMBS, ExactSums, exact_row_sums
 from ..ids import hash_columns, mix, stable_hash
 from ..schema import ID, TS, Schema
-from .base import OperatorLogic, concat_ranges
+from .base import OperatorLogic, bin_of, concat_ranges
 from .keyed import bin_ranges
 from .sorter import canonical_order
 
@@ -237,16 +237,22 @@ class HashRuns:
             self.tag[-2] = np.insert(self.tag[-2], at, self.tag[-1])
             del self.hash[-1], self.row[-1], self.tag[-1]
 
-    def rows(self, bits: int, bins: np.ndarray, valid) -> np.ndarray:
-        """The valid rows whose hash lies in ``bins`` (sorted, distinct) at ``2**bits`` bins."""
+    def rows(self, bits: int, bins: np.ndarray, valid, tags: bool = False):
+        """The valid rows whose hash lies in ``bins`` (sorted, distinct) at ``2**bits`` bins; with
+        ``tags``, ``(rows, their tags)``."""
         self._fold()
-        got = []
+        got, got_t = [], []
         for h, r, t in zip(self.hash, self.row, self.tag):
             idx = concat_ranges(*bin_ranges(h, bits, bins))
             if len(idx):
                 rr, tt = r[idx], t[idx]
-                got.append(rr[valid(rr, tt)])
-        return np.concatenate(got) if got else np.zeros(0, dtype=np.int64)
+                ok = valid(rr, tt)
+                got.append(rr[ok])
+                got_t.append(tt[ok])
+        rows = np.concatenate(got) if got else np.zeros(0, dtype=np.int64)
+        if not tags:
+            return rows
+        return rows, (np.concatenate(got_t) if got_t else np.zeros(0, dtype=np.uint64))
 
     def forget(self, n: int, valid) -> None:
         """``n`` indexed rows were removed; once removals outnumber the live entries, drop every
@@ -640,6 +646,11 @@ class CountWindowAggregateLogic(_GroupedWindows):
     >>> c.process(0, Punctuation(5))[0][["ts", "window", "s"]].tolist()
     [(2, 0, 30)]
 
+    Live bins (Megaphone §3.4): the groups are indexed by group hash (:class:`HashRuns`, in the
+    order they appeared), so a transfer step's :meth:`checkpoint` visits only its bins' groups
+    (and hashes the unreleased input, which lies above the watermark), and
+    :meth:`install_bins` adds a step's groups to a running logic.
+
     Hand-over restores the unreleased input and each group's count and pending tuples:
 
     >>> d = CountWindowAggregateLogic("c", [s], size=2, aggs={"s": ("x", "sum")}).restore(c.checkpoint())
@@ -654,6 +665,7 @@ class CountWindowAggregateLogic(_GroupedWindows):
         self._buffer: list[np.ndarray] = []
         # group hash -> [tuples counted so far, next window index, pending tuples]
         self._groups: dict[int, list] = {}
+        self._gindex = HashRuns()  # the groups by hash; row: the group's rank in _groups' order
 
     order_sensitive = False  # it sorts its own input (Algorithm 4, lines 1-6)
 
@@ -677,12 +689,14 @@ class CountWindowAggregateLogic(_GroupedWindows):
         cuts = np.r_[0, np.flatnonzero(gs[1:] != gs[:-1]) + 1, len(gs)]
         size, slide = self.size, self.slide
         outs = []
+        fresh = []
         for a, b in zip(cuts[:-1], cuts[1:]):
             g = int(gs[a])
             new = rel[order[a:b]]
             st = self._groups.get(g)
             if st is None:
                 st = self._groups[g] = [0, 0, new[:0]]
+                fresh.append(g)
             count, nxt, pending = st
             start_pos = count - len(pending)
             seq = np.concatenate([pending, new]) if len(pending) else new
@@ -696,10 +710,18 @@ class CountWindowAggregateLogic(_GroupedWindows):
             keep_from = nxt * slide - start_pos
             pending = seq[keep_from:] if keep_from < len(seq) else seq[:0]
             st[0], st[1], st[2] = count, nxt, pending
+        self._index_groups(fresh)
         if not outs:
             return []
         out = np.concatenate(outs)
         return [out[canonical_order(out)]]
+
+    def _index_groups(self, groups: list[int]) -> None:
+        """Index groups just added to ``_groups`` (its last ``len(groups)``), ranked in its order."""
+        if groups:
+            n = len(self._groups)
+            h = np.asarray(groups, dtype=np.uint64)
+            self._gindex.add(h, np.arange(n - len(groups), n, dtype=np.int64), h)
 
     # -- hand-over (docs/design.md, decision 7) ------------------------------------
     # The unreleased input (ts > watermark), and per group its tuple count, next
@@ -725,10 +747,41 @@ class CountWindowAggregateLogic(_GroupedWindows):
             "pending": ({"rows": pending}, self._group_hash(pending) if keyed else None),
         }
 
+    live_bins = True
+
+    def _live_tables(self, bits, bins):
+        """The unreleased input of ``bins`` (hashed: it lies above the watermark) and the groups of
+        ``bins`` with their pending tuples, found through the group index, in the order they
+        appeared (the whole layout's)."""
+        if bins is None:
+            return self._state_tables(True)
+        schema = self.in_schemas[0]
+        buf = self._buffer[0] if len(self._buffer) == 1 else (
+            np.concatenate(self._buffer) if self._buffer else schema.empty())
+        bh = self._group_hash(buf)
+        keep = np.isin(bin_of(bh, bits), bins)
+        rank, gs = self._gindex.rows(bits, bins, lambda r, t: np.ones(len(r), dtype=bool), tags=True)
+        gs = gs[np.argsort(rank, kind="stable")]
+        st = [self._groups[g] for g in gs.tolist()]
+        count = np.fromiter((x[0] for x in st), dtype=np.int64, count=len(st))
+        nxt = np.fromiter((x[1] for x in st), dtype=np.int64, count=len(st))
+        pend = [x[2] for x in st if len(x[2])]
+        pending = np.concatenate(pend) if pend else schema.empty()
+        return {
+            "buffer": ({"rows": buf[keep]}, bh[keep]),
+            "groups": ({"group": gs, "count": count, "next": nxt}, gs),
+            "pending": ({"rows": pending}, self._group_hash(pending)),
+        }
+
     def _restore_tables(self, tables):
+        self._install_tables(tables)
+
+    def _install_tables(self, tables):
+        """Add a step's unreleased input, groups and pending tuples (of groups this logic lacks)."""
         schema = self.in_schemas[0]
         buf = schema.check(tables["buffer"]["rows"], f"{self.name} checkpoint")
-        self._buffer = [buf] if len(buf) else []
+        if len(buf):
+            self._buffer.append(buf)
         pending = schema.check(tables["pending"]["rows"], f"{self.name} checkpoint")
         by_group: dict[int, np.ndarray] = {}
         if len(pending):
@@ -740,8 +793,9 @@ class CountWindowAggregateLogic(_GroupedWindows):
                 by_group[int(gsorted[a])] = pending[order[a:b]]
         g = tables["groups"]
         empty = pending[:0]
-        self._groups = {h: [c, j, by_group.get(h, empty)]
-                        for h, c, j in zip(g["group"].tolist(), g["count"].tolist(), g["next"].tolist())}
+        for h, c, j in zip(g["group"].tolist(), g["count"].tolist(), g["next"].tolist()):
+            self._groups[h] = [c, j, by_group.get(h, empty)]
+        self._index_groups(g["group"].tolist())
 
     def _windows(self, g: int, seq: np.ndarray, idx: np.ndarray, js: np.ndarray) -> np.ndarray:
         n = len(js)

@@ -116,7 +116,7 @@ class StagedReplica:
     they agree on their filters' punctuation on every port and that punctuation
     has passed every applied id their checkpoints brought, so a merged filter
     never holds the id of a tuple of another core's bin that this core has not
-    applied. A logic with live bins (Join, time-window Aggregate, keyed operators:
+    applied. A logic with live bins (Join, both Aggregates, keyed operators:
     :attr:`~replistream.operators.base.OperatorLogic.live_bins`) takes the other cores' bins
     into the running logic of the core holding the most bins
     (:meth:`~replistream.operators.base.OperatorLogic.install_bins`: the installed rows are
