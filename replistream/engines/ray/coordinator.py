@@ -220,12 +220,15 @@ class CoordinatorActor:
             raise RuntimeError("the coordinator has no deployment yet (set_placement was not called)")
         duration = float(duration_s) if duration_s else max(time.time() - self.t0, 1e-3)
         refs = {label: h.stats.remote() for label, h in self.handles.items()}
+        ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=2.0)[0]) if refs else set()
         actors = {}
-        for label, ref in refs.items():
+        for label, ref in refs.items():  # one deadline for all: the deployment fences a silent coordinator
+            if ref not in ready:
+                continue  # busy or stopped: no statistics from it this time
             try:
-                actors[label] = ray.get(ref, timeout=10)
+                actors[label] = ray.get(ref)
             except Exception:
-                continue  # dead or unreachable: no statistics from it
+                continue  # dead: no statistics from it
         self.stats = QueryStats.from_metrics(self.query, {"actors": actors}, duration)
         self._log({"kind": "stats", "t": time.time() - self.t0, "actors": len(actors)})
         return self.stats

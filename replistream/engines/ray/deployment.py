@@ -1000,7 +1000,8 @@ class Deployment:
         with receiver, port, channel and logical time: the sender is declared failed), and dropped
         links not due to a death (a receiver left with no live upstream replica on an input is
         declared failed: it would never progress again)."""
-        new = self.ask_coordinator("reports_since", self._reports_seen, timeout=10)
+        # a coordinator silent for fail_after_s (at least 4 s) is fenced and replaced, as a replica is
+        new = self.ask_coordinator("reports_since", self._reports_seen, timeout=max(4.0, self.detector.fail_after_s))
         self._reports_seen += len(new)
         starved = set()
         for rep in new:
