@@ -3,13 +3,15 @@ re-initialises the actors an earlier one left, nothing of the earlier run leaks 
 actors that may still be reached from the old run are never kept."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import ray
 
 import replistream as rs
 from replistream.engines.ray import deploy, pool
-from replistream.sources import KillReplica, Pause
+from replistream.sources import Call, KillReplica
 from replistream.testing import assert_same_output, run_reference
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -48,7 +50,7 @@ def test_a_second_deployment_reuses_the_processes_and_is_exact():
         first = pids(dep)
     assert_same_output(run_reference(q1, d1).outputs["out"], res1.outputs["out"])
     kept = pool.pooled()
-    assert sum(kept.values()) == len(first) + 1  # every replica and the coordinator
+    assert sum(kept.values()) == len(first) + 2  # every replica, the coordinator and its warm standby
     q2, d2 = keyed(2, name="again")  # another query and input: nothing of run 1 may show
     with deploy(q2, servers=3, k=2) as dep:
         res2 = dep.run(d2)
@@ -67,7 +69,7 @@ def test_killed_replicas_are_not_kept_and_the_rest_are_reused():
         dead = {label for label, up in dep.alive.items() if not up}
     assert dead == {"w#0"}
     assert_same_output(run_reference(q, d).outputs["out"], res.outputs["out"])
-    assert sum(pool.pooled().values()) == 2 * 3 + 1 - 1 + 1  # entry, f, w, out (one), coordinator
+    assert sum(pool.pooled().values()) == 2 * 3 + 1 - 1 + 2  # entry, f, w, out (one), coordinator, standby
     q2, d2 = keyed(4)
     with deploy(q2, servers=3, k=2) as dep:
         res2 = dep.run(d2)
@@ -77,11 +79,17 @@ def test_killed_replicas_are_not_kept_and_the_rest_are_reused():
 @pytest.mark.slow
 def test_nothing_is_kept_when_the_run_was_cut_short():
     q, d = keyed(5)
-    d["s"].insert(2, Pause(30.0))  # the feeder is still at work when the deployment ends
+    release = threading.Event()
+    # the feeder is still at work when the deployment ends (a sentinel that does not look at the
+    # shutdown; a Pause ends early when it sees it, and then nothing is in flight)
+    d["s"].insert(2, Call(lambda dep: release.wait(60)))
     dep = deploy(q, servers=3, k=2)
     dep.feed(d)
-    dep.shutdown()
-    assert pool.pooled() == {}
+    try:
+        dep.shutdown()
+        assert pool.pooled() == {}
+    finally:
+        release.set()
 
 
 def _dead_within(h, seconds: float) -> bool:

@@ -185,11 +185,22 @@ class _Base:
         self._reports = [handle.report.remote(kind, rec) for kind, rec in sent]
         return len(sent)
 
+    @ray.method(concurrency_group="probe")  # not behind a long data-path call: it must come first
+    def hold_retention(self, key: str, p: int) -> bool:
+        """Every output stream keeps what it sent after punctuation ``p`` for ``key`` (an operator
+        downstream whose dormant checkpoint is at ``p``), whatever its links acknowledge."""
+        for ob in list(self.outboxes.values()):
+            ob.hold(key, p)
+        self._holds = {**getattr(self, "_holds", {}), key: max(getattr(self, "_holds", {}).get(key, p), p)}
+        return True
+
     def _outbox(self, stream: str) -> Outbox:
         ob = self.outboxes.get(stream)
         if ob is None:
             ob = Outbox(f"{self.label}", self.server, self.network, self.t0, on_drop=self._on_drop,
                         **self.channel_opts)
+            for key, p in getattr(self, "_holds", {}).items():  # an outbox opened later holds as well
+                ob.hold(key, p)
             self.outboxes[stream] = ob
             self.sender.add(ob)
         return ob
@@ -422,6 +433,8 @@ class ReplicaActor(_Base):
     def __init__(self, query, node: str, index: int, server: str, channels: list[int], network, t0: float,
                  channel_opts: dict, coordinator=None, strict: bool = False, pending: bool = False):
         self._setup(f"{node}#{index}", server, network, t0, channel_opts, coordinator)
+        self.dormant_every: float | None = None  # keep_dormant(): checkpoints to the coordinator
+        self._dormant_last, self._dormant_ref = 0.0, None
         self.node = node
         self.query = query
         self.strict = strict
@@ -457,6 +470,8 @@ class ReplicaActor(_Base):
             self._emit(self.out, out)  # queued under the lock: a checkpoint sees it in the log
             if self.step_requests and any(isinstance(it, Punctuation) for it in out):
                 self._take_steps()  # a transfer step at this logical time (our punctuation)
+            if self.dormant_every is not None and any(isinstance(it, Punctuation) for it in out):
+                self._send_dormant()
         self.out.wait_for_room()
         self._slowdown(started)
         self.pushes += 1
@@ -495,9 +510,36 @@ class ReplicaActor(_Base):
         if self.core is None:
             raise RuntimeError(f"{self.label} is waiting for its own checkpoint; it cannot give one")
         with self.lock:
-            self.out.flush()
-            ck = self.core.checkpoint()
-            return dataclasses.replace(ck, output=self.out.retained(), output_acked=self.out.min_ack())
+            return self._checkpoint_locked()
+
+    def _checkpoint_locked(self):
+        self.out.flush()
+        ck = self.core.checkpoint()
+        return dataclasses.replace(ck, output=self.out.retained(), output_acked=self.out.min_ack())
+
+    def keep_dormant(self, every_s: float | None) -> bool:
+        """Send the coordinator a dormant checkpoint every ``every_s`` seconds, at a punctuation
+        (None: stop): this replica is its operator's last live one (Rhino's dormant replica, Del
+        Monte 2017). Its upstream replicas keep their output after the checkpoint's punctuation."""
+        self.dormant_every = None if every_s is None else float(every_s)
+        self._dormant_last = 0.0
+        return True
+
+    def _send_dormant(self) -> None:
+        """Under ``lock``: a checkpoint to the coordinator if ``dormant_every`` has passed and the
+        previous one arrived; its punctuation is the smallest of the input filters' (what the
+        checkpoint holds on every input)."""
+        now = time.time()
+        if now - self._dormant_last < self.dormant_every or self.coordinator is None:
+            return
+        if self._dormant_ref is not None and not ray.wait([self._dormant_ref], timeout=0)[0]:
+            return  # the previous one is still on its way
+        p = min(int(f.max_punct) for f in self.core.filters)
+        if p == NO_ACK:
+            return
+        self._dormant_last = now
+        self._dormant_ref = self.coordinator.keep_dormant.remote(self.node, self.label, p, self._checkpoint_locked())
+        self._reports.append(self._dormant_ref)
 
     def install(self, checkpoint=None) -> dict:
         """Leave pending mode: build the core from ``checkpoint`` (a peer's, or None for a fresh

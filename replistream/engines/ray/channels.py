@@ -158,6 +158,7 @@ class Outbox:
         # acknowledged a punctuation covering it
         self.log = ReplayLog()
         self.floor = NO_ACK  # trim point used while no link is active (set by the coordinator)
+        self.holds: dict[str, int] = {}  # trim points a dormant checkpoint downstream still needs
         self.emitted = 0  # tuples flushed since the start (the stream's rate)
 
     # -- setup ------------------------------------------------------------------
@@ -219,9 +220,17 @@ class Outbox:
         with self.lock:
             self.log.append(items)
 
+    def hold(self, key: str, p: int) -> None:
+        """Keep everything after punctuation ``p`` for ``key`` (a dormant checkpoint downstream at
+        ``p``), whatever the links acknowledge; a later call may only raise it."""
+        with self.lock:
+            self.holds[key] = max(self.holds.get(key, int(p)), int(p))
+            self._trim_locked()
+
     def _trim_locked(self) -> None:
         acks = [l.acked for l in self.links if l.alive]
-        self.log.trim(min(acks) if acks else self.floor)
+        point = min(acks) if acks else self.floor
+        self.log.trim(min(point, *self.holds.values()) if self.holds else point)
 
     # -- producer side -------------------------------------------------------------
     def emit(self, items: list, wait: bool = True) -> None:

@@ -119,9 +119,9 @@ def down(timeout: float = 60.0) -> bool:
     st = recorded()
     if st is None:
         other = cluster_address()
-        if other is not None and not os.environ.get("RAY_ADDRESS"):
-            raise RuntimeError(f"the Ray cluster at {other} was not started by `replistream up`: stop it with "
-                               f"`ray stop` (which stops every Ray instance on this machine)")
+        if other is not None:
+            raise RuntimeError(f"the Ray cluster at {other} (RAY_ADDRESS) was not started by `replistream up`: "
+                               f"stop it where it was started (`ray stop` stops every Ray instance on this machine)")
         try:
             os.unlink(STATE_FILE)
         except OSError:

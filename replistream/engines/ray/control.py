@@ -133,6 +133,12 @@ class GCConfig:
       chooses among those that stay within the bound with it; then wait
       ``rebalance_cooldown_s`` (default two utility periods) before the next move, so the
       loads are measured again first. Every decision is logged with its reason.
+    * ``dormant_every_s``: once an operator runs on one live replica (collection went down to
+      ``kmin=1``, or its peers failed), that replica sends the coordinator a checkpoint this
+      often, at a punctuation, and its upstream replicas keep their output since that
+      checkpoint; if the last replica is lost too, a new one is revived from the checkpoint and
+      that output (Rhino's dormant replica, Del Monte 2017, on Ray) instead of the run ending.
+      None: no dormant checkpoints.
 
     >>> GCConfig(theta=100.0, revival=True, threshold_s=2).validate().threshold_s
     2
@@ -161,6 +167,7 @@ class GCConfig:
     alpha: float = 0.8
     move_strategy: str = "fluid"
     rebalance_cooldown_s: float | None = None
+    dormant_every_s: float | None = 1.0
 
     def validate(self) -> "GCConfig":
         """Raise ``ValueError`` naming the bad setting; returns self."""
@@ -187,6 +194,10 @@ class GCConfig:
                              f"{self.move_strategy!r}")
         if self.rebalance_cooldown_s is not None and not (self.rebalance_cooldown_s >= 0):
             raise ValueError(f"GCConfig.rebalance_cooldown_s must be >= 0, got {self.rebalance_cooldown_s!r}")
+        if self.dormant_every_s is not None and not (isinstance(self.dormant_every_s, (int, float))
+                                                     and self.dormant_every_s > 0 and math.isfinite(self.dormant_every_s)):
+            raise ValueError(f"GCConfig.dormant_every_s must be a finite number > 0 (seconds) or None, got "
+                             f"{self.dormant_every_s!r}")
         if self.rate_window_s is not None and not (self.rate_window_s > 0 and math.isfinite(self.rate_window_s)):
             raise ValueError(f"GCConfig.rate_window_s must be a finite number > 0 (seconds), got "
                              f"{self.rate_window_s!r}")
@@ -995,6 +1006,11 @@ class ReplicaManager:
             return {"peer": None, "checkpoint": None}
         peers = self.peers(label, pending)
         if not peers:
+            dormant = self.dep.ask_coordinator("dormant_checkpoint", rep.operator, timeout=60)
+            if dormant is not None:  # every replica was lost: the last one's dormant checkpoint
+                p, source, ck = dormant
+                got = ray.get(handle.install.remote(ck), timeout=300)
+                return {"peer": None, "dormant": {"from": source, "punctuation": int(p)}, **got}
             if rep.stateful:
                 raise RuntimeError(f"no live peer of {rep.operator!r} can hand its state over to {label}")
             ray.get(handle.install.remote(None), timeout=120)

@@ -62,6 +62,7 @@ class CoordinatorActor:
         self.key = key
         self.events: list[dict] = []
         self._rids: set = set()  # ids of the reports logged (a report sent twice is logged once)
+        self.dormant: dict[str, tuple] = {}  # operator -> (punctuation, replica, checkpoint): keep_dormant
         self.query = None
         self.servers: list = []
         self._placement = None  # the Placement of the running plan (None if it could not be costed)
@@ -148,6 +149,24 @@ class CoordinatorActor:
                 return
             self._rids.add(rid)
         self._log({"kind": kind, **info})
+
+    def keep_dormant(self, operator: str, replica: str, punctuation: int, checkpoint) -> bool:
+        """Keep ``operator``'s dormant checkpoint (Rhino's dormant replica, Del Monte 2017): sent by
+        its last live replica at ``punctuation``; the newest replaces the one before. Logged as a
+        ``dormant_checkpoint`` report (the deployment then lets upstream replicas trim their output
+        up to it). Held in this process's memory: a coordinator that replaces a lost one starts
+        without it, until the next one comes."""
+        prev = self.dormant.get(operator)
+        if prev is not None and prev[0] > punctuation:
+            return False
+        self.dormant[operator] = (int(punctuation), replica, checkpoint)
+        self._log({"kind": "dormant_checkpoint", "operator": operator, "replica": replica,
+                   "punctuation": int(punctuation), "t": time.time() - self.t0})
+        return True
+
+    def dormant_checkpoint(self, operator: str):
+        """``(punctuation, replica, checkpoint)`` of ``operator``'s newest dormant checkpoint, or None."""
+        return self.dormant.get(operator)
 
     def log(self) -> list[dict]:
         return list(self.events)

@@ -404,6 +404,7 @@ class Deployment:
                                                      self.coordinator_key, local=True))
         self._coordinator_pid: int | None = None  # known once it answers (deploy() asks)
         self._standby = None  # a warm coordinator that takes over if this one is lost (start_standby)
+        self._dormant_of: dict[str, str] = {}  # operator -> its last live replica sending dormant checkpoints
         started = []  # every actor at once (kept ones re-initialised, see pool.py), then one wait
         for r in physical.replicas():
             server = physical.server(r)
@@ -941,6 +942,7 @@ class Deployment:
                                     "silent_s": round(v.silent_s, 3)})
         self._handle_reports()
         self._reconnect_dropped()
+        self.protect_last_replicas()
 
     #: A dropped link is reconnected this long after its drop at the earliest, and at most
     #: :attr:`RECONNECT_TRIES` times (a receiver that keeps being dropped is left to its peers).
@@ -994,6 +996,56 @@ class Deployment:
             drop["busy"] = False
             drop["wall"] = time.time()
 
+    def _upstream_running(self, operator: str) -> list[tuple[str, Any]]:
+        """The running replicas that feed ``operator`` (entry replicas for a source)."""
+        q, out = self.query, []
+        for up in q.inputs_of(operator):
+            group = ENTRY if up in q.sources else up
+            out += [(r.label, self.topology.handle(r.label)) for r in self.topology.replicas(group)
+                    if self.topology.is_running(r.label)]
+        return out
+
+    def _hold_upstream(self, operator: str, p: int) -> None:
+        """Every running upstream replica of ``operator`` keeps its output after punctuation ``p``
+        (its dormant checkpoint's); sent, not awaited (the hold only rises)."""
+        for _, h in self._upstream_running(operator):
+            h.hold_retention.remote(f"dormant:{operator}", int(p))
+
+    def protect_last_replicas(self) -> None:
+        """With ``gc.dormant_every_s``: an operator down to one live replica gets a dormant
+        checkpoint (Rhino, Del Monte 2017): its upstream replicas first stop trimming the output it
+        may need again (awaited), then the replica sends a checkpoint every ``dormant_every_s``
+        (:meth:`_hold_upstream` raises the holds as each arrives). Run by the monitor."""
+        every = None if self.manager is None else self.manager.cfg.dormant_every_s
+        if every is None or self.k < 2:
+            return
+        for op in self.query.operators:
+            live = [r.label for r in self.topology.replicas(op) if r.state == "live"
+                    and self.topology.is_running(r.label)]
+            if len(live) != 1 or self._dormant_of.get(op) == live[0]:
+                continue
+            ups = self._upstream_running(op)
+            self.tell({f"{label}|hold": h.hold_retention.remote(f"dormant:{op}", NO_PUNCTUATION) for label, h in ups},
+                      timeout=10)
+            self.tell({live[0]: self.topology.handle(live[0]).keep_dormant.remote(every)}, timeout=10)
+            self._dormant_of[op] = live[0]
+            self.events.append({"t": self.now(), "event": "dormant_on", "operator": op, "replica": live[0],
+                                "every_s": every})
+
+    def _revive_dormant(self, node: str) -> bool:
+        """Every replica of operator ``node`` is lost: revive one from its dormant checkpoint and
+        the upstream output kept since (:meth:`protect_last_replicas`). False if it has none."""
+        if node not in self.query.operators or self.manager is None or \
+                self.manager.cfg.dormant_every_s is None:
+            return False
+        if self.ask_coordinator("dormant_checkpoint", node, timeout=30) is None:
+            return False
+        last = self.topology.replicas(node)[-1].label
+        ev = self.control_loop().replace_replica(last)
+        self.events.append({"t": self.now(), "event": "revived_from_dormant", "operator": node, "replaced": last,
+                            "new": ev["new_replicas"][0]["label"], "handover": ev.get("handover")})
+        return True
+
     def _handle_reports(self) -> None:
         """Act on the coordinator's new reports that name a replica to fail: ``declare_failed`` (its
         sender thread raised), ``broken_contract`` (a tuple at or below its own punctuation, named
@@ -1019,6 +1071,8 @@ class Deployment:
                                                          f"sender: {what}")
                 else:
                     self.declare_failed(sender, what)
+            elif kind == "dormant_checkpoint":  # upstream may now trim its output up to it
+                self._hold_upstream(rep["operator"], int(rep["punctuation"]))
             elif kind == "channel_dropped":
                 reason = str(rep.get("reason", ""))
                 if reason.startswith(("receiver died", "receiver raised")):
@@ -1200,7 +1254,12 @@ class Deployment:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-        self._standby = CoordinatorActor.options(scheduling_strategy=here).remote(self.t0, None)
+        kept = pool.take("CoordinatorActor")  # one an earlier deployment left (pool.py): no new process
+        if kept is not None:
+            kept.reinit.remote(self.t0, None)  # not awaited: replace_coordinator's call waits behind it
+            self._standby = kept
+        else:
+            self._standby = CoordinatorActor.options(scheduling_strategy=here).remote(self.t0, None)
 
     def check_failures(self) -> None:
         """Raise the run's failure if it has one (see :meth:`wait`); nothing otherwise. Deaths,
@@ -1229,6 +1288,8 @@ class Deployment:
         for node in [ENTRY, *self.query.operators, *self.query.sinks]:
             replicas = self.topology.replicas(node)
             if not replicas or any(r.state == "live" for r in replicas):
+                continue
+            if self._revive_dormant(node):
                 continue
             reasons = {e["actor"]: e.get("reason") for e in self.events if e.get("event") == "dead"}
             lost = ", ".join(f"{r.label} ({reasons.get(r.label) or r.state})" for r in replicas)
@@ -1754,7 +1815,8 @@ def _deploy_detached(query: Query, name: str, address: str | None, ray_init: dic
         addr = address or cluster_address()
         if addr is None:
             raise RuntimeError("detached=True needs a Ray cluster that outlives this script: start one with "
-                               "`replistream up` (or `ray start --head`, or set RAY_ADDRESS), then deploy again")
+                               "`replistream up` (or name one with RAY_ADDRESS, e.g. RAY_ADDRESS=auto after `ray start --head`), "
+                               "then deploy again")
         init_ray(addr, **(ray_init or {}))
     try:
         ray.get_actor(name, namespace=NAMESPACE)

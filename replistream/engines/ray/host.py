@@ -11,8 +11,8 @@ deployment's API (``feed``, ``wait``, ``run``, ``metrics``, ``kill_replica``,
 without :meth:`DeploymentClient.stop` leaves the deployment running; :func:`attach` returns a
 client from another driver on the cluster, and ``replistream status`` lists what runs.
 
-What a detached deployment needs: a Ray cluster that outlives the script (``replistream up``,
-``ray start --head``, or ``RAY_ADDRESS``), inputs the host can hold (``FileSource``, lists
+What a detached deployment needs: a Ray cluster that outlives the script (``replistream up``, or
+one named by ``RAY_ADDRESS``, e.g. ``RAY_ADDRESS=auto`` for one started with ``ray start --head``), inputs the host can hold (``FileSource``, lists
 of chunks or records; not a generator of the driver) and results that need no driver
 (``sinks={app: ParquetSink(...)}``; ``collect()`` still returns what the applications hold).
 
@@ -39,35 +39,23 @@ NAMESPACE = "replistream"
 
 
 def cluster_address() -> str | None:
-    """The address of a Ray cluster running apart from this process (``RAY_ADDRESS``, or one
-    started with ``replistream up`` / ``ray start --head`` on this machine), or None.
+    """The address of the Ray cluster a script joins instead of starting its own: ``RAY_ADDRESS``
+    if set (``auto`` included: a cluster started with ``ray start --head`` on this machine), else
+    the one ``replistream up`` started and that still runs, else None. Another script's own Ray
+    (``ray.init()``) is never joined: it ends with that script.
 
-    >>> cluster_address() is None or ":" in cluster_address()   # doctest: +SKIP
+    >>> cluster_address() is None or ":" in cluster_address() or cluster_address() == "auto"   # doctest: +SKIP
     True
     """
     import os
-    import socket
+
+    from .cluster import recorded
 
     addr = os.environ.get("RAY_ADDRESS")
     if addr:
         return addr
-    from .cluster import recorded
-
     mine = recorded()
-    if mine is not None:
-        return mine["address"]
-    try:
-        from ray._private.services import get_ray_address_from_environment
-
-        addr = get_ray_address_from_environment("auto", None)
-    except Exception:  # noqa: BLE001 - no cluster recorded on this machine
-        return None
-    host, _, port = str(addr).rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=0.5):
-            return addr
-    except (OSError, ValueError):
-        return None  # recorded, but no longer running
+    return None if mine is None else mine["address"]
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=32)
