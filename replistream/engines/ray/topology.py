@@ -80,6 +80,16 @@ class Topology:
     Reads return immutable records (or copies); changes take the lock.
     """
 
+    def __getstate__(self) -> dict:
+        """A copy for another process (a detached deployment's client reads it): without the lock."""
+        with self.lock:  # containers copied under the lock (their records are immutable)
+            return {k: (v.copy() if isinstance(v, (dict, list, set)) else v) for k, v in self.__dict__.items()
+                    if k != "lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
     def __init__(self, plan: PhysicalPlan):
         self.lock = threading.RLock()
         self._reps: dict[str, OperatorReplica] = {}
