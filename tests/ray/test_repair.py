@@ -84,7 +84,7 @@ def test_without_repair_the_same_crashes_lose_every_replica():
 
 
 @pytest.mark.slow
-def test_replicas_of_a_lost_server_and_entry_points_are_not_rebuilt():
+def test_replicas_of_a_lost_server_are_not_rebuilt_and_an_entry_replica_is():
     q = query()
     data = inputs()
     ref = run_reference(q, data)
@@ -94,8 +94,32 @@ def test_replicas_of_a_lost_server_and_entry_points_are_not_rebuilt():
     with deploy(q, servers=SERVERS, k=2, placement=placement, repair=True) as dep:
         res = dep.run({"s": s}, timeout=300)
         why = {r["replica"]: r["why"] for r in dep.repairs if not r.get("repaired")}
+        done = {r["replica"]: r["new"] for r in dep.repairs if r.get("repaired")}
     assert "server boston is lost" in why["per_k#0"]
-    assert "entry point" in why["entry#0"]
+    assert done.get("entry#0") == "entry#2"
+    assert_same_output(ref.outputs["out"], res.outputs["out"])
+
+
+def test_an_entry_replica_repaired_from_its_peer_then_the_peer_crashes():
+    """Issue #29: a crashed entry replica is rebuilt from a live peer's input state (entry logic,
+    next chunk, retained output); once it runs, its peer may crash too: the repaired one alone
+    carries the input until it is repaired in turn (from the first repaired one), and the output
+    equals the reference."""
+    q = query()
+    data = inputs()
+    ref = run_reference(q, data)
+    s = inject_at(data["s"], seconds(15), crash("entry#0"))
+    s = inject_at(s, seconds(16), repaired("entry#0"))
+    s = inject_at(s, seconds(30), KillReplica("entry", 1))  # without the repair: every entry replica lost
+    with deploy(q, servers=SERVERS, k=2, repair=True) as dep:
+        res = dep.run({"s": s}, pace=None, timeout=300)
+        ev = [e for e in dep.events if e.get("event") == "entry_repaired"]
+        live = [r.label for r in dep.topology.replicas("entry") if r.state == "live"]
+    # the repaired replica carried the input alone, then handed it over to the second repair
+    assert [(e["actor"], e["new"], e["from"]) for e in ev] == [("entry#0", "entry#2", "entry#1"),
+                                                             ("entry#1", "entry#3", "entry#2")]
+    assert live == ["entry#2", "entry#3"]
+    assert res.complete
     assert_same_output(ref.outputs["out"], res.outputs["out"])
 
 

@@ -849,6 +849,31 @@ class EntryActor(_Base):
         self._slowdown(started)
         return self.expected[source]
 
+    def entry_checkpoint(self) -> dict:
+        """What a new entry replica needs to take this one's place (a repair, Hwang §III: entry
+        points hold their input for their peers): every source's entry logic (its id counter,
+        punctuation, disorder buffer, dead letters), the next chunk expected per source, and what
+        each output stream retains (flushed first), for the new replica to replay downstream.
+
+        >>> ck = ray.get(entry.entry_checkpoint.remote())   # doctest: +SKIP
+        """
+        import copy
+
+        with self.lock:
+            for ob in self.outboxes.values():
+                ob.flush()
+            return {"entries": copy.deepcopy(self.entries), "expected": dict(self.expected),
+                    "output": {src: ob.retained() for src, ob in self.outboxes.items()}}
+
+    def install_entry(self, ck: dict) -> dict:
+        """Take a peer's :meth:`entry_checkpoint` (before any link or chunk reaches this replica)."""
+        with self.lock:
+            self.entries, self.expected = ck["entries"], dict(ck["expected"])
+            for src, items in ck["output"].items():
+                if items:
+                    self._outbox(src).adopt(items)
+        return {"expected": dict(self.expected), "retained": {s: len(v) for s, v in ck["output"].items()}}
+
     def _position(self) -> int | None:
         expected = getattr(self, "expected", None)
         return None if expected is None else int(sum(expected.values()))

@@ -376,6 +376,7 @@ class Deployment:
         self._monitor_thread: threading.Thread | None = None
         self.channel_opts = dict(channel_opts)
         self.strict = strict
+        self.on_malformed = on_malformed  # a repaired entry replica reads records alike
         self.servers = {s.name: s for s in servers}
         self.k = k
         self.plan = plan
@@ -1571,13 +1572,13 @@ class Deployment:
 
     # -- automatic repair ----------------------------------------------------------------------
     def _schedule_repair(self, label: str, reason: str) -> None:
-        """Queue the repair of crashed ``label`` (``deploy(repair=True)``): an operator replica
-        whose server is not lost; entry points and applications are not rebuilt (an entry
-        point's input cannot be replayed to it, an application holds delivered results)."""
+        """Queue the repair of crashed ``label`` (``deploy(repair=True)``): an operator or entry
+        replica whose server is not lost (an entry replica from a live peer's input state,
+        :meth:`repair_entry`); applications are not rebuilt (they hold delivered results)."""
         rep = self.topology.replica(label)
         why = None
-        if rep.kind != "operator":
-            why = f"{'an entry point' if rep.kind == 'entry' else 'an application'} is not rebuilt"
+        if rep.kind == "application":
+            why = "an application is not rebuilt"
         elif rep.server in self._lost_servers:
             why = f"its server {rep.server} is lost"
         elif self.shut_down:
@@ -1612,8 +1613,12 @@ class Deployment:
                 continue  # nothing to hand over from: the run fails naming the operator (check_failures)
             rec = {"replica": label, "detected_wall": detected}
             try:
-                ev = self.control_loop().replace_replica(label)
-                rec.update(repaired=True, new=ev["new_replicas"][0]["label"], installed_wall=time.time())
+                if op == ENTRY:
+                    new = self.repair_entry(label)
+                    rec.update(repaired=True, new=new, installed_wall=time.time())
+                else:
+                    ev = self.control_loop().replace_replica(label)
+                    rec.update(repaired=True, new=ev["new_replicas"][0]["label"], installed_wall=time.time())
                 self.events.append({"t": self.now(), "event": "repaired", "actor": label, "new": rec["new"],
                                     "seconds": round(rec["installed_wall"] - detected, 4)})
                 if self.spares:
@@ -1626,6 +1631,44 @@ class Deployment:
                 warnings.warn(f"replistream: could not repair {label} ({rec['why']}); {op!r} runs on with the "
                               f"replicas left", RuntimeWarning, stacklevel=1)
             self.repairs.append(rec)
+
+    def repair_entry(self, label: str) -> str:
+        """Replace the crashed entry replica ``label`` by a new one on its server, from a live
+        peer's :meth:`~.actors.EntryActor.entry_checkpoint` (Hwang §III: entry points hold their
+        input for their peers): while no chunk is fed and no control action runs
+        (:meth:`quiet`), the peer's entry logic and retained output go to the new replica, which
+        is connected to every live downstream replica (replaying what it retained; the duplicate
+        filters drop what they had) and fed every chunk from then on. Returns its label.
+
+        >>> dep.repair_entry("entry#0")    # doctest: +SKIP
+        'entry#2'
+        """
+        from ...gc import OperatorReplica, StreamReplica
+
+        topo, q = self.topology, self.query
+        old = topo.replica(label)
+        with self.quiet():
+            peers = [r.label for r in topo.replicas(ENTRY) if r.state == "live" and topo.is_running(r.label)]
+            if not peers:
+                raise RuntimeError(f"no live entry replica can hand its input over to a replacement of {label}")
+            ck = ray.get(topo.handle(peers[0]).entry_checkpoint.remote(), timeout=120)
+            new_label = topo.next_label(ENTRY)
+            index = replica_index(new_label)
+            h = self._settle(*self._start(EntryActor, ray_options(self.servers[old.server]), q, index, old.server,
+                                          self.conditions, self.t0, self.channel_opts, self.coordinator,
+                                          self.strict, self.on_malformed))
+            ray.get(h.install_entry.remote(ck), timeout=120)
+            topo.add_replica(OperatorReplica(new_label, ENTRY, old.server, "entry", "live", False))
+            topo.attach(new_label, h)
+            mgr = self.control_loop()
+            for src in q.sources:
+                for v, port in q.outputs_of(src):
+                    for r in topo.replicas(v, state="live"):
+                        if topo.is_running(r.label):
+                            mgr._connect(StreamReplica(new_label, r.label, port, 0.0, 0.0, 0.0, False, src))
+        self.events.append({"t": self.now(), "event": "entry_repaired", "actor": label, "new": new_label,
+                            "from": peers[0], "expected": ck["expected"]})
+        return new_label
 
     # -- network conditions -------------------------------------------------------------------
     def _net_event(self, desc: dict) -> None:
