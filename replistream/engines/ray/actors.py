@@ -111,7 +111,11 @@ class _Base:
         if node is None:
             node = self._node = ray.get_runtime_context().get_node_id()
         return {"busy_s": 0.0 if started is None else time.time() - started, "pushes": getattr(self, "pushes", 0),
-                "pid": os.getpid(), "node": node, "position": self._position()}
+                "pid": os.getpid(), "node": node, "position": self._position(), "pending": self._pending()}
+
+    def _pending(self) -> bool:
+        """Whether it still waits for its state (a replica started pending, before ``install``)."""
+        return False
 
     @contextmanager
     def _data_call(self, started: float):
@@ -782,6 +786,11 @@ class ReplicaActor(_Base):
 
     def _delay(self) -> float:
         return self.input_delay(self.n_ports)
+
+    def _pending(self) -> bool:
+        """Still waiting for its state: started pending (before ``install``) or receiving a staged
+        transfer. The failure detector never counts it as a peer that progresses."""
+        return getattr(self, "core", None) is None
 
     def stats(self) -> dict:
         s = self._common_stats()

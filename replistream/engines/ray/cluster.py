@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["up", "down", "STATE_FILE", "recorded"]
+__all__ = ["up", "down", "STATE_FILE", "recorded", "answers"]
 
 #: Where ``up()`` records the cluster it started (``{"pid", "address", "log"}``).
 STATE_FILE = os.path.join(os.path.expanduser("~"), ".replistream", "cluster.json")
@@ -36,7 +36,12 @@ def _ray_cli() -> str:
     return exe if os.path.exists(exe) else (shutil.which("ray") or "ray")
 
 
-def _answers(address: str, timeout: float = 0.5) -> bool:
+def answers(address: str, timeout: float = 0.5) -> bool:
+    """Whether something accepts a TCP connection at ``host:port`` within ``timeout`` s.
+
+    >>> answers("127.0.0.1:1")
+    False
+    """
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
@@ -62,7 +67,7 @@ def recorded() -> dict | None:
             st = json.load(f)
     except (OSError, ValueError):
         return None
-    return st if _alive(int(st["pid"])) and _answers(st["address"]) else None
+    return st if _alive(int(st["pid"])) and answers(st["address"]) else None
 
 
 def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0) -> str:
@@ -80,7 +85,7 @@ def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0) ->
         raise RuntimeError(f"a Ray cluster runs already at {running}: deployments join it "
                            f"({'`replistream down` stops it' if recorded() else 'it was not started by replistream up'})")
     address = f"127.0.0.1:{int(port)}"
-    if _answers(address):
+    if answers(address):
         raise RuntimeError(f"port {port} is in use on 127.0.0.1: choose another with --port")
     cmd = [_ray_cli(), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={int(port)}",
            "--include-dashboard=false", "--disable-usage-stats", f"--system-config={json.dumps(RAY_SYSTEM_CONFIG)}"]
@@ -93,7 +98,7 @@ def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0) ->
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # not stopped with the shell that ran `up`
     deadline = time.time() + timeout
-    while not _answers(address):
+    while not answers(address):
         if proc.poll() is not None:
             with open(log) as f:
                 tail = f.read().strip().splitlines()[-3:]

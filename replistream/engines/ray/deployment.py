@@ -102,9 +102,9 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
     if not local:
         hostport = str(address).split("://")[-1]
         if address != "auto" and "://" not in str(address) and re.fullmatch(r"[\w.-]+:\d+", hostport):
-            from .cluster import _answers
+            from .cluster import answers
 
-            if not _answers(hostport, timeout=2.0):  # ray.init would retry for minutes
+            if not answers(hostport, timeout=2.0):  # ray.init would retry for minutes
                 raise ConnectionError(f"no Ray cluster answers at {address} (RAY_ADDRESS or address=): start one "
                                       f"there (`replistream up`), or unset RAY_ADDRESS to run on a Ray of this "
                                       f"script's own")
@@ -406,6 +406,7 @@ class Deployment:
         self._coordinator_pid: int | None = None  # known once it answers (deploy() asks)
         self._standby = None  # a warm coordinator that takes over if this one is lost (start_standby)
         self._dormant_of: dict[str, str] = {}  # operator -> its last live replica sending dormant checkpoints
+        self._last_watch = float("inf")  # when the monitor's detector last looked (watch_once)
         started = []  # every actor at once (kept ones re-initialised, see pool.py), then one wait
         for r in physical.replicas():
             server = physical.server(r)
@@ -868,6 +869,10 @@ class Deployment:
     #: Seconds between two rounds of the monitor thread.
     MONITOR_EVERY_S = 0.1
 
+    #: A round that starts this long after the last one ended finds the monitor held up (a lost
+    #: coordinator, a starved driver): what it could not see is not counted as silence.
+    STALL_S = 1.0
+
     def start_monitor(self) -> None:
         """Start the monitor thread (once): every :attr:`MONITOR_EVERY_S` it runs :meth:`watch_once`.
         It ends with the deployment."""
@@ -903,6 +908,9 @@ class Deployment:
           dropped links."""
         det = self.detector
         now = time.time()
+        if now - self._last_watch > self.STALL_S:  # this thread was held up: it saw nothing meanwhile
+            det.resume(now)
+            self.events.append({"t": self.now(), "event": "monitor_stalled", "seconds": round(now - self._last_watch, 3)})
         running = dict(self.topology.running())
         for label in [lab for lab in det.watches if lab not in running]:
             det.forget(label)
@@ -926,7 +934,8 @@ class Deployment:
                         det.forget(label)
                         continue
                     raise
-                det.answered(label, time.time(), busy_s=ans.get("busy_s", 0.0), position=ans.get("position"))
+                det.answered(label, time.time(), busy_s=ans.get("busy_s", 0.0), position=ans.get("position"),
+                             pending=bool(ans.get("pending")))
                 self._pids[label] = (int(ans["pid"]), ans.get("node"))
         now = time.time()
         for label, h in running.items():
@@ -941,6 +950,7 @@ class Deployment:
             else:
                 self.events.append({"t": self.now(), "event": v.state, "actor": v.label,
                                     "silent_s": round(v.silent_s, 3)})
+        self._last_watch = time.time()  # the detector looked: a longer gap until the next round is a stall
         self._handle_reports()
         self._reconnect_dropped()
         self.protect_last_replicas()
@@ -1242,7 +1252,8 @@ class Deployment:
             restored = info["restored"]
             self.coordinator, self._coordinator_pid = new, info["pid"]
             self.start_standby()
-            self.tell({label: h.set_coordinator.remote(new) for label, h in self.topology.running()}, timeout=10)
+            for _, h in self.topology.running():  # sent, not awaited: a replica that does not answer is the detector's
+                h.set_coordinator.remote(new)
             self.events.append({"t": self.now(), "event": "coordinator_replaced", "reason": reason,
                                 "restored": restored, "seconds": round(time.time() - started, 3)})
 

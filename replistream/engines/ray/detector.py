@@ -80,6 +80,7 @@ class _Watch:
     state: str = "ok"  # ok | suspected | failed
     position: int | None = None  # its logical position at its last answer (None: never reported)
     slowest_s: float = 0.0  # the longest a probe of it waited for its answer
+    pending: bool = False  # still waiting for its state (a hand-over, a transfer): not a progressing peer
 
 
 class FailureDetector:
@@ -115,16 +116,18 @@ class FailureDetector:
         w = self.watches.get(label)
         return w is not None and w.asked is not None
 
-    def answered(self, label: str, now: float, busy_s: float = 0.0, position: int | None = None) -> None:
+    def answered(self, label: str, now: float, busy_s: float = 0.0, position: int | None = None,
+                 pending: bool = False) -> None:
         """``label`` answered its probe at ``now``; ``busy_s``: how long its current call had been
         running (0 when idle between calls); ``position``: its logical position (larger is
-        further; comparable among the replicas of one node)."""
+        further; comparable among the replicas of one node); ``pending``: it still waits for its
+        state (a new replica during a hand-over or a transfer), so it is no peer that progresses."""
         w = self.watches.get(label)
         if w is None:
             return
         if w.asked is not None:
             w.slowest_s = max(w.slowest_s, now - w.asked)
-        w.last_answer, w.asked, w.busy_s = now, None, float(busy_s or 0.0)
+        w.last_answer, w.asked, w.busy_s, w.pending = now, None, float(busy_s or 0.0), bool(pending)
         if position is not None:
             w.position = int(position)
 
@@ -155,13 +158,25 @@ class FailureDetector:
         """Every replica suspected or declared failed, in watch order."""
         return [label for label, w in self.watches.items() if w.state != "ok"]
 
+    def resume(self, now: float) -> None:
+        """The caller could not look for a while (its own thread was held up): what it did not see
+        is not the replicas' silence. Outstanding probes count from ``now``.
+
+        >>> d = FailureDetector(1, 2); d.watch("f#0", "f", 0.0); d.asked("f#0", 0.1); d.resume(9.0)
+        >>> d.silent_s("f#0", 9.5)
+        0.5
+        """
+        for w in self.watches.values():
+            if w.asked is not None:
+                w.last_answer = max(w.last_answer, now)
+
     def check(self, now: float) -> list[Verdict]:
         """The state changes at ``now``: replicas newly suspected or declared failed (only while a
         peer of the same node makes progress), and suspected ones answering again."""
         silent = {label: self.silent_s(label, now) for label in self.watches}
         progressing: dict[str, list[_Watch]] = {}
         for label, w in self.watches.items():
-            if w.state != "failed" and silent[label] < self.suspect_after_s:
+            if w.state != "failed" and not w.pending and silent[label] < self.suspect_after_s:
                 progressing.setdefault(w.node, []).append(w)
         out = []
         for label, w in self.watches.items():
