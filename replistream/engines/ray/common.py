@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import traceback
+
 import numpy as np
 import ray
 
@@ -45,7 +47,8 @@ def failure_record(replica: str, operator: str, logical_time: int | None, error:
     return {"replica": replica, "operator": operator, "logical_time": logical_time, "user_function": user,
             "error": type(error).__name__, "message": error.message if user else str(error),
             "row": error.row if user else None,
-            "cause": None if not user or error.cause is None else f"{type(error.cause).__name__}: {error.cause}"}
+            "cause": None if not user or error.cause is None else f"{type(error.cause).__name__}: {error.cause}",
+            "traceback": "".join(traceback.format_exception(error))[-4000:]}
 
 
 def wait_quietly(refs, timeout: float = 30) -> list[BaseException]:
