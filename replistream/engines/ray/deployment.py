@@ -1294,7 +1294,9 @@ class Deployment:
                 err = UserFunctionError(f["operator"], f"{f['message']} ({where})", row=f.get("row"))
                 err.replica, err.logical_time, err.result = f["replica"], t, self.collect()
                 raise err
-            raise RunFailed(f"{f['operator']!r} failed ({where}): {f['error']}: {f['message']}; the run cannot "
+            frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', f.get("traceback") or "")
+            at = "" if not frames else f" at {os.path.basename(frames[-1][0])}:{frames[-1][1]} in {frames[-1][2]}"
+            raise RunFailed(f"{f['operator']!r} failed ({where}): {f['error']}: {f['message']}{at}; the run cannot "
                             f"complete exactly", operator=f["operator"], replica=f["replica"], logical_time=t,
                             result=self.collect())
         for node in [ENTRY, *self.query.operators, *self.query.sinks]:
