@@ -1661,9 +1661,11 @@ class Deployment:
         topo, q = self.topology, self.query
         old = topo.replica(label)
         with self.quiet():
-            peers = [r.label for r in topo.replicas(ENTRY) if r.state == "live" and topo.is_running(r.label)]
+            peers = [r.label for r in topo.replicas(ENTRY) if r.state == "live" and topo.is_running(r.label)
+                     and not self.detector.is_suspected(r.label)]  # never wait on a silent one with the feed held
             if not peers:
-                raise RuntimeError(f"no live entry replica can hand its input over to a replacement of {label}")
+                raise RuntimeError(f"no live entry replica that answers can hand its input over to a replacement "
+                                   f"of {label}")
             ck = ray.get(topo.handle(peers[0]).entry_checkpoint.remote(), timeout=120)
             new_label = topo.next_label(ENTRY)
             index = replica_index(new_label)
