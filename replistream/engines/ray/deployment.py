@@ -406,7 +406,6 @@ class Deployment:
         self._coordinator_pid: int | None = None  # known once it answers (deploy() asks)
         self._standby = None  # a warm coordinator that takes over if this one is lost (start_standby)
         self._dormant_of: dict[str, str] = {}  # operator -> its last live replica sending dormant checkpoints
-        self._last_watch = float("inf")  # when the monitor's detector last looked (watch_once)
         started = []  # every actor at once (kept ones re-initialised, see pool.py), then one wait
         for r in physical.replicas():
             server = physical.server(r)
@@ -869,8 +868,9 @@ class Deployment:
     #: Seconds between two rounds of the monitor thread.
     MONITOR_EVERY_S = 0.1
 
-    #: A round that starts this long after the last one ended finds the monitor held up (a lost
-    #: coordinator, a starved driver): what it could not see is not counted as silence.
+    #: A round whose own calls (the coordinator's reports, reconnections, dormant holds) held it up
+    #: this long (a lost coordinator) did not see the replicas meanwhile: that time is not counted
+    #: as their silence.
     STALL_S = 1.0
 
     def start_monitor(self) -> None:
@@ -908,9 +908,6 @@ class Deployment:
           dropped links."""
         det = self.detector
         now = time.time()
-        if now - self._last_watch > self.STALL_S:  # this thread was held up: it saw nothing meanwhile
-            det.resume(now)
-            self.events.append({"t": self.now(), "event": "monitor_stalled", "seconds": round(now - self._last_watch, 3)})
         running = dict(self.topology.running())
         for label in [lab for lab in det.watches if lab not in running]:
             det.forget(label)
@@ -950,10 +947,14 @@ class Deployment:
             else:
                 self.events.append({"t": self.now(), "event": v.state, "actor": v.label,
                                     "silent_s": round(v.silent_s, 3)})
-        self._last_watch = time.time()  # the detector looked: a longer gap until the next round is a stall
+        started = time.time()
         self._handle_reports()
         self._reconnect_dropped()
         self.protect_last_replicas()
+        held = time.time() - started
+        if held > self.STALL_S:  # held up by its own calls (a lost coordinator): it saw nothing meanwhile
+            det.resume(time.time())
+            self.events.append({"t": self.now(), "event": "monitor_stalled", "seconds": round(held, 3)})
 
     #: A dropped link is reconnected this long after its drop at the earliest, and at most
     #: :attr:`RECONNECT_TRIES` times (a receiver that keeps being dropped is left to its peers).
