@@ -50,7 +50,10 @@ def test_a_second_deployment_reuses_the_processes_and_is_exact():
         first = pids(dep)
     assert_same_output(run_reference(q1, d1).outputs["out"], res1.outputs["out"])
     kept = pool.pooled()
-    assert sum(kept.values()) == len(first) + 2  # every replica, the coordinator and its warm standby
+    # every replica and the coordinator; its warm standby too once it had started (on a loaded machine
+    # it may still be starting at the shutdown, and is then not kept)
+    assert sum(v for c, v in kept.items() if c != "CoordinatorActor") == len(first)
+    assert kept.get("CoordinatorActor") in (1, 2)
     q2, d2 = keyed(2, name="again")  # another query and input: nothing of run 1 may show
     with deploy(q2, servers=3, k=2) as dep:
         res2 = dep.run(d2)
@@ -69,7 +72,9 @@ def test_killed_replicas_are_not_kept_and_the_rest_are_reused():
         dead = {label for label, up in dep.alive.items() if not up}
     assert dead == {"w#0"}
     assert_same_output(run_reference(q, d).outputs["out"], res.outputs["out"])
-    assert sum(pool.pooled().values()) == 2 * 3 + 1 - 1 + 2  # entry, f, w, out (one), coordinator, standby
+    kept = pool.pooled()  # entry, f, w (one killed), out, the coordinator (and its standby once started)
+    assert sum(v for c, v in kept.items() if c != "CoordinatorActor") == 2 * 3 + 1 - 1
+    assert kept.get("CoordinatorActor") in (1, 2)
     q2, d2 = keyed(4)
     with deploy(q2, servers=3, k=2) as dep:
         res2 = dep.run(d2)
