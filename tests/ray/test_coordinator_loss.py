@@ -59,18 +59,18 @@ def test_the_coordinator_lost_mid_run_is_replaced_and_the_output_is_exact(how):
 def test_reports_sent_again_to_a_new_coordinator_are_logged_once():
     key = f"replistream/coordinator/test-{time.time_ns()}"
     a = CoordinatorActor.remote(0.0, key)
-    ray.get(a.report.remote("channel_dropped", {"from": "x#0", "to": "y#0", "reason": "slow", "rid": "x#0/0"}))
-    ray.get(a.report.remote("channel_dropped", {"from": "x#0", "to": "y#0", "reason": "slow", "rid": "x#0/0"}))
-    assert len(ray.get(a.log.remote())) == 1
+    ray.get(a.report.remote("channel_dropped", {"from": "x#0", "to": "y#0", "reason": "slow", "rid": "x#0/0"}), timeout=30)
+    ray.get(a.report.remote("channel_dropped", {"from": "x#0", "to": "y#0", "reason": "slow", "rid": "x#0/0"}), timeout=30)
+    assert len(ray.get(a.log.remote(), timeout=30)) == 1
     ray.kill(a)
     b = CoordinatorActor.remote(0.0, key)  # takes the lost one's state up
-    assert ray.get(b.ping.remote())["restored"] == {"events": 1, "plan": False}
-    ray.get(b.report.remote("channel_dropped", {"from": "x#0", "to": "y#0", "reason": "slow", "rid": "x#0/0"}))
-    ray.get(b.report.remote("fatal", {"replica": "y#0", "rid": "y#0/0"}))
-    assert [e["kind"] for e in ray.get(b.log.remote())] == ["channel_dropped", "coordinator_restored", "fatal"]
-    assert ray.get(b.forget.remote()) > 0
+    assert ray.get(b.ping.remote(), timeout=30)["restored"] == {"events": 1, "plan": False}
+    ray.get(b.report.remote("channel_dropped", {"from": "x#0", "to": "y#0", "reason": "slow", "rid": "x#0/0"}), timeout=30)
+    ray.get(b.report.remote("fatal", {"replica": "y#0", "rid": "y#0/0"}), timeout=30)
+    assert [e["kind"] for e in ray.get(b.log.remote(), timeout=30)] == ["channel_dropped", "coordinator_restored", "fatal"]
+    assert ray.get(b.forget.remote(), timeout=30) > 0
     c = CoordinatorActor.remote(0.0, key)  # forgotten: nothing to take up
-    assert ray.get(c.ping.remote())["restored"] is None
+    assert ray.get(c.ping.remote(), timeout=30)["restored"] is None
     for h in (b, c):
         ray.kill(h)
     from ray.experimental import internal_kv

@@ -127,10 +127,8 @@ def down(timeout: float = 60.0) -> bool:
         if other is not None:
             raise RuntimeError(f"the Ray cluster at {other} (RAY_ADDRESS) was not started by `replistream up`: "
                                f"stop it where it was started (`ray stop` stops every Ray instance on this machine)")
-        try:
+        if os.path.exists(STATE_FILE):  # a record of a cluster that no longer runs
             os.unlink(STATE_FILE)
-        except OSError:
-            pass
         return False
     pid = int(st["pid"])
     os.killpg(pid, signal.SIGTERM)  # `ray start --block` stops its node's processes as it exits

@@ -31,6 +31,7 @@ from ray.experimental import internal_kv
 from ...placement.model import QueryStats, with_stats
 from ...placement.policy import place
 from ...placement.result import Placement
+from .common import is_actor_death
 
 __all__ = ["CoordinatorActor", "KV_NAMESPACE"]
 
@@ -246,7 +247,9 @@ class CoordinatorActor:
                 continue  # busy or stopped: no statistics from it this time
             try:
                 actors[label] = ray.get(ref)
-            except Exception:
+            except Exception as e:
+                if not is_actor_death(e):
+                    raise
                 continue  # dead: no statistics from it
         self.stats = QueryStats.from_metrics(self.query, {"actors": actors}, duration)
         self._log({"kind": "stats", "t": time.time() - self.t0, "actors": len(actors)})

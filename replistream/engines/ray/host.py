@@ -113,14 +113,16 @@ class DeploymentHost:
         """What ``replistream status`` shows: the query, how long it runs, per application the
         tuples delivered and whether the end of the stream came, and the fault tolerance."""
         d = self.dep
+        poll_error = None
         try:
             d.poll(0.5)
-        except Exception:  # noqa: BLE001 - a status never fails the deployment; its own waits raise
-            pass
+        except Exception as e:  # said in the status; the deployment's own waits raise it
+            poll_error = f"{type(e).__name__}: {e}"
         apps = {a: {"delivered": d.delivered.count(a), "complete": d.delivered.punctuation.get(a) == END}
                 for a in d.query.sinks}
         return {"name": self.name, "query": d.query.name, "running_s": round(time.time() - self.started, 1),
                 "fed": self.fed, "complete": all(a["complete"] for a in apps.values()), "applications": apps,
+                "poll_error": poll_error,
                 **d.fault_tolerance()}
 
     def stop(self) -> bool:
