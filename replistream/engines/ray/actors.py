@@ -804,7 +804,7 @@ class ReplicaActor(_Base):
         return s
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1})
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1, "peer": 1})
 class EntryActor(_Base):
     """One replica of the entry points of a group of sources (Hwang §II-B).
 
@@ -814,7 +814,17 @@ class EntryActor(_Base):
     what it emitted until every live downstream replica has acknowledged a
     punctuation covering it (its outboxes' retention logs), so it can replay
     to a new or revived replica.
+
+    Entry points hold their input for their peers (Hwang §III): each replica keeps
+    the raw chunks from ``keep_from`` on (the feeder names the first chunk some
+    peer missed; with none missing, only the last chunk), and answers a peer's
+    :meth:`input_chunks` on a thread of its own. A replica the feeder stopped
+    sending to (it stopped answering for a while, then answered again) takes what
+    it missed from a peer (:meth:`catch_up`) before its next chunk.
     """
+
+    #: Seconds a replica waits for one peer's answer when it catches up (then it asks the next).
+    PEER_TIMEOUT_S = 10.0
 
     def __init__(self, query, index: int, server: str, network, t0: float, channel_opts: dict,
                  coordinator=None, strict: bool = False, on_malformed: str = "dead_letter"):
@@ -826,37 +836,111 @@ class EntryActor(_Base):
         for name in sources:
             self._outbox(name)
         self.lock = threading.Lock()
+        self.input_log: dict[str, dict[int, Any]] = {name: {} for name in sources}  # seq -> raw chunk
+        self.log_lock = threading.Lock()
+        self.recovered = 0  # chunks taken from a peer
 
-    def push_chunk(self, source: str, seq: int, chunk: Any) -> int:
-        """Take input chunk ``seq`` of ``source`` (duplicates and replays are ignored)."""
+    def push_chunk(self, source: str, seq: int, chunk: Any, keep_from: int | None = None) -> int:
+        """Take input chunk ``seq`` of ``source`` (duplicates and replays are ignored); keep the
+        raw chunks from ``keep_from`` on for peers that missed them (None: only this one)."""
         if self.quiet:
             return -1
         started = time.time()
         with self._data_call(started):
-            return self._push_chunk(source, seq, chunk, started)
+            return self._push_chunk(source, seq, chunk, started, keep_from)
 
-    def _push_chunk(self, source: str, seq: int, chunk: Any, started: float) -> int:
+    def _push_chunk(self, source: str, seq: int, chunk: Any, started: float, keep_from: int | None) -> int:
         with self.lock:
             if seq < self.expected[source]:
                 return self.expected[source]
             if seq > self.expected[source]:
                 raise RuntimeError(f"{self.label}: chunk {seq} of {source!r} arrived before chunk "
-                                   f"{self.expected[source]}")
-            self.expected[source] = seq + 1
-            entry = self.entries[source]
-            if isinstance(chunk, Marker):  # a change to the running query (replistream.replica.changes)
-                self._emit(self.outboxes[source], [chunk])
-            else:
-                try:
-                    items = entry.close() if chunk is None else entry.push(chunk)
-                except Exception as e:  # a chunk the entry point refuses (on_malformed="raise"): the run's failure
-                    self._fatal(source, entry.punct, e)
-                    raise
-                self.outboxes[source].emit(items, wait=False)
+                                   f"{self.expected[source]}, and nobody asked it to catch up from a peer")
+            self._take(source, seq, chunk)
+            self._log_input(source, seq, chunk, seq if keep_from is None else keep_from)
         self.call_started = None  # waiting on downstream replicas is not this replica's silence
         self.outboxes[source].wait_for_room()
         self._slowdown(started)
         return self.expected[source]
+
+    def _take(self, source: str, seq: int, chunk: Any) -> None:
+        """Run chunk ``seq`` of ``source`` through the entry logic and queue its output (under the lock)."""
+        self.expected[source] = seq + 1
+        entry = self.entries[source]
+        if isinstance(chunk, Marker):  # a change to the running query (replistream.replica.changes)
+            self._emit(self.outboxes[source], [chunk])
+            return
+        try:
+            items = entry.close() if chunk is None else entry.push(chunk)
+        except Exception as e:  # a chunk the entry point refuses (on_malformed="raise"): the run's failure
+            self._fatal(source, entry.punct, e)
+            raise
+        self.outboxes[source].emit(items, wait=False)
+
+    def _log_input(self, source: str, seq: int, chunk: Any, keep_from: int) -> None:
+        with self.log_lock:
+            log = self.input_log[source]
+            log[seq] = chunk
+            for s in [s for s in log if s < keep_from]:
+                del log[s]
+
+    @ray.method(concurrency_group="peer")  # apart from the data path: a busy peer answers at once
+    def input_chunks(self, source: str, lo: int, hi: int) -> list | None:
+        """The raw chunks ``lo`` .. ``hi - 1`` of ``source`` this replica still holds, in order, or
+        None if it no longer holds them all (Hwang §III: entry points hold input for their peers).
+
+        >>> ray.get(peer.input_chunks.remote("s", 3, 5))   # doctest: +SKIP
+        [array(...), array(...)]
+        """
+        with self.log_lock:
+            log = self.input_log.get(source, {})
+            if any(s not in log for s in range(lo, hi)):
+                return None
+            return [log[s] for s in range(lo, hi)]
+
+    def catch_up(self, upto: dict, peers: list) -> dict:
+        """Take every chunk this replica missed, up to ``upto`` (``{source: first chunk not missed}``),
+        from the first of ``peers`` (other entry replicas) that holds them all, each asked with a
+        deadline. Returns ``{source: chunks taken}``; raises ``RuntimeError`` naming the source and
+        chunks when no peer holds them (this replica is then lost; its peers carry the input).
+
+        >>> ray.get(entry.catch_up.remote({"s": 40}, [peer]))   # doctest: +SKIP
+        {'s': 12}
+        """
+        taken = {}
+        started = time.time()
+        with self._data_call(started):
+            for source, hi in upto.items():
+                lo = self.expected[source]
+                if hi <= lo:
+                    continue
+                chunks = self._from_peers(source, lo, hi, peers)
+                with self.lock:
+                    for i, chunk in enumerate(chunks):
+                        seq = lo + i
+                        if seq < self.expected[source]:
+                            continue
+                        self._take(source, seq, chunk)
+                        self._log_input(source, seq, chunk, seq)
+                self.recovered += len(chunks)
+                taken[source] = len(chunks)
+                self.call_started = None
+                self.outboxes[source].wait_for_room()
+        return taken
+
+    def _from_peers(self, source: str, lo: int, hi: int, peers: list) -> list:
+        why = []
+        for peer in peers:
+            try:
+                got = ray.get(peer.input_chunks.remote(source, lo, hi), timeout=self.PEER_TIMEOUT_S)
+            except Exception as e:  # a dead or silent peer: ask the next (the reason is kept for the error)
+                why.append(f"{type(e).__name__}")
+                continue
+            if got is not None:
+                return got
+            why.append("no longer held")
+        raise RuntimeError(f"{self.label}: chunks {lo}..{hi - 1} of {source!r} are held by no live peer entry "
+                           f"point ({', '.join(why) or 'no peer'}): this replica cannot catch up")
 
     def entry_checkpoint(self) -> dict:
         """What a new entry replica needs to take this one's place (a repair, Hwang §III: entry
@@ -894,6 +978,7 @@ class EntryActor(_Base):
                 "entries": {n: e.stats() for n, e in self.entries.items()},
                 "buffered_items": {n: len(ob.log) for n, ob in self.outboxes.items()},
                 "dead_letters": sum(d.count for e in self.entries.values() for d in e.dead_letters),
+                "recovered_chunks": self.recovered,
             })
         return s
 

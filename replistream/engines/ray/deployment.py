@@ -820,7 +820,7 @@ class Deployment:
             self.check_failures()
             if self.delivered.complete():
                 if self.feeder.thread is not None:  # every chunk's call has returned (or raised)
-                    self.feeder.thread.join(max(0.0, deadline - time.time()))
+                    self.feeder.fed_all.wait(max(0.0, deadline - time.time()))
                 self.check_failures()  # a failure reported as the end arrived still ends the run in error
                 return True
             time.sleep(0.05)

@@ -13,8 +13,12 @@ entry replica. A chunk already in Ray's object store
 through the driver. The feeder goes on as soon as the fastest entry replica has
 room (at most 32 chunks in flight); a slower one may lag up to 256 chunks, and one
 the failure detector suspects (``suspected``) is never waited on: its calls stay
-queued and it catches up from the object store, or it is declared failed. An entry
-replica whose call fails is reported (``on_entry_failed``) and skipped.
+queued and it catches up from the object store, or it is declared failed. Once a
+suspected replica has :attr:`Feeder.max_lag` calls queued, the feeder stops sending
+to it and its peers keep the raw chunks it misses (``keep_from``); when it answers
+again it takes them from a peer in one call (:meth:`~.actors.EntryActor.catch_up`,
+Hwang §III: entry points hold input for their peers) and is fed from then on. An
+entry replica whose call fails is reported (``on_entry_failed``) and skipped.
 
 With idle timeouts (``idle``: ``{source: seconds}``) the sources are merged by
 :class:`~replistream.idle.IdleMerge` instead: a source with nothing to send for its
@@ -101,11 +105,22 @@ class Feeder:
         self.done_wall: float | None = None
         self.t0 = time.time()
         self.thread: threading.Thread | None = None
+        #: Set once every chunk was sent and every call of a replica not suspected has returned
+        #: (a skipped replica may still catch up after it, in the same thread).
+        self.fed_all = threading.Event()
         self.merge: IdleMerge | None = None
         self.idle: dict[str, float] = {}
         self.disorder: dict[str, int] = {}
         self.chunk_ms: float | None = None
         self.cut: AdaptiveCut | None = None  # the paced replay's batch size (see AdaptiveCut)
+        #: Calls a suspected entry replica may have queued before the feeder stops sending to it.
+        self.max_lag = MAX_LAG_CHUNKS
+        #: Entry replicas not sent to: ``{label: {source: first chunk it lacks}}``; and those
+        #: catching up from a peer: ``{label: (the call's ref, what it lacked)}``.
+        self.skipped: dict[str, dict[str, int]] = {}
+        self.catching: dict[str, tuple[Any, dict[str, int]]] = {}
+        #: ``(seconds since t0, label, event)`` each time a replica was skipped or caught up.
+        self.skips: list[tuple[float, str, str]] = []
 
     @property
     def heartbeats(self) -> list[Heartbeat]:
@@ -124,6 +139,7 @@ class Feeder:
         and ``disorder`` each source's ``max_disorder`` (see :mod:`replistream.idle`)."""
         self.t0 = t0
         self.done_wall = None
+        self.fed_all.clear()
         self.idle = dict(idle or {})
         self.chunk_ms = chunk_ms
         self.disorder = dict(disorder or {})
@@ -142,6 +158,7 @@ class Feeder:
         except BaseException as e:  # surfaced by Deployment.wait()
             self.error = e
         finally:
+            self.fed_all.set()
             if self.merge is not None:
                 self.merge.close()
 
@@ -206,6 +223,15 @@ class Feeder:
         self.feeding = False
         self._settle(0, 0)
         self.done_wall = time.time()
+        self.fed_all.set()
+        while True:  # a replica skipped while silent catches up when it answers (or is declared failed)
+            with self.lock:
+                self._resume()
+                left = [lb for lb in [*self.skipped, *self.catching] if self.topology.is_running(lb)]
+            if not left:
+                return
+            self._settle(0, 0)
+            time.sleep(0.1)
 
     def _send(self, src: str, chunk) -> None:
         """Send the next chunk of ``src`` (None: its end) to every running entry replica (under the lock)."""
@@ -215,14 +241,53 @@ class Feeder:
             ref = chunk.ref  # already in the object store: the driver never holds the rows
         else:
             ref = ray.put(chunk) if chunk is not None else None
+        self._resume()
+        running = self.topology.running(ENTRY)
+        for label, _ in running:
+            if (label not in self.skipped and label not in self.catching and self.suspected(label)
+                    and len(self.inflight.get(label, ())) >= self.max_lag):
+                # it stopped answering: its calls would pile up; its peers keep what it misses
+                self.skipped[label] = dict(self.seqs)
+                self.skips.append((time.time() - self.t0, label, "skipped"))
+        keep = self._keep_from(src, seq)
         sent = False
-        for label, h in self.topology.running(ENTRY):
-            self.inflight.setdefault(label, []).append(h.push_chunk.remote(src, seq, ref))
+        for label, h in running:
+            if label in self.skipped:
+                continue
+            self.inflight.setdefault(label, []).append(h.push_chunk.remote(src, seq, ref, keep))
             sent = True
         if not sent:
             raise RuntimeError("every entry point replica is dead: the input cannot be delivered")
         self.seqs[src] = seq + 1
         self._settle(MAX_INFLIGHT_CHUNKS, MAX_LAG_CHUNKS)
+
+    def _keep_from(self, src: str, seq: int) -> int:
+        """The first chunk of ``src`` the entry replicas must keep for a peer that lacks it (``seq``:
+        none lacks any)."""
+        lacking = [missed.get(src, seq) for label, missed in
+                   [*self.skipped.items(), *((lb, m) for lb, (_, m) in self.catching.items())]
+                   if self.topology.is_running(label)]
+        return min([seq, *lacking])
+
+    def _resume(self) -> None:
+        """A skipped entry replica that answers again (not suspected, its queued calls done) takes
+        what it missed from its peers (under the lock); one no longer running is forgotten."""
+        for label, missed in list(self.skipped.items()):
+            if not self.topology.is_running(label):
+                del self.skipped[label]
+                continue
+            if self.suspected(label) or self.inflight.get(label):
+                continue
+            peers = [h for lb, h in self.topology.running(ENTRY)
+                     if lb != label and lb not in self.skipped and lb not in self.catching and not self.suspected(lb)]
+            if not peers:
+                continue
+            upto = {s: self.seqs[s] for s in self.sources if self.seqs[s] > missed.get(s, self.seqs[s])}
+            ref = self.topology.handle(label).catch_up.remote(upto, peers)
+            self.inflight.setdefault(label, []).append(ref)
+            self.catching[label] = (ref, missed)
+            del self.skipped[label]
+            self.skips.append((time.time() - self.t0, label, "catching up"))
 
     def _settle(self, limit: int, lag: int) -> None:
         """Backpressure that follows the fastest entry replica (Hwang: the fast path sets the pace):
@@ -233,6 +298,8 @@ class Feeder:
         reported (``on_entry_failed``) and skipped; one whose code refused a chunk ends the feed."""
         while True:
             self._reap()
+            with self.lock:
+                self._resume()
             waited = [label for label, refs in self.inflight.items()
                       if refs and self.topology.is_running(label) and not self.suspected(label)]
             if not waited:
@@ -254,15 +321,27 @@ class Feeder:
                 refs.clear()
                 continue
             ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+            catching = self.catching.get(label)
             while refs and refs[0] in ready:
+                catch_up = catching is not None and refs[0] == catching[0]
                 try:
                     ray.get(refs[0])
                 except Exception as e:
+                    if catch_up and not is_actor_death(e):  # no peer held what it missed: it is lost, not the run
+                        self.catching.pop(label, None)
+                        ray.kill(self.topology.handle(label), no_restart=True)  # fenced off, as a crash
+                        self.on_entry_failed(label, f"could not catch up from a peer entry point: {e}")
+                        refs.clear()
+                        break
                     if not is_actor_death(e):
                         raise  # its code refused a chunk: it reported the run's failure; the feed ends here
+                    self.catching.pop(label, None)
                     self.on_entry_failed(label, f"entry point died: {type(e).__name__}")  # its peers go on
                     refs.clear()
                     break
+                if catch_up:
+                    self.catching.pop(label, None)
+                    self.skips.append((time.time() - self.t0, label, "caught up"))
                 refs.pop(0)
 
     # -- markers after everything fed (changes at logical times) ------------------------------
