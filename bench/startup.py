@@ -14,6 +14,9 @@ Each run is a fresh Python process (a fresh local Ray), timed in phases:
 * ``again``: a second ``deploy`` of the same query in the same process, to the same point
   as ``deploy`` (Ray already up).
 
+With ``--cluster`` the same fresh processes also join a cluster that is already running
+(``replistream up``; prestart ``cluster``): ``ray`` is then the time to connect.
+
 The query is a filter and a keyed count window over one source; its output is checked
 against a numpy computation. Settings: ``k`` (1 and 3) and ``prestart`` (``init_ray(num_cpus=N)``
 with N the number of actors, so the raylet starts N Python worker processes as it starts,
@@ -35,8 +38,11 @@ import numpy as np
 import replistream as rs
 from replistream.engines.ray import deploy, init_ray
 t_import = time.perf_counter()
-k, prestart = int(sys.argv[1]), int(sys.argv[2])
-init_ray(**({"num_cpus": prestart} if prestart else {}))
+k, prestart, address = int(sys.argv[1]), int(sys.argv[2]), (sys.argv[3] if len(sys.argv) > 3 else None)
+if address:  # a cluster already running (replistream up): joined, not started
+    init_ray(address=address)
+else:
+    init_ray(**({"num_cpus": prestart} if prestart else {}))
 t_ray = time.perf_counter()
 q = rs.Query()
 s = q.source("events", {"key": "i8", "x": "f8"})
@@ -70,9 +76,9 @@ print(json.dumps({"k": k, "prestart": prestart, "actors": actors, "import": t_im
 """
 
 
-def run_one(k: int, prestart: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(k), str(prestart)], capture_output=True, text=True,
-                         timeout=300)
+def run_one(k: int, prestart: int, address: str | None = None) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(k), str(prestart), *([address] if address else [])],
+                         capture_output=True, text=True, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         raise SystemExit(f"k={k} prestart={prestart} failed:\n{out.stderr[-2000:]}")
@@ -83,6 +89,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="fresh processes per setting (default 3)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cluster", action="store_true",
+                    help="also time fresh processes that join a running cluster (prestart 'cluster'): one started "
+                         "here with `replistream up` (stopped at the end) unless one is recorded or RAY_ADDRESS is set")
     args = ap.parse_args(argv)
     load = os.getloadavg()[0]
     rows = []
@@ -93,13 +102,34 @@ def main(argv=None) -> int:
                 r = run_one(k, prestart)
                 rows.append(r)
                 print(f"k={k} prestart={prestart or '-'} run {i}: total {r['total']:.2f} s", file=sys.stderr)
+    if args.cluster:
+        from replistream.engines.ray import cluster
+        from replistream.engines.ray.host import cluster_address
+
+        started = cluster_address() is None
+        if started:
+            print("starting a cluster (replistream up) ...", file=sys.stderr)
+            cluster.up()
+        address = cluster_address()
+        try:
+            for k in (1, 3):
+                for i in range(args.runs + 1):  # the first run after `up` warms the cluster's caches: not counted
+                    r = run_one(k, 0, address)
+                    r["prestart"] = "cluster"
+                    if i > 0 or not started:
+                        rows.append(r)
+                    print(f"k={k} cluster run {i}{' (warm-up, not counted)' if i == 0 and started else ''}: "
+                          f"total {r['total']:.2f} s", file=sys.stderr)
+        finally:
+            if started:
+                cluster.down()
     if args.json:
         print(json.dumps({"load_before": load, "rows": rows}))
         return 0
     print(f"load average before: {load:.2f}; medians of {args.runs} fresh processes, seconds")
     print(f"{'k':>2} {'prestart':>8} {'import':>7} {'ray':>6} {'deploy':>7} {'run':>6} {'total':>6} {'again':>6}  correct")
     for k in (1, 3):
-        for prestart in sorted({r["prestart"] for r in rows if r["k"] == k}):
+        for prestart in sorted({r["prestart"] for r in rows if r["k"] == k}, key=str):
             sel = [r for r in rows if r["k"] == k and r["prestart"] == prestart]
             med = {f: sorted(r[f] for r in sel)[len(sel) // 2] for f in ("import", "ray", "deploy", "run", "total",
                                                                          "again")}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from .query import Query
 
 __all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
-           "source_streams", "Sentinel", "KillReplica", "StopReplica", "KillServer", "Pause", "Call", "Revive",
+           "source_streams", "Sentinel", "Handed", "KillReplica", "StopReplica", "KillServer", "Pause", "Call", "Revive",
            "AddReplica", "inject_at"]
 
 
@@ -486,6 +487,23 @@ class Sentinel:
 
     def apply(self, deployment) -> None:
         raise NotImplementedError
+
+
+@dataclass(frozen=True, eq=False)
+class Handed(Sentinel):
+    """Everything before it on its source has reached every entry replica that answers (a
+    deployment's feeder runs a sentinel only then): ``event`` is set. A source that must not
+    acknowledge input before it is safe (:class:`~replistream.spark.SparkStreamSource` with a
+    checkpoint location) puts one after each micro-batch and waits for it.
+
+    >>> import threading; done = threading.Event(); Handed(done).apply(None); done.is_set()
+    True
+    """
+
+    event: threading.Event
+
+    def apply(self, deployment) -> None:
+        self.event.set()
 
 
 @dataclass(frozen=True)

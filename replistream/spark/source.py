@@ -27,6 +27,7 @@ import queue
 import re
 import tempfile
 import threading
+import time
 from collections import deque
 from typing import Iterator, Mapping, Sequence
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from ..errors import ReplistreamError, SchemaError
 from ..schema import RESERVED, TS, Punctuation, Schema
+from ..sources import Handed
 from .convert import TIME_UNITS, ConversionPlan, convert_table
 
 _INT_BITS = {"ByteType": 8, "ShortType": 16, "IntegerType": 32, "LongType": 64}
@@ -455,6 +457,14 @@ class SparkStreamSource(_SparkInput):
     and ends the stream (END); otherwise it runs until :meth:`stop`, polling
     every ``processing_time`` (a Spark interval string, e.g. ``"1 second"``).
 
+    In a deployment a micro-batch's handler returns, and Spark commits the
+    batch to ``checkpoint_location``, only once the batch has reached every
+    entry replica that answers (a :class:`~replistream.sources.Handed`
+    sentinel after it, run by the feeder): a restarted query with the same
+    checkpoint location never skips a batch that was not safe. The handler
+    waits at most ``commit_timeout`` seconds, then fails the Spark query
+    loudly, naming the batch. :attr:`handed` lists the batches handed over.
+
     >>> stream = spark.readStream.schema(schema).parquet("incoming/").withWatermark("event_time", "5 seconds")  # doctest: +SKIP
     >>> src = SparkStreamSource(stream, time="event_time")                                                     # doctest: +SKIP
     """
@@ -463,7 +473,7 @@ class SparkStreamSource(_SparkInput):
                  time_unit: str = "us", watermark_delay: int | None = None, available_now: bool = True,
                  processing_time: str | None = None, checkpoint_location: str | None = None,
                  chunk_size: int = 10_000, string_width: int = 64, on_bad_rows: str = "dead_letter",
-                 max_queued: int = 64):
+                 max_queued: int = 64, commit_timeout: float = 600.0):
         if not df.isStreaming:
             raise ValueError("SparkStreamSource takes a streaming DataFrame (spark.readStream...); "
                              "use SparkSource for a batch DataFrame")
@@ -484,6 +494,12 @@ class SparkStreamSource(_SparkInput):
         self.processing_time = processing_time
         self.checkpoint_location = checkpoint_location
         self.max_queued = int(max_queued)
+        if not commit_timeout > 0:
+            raise ValueError(f"commit_timeout must be a number of seconds > 0, got {commit_timeout!r}")
+        self.commit_timeout = float(commit_timeout)
+        self.handed: list[int] = []  # micro-batches that reached the entry replicas before Spark committed them
+        self._deployed = False
+        self._in_deployment = False
         self.watermark: int | None = None
         self.batches = 0
         self._query = None
@@ -503,6 +519,19 @@ class SparkStreamSource(_SparkInput):
             if self.watermark is None or wm > self.watermark:
                 self.watermark = wm
                 self._put(out, Punctuation(wm - 1))
+        if self._in_deployment:  # Spark commits the batch when this returns: only once it is safe
+            handed = threading.Event()
+            self._put(out, Handed(handed))
+            deadline = time.monotonic() + self.commit_timeout
+            while not handed.wait(0.5):
+                if self._stop.is_set():
+                    raise RuntimeError(f"micro-batch {batch_id} was not handed to the entry points before the "
+                                       "stream stopped: not committed")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"micro-batch {batch_id} did not reach the entry points within "
+                                       f"commit_timeout={self.commit_timeout:g} s: not committed (Spark will "
+                                       "process it again on a restart with the same checkpoint_location)")
+            self.handed.append(batch_id)
 
     def _put(self, out: "queue.Queue", item) -> None:
         while not self._stop.is_set():
@@ -512,8 +541,15 @@ class SparkStreamSource(_SparkInput):
             except queue.Full:
                 continue
 
+    def bind(self, source: str, schema: Schema) -> None:
+        """Check the columns (see :meth:`SparkSource.bind`); the next iteration feeds a deployment,
+        so each micro-batch is committed only once it is safe (see the class doc)."""
+        super().bind(source, schema)
+        self._deployed = True
+
     def __iter__(self) -> Iterator:
         plan = self._plan()
+        self._in_deployment, self._deployed = self._deployed, False
         self._max_seen = None
         self._stop.clear()
         out: queue.Queue = queue.Queue(maxsize=self.max_queued)

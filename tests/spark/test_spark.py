@@ -182,6 +182,7 @@ def test_streaming_micro_batches_follow_the_spark_watermark(spark, tmp_path):
     ref = rs.run_reference(q, {"load": [[{"ts": t, "server": s, "cpu": c} for t, s, c in b]
                                         if isinstance(b, list) else b for b in expected_input]})
     assert res.complete and src.batches == 3 and src.watermark == 2750
+    assert src.handed == [0, 1, 2]  # each batch reached the entry replicas before Spark committed it
     assert_same_output(ref.outputs["avg"], res.outputs["avg"])
     assert [(d.reason, d.batch["ts"].tolist()) for d in res.dead_letters] == [
         ("late: ts <= punctuation in force", [1500])]
@@ -341,3 +342,42 @@ def test_readme_spark_snippet_runs(spark, tmp_path, repo_root):
     exec(compile(snippet, "README.md", "exec"), {"rs": rs})
     back = spark.read.parquet(str(tmp_path / "out" / "counts"))
     assert back.count() > 0 and {"ts", "server", "n"} <= set(back.columns)
+
+
+def test_a_micro_batch_is_committed_only_once_the_entry_points_have_it(spark, tmp_path):
+    """In a deployment the foreachBatch handler returns (and Spark commits the batch) only after the
+    feeder ran the batch's Handed sentinel; without it, the handler fails loudly at its deadline."""
+    import queue
+    import threading
+
+    from replistream.sources import Handed
+
+    (tmp_path / "in").mkdir()
+    stream = spark.readStream.schema("t long, server int, cpu double").parquet(str(tmp_path / "in"))
+    src = SparkStreamSource(stream, time="t", watermark_delay=0, commit_timeout=1.0)
+    src._deployed, src._max_seen = True, None
+    src._in_deployment, src._deployed = src._deployed, False
+    plan = src._plan()
+    batch = spark.createDataFrame([(1, 1, 0.5), (2, 0, 0.7)], "t long, server int, cpu double")
+    out: queue.Queue = queue.Queue()
+    with pytest.raises(RuntimeError, match="micro-batch 0 did not reach the entry points within commit_timeout=1"):
+        src._on_batch(batch, 0, plan, out)  # nobody runs its sentinel
+    assert src.handed == []
+
+    out = queue.Queue()
+    seen = []
+
+    def feeder():  # takes the items as the feeder does and runs the sentinel once everything before it is fed
+        while True:
+            item = out.get(timeout=60)
+            seen.append(type(item).__name__)
+            if isinstance(item, Handed):
+                item.apply(None)
+                return
+
+    t = threading.Thread(target=feeder)
+    t.start()
+    later = spark.createDataFrame([(5, 1, 0.5), (6, 0, 0.7)], "t long, server int, cpu double")
+    src._on_batch(later, 1, plan, out)
+    t.join(60)
+    assert src.handed == [1] and seen[-1] == "Handed" and "Punctuation" in seen

@@ -50,7 +50,7 @@ from ...placement.nodes import ray_options
 from ...plan import ENTRY, PhysicalPlan, ReplicaId, replica_index
 from ...query import Query, check_on_error
 from ...schema import END, TS
-from ...sources import Sentinel
+from ...sources import Handed, Sentinel
 from ..result import RunResult
 from . import pool, reconfigure
 from .actors import EntryActor, ReplicaActor, SinkActor
@@ -803,7 +803,8 @@ class Deployment:
 
     def _run_sentinel(self, sentinel: Sentinel) -> None:
         sentinel.apply(self)
-        self.events.append({"t": self.now(), "event": repr(sentinel)})
+        if not isinstance(sentinel, Handed):  # (one per micro-batch of a Spark stream: not an event)
+            self.events.append({"t": self.now(), "event": repr(sentinel)})
 
     # -- waiting and results ----------------------------------------------------------------
     def wait(self, timeout: float = 600.0, progress: Callable[[dict], None] | None = None) -> bool:
