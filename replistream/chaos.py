@@ -20,6 +20,23 @@ seeded input that holds malformed records, and injects seeded faults at event ti
   advance), a live move of a stateful replica to another server (Megaphone's fluid migration),
   and a runtime change of the map's function to an equivalent one.
 
+With ``driver_kills`` (``replistream chaos --driver-kills``) a share of the trials (default
+:data:`DRIVER_KILL_SHARE`, spread evenly from a seeded phase: :func:`is_driver_trial`) are
+*driver-kill trials* (issue #29): the trial's input is written to
+Parquet files in a temporary folder (its malformed records become rows with a null event time or a
+null field, which the files' reader sets aside with a reason); a driver in a process of its own
+(:mod:`replistream.chaos_driver`, joined to the campaign's Ray through ``RAY_ADDRESS``) deploys the
+query detached (``deploy(..., name=..., detached=True)``) with a
+:class:`~replistream.sinks.ParquetSink` per application, feeds the files paced
+(:class:`~replistream.files.FileSource`, :data:`TIMING_PACE`) and prints ``fed``; the campaign
+attaches (:func:`replistream.attach`), kills the driver with SIGKILL at a seeded moment of the
+replay, waits for the end of the stream and reads the sinks' files. The faults of such a trial are
+the driver kill and replica kills the deployment's host performs (``kill_replica`` through the
+client, at most ``k - 1`` of each node, at seeded moments); sentinel faults need the driver's
+``Deployment`` in the feeder and are not used. The detached deployment is stopped at the end of
+the trial, whatever its outcome. No ``replistream up`` is needed: the driver joins the campaign's
+own Ray (which outlives the driver, as a cluster would).
+
 The applications' output is compared with :func:`~replistream.engines.reference.run_reference` of
 the same query and input as a multiset (lost, duplicated, unexpected), and the dead letters with the
 reference's, per place and reason (every malformed record and every failing row set aside once,
@@ -32,7 +49,13 @@ a pure function of the seed (timings of course vary).
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -50,7 +73,8 @@ from .schema import END, seconds
 from .sources import Call, KillReplica, KillServer, StopReplica, inject_at
 from .workloads import fig1_inputs, fig1_query
 
-__all__ = ["run_campaign", "Trial", "plan_faults", "format_report", "QUERIES"]
+__all__ = ["run_campaign", "Trial", "plan_faults", "format_report", "QUERIES", "run_driver_trial",
+           "DRIVER_KILL_SHARE", "is_driver_trial"]
 
 #: The queries a campaign alternates between.
 QUERIES = ("fig1", "keyed")
@@ -127,6 +151,7 @@ class Trial:
     faults: list = field(default_factory=list)
     bad_records: list = field(default_factory=list)
     result: dict = field(default_factory=dict)
+    driver_kill: bool = False  # a driver-kill trial (a detached deployment; see the module doc)
 
     def describe(self) -> list[str]:
         return [f"{t / 1e6:.1f} s {what}" for t, what, _ in self.faults]
@@ -303,6 +328,24 @@ TIMING_BOUND = 1.5
 TIMING_PACE = 3.0
 
 
+def trial_workload(kind: str, seed: int) -> tuple[Query, dict, str, int]:
+    """A trial's query, its input (``{source: [column chunk, ...]}``), the source its malformed
+    records go to, and its chunk size in rows: a pure function of ``kind`` and ``seed`` (the driver
+    of a driver-kill trial builds the same query in its own process)."""
+    if kind == "fig1":
+        return (fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.5),
+                fig1_inputs(n_servers=3, duration_s=30, period_s=0.1, seed=seed, chunk=10), "load_0", 10)
+    if kind == "keyed":
+        return keyed_query(seed), keyed_inputs(seed), "events", 50
+    raise ValueError(f"unknown trial query {kind!r}; queries: {QUERIES}")
+
+
+def deploy_options(seed: int, k: int, servers: list[str], repair: bool = False) -> dict:
+    """The ``deploy`` options of every trial (a driver-kill trial's driver uses the same)."""
+    return {"servers": list(servers), "k": k, "network": "geo-static", "seed": seed, "app_replicas": min(2, k),
+            "on_malformed": "dead_letter", "repair": repair, "spares": 1 if repair else 0}
+
+
 def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, repair: bool = False,
               timing: bool = False) -> dict:
     """Deploy, inject, run, compare; fills and returns ``trial.result``. With ``timing`` the same
@@ -312,14 +355,7 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
     from .engines.reference import run_reference
 
     rng = np.random.default_rng(trial.seed)
-    if trial.query == "fig1":
-        query = fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.5)
-        inputs = fig1_inputs(n_servers=3, duration_s=30, period_s=0.1, seed=trial.seed, chunk=10)
-        bad_source = "load_0"
-    else:
-        query = keyed_query(trial.seed)
-        inputs = keyed_inputs(trial.seed)
-        bad_source = "events"
+    query, inputs, bad_source, _ = trial_workload(trial.query, trial.seed)
     inputs[bad_source], trial.bad_records = _with_malformed(inputs[bad_source], rng, bad_source,
                                                             int(rng.integers(1, 4)))
     started = time.perf_counter()
@@ -328,13 +364,11 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
     try:
         ref = run_reference(query, inputs, on_malformed="dead_letter")
         if timing:  # the same trial without faults: what its wall time is compared with
-            with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed, app_replicas=min(2, k),
-                        on_malformed="dead_letter", repair=repair, spares=1 if repair else 0) as dep:
+            with deploy(query, **deploy_options(trial.seed, k, servers, repair)) as dep:
                 begun = time.perf_counter()
                 dep.run(inputs, timeout=timeout, pace=TIMING_PACE)
                 res["baseline_seconds"] = round(time.perf_counter() - begun, 3)
-        with deploy(query, servers=servers, k=k, network="geo-static", seed=trial.seed, app_replicas=min(2, k),
-                    on_malformed="dead_letter", repair=repair, spares=1 if repair else 0) as dep:
+        with deploy(query, **deploy_options(trial.seed, k, servers, repair)) as dep:
             t0, t1 = _time_span(inputs)
             trial.faults = plan_faults(rng, dep.plan, query, k, t0, t1,
                                        spare=frozenset({"per_key"}) if trial.query == "keyed" else frozenset(),
@@ -351,16 +385,7 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
                 res["repairs"] = sum(1 for r in dep.repairs if r.get("repaired"))
                 res["repair_errors"] = [f"{r['replica']}: {r['why']}" for r in dep.repairs
                                         if not r.get("repaired") and "detected_wall" in r]
-        for app in query.sinks:
-            lost, extra = multiset_diff(ref.outputs[app], got.outputs[app])
-            res.setdefault("outputs", 0)
-            res["outputs"] += int(len(got.outputs[app]))
-            res["reference_outputs"] = res.get("reference_outputs", 0) + int(len(ref.outputs[app]))
-            res["lost"] = res.get("lost", 0) + int(len(lost))
-            expected_ids = set(ref.outputs[app]["id"].tolist())
-            dup = int(np.isin(extra["id"], list(expected_ids)).sum()) if len(extra) else 0
-            res["duplicated"] = res.get("duplicated", 0) + dup
-            res["unexpected"] = res.get("unexpected", 0) + int(len(extra)) - dup
+        _compare_outputs(res, query, ref.outputs, got.outputs)
         res["dead_letters_expected"] = _dead_letters(ref)
         res["dead_letters_received"] = _dead_letters(got)
         res["complete"] = bool(got.complete)
@@ -377,6 +402,22 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
     res["seconds"] = round(time.perf_counter() - started, 2)
     trial.result = res
     return res
+
+
+def _compare_outputs(res: dict, query: Query, expected: dict, got: dict) -> None:
+    """Count into ``res`` every application's output against the reference's, as a multiset:
+    ``outputs``, ``reference_outputs``, ``lost``, ``duplicated`` (an extra copy of an expected
+    tuple) and ``unexpected`` (a tuple the reference lacks)."""
+    for app in query.sinks:
+        lost, extra = multiset_diff(expected[app], got[app])
+        res.setdefault("outputs", 0)
+        res["outputs"] += int(len(got[app]))
+        res["reference_outputs"] = res.get("reference_outputs", 0) + int(len(expected[app]))
+        res["lost"] = res.get("lost", 0) + int(len(lost))
+        expected_ids = set(expected[app]["id"].tolist())
+        dup = int(np.isin(extra["id"], list(expected_ids)).sum()) if len(extra) else 0
+        res["duplicated"] = res.get("duplicated", 0) + dup
+        res["unexpected"] = res.get("unexpected", 0) + int(len(extra)) - dup
 
 
 def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict) -> list:
@@ -403,9 +444,227 @@ def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict) -> list
     return out
 
 
+#: With ``driver_kills=True``: the share of trials run as driver-kill trials (drawn per trial from the seed).
+DRIVER_KILL_SHARE = 0.3
+
+#: Seconds a driver-kill trial's driver may take to deploy and start feeding before the trial fails.
+DRIVER_START_TIMEOUT_S = 180.0
+
+#: Grid of a driver-kill trial's Parquet sinks (event-time µs per file).
+DRIVER_SINK_EVERY = seconds(5)
+
+
+def file_sources(dirs: dict[str, str], chunk: int) -> dict:
+    """``{source: FileSource}`` over a driver-kill trial's folders (event time in column ``ts``, ``chunk``
+    rows per chunk): the same in the driver and in the reference run."""
+    from .files import FileSource
+
+    return {src: FileSource(d, time="ts", chunk_size=chunk) for src, d in sorted(dirs.items())}
+
+
+def _write_parquet_inputs(inputs: dict, bad_source: str, folder: str, rng: np.random.Generator,
+                          files: int = 3) -> tuple[dict[str, str], list[str]]:
+    """Write each source's column chunks as ``files`` Parquet files in ``folder/<source>/``, with 1-3
+    bad rows put in ``bad_source`` (a copy of a row whose event time, or one of its fields, is null:
+    the files' reader sets it aside with its reason); returns ``{source: folder}`` and a description
+    of each bad row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dirs, described = {}, []
+    n_bad = int(rng.integers(1, 4))
+    for src in sorted(inputs):
+        chunks = [c for c in inputs[src] if isinstance(c, dict)]
+        names = list(chunks[0])
+        cols = {n: np.concatenate([np.asarray(c[n]) for c in chunks]) for n in names}
+        nulls = {n: np.zeros(len(cols[n]), dtype=bool) for n in names}
+        if src == bad_source:
+            for _ in range(n_bad):
+                pos = int(rng.integers(1, len(cols["ts"])))
+                hole = names[int(rng.integers(len(names)))]  # the event time or a field
+                for n in names:
+                    cols[n] = np.insert(cols[n], pos, cols[n][pos])
+                    nulls[n] = np.insert(nulls[n], pos, n == hole)
+                described.append(f"{src}: {'event time' if hole == 'ts' else repr(hole)} null (Parquet row)")
+        d = os.path.join(folder, src)
+        os.makedirs(d)
+        cuts = np.linspace(0, len(cols["ts"]), files + 1).astype(int)
+        for i in range(files):
+            a, b = int(cuts[i]), int(cuts[i + 1])
+            pq.write_table(pa.table({n: pa.array(cols[n][a:b], mask=nulls[n][a:b]) for n in names}),
+                           os.path.join(d, f"part-{i}.parquet"))
+        dirs[src] = d
+    return dirs, described
+
+
+def _campaign_ray_address() -> str:
+    """The address a driver process joins the campaign's Ray at (its GCS; Ray listens on loopback)."""
+    import ray
+
+    port = ray.get_runtime_context().gcs_address.rpartition(":")[2]
+    return f"127.0.0.1:{port}"
+
+
+def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float, log: str) -> None:
+    """Wait until ``proc`` prints a line holding ``text`` on stdout (its stdout is drained by a thread
+    meanwhile and after); raises ``RuntimeError`` with the tail of its log after ``timeout`` s or if
+    it exits first."""
+    seen = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            if text in line:
+                seen.set()
+
+    threading.Thread(target=read, name="replistream-chaos-driver-out", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not seen.wait(0.2):
+        if proc.poll() is not None and not seen.wait(0.5):
+            raise RuntimeError(f"the driver exited with {proc.returncode} before it fed the deployment: "
+                               f"{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the driver did not feed the deployment within {timeout:g} s: {_tail(log)}")
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    try:
+        with open(path) as f:
+            tail = [ln.strip() for ln in f.read().strip().splitlines()[-lines:]]
+    except OSError:
+        return f"(no log at {path})"
+    return " / ".join(tail) or "(its log is empty)"
+
+
+def _driver_trial_faults(rng: np.random.Generator, query: Query, k: int, t0: int, t1: int) -> list[tuple]:
+    """A driver-kill trial's schedule, as ``(event time µs, description, (fraction of the replay's wall
+    time after the driver fed, what))``: the driver killed at 10-70% of the replay, and replicas of
+    some nodes (entry points and operators, at most ``k - 1`` of each) killed by the host at
+    10-85%. Event times are where the paced replay is at that moment (it starts when the driver
+    prints ``fed``, within a chunk's read)."""
+    faults = []
+
+    def at(frac: float) -> int:
+        return int(t0 + (t1 - t0) * frac)
+
+    frac = float(np.round(0.1 + 0.6 * rng.random(), 3))
+    faults.append((at(frac), "driver killed (SIGKILL) mid-replay", (frac, "driver")))
+    for g in [ENTRY, *query.operators]:
+        if k > 1 and rng.random() < 0.5:
+            for i in sorted(rng.choice(k, size=int(rng.integers(1, k)), replace=False).tolist()):
+                f = float(np.round(0.1 + 0.75 * rng.random(), 3))
+                faults.append((at(f), f"kill {g}#{i} (by the detached deployment's host)", (f, (g, int(i)))))
+    return sorted(faults, key=lambda x: x[0])
+
+
+def run_driver_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0,
+                     repair: bool = False) -> dict:
+    """A driver-kill trial (see the module doc): the input in Parquet files, a driver process that
+    deploys the query detached and feeds it paced, killed with SIGKILL at a seeded moment; the
+    campaign attaches, kills replicas through the host, waits (``timeout``), reads the sinks and
+    compares them and the dead letters with the reference; the deployment is stopped at the end.
+    Fills and returns ``trial.result``; a trial that raises or times out fails with its reason (its
+    folder is then kept and named in ``kept``)."""
+    from .engines.ray.host import attach, list_deployments
+    from .engines.reference import run_reference
+    from .sinks import ParquetSink
+
+    trial.driver_kill = True
+    rng = np.random.default_rng(trial.seed)
+    query, inputs, bad_source, chunk = trial_workload(trial.query, trial.seed)
+    started = time.perf_counter()
+    res: dict = {"query": trial.query, "seed": trial.seed, "driver_kill": True}
+    folder = tempfile.mkdtemp(prefix=f"replistream-chaos-{trial.index}-")
+    name = f"chaos-{os.getpid()}-{trial.index}-{trial.seed}"
+    proc = client = None
+    try:
+        dirs, trial.bad_records = _write_parquet_inputs(inputs, bad_source, os.path.join(folder, "in"), rng)
+        t0, t1 = _time_span(inputs)
+        trial.faults = _driver_trial_faults(rng, query, k, t0, t1)
+        replay_s = (t1 - t0) / 1e6 / TIMING_PACE
+        outs = {app: os.path.join(folder, "out", app) for app in query.sinks}
+        spec = {"name": name, "query": trial.query, "seed": trial.seed, "options": deploy_options(trial.seed, k, servers, repair),
+                "inputs": dirs, "chunk": chunk, "sinks": outs, "sink_every": DRIVER_SINK_EVERY, "pace": TIMING_PACE,
+                "linger_s": DRIVER_START_TIMEOUT_S + replay_s + timeout}
+        with open(os.path.join(folder, "driver.json"), "w") as f:
+            json.dump(spec, f)
+        log = os.path.join(folder, "driver.log")
+        with open(log, "w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "replistream.chaos_driver", os.path.join(folder, "driver.json")],
+                                    env={**os.environ, "RAY_ADDRESS": _campaign_ray_address()}, text=True,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+        ref = run_reference(query, file_sources(dirs, chunk), on_malformed="dead_letter")  # while it deploys
+        _wait_for_line(proc, "fed", DRIVER_START_TIMEOUT_S, log)
+        fed = time.monotonic()
+        res["driver_fed_after_s"] = round(time.perf_counter() - started, 2)  # files, driver start, deploy
+        client = attach(name)
+        for _, what, (frac, act) in trial.faults:  # in order of their moment in the replay
+            time.sleep(max(0.0, fed + frac * replay_s - time.monotonic()))
+            if act == "driver":
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+                res["driver_killed_after_s"] = round(time.monotonic() - fed, 2)
+                if name not in list_deployments():
+                    raise RuntimeError(f"the detached deployment {name!r} is gone with its killed driver")
+                # a kill after the end of the stream tests less: the verdict counts those before it
+                res["driver_killed_mid_run"] = not client.status()["complete"]
+            else:
+                client.kill_replica(*act)
+        ok = client.wait(timeout)
+        res["run_seconds"] = round(time.monotonic() - fed, 2)  # from the driver's "fed" to the end of the stream
+        if not ok:
+            try:
+                status = client.status()
+            except Exception as e:  # noqa: BLE001 - only said in the reason
+                status = f"no status: {type(e).__name__}: {e}"
+            raise RuntimeError(f"the detached deployment did not reach the end of the stream within {timeout:g} s "
+                               f"after its driver was killed (status: {status})")
+        got = client.collect()
+        outputs = {}
+        for app in query.sinks:
+            sink = ParquetSink(outs[app])
+            rows = sink.read()  # raises unless the run's completion marker is there
+            if sink.manifest()["rows"] != len(rows):
+                raise RuntimeError(f"{outs[app]}: the manifest lists {sink.manifest()['rows']} rows, the files hold "
+                                   f"{len(rows)}")
+            if len(rows) and rows.dtype != ref.outputs[app].dtype:
+                raise RuntimeError(f"{outs[app]}: the files' columns {rows.dtype} are not the reference's "
+                                   f"{ref.outputs[app].dtype}")
+            outputs[app] = rows if len(rows) else ref.outputs[app][:0]
+        _compare_outputs(res, query, ref.outputs, outputs)
+        res["dead_letters_expected"] = _dead_letters(ref)
+        res["dead_letters_received"] = _dead_letters(got)
+        res["complete"] = bool(got.complete)
+        res["error"] = None
+        res["ok"] = (res["lost"] == 0 and res["duplicated"] == 0 and res["unexpected"] == 0 and res["complete"]
+                     and res["dead_letters_expected"] == res["dead_letters_received"])
+    except Exception as e:  # noqa: BLE001 - any error fails the trial with its reason (Ray's own included)
+        res.update({"ok": False, "error": f"{type(e).__name__}: {e}"})
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        try:  # stop the deployment whatever happened (it outlives the driver by design)
+            if client is None and name in list_deployments():
+                client = attach(name)
+            if client is not None:
+                client.stop()
+        except Exception as e:  # noqa: BLE001 - a deployment left running fails the trial, loudly
+            stop_error = f"could not stop the detached deployment {name!r}: {type(e).__name__}: {e}"
+            res.update({"ok": False, "error": "; ".join(x for x in (res.get("error"), stop_error) if x)})
+    res["faults"] = trial.describe()
+    res["bad_records"] = list(trial.bad_records)
+    res["seconds"] = round(time.perf_counter() - started, 2)
+    if res["ok"]:
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        res["kept"] = folder
+    trial.result = res
+    return res
+
+
 def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | None = None,
                  progress: Callable[[Trial], None] | None = None, repair: bool = False,
-                 timing: bool = False) -> dict:
+                 timing: bool = False, driver_kills: bool | float = False) -> dict:
     """Run trials until ``minutes`` have passed (or ``trials`` trials); the report as a dict (JSON-ready):
     ``verdict`` (one line), ``matches_reference``, ``lost``, ``duplicated``, ``dead_letters`` (expected,
     received, by reason), ``faults`` (counted by kind) and ``trials`` (each with its seed, faults and
@@ -414,11 +673,16 @@ def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | 
     (:class:`~replistream.engines.ray.deployment.Deployment`); the repairs are counted. ``timing``:
     each trial also runs without faults first, both paced at :data:`TIMING_PACE`, and its faulty
     run must take at most :data:`TIMING_BOUND` times as long (a timing check; counted in the
-    verdict, and a trial over it fails)."""
+    verdict, and a trial over it fails). ``driver_kills``: ``True`` runs a seeded
+    :data:`DRIVER_KILL_SHARE` of the trials as driver-kill trials (:func:`run_driver_trial`; a number
+    in (0, 1] is that share instead); they have no timing check."""
     from .engines.ray import init_ray
 
     if not k >= 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    share = DRIVER_KILL_SHARE if driver_kills is True else float(driver_kills or 0)
+    if not 0 <= share <= 1:
+        raise ValueError(f"driver_kills must be True, False or a share in (0, 1], got {driver_kills!r}")
     init_ray()
     servers = [s.name for s in default_servers(k + 2)]
     deadline = time.time() + 60.0 * minutes
@@ -426,15 +690,32 @@ def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | 
     i = 0
     while (trials is None and (time.time() < deadline or not done)) or (trials is not None and i < trials):
         t = Trial(i, int(zlib.crc32(f"{seed}:{i}".encode())), QUERIES[i % len(QUERIES)])
-        run_trial(t, k, servers, repair=repair, timing=timing)
+        if is_driver_trial(seed, i, share):
+            run_driver_trial(t, k, servers, repair=repair)
+        else:
+            run_trial(t, k, servers, repair=repair, timing=timing)
         done.append(t)
         if progress is not None:
             progress(t)
         i += 1
-    return _summarise(done, seed, k, minutes)
+    return _summarise(done, seed, k, minutes, driver_share=share)
 
 
-def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
+def is_driver_trial(seed: int, i: int, share: float) -> bool:
+    """Whether trial ``i`` of the campaign ``seed`` is a driver-kill trial: a ``share`` of the trials,
+    evenly spread from a seeded phase (so a short campaign has its share too, e.g. one in every 3 or 4
+    trials for 0.3).
+
+    >>> [i for i in range(10) if is_driver_trial(3, i, 0.3)], all(is_driver_trial(3, i, 1.0) for i in range(5))
+    ([3, 6, 9], True)
+    """
+    if share <= 0:
+        return False
+    u = np.random.default_rng(zlib.crc32(f"driver:{seed}".encode())).random()
+    return int(np.floor((i + 1) * share + u)) > int(np.floor(i * share + u))
+
+
+def _summarise(done: list[Trial], seed: int, k: int, minutes: float, driver_share: float = 0.0) -> dict:
     results = [t.result for t in done]
     total = {key: sum(r.get(key, 0) for r in results) for key in ("outputs", "lost", "duplicated", "unexpected")}
     expected: dict[str, int] = {}
@@ -455,6 +736,7 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
                     else "stopped replica" if what.startswith("stop")
                     else "slowed server" if what.startswith("slow")
                     else "lost coordinator" if what.startswith("coordinator")
+                    else "driver kill" if what.startswith("driver")
                     else "link restore" if what.startswith("restore")
                     else "link delay" if what.startswith("delay") else "link cut" if what.startswith("cut")
                     else "live move" if what.startswith("move") else "runtime change")
@@ -474,6 +756,13 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float) -> dict:
         errs = [e for r in repairs for e in r.get("repair_errors", [])]
         verdict += (f"; {sum(r['repairs'] for r in repairs)} crashed replicas repaired, {len(errs)} repairs failed"
                     + (f" ({'; '.join(errs[:3])})" if errs else ""))
+    drivers = [r for r in results if r.get("driver_kill")]
+    if driver_share > 0 and not drivers:
+        verdict += f"; no driver-kill trial among these {len(done)} (share {driver_share:g})"
+    elif drivers:
+        verdict += (f"; {len(drivers)} driver-kill trials (detached deployments), "
+                    f"{sum(bool(r.get('driver_killed_mid_run')) for r in drivers)} with the driver killed "
+                    f"before the end of the stream")
     if timed:
         worst = max(r["timing_ratio"] for r in timed)
         verdict += (f"; timing: {sum(r['timing_ok'] for r in timed)} of {len(timed)} trials within "

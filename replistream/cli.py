@@ -731,6 +731,8 @@ def check_chaos(args) -> None:
         raise CliError(f"--trials must be >= 1, got {args.trials}")
     if not 1 <= args.k <= 6:
         raise CliError(f"--k must be between 1 and 6 (the campaign uses k + 2 servers), got {args.k}")
+    if args.driver_kills is not None and not (np.isfinite(args.driver_kills) and 0 < args.driver_kills <= 1):
+        raise CliError(f"--driver-kills takes a share of the trials in (0, 1], got {args.driver_kills:g}")
 
 
 def _chaos(args) -> int:
@@ -758,7 +760,7 @@ def _chaos(args) -> int:
                    phase=f"trial {trial.index + 1}")
 
         report = run_campaign(minutes=args.minutes, seed=args.seed, k=args.k, trials=args.trials, progress=progress,
-                              repair=args.repair, timing=args.timing)
+                              repair=args.repair, timing=args.timing, driver_kills=args.driver_kills or False)
     if args.json:
         print(json.dumps(report))
     else:
@@ -992,8 +994,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(func=_reconfigure, check=check_reconfigure)
 
     chaos = sub.add_parser("chaos", help="a seeded campaign of random faults (kills, server kills, delayed and "
-                                         "cut links, malformed records, failing user-function rows, live moves) "
-                                         "checked against the ideal run")
+                                         "cut links, malformed records, failing user-function rows, live moves, "
+                                         "lost coordinators; with --driver-kills, killed drivers of detached "
+                                         "deployments) checked against the ideal run")
     chaos.add_argument("--minutes", type=float, default=1.0, help="run trials until this many minutes have passed "
                                                                   "(default 1; each trial takes 10-30 s)")
     chaos.add_argument("--trials", type=int, default=None, help="run exactly this many trials instead")
@@ -1003,6 +1006,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "operator replicas are rebuilt during the trials")
     chaos.add_argument("--timing", action="store_true", help="run each trial paced (3 event seconds per second), "
                        "and first without faults: a trial whose run takes more than 1.5x as long fails the timing check")
+    chaos.add_argument("--driver-kills", type=float, nargs="?", const=0.3, default=None, metavar="SHARE",
+                       help="run a seeded share of the trials (default 0.3) with a detached deployment whose driver "
+                       "is killed: the input goes to Parquet files, a driver process deploys the query detached "
+                       "(ParquetSink per application) and feeds the files paced, is killed with SIGKILL mid-replay; "
+                       "the campaign attaches, kills replicas through the deployment's host, waits, compares the "
+                       "files with the ideal run and stops the deployment. The driver joins the campaign's own Ray: "
+                       "no `replistream up` needed. No timing check on these trials")
     chaos.add_argument("--json", action="store_true", help="print one JSON object (the verdict is in it)")
     chaos.add_argument("--verbose", action="store_true", help="let Ray's own log lines through")
     chaos.set_defaults(func=_chaos, check=check_chaos)
