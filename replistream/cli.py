@@ -832,13 +832,18 @@ def _up(args) -> int:
 
     if args.num_cpus is not None and args.num_cpus < 1:
         raise CliError(f"--num-cpus must be >= 1, got {args.num_cpus}")
-    print("starting a local Ray cluster for replistream (loopback only) ...", file=sys.stderr, flush=True)
+    print("starting a local Ray cluster for replistream (loopback only) and its warm actor processes ...",
+          file=sys.stderr, flush=True)
     try:
         addr = up(num_cpus=args.num_cpus, port=args.port)
     except RuntimeError as e:
         raise CliError(str(e)) from None
-    print(f"up: a Ray cluster runs at {addr}; deploy() in any script on this machine joins it, and detached "
-          f"deployments live in it; `replistream down` stops it")
+    from .engines.ray.warm import warm_size
+
+    warm = warm_size()
+    print(f"up: a Ray cluster runs at {addr}; deploy() in any script on this machine joins it"
+          f"{f' and takes its actors from {warm} warm processes' if warm else ''}, and detached deployments live "
+          f"in it; `replistream down` stops it")
     return 0
 
 

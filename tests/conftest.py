@@ -5,6 +5,10 @@ import os
 
 import pytest
 
+# A script that joins the session's Ray (RAY_ADDRESS, as the detached-deployment tests' drivers do)
+# starts the cluster's warm pool of actor processes (engines/ray/warm.py): a small one in the suite.
+os.environ.setdefault("REPLISTREAM_CLUSTER_POOL", "4")
+
 
 @pytest.fixture(scope="session")
 def ray_session():

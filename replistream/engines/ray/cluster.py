@@ -70,9 +70,11 @@ def recorded() -> dict | None:
     return st if _alive(int(st["pid"])) and answers(st["address"]) else None
 
 
-def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0) -> str:
-    """Start a local Ray head for replistream (loopback only); returns its address once it answers.
-    Raises ``RuntimeError`` naming the fix if a cluster runs already or Ray cannot start.
+def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0, warm: bool = True) -> str:
+    """Start a local Ray head for replistream (loopback only); returns its address once it answers
+    and (``warm``) its warm pool of actor processes is full (:mod:`.warm`, so the first script
+    finds them started). Raises ``RuntimeError`` naming the fix if a cluster runs already or Ray
+    cannot start.
 
     >>> up(num_cpus=2)     # doctest: +SKIP
     '127.0.0.1:6379'
@@ -109,7 +111,24 @@ def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0) ->
         time.sleep(0.2)
     with open(STATE_FILE, "w") as f:
         json.dump({"pid": proc.pid, "address": address, "log": log}, f)
+    if warm:
+        start_warm_pool(address, timeout=timeout)
     return address
+
+
+def start_warm_pool(address: str, timeout: float = 120.0) -> dict:
+    """Start the cluster's warm pool of actor processes (:mod:`.warm`) and wait until it is full,
+    from a process of its own (the caller may run a Ray of its own); returns its stats ({} when
+    ``REPLISTREAM_CLUSTER_POOL=0``). Raises ``RuntimeError`` with the reason if it cannot."""
+    code = ("import json, sys; from replistream.engines.ray import init_ray; from replistream.engines.ray import warm; "
+            "init_ray(address=sys.argv[1]); warm.start(); print(json.dumps(warm.wait_warm(float(sys.argv[2]))))")
+    out = subprocess.run([sys.executable, "-c", code, address, str(timeout)], capture_output=True, text=True,
+                         timeout=timeout + 60, env={**os.environ, "RAY_ADDRESS": address})
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the cluster at {address} runs, but its warm pool could not start: {tail}")
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
 
 
 def down(timeout: float = 60.0) -> bool:

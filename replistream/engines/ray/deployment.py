@@ -112,9 +112,13 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
     loopback = local or str(address).split("://")[-1].startswith(("127.0.0.1:", "localhost:"))
     if not loopback or "_node_ip_address" in kwargs:
         ray.init(**opts)
-        return
-    with _loopback():
-        ray.init(**opts)
+    else:
+        with _loopback():
+            ray.init(**opts)
+    if not local:  # a running cluster: its warm pool of actor processes serves this script's deployments
+        from . import warm
+
+        warm.use_cluster(True)
 
 
 #: Messages the raylet sends every driver that are routine for replistream: each replica is an
@@ -881,7 +885,8 @@ class Deployment:
             return
 
         def loop():
-            while not self.shut_down:
+            # (Ray shut down at the script's exit without shutdown(): a call now would start Ray again)
+            while not self.shut_down and ray.is_initialized():
                 try:
                     self.watch_once()
                 except Exception as e:  # logged and warned: the waits' own checks still raise the run's failures

@@ -68,6 +68,9 @@ class DeploymentHost:
     """
 
     def __init__(self):
+        from . import warm
+
+        warm.use_cluster(True)  # it runs in the cluster: its deployment takes warm actors from the cluster's pool
         self.started = time.time()
         self.name = ray.get_runtime_context().get_actor_name()
         self.dep = None
@@ -219,7 +222,11 @@ def attach(name: str, address: str | None = None) -> DeploymentClient:
             raise LookupError(f"no Ray cluster to find deployment {name!r} on: start one with `replistream up` "
                               f"(or set RAY_ADDRESS) before deploying with detached=True")
         init_ray(addr)
+    from .warm import NAME as WARM_POOL
+
     try:
+        if name == WARM_POOL:  # the cluster's warm pool of actors, not a deployment
+            raise ValueError(name)
         host = ray.get_actor(name, namespace=NAMESPACE)
     except ValueError:
         running = list_deployments()
@@ -234,5 +241,7 @@ def list_deployments() -> list[str]:
     >>> list_deployments()   # doctest: +SKIP
     ['monitor']
     """
+    from .warm import NAME as WARM_POOL
+
     return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a.get("namespace") == NAMESPACE)
+                  if a.get("namespace") == NAMESPACE and a["name"] != WARM_POOL)  # (the cluster's warm pool)

@@ -118,13 +118,18 @@ def _trim(limit: int) -> None:
 
 
 def take(cls_name: str) -> Any | None:
-    """A kept actor of class ``cls_name`` (to ``reinit``), or None."""
+    """A kept actor of class ``cls_name`` (to ``reinit``): one this script's deployments left, else
+    one of the running cluster's warm pool (:mod:`.warm`, when this script joined a cluster), or None."""
     if pool_size() == 0:
         return None
     with _lock:
         _check_job()
         handles = _pool.get(cls_name)
-        return handles.pop() if handles else None
+        if handles:
+            return handles.pop()
+    from . import warm
+
+    return warm.take(cls_name)
 
 
 def keep_spare(cls_name: str, handle: Any) -> bool:

@@ -1,0 +1,249 @@
+"""A warm pool of actor processes kept in a running cluster between scripts (issue #29).
+
+Every replica is a Ray actor with a process of its own; starting one costs a Python process,
+``import ray`` and replistream's modules (about half a second of CPU each here), and a fresh
+script pays it for every actor of its deployment. :mod:`.pool` reuses processes within one
+script; this module keeps started processes in the cluster itself, so that a script that joins
+a running cluster (``replistream up``, ``RAY_ADDRESS``) finds them ready.
+
+:class:`WarmPool` is a detached, named actor (``replistream-warm`` in namespace ``replistream``)
+that starts idle actors of each class (entry, operator, application, coordinator) with a blank
+query and keeps :func:`warm_size` of them (``REPLISTREAM_CLUSTER_POOL``, default 12; 0 turns it
+off). A deployment takes one (:meth:`WarmPool.take`) and re-initialises it exactly as it does a
+kept actor of its own script (``reinit``); the pool starts a replacement in the background.
+
+Each actor taken is leased to its taker: the script's Ray job, or the actor that deployed (a
+detached deployment's host). The pool owns the processes, so they would outlive a taker that
+dies without shutting its deployment down (a killed script); every second it kills the actors
+leased to a job that has ended or an actor that is dead. A deployment that shuts down kills or
+keeps its actors as before (:mod:`.pool`); a kept one stays leased to its script.
+
+The pool is used only by a driver that joined a running cluster (:func:`use_cluster`), never by
+a script's own Ray, and ``replistream up`` starts it so the first script finds it warm.
+
+>>> warm_size() >= 0
+True
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import ray
+
+__all__ = ["WarmPool", "warm_size", "use_cluster", "take", "start", "NAME"]
+
+NAME = "replistream-warm"
+NAMESPACE = "replistream"
+
+#: The share of each actor class among the idle actors kept (a k=1 query of 4 actors and a k=3
+#: query of 10 take from it in about these proportions; the coordinator is 2: it and its standby).
+MIX = {"EntryActor": 2, "ReplicaActor": 5, "SinkActor": 2, "CoordinatorActor": 2}
+
+#: Seconds between two looks for actors leased to a taker that has ended.
+REAP_EVERY_S = 1.0
+
+_joined = False  # this process joined a running cluster (init_ray with an address, or a host actor)
+
+
+def warm_size() -> int:
+    """How many idle actors the cluster's pool keeps (``REPLISTREAM_CLUSTER_POOL``, default 12; 0: none)."""
+    raw = os.environ.get("REPLISTREAM_CLUSTER_POOL", "12")
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        raise ValueError(f"REPLISTREAM_CLUSTER_POOL must be a whole number, got {raw!r}") from None
+
+
+def use_cluster(joined: bool = True) -> None:
+    """Say that this process joined a running cluster (its deployments take warm actors from it)."""
+    global _joined
+    _joined = bool(joined)
+
+
+def _owner() -> str:
+    """Who a taken actor is leased to: this actor (a detached deployment's host) or this job."""
+    ctx = ray.get_runtime_context()
+    actor = ctx.get_actor_id()
+    return f"actor:{actor}" if actor else f"job:{ctx.get_job_id()}"
+
+
+_handle: Any = None
+
+
+def _keeper(create: bool = False):
+    """The cluster's pool actor (None when there is none and ``create`` is False)."""
+    global _handle
+    if _handle is not None:
+        return _handle
+    try:
+        _handle = ray.get_actor(NAME, namespace=NAMESPACE)
+    except ValueError:  # none yet
+        if not create:
+            return None
+        _handle = WarmPool.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
+                                   get_if_exists=True).remote(warm_size())
+    return _handle
+
+
+def start() -> Any | None:
+    """Start the cluster's pool if it does not run yet (``replistream up`` does); returns its handle."""
+    if warm_size() == 0:
+        return None
+    return _keeper(create=True)
+
+
+def take(cls_name: str, timeout: float = 2.0) -> Any | None:
+    """A warm actor of class ``cls_name`` from the cluster's pool, leased to this script (or
+    host), to ``reinit``; None when this process did not join a cluster, the pool is off or
+    empty, or it does not answer within ``timeout`` s."""
+    global _handle
+    if not _joined or warm_size() == 0 or not ray.is_initialized():  # (never start Ray again at exit)
+        return None
+    keeper = _keeper(create=True)
+    try:
+        return ray.get(keeper.take.remote(cls_name, _owner()), timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        return None  # (busy starting its actors): a new process instead
+    except ray.exceptions.RayActorError:
+        _handle = None  # it died: started again next time
+        return None
+
+
+def _blank_query():
+    from ...query import Query
+
+    q = Query("warm")
+    q.source("s", {"x": "i8"}).filter(lambda b: b["x"] > 0, name="f").sink("out")
+    return q.build()
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
+class WarmPool:
+    """The cluster's pool of idle actors (see the module doc). ``size`` idle actors are kept,
+    shared among the classes as :data:`MIX`.
+
+    >>> keeper = start()                                  # doctest: +SKIP
+    >>> ray.get(keeper.stats.remote())["idle"]            # doctest: +SKIP
+    {'EntryActor': 2, 'ReplicaActor': 5, 'SinkActor': 2, 'CoordinatorActor': 2}
+    """
+
+    def __init__(self, size: int):
+        total = sum(MIX.values())
+        self.want = {c: max(1, round(size * n / total)) for c, n in MIX.items()} if size > 0 else {}
+        self.idle: dict[str, list] = {c: [] for c in MIX}
+        self.starting: dict[str, int] = {c: 0 for c in MIX}
+        self.leases: dict[str, tuple[str, Any]] = {}  # actor id -> (owner, handle)
+        self.taken = 0
+        self.reaped = 0
+        self.lock = threading.Lock()
+        self.query = _blank_query()
+        self.stop = threading.Event()
+        threading.Thread(target=self._loop, daemon=True, name="replistream-warm").start()
+
+    def _new(self, cls_name: str):
+        from . import actors
+        from .coordinator import CoordinatorActor
+
+        q = self.query
+        if cls_name == "EntryActor":
+            h = actors.EntryActor.remote(q, 0, "warm", None, 0.0, {})
+        elif cls_name == "ReplicaActor":
+            h = actors.ReplicaActor.remote(q, "f", 0, "warm", [1], None, 0.0, {})
+        elif cls_name == "SinkActor":
+            h = actors.SinkActor.remote(q, "out", "warm", [1], None, 0.0, {})
+        else:
+            h = CoordinatorActor.remote(0.0, None)
+        ray.get(h.stop_sending.remote(), timeout=120)  # started and quiet: ready for reinit
+        return h
+
+    def _fill(self) -> None:
+        for cls_name, want in self.want.items():
+            with self.lock:
+                if len(self.idle[cls_name]) + self.starting[cls_name] >= want:
+                    continue
+                self.starting[cls_name] += 1
+            try:
+                h = self._new(cls_name)
+            except Exception as e:  # a start that failed: tried again next round, said in stats
+                self.last_error = f"{cls_name}: {type(e).__name__}: {e}"
+                h = None
+            with self.lock:
+                self.starting[cls_name] -= 1
+                if h is not None:
+                    self.idle[cls_name].append(h)
+
+    def _reap(self) -> None:
+        import ray._private.state as state
+
+        with self.lock:
+            leases = dict(self.leases)
+        if not leases:
+            return
+        dead_jobs = {j["JobID"] for j in state.jobs() if j.get("IsDead")}
+        for actor_id, (owner, h) in leases.items():
+            kind, _, who = owner.partition(":")
+            gone = who in dead_jobs if kind == "job" else state.actors(who).get("State") == "DEAD"
+            mine = state.actors(actor_id).get("State")
+            if mine == "DEAD":
+                with self.lock:
+                    self.leases.pop(actor_id, None)
+            elif gone:
+                ray.kill(h, no_restart=True)
+                with self.lock:
+                    self.leases.pop(actor_id, None)
+                    self.reaped += 1
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self._fill()
+                self._reap()
+            except Exception as e:  # kept for stats(); the loop goes on
+                self.last_error = f"{type(e).__name__}: {e}"
+            self.stop.wait(REAP_EVERY_S)
+
+    def take(self, cls_name: str, owner: str):
+        """An idle actor of ``cls_name`` leased to ``owner`` (``job:<id>`` or ``actor:<id>``), or None."""
+        with self.lock:
+            idle = self.idle.get(cls_name)
+            if not idle:
+                return None
+            h = idle.pop(0)
+            self.leases[h._actor_id.hex()] = (owner, h)
+            self.taken += 1
+            return h
+
+    def stats(self) -> dict:
+        """Idle actors per class, leases, actors taken and reaped so far, the last start error."""
+        with self.lock:
+            return {"idle": {c: len(v) for c, v in self.idle.items()}, "want": dict(self.want),
+                    "leased": len(self.leases), "taken": self.taken, "reaped": self.reaped,
+                    "last_error": getattr(self, "last_error", None)}
+
+    def shutdown(self) -> int:
+        """Kill every idle actor (leased ones stay with their takers); returns how many."""
+        self.stop.set()
+        with self.lock:
+            idle = [h for v in self.idle.values() for h in v]
+            self.idle = {c: [] for c in MIX}
+        for h in idle:
+            ray.kill(h, no_restart=True)
+        return len(idle)
+
+
+def wait_warm(timeout: float = 60.0) -> dict:
+    """Wait until the cluster's pool holds every idle actor it wants (for benchmarks and
+    ``replistream up``); returns its stats."""
+    keeper = _keeper()
+    if keeper is None:
+        return {}
+    deadline = time.time() + timeout
+    st = ray.get(keeper.stats.remote(), timeout=timeout)
+    while (any(st["idle"].get(c, 0) < n for c, n in st["want"].items()) and st["last_error"] is None
+           and time.time() < deadline):
+        time.sleep(0.2)
+        st = ray.get(keeper.stats.remote(), timeout=max(1.0, deadline - time.time()))
+    return st
