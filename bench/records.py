@@ -450,7 +450,7 @@ def quick_suite(a) -> int:
     figures = {"wall (/usr/bin/time)": f"{float(timed):.0f} s" if timed.replace(".", "").isdigit() else f"{wall:.0f} s",
                "pytest's summary": summary.strip("= ")}
     rec.write(figures, {"pytest_exit": p.returncode, "wall_s": round(wall, 1), "time_s": timed,
-                        "tail": lines[-30:]}, note=f" (pytest itself: {' '.join(cmd[3:])})")
+                        "tail": lines[-30:]}, note=f" (pytest itself: {shlex.join(cmd)})")
     return 0
 
 
