@@ -136,6 +136,25 @@ class _Base:
         return None if w is None else int(w)
 
     # -- reuse by a later deployment (pool.py) --------------------------------------------------
+    def preload(self) -> int:
+        """Import every operator and replica module a deployment's replica may need (a warm actor of
+        the cluster's pool, engines/ray/warm.py: its re-initialisation then imports nothing; on two
+        cores ten actors importing at once took seconds). Returns how many modules it imported.
+
+        >>> ray.get(actor.preload.remote()) > 0   # doctest: +SKIP
+        True
+        """
+        import importlib
+        import pkgutil
+
+        from ... import operators, replica
+
+        names = [m.name for pkg in (operators, replica)
+                 for m in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + ".")]
+        for name in names:
+            importlib.import_module(name)
+        return len(names)
+
     def stop_sending(self) -> bool:
         """The deployment ends: stop the sender thread and ignore input from now on."""
         self.quiet = True

@@ -28,10 +28,11 @@ import ray
 from ray import cloudpickle
 from ray.experimental import internal_kv
 
-from ...placement.model import QueryStats, with_stats
-from ...placement.policy import place
-from ...placement.result import Placement
 from .common import is_actor_death
+
+# The placement library (scipy) is imported where a placement is computed, not here: every replica
+# deserialises the coordinator's handle, which imports this module in its process (py-spy: 1-2 s of
+# a warm actor's re-initialisation went to importing scipy that way).
 
 __all__ = ["CoordinatorActor", "KV_NAMESPACE"]
 
@@ -251,6 +252,8 @@ class CoordinatorActor:
                 if not is_actor_death(e):
                     raise
                 continue  # dead: no statistics from it
+        from ...placement.model import QueryStats
+
         self.stats = QueryStats.from_metrics(self.query, {"actors": actors}, duration)
         self._log({"kind": "stats", "t": time.time() - self.t0, "actors": len(actors)})
         return self.stats
@@ -262,6 +265,10 @@ class CoordinatorActor:
         both costs under the same (latest) statistics; the Placement is kept
         as ``proposed``. Nothing is moved.
         """
+        from ...placement.model import with_stats
+        from ...placement.policy import place
+        from ...placement.result import Placement
+
         if self._placement is None:
             raise RuntimeError("the running plan has no cost model (it could not be costed at deploy time)")
         problem = self._placement.problem

@@ -8,7 +8,7 @@ a running cluster (``replistream up``, ``RAY_ADDRESS``) finds them ready.
 
 :class:`WarmPool` is a detached, named actor (``replistream-warm`` in namespace ``replistream``)
 that starts idle actors of each class (entry, operator, application, coordinator) with a blank
-query and keeps :func:`warm_size` of them (``REPLISTREAM_CLUSTER_POOL``, default 12; 0 turns it
+query and keeps :func:`warm_size` of them (``REPLISTREAM_CLUSTER_POOL``, default 16; 0 turns it
 off). A deployment takes one (:meth:`WarmPool.take`) and re-initialises it exactly as it does a
 kept actor of its own script (``reinit``); the pool starts a replacement in the background.
 
@@ -39,8 +39,9 @@ NAME = "replistream-warm"
 NAMESPACE = "replistream"
 
 #: The share of each actor class among the idle actors kept (a k=1 query of 4 actors and a k=3
-#: query of 10 take from it in about these proportions; the coordinator is 2: it and its standby).
-MIX = {"EntryActor": 2, "ReplicaActor": 5, "SinkActor": 2, "CoordinatorActor": 2}
+#: query of 10 take from it in about these proportions, and each deployment 2 coordinators: it and
+#: its standby).
+MIX = {"EntryActor": 3, "ReplicaActor": 8, "SinkActor": 2, "CoordinatorActor": 3}
 
 #: Seconds between two looks for actors leased to a taker that has ended.
 REAP_EVERY_S = 1.0
@@ -49,8 +50,8 @@ _joined = False  # this process joined a running cluster (init_ray with an addre
 
 
 def warm_size() -> int:
-    """How many idle actors the cluster's pool keeps (``REPLISTREAM_CLUSTER_POOL``, default 12; 0: none)."""
-    raw = os.environ.get("REPLISTREAM_CLUSTER_POOL", "12")
+    """How many idle actors the cluster's pool keeps (``REPLISTREAM_CLUSTER_POOL``, default 16; 0: none)."""
+    raw = os.environ.get("REPLISTREAM_CLUSTER_POOL", "16")
     try:
         return max(0, int(raw))
     except ValueError:
@@ -127,14 +128,13 @@ class WarmPool:
 
     >>> keeper = start()                                  # doctest: +SKIP
     >>> ray.get(keeper.stats.remote())["idle"]            # doctest: +SKIP
-    {'EntryActor': 2, 'ReplicaActor': 5, 'SinkActor': 2, 'CoordinatorActor': 2}
+    {'EntryActor': 3, 'ReplicaActor': 8, 'SinkActor': 2, 'CoordinatorActor': 3}
     """
 
     def __init__(self, size: int):
         total = sum(MIX.values())
         self.want = {c: max(1, round(size * n / total)) for c, n in MIX.items()} if size > 0 else {}
         self.idle: dict[str, list] = {c: [] for c in MIX}
-        self.starting: dict[str, int] = {c: 0 for c in MIX}
         self.leases: dict[str, tuple[str, Any]] = {}  # actor id -> (owner, handle)
         self.taken = 0
         self.reaped = 0
@@ -149,31 +149,33 @@ class WarmPool:
 
         q = self.query
         if cls_name == "EntryActor":
-            h = actors.EntryActor.remote(q, 0, "warm", None, 0.0, {})
-        elif cls_name == "ReplicaActor":
-            h = actors.ReplicaActor.remote(q, "f", 0, "warm", [1], None, 0.0, {})
-        elif cls_name == "SinkActor":
-            h = actors.SinkActor.remote(q, "out", "warm", [1], None, 0.0, {})
-        else:
-            h = CoordinatorActor.remote(0.0, None)
-        ray.get(h.stop_sending.remote(), timeout=120)  # started and quiet: ready for reinit
-        return h
+            return actors.EntryActor.remote(q, 0, "warm", None, 0.0, {})
+        if cls_name == "ReplicaActor":
+            return actors.ReplicaActor.remote(q, "f", 0, "warm", [1], None, 0.0, {})
+        if cls_name == "SinkActor":
+            return actors.SinkActor.remote(q, "out", "warm", [1], None, 0.0, {})
+        return CoordinatorActor.remote(0.0, None)
 
     def _fill(self) -> None:
-        for cls_name, want in self.want.items():
-            with self.lock:
-                if len(self.idle[cls_name]) + self.starting[cls_name] >= want:
-                    continue
-                self.starting[cls_name] += 1
+        """Start every missing idle actor at once, and keep each once it answers (quiet, ready for
+        ``reinit``); one that fails to start is said in :meth:`stats` and tried again next round."""
+        started = []
+        with self.lock:
+            for cls_name, want in self.want.items():
+                for _ in range(max(0, want - len(self.idle[cls_name]))):
+                    started.append((cls_name, self._new(cls_name)))
+        # every module a replica may need imported now (not at its reinit), then quiet: ready for reinit
+        refs = [[*([] if cls_name == "CoordinatorActor" else [h.preload.remote()]), h.stop_sending.remote()]
+                for cls_name, h in started]
+        for (cls_name, h), calls in zip(started, refs):
             try:
-                h = self._new(cls_name)
+                ray.get(calls, timeout=120)
             except Exception as e:  # a start that failed: tried again next round, said in stats
                 self.last_error = f"{cls_name}: {type(e).__name__}: {e}"
-                h = None
+                ray.kill(h, no_restart=True)
+                continue
             with self.lock:
-                self.starting[cls_name] -= 1
-                if h is not None:
-                    self.idle[cls_name].append(h)
+                self.idle[cls_name].append(h)
 
     def _reap(self) -> None:
         import ray._private.state as state
