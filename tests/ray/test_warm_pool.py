@@ -33,7 +33,7 @@ data["ts"] = np.arange(2000) * 1000
 data["key"], data["x"] = rng.integers(0, 10, 2000), rng.random(2000)
 warm.start()
 warm.wait_warm(120)
-before = ray.get(warm._keeper().stats.remote())["taken"]
+before = ray.get(warm._keeper().stats.remote(), timeout=60)["taken"]
 with deploy(q, servers=2, k=1, network="zero") as dep:
     res = dep.run({"events": [data]}, timeout=120)
 big = data[data["x"] >= 0.5]
@@ -42,7 +42,7 @@ for ts, key in zip(big["ts"] // 1_000_000, big["key"]):
     want[f"{ts},{key}"] = want.get(f"{ts},{key}", 0) + 1
 got = {f"{w // 1_000_000},{k}": int(n) for w, k, n in zip(res.outputs["out"]["window_start"], res.outputs["out"]["key"],
                                                            res.outputs["out"]["n"])}
-print(json.dumps({"exact": got == want, "taken": ray.get(warm._keeper().stats.remote())["taken"] - before}))
+print(json.dumps({"exact": got == want, "taken": ray.get(warm._keeper().stats.remote(), timeout=60)["taken"] - before}))
 """
 
 
@@ -87,7 +87,7 @@ def test_the_pool_kills_an_actor_leased_to_a_taker_that_died():
                 ray.get(leased.stop_sending.remote(), timeout=10)
             except ray.exceptions.RayActorError:
                 break
-            assert time.time() < deadline, f"the leased actor outlived its dead taker: {ray.get(keeper.stats.remote())}"
+            assert time.time() < deadline, f"the leased actor outlived its dead taker: {ray.get(keeper.stats.remote(), timeout=30)}"
             time.sleep(0.2)
         assert ray.get(keeper.stats.remote(), timeout=30)["reaped"] == 1
     finally:
