@@ -122,6 +122,20 @@ class ReplayLog:
         """Tuples held (punctuations not counted)."""
         return self._tuples
 
+    def bound(self) -> int:
+        """A timestamp at or above that of every tuple and punctuation ever appended (trimmed or
+        not): the largest of the trim point and the held entries' timestamps. A stream replica
+        added without replay after ``bound()`` was read receives every tuple of the stream with a
+        larger timestamp (a staged transfer's gate, :func:`replistream.engines.ray.transfer.staged_install`).
+
+        >>> log = ReplayLog([Punctuation(3)]); log.trim(3); log.bound()
+        3
+        >>> from replistream import Schema
+        >>> log.append([Schema({"x": "i8"}).from_columns({"ts": [9, 4], "x": [0, 0]})]); log.bound()
+        9
+        """
+        return max([self.acked] + [e[2] for e in self._log])
+
     def __len__(self) -> int:
         return len(self._log)
 

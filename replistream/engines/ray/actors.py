@@ -22,7 +22,9 @@ The coordinator actor is in :mod:`.coordinator`: it needs the placement library
 Locks (each actor, in its own process; a thread holding one takes only those
 after it, never one before):
 
-1. ``lock`` (the core and what it emitted; ``inbox_cv`` is its condition);
+1. ``lock`` (the core and what it emitted; ``inbox_cv`` and ``installed_cv`` are its
+   conditions: a receiver's worker waits on the first, ``install_step`` and
+   ``transfer_status`` on the second, in the ``transfer`` concurrency group);
 2. ``staged_lock`` (a receiver's :class:`~replistream.replica.StagedReplica`): the
    transfer worker applies input and steps under it alone and publishes what it
    installed under ``lock`` only after releasing it (``_staged_run``);
@@ -243,6 +245,24 @@ class _Base:
         Returns the number of tuples replayed."""
         return self._outbox(stream).add_link(Link(label, server, handle, port, channel), replay=replay)
 
+    def connect_for_transfer(self, stream: str, label: str, server: str, handle, port: int, channel: int) -> int:
+        """Add a stream replica to a staged transfer's receiver *without* replay, and return its
+        *connect mark*: a timestamp at or above every tuple and punctuation this stream carried
+        before the link (:meth:`~replistream.replica.ReplayLog.bound`, read with the link added
+        under the outbox lock). The link then carries every tuple of the stream with a larger
+        timestamp; the sending peer takes its first step only once its filter's punctuation on
+        that port has reached the mark (the exactness argument is in
+        :mod:`replistream.engines.ray.transfer`).
+
+        >>> ray.get(entry.connect_for_transfer.remote("s", "join#2", "tokyo", new, 0, 1))  # doctest: +SKIP
+        1040000
+        """
+        ob = self._outbox(stream)
+        with ob.lock:  # re-entrant: add_link takes it too; nothing is flushed between the two
+            mark = ob.log.bound()
+            ob.add_link(Link(label, server, handle, port, channel), replay=False)
+        return int(mark)
+
     def _emit(self, outbox: Outbox, out: list) -> None:
         """Queue ``out`` on ``outbox``; a marker that opens stream replicas from this actor
         (an operator added at run time, :class:`~replistream.replica.changes.AddOperator`) opens
@@ -443,7 +463,7 @@ class _Base:
         }
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1})
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1, "transfer": 4})
 class ReplicaActor(_Base):
     """One replica of one operator: duplicate filters, optional sorters, the operator logic.
 
@@ -475,6 +495,9 @@ class ReplicaActor(_Base):
         self.steps_sent: set[tuple[str, int]] = set()  # (receiver, step) already taken: a re-request is ignored
         self.out = self._outbox(node)
         self.lock = threading.Lock()
+        # a receiver's installed steps changed (install_step and transfer_status wait on it)
+        self.installed_cv = threading.Condition(self.lock)
+        self.last_punct_wall = 0.0  # when this replica last emitted a punctuation (a sender's pacing)
 
     def push(self, port: int, channel: int, packet: list) -> int:
         if self.quiet:
@@ -492,6 +515,7 @@ class ReplicaActor(_Base):
             self.busy_s += time.time() - started
             self._emit(self.out, out)  # queued under the lock: a checkpoint sees it in the log
             if self.step_requests and any(isinstance(it, Punctuation) for it in out):
+                self.last_punct_wall = time.time()
                 self._take_steps()  # a transfer step at this logical time (our punctuation)
             if self.dormant_every is not None and any(isinstance(it, Punctuation) for it in out):
                 self._send_dormant()
@@ -626,17 +650,34 @@ class ReplicaActor(_Base):
         self.last_push = time.time() - self.t0
         return NO_ACK
 
-    def install_step(self, checkpoint, bins, steps) -> dict:
+    @ray.method(concurrency_group="transfer")  # apart from the data path: it waits for the worker
+    def install_step(self, checkpoint, bins, steps, wait_s: float = 30.0) -> dict:
         """Receiver: queue a checkpoint (a peer's, restricted to ``bins``) carrying step(s) ``steps``
         (an index or a list of the indices a peer took at one punctuation) for the worker; steps or
-        bins already installed are ignored (a step re-sent after its first sender died)."""
+        bins already installed are ignored (a step re-sent after its first sender died).
+
+        Returns once the worker has installed them (or the transfer completed, or ``wait_s``
+        passed) with :meth:`transfer_status`: the sender waits for this answer before it takes its
+        next step, so steps go at the pace the receiver installs them (its queued input goes
+        through before the step) and never pile up in its queue. It runs on a thread of its own
+        (the ``transfer`` concurrency group), so pushes are never held up behind it.
+
+        >>> ray.get(new.install_step.remote(ck, [0, 1], [0]))["installed"]   # doctest: +SKIP
+        {0: 31.52}
+        """
         steps = [int(steps)] if np.isscalar(steps) else [int(x) for x in steps]
         with self.lock:
             if self.staged is not None and not set(steps) <= self.steps_queued:
                 self.steps_queued.update(steps)
                 self.inbox.append(("step", checkpoint, bins, steps))
-                self.inbox_cv.notify()
-        return self.transfer_status()
+                self.inbox_cv.notify_all()
+            deadline = time.time() + float(wait_s)
+            while self.staged is not None and not all(i in self.steps_installed for i in steps):
+                left = deadline - time.time()
+                if left <= 0:
+                    break
+                self.installed_cv.wait(left)
+            return self._status_locked()
 
     def _staged_run(self, items, out: list) -> list[tuple[int, float]]:
         """Apply queued input and steps to the StagedReplica (under staged_lock, never taking
@@ -676,6 +717,7 @@ class ReplicaActor(_Base):
             with self.lock:
                 self.transfer_info = info
                 self.steps_installed.update(installed)
+                self.installed_cv.notify_all()
             if complete:
                 with self.lock:
                     with self.staged_lock:
@@ -687,6 +729,7 @@ class ReplicaActor(_Base):
                     # the core's watermark now: ``out`` holds what the core emitted since it
                     # completed, below that watermark (a punctuation before them would make them late)
                     self._emit(self.out, out + tail)
+                    self.installed_cv.notify_all()
             self.busy_s += time.time() - started
             if complete:
                 return
@@ -705,25 +748,61 @@ class ReplicaActor(_Base):
                           "seconds": time.time() - getattr(self, "started_transfer", time.time())}
         return tail
 
-    def transfer_status(self) -> dict:
-        """Receiver: steps installed (step -> seconds since t0), bins missing, complete. Reads what the
-        worker last published, so it never waits for a step being installed or merged (waiting would
-        stall this actor's pushes and, by backpressure, its upstream replicas)."""
-        with self.lock:
-            if self.core is not None:
-                return {"installed": dict(self.steps_installed), "complete": True, **dict(self.installed or {})}
-            return {"installed": dict(self.steps_installed), "complete": False,
-                    **dict(getattr(self, "transfer_info", {}))}
+    @ray.method(concurrency_group="transfer")  # apart from the data path: it may wait
+    def transfer_status(self, wait_s: float = 0.0, seen: int | None = None) -> dict:
+        """Receiver: steps installed (step -> seconds since t0), bins missing, input queued for the
+        worker (``inbox``), complete. Reads what the worker last published, so it never waits for
+        a step being installed or merged. With ``seen`` (the number of steps the caller knows
+        installed) it waits up to ``wait_s`` for more, or for completion (the coordinator's
+        long poll: no call per few milliseconds).
 
-    def request_steps(self, receiver, steps, bits: int, pause_s: float = 0.02) -> int:
+        >>> ray.get(new.transfer_status.remote(wait_s=0.5, seen=3))["complete"]   # doctest: +SKIP
+        False
+        """
+        deadline = time.time() + float(wait_s)
+        with self.lock:
+            while seen is not None and self.core is None and len(self.steps_installed) <= int(seen):
+                left = deadline - time.time()
+                if left <= 0:
+                    break
+                self.installed_cv.wait(left)
+            return self._status_locked()
+
+    def _status_locked(self) -> dict:
+        if self.core is not None:
+            return {"installed": dict(self.steps_installed), "complete": True, "inbox": 0,
+                    **dict(self.installed or {})}
+        return {"installed": dict(self.steps_installed), "complete": False,
+                "inbox": len(getattr(self, "inbox", ())), **dict(getattr(self, "transfer_info", {}))}
+
+    #: seconds of a sender's output lag samples its pacing takes the baseline (their minimum) over
+    LAG_WINDOW_S = 2.0
+
+    def request_steps(self, receiver, steps, bits: int, pause_s: float = 0.02, gate=None,
+                      lag_s: float | None = None, max_defer_s: float = 0.25) -> int:
         """Sender: take ``steps`` (``[(index, bins), ...]`` at ``2**bits`` bins, in order) at this
         replica's next punctuations and send each to ``receiver.install_step``; returns at once
-        (this replica keeps processing). At each punctuation it takes the next step, and more while
-        the pause stays within ``pause_s`` beyond the fixed cost of a step (0: one step per
-        punctuation, Megaphone §3.3's schedule); the steps taken together go as one checkpoint.
-        Steps already taken for this receiver are ignored. Returns the number of steps queued.
+        (this replica keeps processing). Returns the number of steps queued; steps already taken
+        for this receiver are ignored. At a punctuation (Megaphone §3.3: a step at a logical time)
+        the next step is taken unless the pacing defers it (:meth:`_defer`, reasons counted in
+        :meth:`transfer_report`):
 
-        >>> peer.request_steps.remote(new_replica, [(0, [0, 1]), (1, [2, 3])], 2)   # doctest: +SKIP
+        * ``gate`` (one connect mark per input port, or None): no step before this replica's
+          duplicate filter has passed the mark on every port (the receiver's upstream links were
+          added without replay: they deliver every tuple above the mark, and the steps must cover
+          the rest; :mod:`replistream.engines.ray.transfer`);
+        * the receiver has not installed the previous message yet (its ``install_step`` has not
+          answered): at most one message in flight, so the receiver's backlog never builds up;
+        * the live path is slow: this replica's output lag (wall time minus the due time of the
+          punctuation it just emitted, on the feeder's clock) exceeds its minimum over the last
+          :attr:`LAG_WINDOW_S` s by more than ``lag_s`` (default ``max(pause_s, 0.01)``), or an
+          output link has more than half its ``max_inflight`` packets unacknowledged. These two
+          never hold a step back longer than ``max_defer_s`` after the previous message.
+
+        A step taken goes with as many following steps as keep the pause within ``pause_s``
+        beyond the fixed cost of a step (0: one step per punctuation), as one checkpoint.
+
+        >>> peer.request_steps.remote(new_replica, [(0, [0, 1]), (1, [2, 3])], 2, gate=[1040000])  # doctest: +SKIP
         """
         if self.core is None:
             raise RuntimeError(f"{self.label} has no state to send (it is waiting for its own)")
@@ -732,31 +811,88 @@ class ReplicaActor(_Base):
             fresh = [(int(i), np.asarray(b, dtype=np.int64)) for i, b in steps if (rkey, int(i)) not in self.steps_sent]
             if not fresh:
                 return 0
-            plan = self.step_requests.setdefault(rkey, {"receiver": receiver, "bits": int(bits), "steps": {},
-                                                        "pause_s": float(pause_s), "room": 1, "fixed_s": None,
-                                                        "mark": 0, "asked": time.time()})
+            now = time.time()
+            plan = self.step_requests.setdefault(rkey, {
+                "receiver": receiver, "bits": int(bits), "steps": {}, "room": 1, "fixed_s": None, "mark": 0,
+                "asked": now, "requested": now, "ack": None, "last_sent": now, "lags": deque(),
+                "deferred": {"gate": 0, "receiver": 0, "lag": 0, "output": 0}, "lag_max": None,
+                "gate_s": None})
             plan["steps"].update(fresh)
             plan["pause_s"] = float(pause_s)
+            plan["lag_s"] = max(float(pause_s), 0.01) if lag_s is None else float(lag_s)
+            plan["max_defer_s"] = float(max_defer_s)
+            plan["gate"] = None if gate is None else [int(c) for c in gate]
             if self.core.logic.watermark == END:
                 self._take_steps(everything=True)
         return len(fresh)
 
     def take_steps_now(self) -> int:
-        """Sender: take the next requested step(s) now, as at a punctuation (none came: the input
-        paused), or all of them once the stream has ended. Returns the number of steps taken."""
+        """Sender: take the next requested step(s) now, as at a punctuation, if none came for 0.25 s
+        (the input paused; while punctuations come, the pacing decides), or all of them once the
+        stream has ended. The gate and the receiver's answer still hold it back; the live path's
+        lag does not (it grows while the input pauses). Returns the number of steps taken.
+
+        >>> ray.get(peer.take_steps_now.remote())   # doctest: +SKIP
+        1
+        """
         with self.lock:
             if self.core is None:
                 return 0
-            return self._take_steps(everything=self.core.logic.watermark == END)
+            if self.core.logic.watermark == END:
+                return self._take_steps(everything=True)
+            if time.time() - self.last_punct_wall < 0.25:
+                return 0
+            return self._take_steps(forced=True)
 
-    def _take_steps(self, everything: bool = False) -> int:
-        """Take requested steps now (under the lock, between two deliveries): per receiver the next
-        step, and more while the estimated pause stays within its budget (all with
-        ``everything``); they go as one checkpoint with the retained output appended since the
-        last one sent to that receiver. Returns the number of steps taken."""
+    def _output_lag(self, now: float) -> float | None:
+        """Seconds this replica's watermark lags behind the feeder's clock (None unpaced or at the
+        ends): its own output latency, the live path's load as this replica sees it."""
+        wm = self.core.logic.watermark
+        if self.pace is None or self.ts0 is None or wm == END or wm == NO_ACK:
+            return None
+        return now - (self.t0 + (wm - self.ts0) / (1e6 * self.pace))
+
+    def _defer(self, plan: dict, forced: bool) -> str | None:
+        """Why the next step for ``plan``'s receiver waits (None: take it now); see :meth:`request_steps`."""
+        now = time.time()
+        lag = None if forced else self._output_lag(now)
+        if lag is not None:
+            lags = plan["lags"]
+            lags.append((now, lag))
+            while lags[0][0] < now - self.LAG_WINDOW_S:
+                lags.popleft()
+            plan["lag_max"] = lag if plan["lag_max"] is None else max(plan["lag_max"], lag)
+        if plan["gate"] is not None:
+            if any(int(f.max_punct) < c for f, c in zip(self.core.filters, plan["gate"])):
+                return "gate"
+            plan["gate"], plan["gate_s"], plan["last_sent"] = None, now - plan["requested"], now
+        if plan["ack"] is not None:
+            if not ray.wait([plan["ack"]], timeout=0)[0]:
+                return "receiver"
+            plan["ack"] = None
+        if forced or now - plan["last_sent"] >= plan["max_defer_s"]:
+            return None
+        if lag is not None and lag > min(x for _, x in plan["lags"]) + plan["lag_s"]:
+            return "lag"
+        with self.out.lock:
+            if any(len(l.queue) + len(l.inflight) > self.out.max_inflight // 2 for l in self.out.links if l.alive):
+                return "output"
+        return None
+
+    def _take_steps(self, everything: bool = False, forced: bool = False) -> int:
+        """Take requested steps now (under the lock, between two deliveries): per receiver, unless
+        the pacing defers it (:meth:`_defer`; not with ``everything``), the next step, and more
+        while the estimated pause stays within its budget (all with ``everything``); they go as
+        one checkpoint with the retained output appended since the last one sent to that
+        receiver. Returns the number of steps taken."""
         taken_n = 0
         for rkey in list(self.step_requests):
             plan = self.step_requests[rkey]
+            if not everything:
+                why = self._defer(plan, forced)
+                if why is not None:
+                    plan["deferred"][why] += 1
+                    continue
             order = sorted(plan["steps"])
             if everything:
                 chosen = order
@@ -774,7 +910,7 @@ class ReplicaActor(_Base):
             output, plan["mark"] = self.out.retained_since(plan["mark"])
             ck = dataclasses.replace(ck, output=output, output_acked=self.out.min_ack())
             taken = time.time()
-            plan["receiver"].install_step.remote(ck, bins, chosen)
+            plan["ack"] = plan["receiver"].install_step.remote(ck, bins, chosen)
             for i in chosen:
                 self.steps_sent.add((rkey, i))
             if plan["pause_s"] > 0:
@@ -788,18 +924,46 @@ class ReplicaActor(_Base):
                     plan["room"] = max(plan["room"], 2 * len(bins))
                 elif cost > limit:
                     plan["room"] = max(1, len(bins) // 2)
+            lags = plan["lags"]
             self.steps_taken.append({"step": chosen[0], "steps": len(chosen), "bins": len(bins),
                                      "waited_s": t - plan["asked"], "checkpoint_s": taken - t,
                                      "send_s": time.time() - taken, "rows": ck.logic.rows(),
-                                     "bytes": ck.nbytes(), "watermark": int(self.core.logic.watermark)})
-            plan["asked"] = time.time()
+                                     "bytes": ck.nbytes(), "watermark": int(self.core.logic.watermark),
+                                     "deferred": dict(plan["deferred"]), "forced": forced,
+                                     "gate_s": plan["gate_s"],
+                                     "lag_s": lags[-1][1] if lags else None,
+                                     "lag_base_s": min(x for _, x in lags) if lags else None,
+                                     "lag_max_s": plan["lag_max"], "receiver": rkey})
+            plan["deferred"] = dict.fromkeys(plan["deferred"], 0)
+            plan["asked"] = plan["last_sent"] = time.time()
             taken_n += len(chosen)
             if not plan["steps"]:
                 del self.step_requests[rkey]
         return taken_n
 
+    def transfer_pacing(self, receiver) -> dict | None:
+        """Sender: where the steps for ``receiver`` stand (None once all were taken, or none were
+        asked): the gate still closed (its marks) or None, this replica's filter punctuation per
+        port, steps left, punctuations deferred since the last message by reason.
+
+        >>> ray.get(peer.transfer_pacing.remote(new_replica))["gate"]   # doctest: +SKIP
+        [1040000, 1020000]
+        """
+        with self.lock:
+            plan = self.step_requests.get(repr(receiver))
+            if plan is None or self.core is None:
+                return None
+            return {"gate": plan["gate"], "punct": [int(f.max_punct) for f in self.core.filters],
+                    "left": len(plan["steps"]), "deferred": dict(plan["deferred"])}
+
     def transfer_report(self) -> list[dict]:
-        """Sender: the steps this replica took (wait for its punctuation, checkpoint and send times)."""
+        """Sender: one record per message it sent (steps, bins, wait for its punctuation, checkpoint
+        and send times, bytes; its pacing: ``deferred`` punctuations since the previous message by
+        reason, ``gate_s`` from the request to the gate passing, the output lag seen).
+
+        >>> ray.get(peer.transfer_report.remote())[0]["deferred"]   # doctest: +SKIP
+        {'gate': 2, 'receiver': 0, 'lag': 0, 'output': 0}
+        """
         with self.lock:
             return list(self.steps_taken)
 

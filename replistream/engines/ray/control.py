@@ -94,7 +94,8 @@ import ray
 from ...gc import ENTRY, OperatorReplica, RevivalEvent, RevivalPolicy, Snapshot, StreamReplica, collect_garbage
 from ...plan import group_of
 from ...replica.handover import missing_feeders, rank_peers, shares_feeders
-from ...replica.transfer import STRATEGIES
+from ...replica.transfer import STRATEGIES, splittable
+from .channels import NO_ACK
 from .common import is_actor_death, json_default
 from .transfer import staged_install
 
@@ -259,6 +260,9 @@ class ReplicaManager:
         self.next_move = 0.0  # no rebalancing move before this time (cooldown)
         self._last_none: dict[str, str] = {}
         self.transfers: list[dict] = []  # staged transfers (transfer.py): progress, one dict each
+        # per replica started for a staged transfer without replay: per input port, the largest
+        # connect mark of its upstream links (_start), the gate of its steps (transfer.py)
+        self.connect_marks: dict[str, list[int]] = {}
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -727,7 +731,7 @@ class ReplicaManager:
     # -- by request ------------------------------------------------------------------------------
     def replace_replica(self, label: str, add: bool = False, checkpoint: bool = True, server: str | None = None,
                         strategy: str | None = None, bins_per_step: int | None = None,
-                        bits: int | None = None, pause_ms: float = 20.0) -> dict:
+                        bits: int | None = None, pause_ms: float = 20.0, lag_ms: float | None = None) -> dict:
         """Start a new replica of ``label``'s operator on its server by hand-over from a live peer,
         fed by every live upstream replica and feeding every live downstream replica; unless
         ``add``, then discard ``label`` (kill it if it still runs). Returns the logged event.
@@ -739,8 +743,11 @@ class ReplicaManager:
         (``"all-at-once"``, ``"batched"`` with ``bins_per_step``, ``"fluid"``; Megaphone §3.3)
         moves the checkpoint in steps of ``2**bits`` bins (default 8 bits), each taken at a
         punctuation of the sending peer while it keeps serving, as many at one punctuation as keep
-        its pause within ``pause_ms`` beyond a step's fixed cost
-        (:func:`replistream.engines.ray.transfer.staged_install`); progress is in :attr:`transfers`.
+        its pause within ``pause_ms`` beyond a step's fixed cost, and paced by the live path: the
+        receiver's answers, and the peer's output lag (at most ``lag_ms`` above its recent minimum,
+        default ``max(pause_ms, 10)``) (:func:`replistream.engines.ray.transfer.staged_install`);
+        progress is in :attr:`transfers`. When the state splits into bins the new replica's upstream
+        links do not replay their retained output: the steps cover it.
         ``strategy=None`` is the single-step hand-over of docs/handover.md.
 
         What ``Deployment.revive_replica``/``add_replica``/``move_replica`` (and the
@@ -777,7 +784,7 @@ class ReplicaManager:
             how = {"checkpoint": checkpoint,
                    "staged": None if strategy is None else {"strategy": strategy, "bins_per_step": bins_per_step,
                                                             "bits": 8 if bits is None else int(bits),
-                                                            "pause_ms": float(pause_ms)}}
+                                                            "pause_ms": float(pause_ms), "lag_ms": lag_ms}}
             info = self._apply_revival(e, how)
             rec = {"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": True,
                    "apply_seconds": round(time.time() - started, 3), **info}
@@ -888,10 +895,13 @@ class ReplicaManager:
             topo.set_state(lab, "live")
         started: dict[str, Any] = {}
         try:
-            # 1. start pending actors, 2. subscribe them to their upstream replicas (with replay)
+            # 1. start pending actors, 2. subscribe them to their upstream replicas (with replay;
+            # without for a staged transfer of state that splits, whose steps cover what a replay
+            # would: engines/ray/transfer.py)
             for lab in to_start:
                 ins = [s for s in wanted.values() if s.dst == lab and s.src not in to_start]
-                started[lab] = self._start(topo.replica(lab), ins)
+                replay = not self._staged_without_replay(lab, set(to_start), how)
+                started[lab] = self._start(topo.replica(lab), ins, replay=replay)
             # 3. hand-over: a checkpoint from a live peer, taken after the subscription
             handover = {}
             for lab in to_start:
@@ -903,6 +913,8 @@ class ReplicaManager:
                     continue  # connected in _start
                 self._connect(s)
         except Exception:
+            for lab in to_start:
+                self.connect_marks.pop(lab, None)
             for lab in started:  # a half-started replica must not linger
                 topo.set_state(lab, "dormant")
                 self._apply_discard([s.id for s in topo.streams(live=True, touching=lab)], [lab])
@@ -937,8 +949,38 @@ class ReplicaManager:
         topo.put_stream(replace(s, live=True), ch)
         return n
 
-    def _start(self, rep: OperatorReplica, ins: list[StreamReplica]):
-        """Create the actor of ``rep`` pending, fed by ``ins`` (each replaying its log)."""
+    def _staged_without_replay(self, label: str, pending: set, how: dict) -> bool:
+        """Whether ``label`` (about to start) will get its state by a staged transfer whose steps
+        make a replay from its upstream replicas unnecessary: a strategy was asked, the operator's
+        state splits into bins, and a live peer can send the steps (otherwise a dormant checkpoint
+        or a fresh state is installed, which needs the replay)."""
+        if not how.get("checkpoint", True) or how.get("staged") is None:
+            return False
+        op = self.topology.replica(label).operator
+        return splittable(self.dep.query, op) and bool(self.peers(label, pending))
+
+    def resubscribe_with_replay(self, label: str) -> list[str]:
+        """Connect ``label`` once more to each of its live upstream replicas, on new channels, this
+        time replaying their retained output (the links without replay stay; duplicate filters
+        drop what comes twice): a staged transfer's fallback when it cannot go without the
+        replay (:func:`.transfer.staged_install`). Returns the stream ids reconnected.
+
+        >>> mgr.resubscribe_with_replay("join#2")   # doctest: +SKIP
+        ['entry#0->join#2:0', 'entry#0->join#2:1']
+        """
+        done = []
+        for s in self.topology.streams(live=True, dst=label):
+            if self.topology.is_running(s.src):
+                self._connect(s)
+                done.append(s.id)
+        self.connect_marks.pop(label, None)
+        return done
+
+    def _start(self, rep: OperatorReplica, ins: list[StreamReplica], replay: bool = True):
+        """Create the actor of ``rep`` pending, fed by ``ins`` (each replaying its log). With
+        ``replay=False`` (a staged transfer, :meth:`_staged_without_replay`) the links carry only
+        what their senders flush from now on; each sender's connect mark (``connect_for_transfer``)
+        goes, per input port the largest, to :attr:`connect_marks` for the transfer's gate."""
         topo = self.topology
         n_ports = len(self.dep.query.inputs_of(rep.operator))
         channels = [0] * n_ports
@@ -952,14 +994,22 @@ class ReplicaManager:
         h = self.dep.start_replica(rep.label, channels, pending=True)
         calls = []
         for s in ins:
-            calls.append((s, topo.handle(s.src).connect.remote(self._stream_name(s), rep.label, rep.server, h,
-                                                               s.port, chan_of[s.id], True)))
+            src = topo.handle(s.src)
+            if replay:
+                call = src.connect.remote(self._stream_name(s), rep.label, rep.server, h, s.port, chan_of[s.id], True)
+            else:
+                call = src.connect_for_transfer.remote(self._stream_name(s), rep.label, rep.server, h, s.port,
+                                                       chan_of[s.id])
+            calls.append((s, call))
             topo.put_stream(replace(s, live=True), chan_of[s.id])
         fed = [0] * n_ports
+        marks = [NO_ACK] * n_ports
         for s, call in calls:
             try:
-                ray.get(call, timeout=60)
+                got = ray.get(call, timeout=60)
                 fed[s.port] += 1
+                if not replay:
+                    marks[s.port] = max(marks[s.port], int(got))
             except Exception as e:
                 if not is_actor_death(e):
                     raise
@@ -968,6 +1018,8 @@ class ReplicaManager:
         for p in range(n_ports):
             if fed[p] == 0:
                 raise RuntimeError(f"cannot start {rep.label}: every upstream replica feeding its port {p} died")
+        if not replay:
+            self.connect_marks[rep.label] = marks
         return h
 
     # -- hand-over: the peer and its feeders (replistream.replica.handover) ---------------------
@@ -1005,6 +1057,8 @@ class ReplicaManager:
             ray.get(handle.install.remote(None), timeout=120)
             return {"peer": None, "checkpoint": None}
         peers = self.peers(label, pending)
+        if label in self.connect_marks and (not peers or how["staged"] is None):
+            self.resubscribe_with_replay(label)  # subscribed without replay, but no staged transfer now
         if not peers:
             dormant = self.dep.ask_coordinator("dormant_checkpoint", rep.operator, timeout=60)
             if dormant is not None:  # every replica was lost: the last one's dormant checkpoint
