@@ -259,6 +259,7 @@ class BatchRun:
         self.slowdowns = slowdowns
         q = sim.query
         self.order = [n for n in q.topological() if n in sim.groups]
+        self.sources = list(q.sources)  # (the query computes them on every access)
         self.pending: dict[int, list] = {}  # id(link) -> [_Flow, ...] in arrival order
         self.src_pending: dict[tuple, list] = {}  # (source, entry index) -> [_Flow]
         self.src_last: dict[tuple, float] = {}
@@ -279,6 +280,48 @@ class BatchRun:
         self.done_src: dict[str, bool] = {s: False for s in q.sources}
         self.last_feed: dict[str, float] = {s: 0.0 for s in q.sources}
         self.max_t = 0.0
+        # a look-ahead epoch's records (see :meth:`run`): the coordinator's call times in it, and per
+        # (replica, port) the largest input delay and the last first-copy arrival of each period
+        self.rec: dict | None = None
+        self.obs_k: int | None = None  # the call being replayed (an index into rec["calls"])
+        self.lookahead_epochs = 0
+        self.lookahead_calls = 0
+
+    # -- look-ahead epochs (the coordinator's observations recorded per period) --------------------
+    def _record(self, r, port: int, tv: np.ndarray, lv: np.ndarray) -> None:
+        """Record first-copy arrivals at ``r``'s ``port`` (times ``tv``, input delays ``lv``) by the
+        coordinator period they fall in: the call at ``calls[k]`` observes arrivals in
+        ``[calls[k-1], calls[k])``, as when the engine stops at every call."""
+        rec = self.rec
+        key = (id(r), port)
+        w = rec["lag"].get(key)
+        if w is None:
+            n = len(rec["calls"])
+            w = rec["lag"][key] = np.zeros(n)
+            w[0] = r.lag[port] if r.lag else 0.0  # what it observed since the last call, before this epoch
+            rec["last"][key] = np.full(n, -math.inf)
+            rec["last0"][key] = r.last_in[port] if r.last_in else -math.inf
+        k = np.minimum(np.searchsorted(rec["calls"], tv, "right"), len(w) - 1)
+        np.maximum.at(w, k, lv)
+        np.maximum.at(rec["last"][key], k, tv)
+
+    def observation(self, r) -> tuple[list[float], list[float]] | None:
+        """(per port: largest input delay, last first-copy arrival) that replica ``r`` had at the
+        call being replayed, or None outside a replayed call (then ``r.lag`` and ``r.last_in`` hold it)."""
+        if self.obs_k is None:
+            return None
+        k, rec = self.obs_k, self.rec
+        lags, last = [], []
+        for port in range(len(r.last_in)):
+            key = (id(r), port)
+            w = rec["lag"].get(key)
+            if w is None:
+                lags.append(r.lag[port] if k == 0 else 0.0)
+                last.append(r.last_in[port])
+            else:
+                lags.append(float(w[k]))
+                last.append(max(rec["last0"][key], float(rec["last"][key][:k + 1].max())))
+        return lags, last
 
     # -- helpers ---------------------------------------------------------------------------
     def death_of(self, r) -> float:
@@ -444,12 +487,12 @@ class BatchRun:
             p = np.maximum.accumulate(np.maximum(p, max(prev_p, entry.explicit)))
             if int(p[-1]) != entry.punct:  # not the entry point's rule: put its punctuation on the last tuple
                 p[-1] = max(int(p[-1]), entry.punct)
-            emitted = np.where(p > np.r_[prev_p, p[:-1]], p, NO_P)
+            emitted = np.where(p > _pre(prev_p, p[:-1]), p, NO_P)
             # one packet per release time
-            last = np.r_[t[1:] != t[:-1], True]
+            last = _post(t[1:] != t[:-1], True)
             ends = np.flatnonzero(last)
-            n = np.diff(np.r_[-1, ends])
-            pk = np.maximum.reduceat(emitted, np.r_[0, ends[:-1] + 1]) if len(ends) > 1 else \
+            n = np.diff(_pre(-1, ends))
+            pk = np.maximum.reduceat(emitted, _pre(0, ends[:-1] + 1)) if len(ends) > 1 else \
                 np.array([emitted.max()])
             sched.append(_Flow(t[ends], pk.astype(np.int64), n.astype(np.int64), rows))
 
@@ -457,7 +500,7 @@ class BatchRun:
         sim = self.sim
         entries = sim.groups[ENTRY]
         released = []
-        for src in sim.query.sources:
+        for src in self.sources:
             self._read(src, t_end)
             sched = self.sched[src]
             if not sched:
@@ -498,7 +541,7 @@ class BatchRun:
         sim = self.sim
         limit = min(t_end, self.death_of(e))
         parts, srcs = [], []
-        for src in sim.query.sources:
+        for src in self.sources:
             key = (src, e.index)
             q = self.src_pending.get(key)
             if not q:
@@ -510,7 +553,7 @@ class BatchRun:
                 parts.append(now)
                 srcs.append(src)
         if not parts:
-            for src in sim.query.sources:
+            for src in self.sources:
                 if (id(e), src) in self.outbox:
                     self._send(e, src, sim.entry_links[src].get(e.index, []), None, t_end)
             return
@@ -529,7 +572,7 @@ class BatchRun:
             off += len(p)
             self._send(e, src, sim.entry_links[src].get(e.index, []), _Flow(d, p.punct, p.n, p.rows), t_end)
             sent.add(src)
-        for src in sim.query.sources:
+        for src in self.sources:
             if src not in sent and (id(e), src) in self.outbox:
                 self._send(e, src, sim.entry_links[src].get(e.index, []), None, t_end)
         sends, self._collect = self._collect, None
@@ -630,7 +673,7 @@ class BatchRun:
             pk, ppos, pun, pchan = pk[po], ppos[po], pun[po], pchan[po]
             # punctuation in force before each packet (a packet's own punctuation follows its tuples)
             run = np.maximum.accumulate(np.maximum(pun, flt.max_punct))
-            before = np.r_[flt.max_punct, run[:-1]]
+            before = _pre(flt.max_punct, run[:-1])
             rows_l = [flows[i].rows for i in idx if flows[i].rows is not None and len(flows[i].rows)]
             if rows_l:
                 rows = rows_l[0] if len(rows_l) == 1 else np.concatenate(rows_l)
@@ -649,14 +692,18 @@ class BatchRun:
                     tarr = at[pk[nrp]]
                     new_rows[port], new_t[port] = nr, done[pk[nrp]]
                     # input delay observed (§V-C): arrival minus the packet's first timestamp
-                    starts = np.flatnonzero(np.r_[True, rp[1:] != rp[:-1]])
+                    starts = np.flatnonzero(_pre(True, rp[1:] != rp[:-1]))
                     if len(starts) == len(rp):  # one row per packet
-                        lag = float((tarr - (ts[sel] - ts0) / 1e6).max())
+                        tv, lv = tarr, tarr - (ts[sel] - ts0) / 1e6
                     else:
                         pmin = np.minimum.reduceat(ts, starts)
-                        upk = nrp[np.r_[True, nrp[1:] != nrp[:-1]]]
+                        upk = nrp[_pre(True, nrp[1:] != nrp[:-1])]
                         k = np.searchsorted(rp[starts], upk)
-                        lag = float((at[pk[upk]] - (pmin[k] - ts0) / 1e6).max())
+                        tv = at[pk[upk]]
+                        lv = tv - (pmin[k] - ts0) / 1e6
+                    lag = float(lv.max())
+                    if self.rec is not None:
+                        self._record(r, port, tv, lv)
                     if lag > r.lag[port]:
                         r.lag[port] = lag
                     r.last_in[port] = max(r.last_in[port], float(tarr.max()))
@@ -680,7 +727,7 @@ class BatchRun:
             o = np.argsort(ep, kind="stable")
             et, ev, eport = et[o], ev[o], eport[o]
             wm = logic.watermarks(eport, ev)
-            up = wm > np.maximum.accumulate(np.r_[logic.watermark, wm[:-1]])
+            up = wm > np.maximum.accumulate(_pre(logic.watermark, wm[:-1]))
             pe_t, pe_v = et[up], wm[up]
         # the logic: each port's new tuples, then each port's punctuation; a Join in slices of a few
         # windows of virtual time, so that its buffers are purged as often as packet by packet
@@ -756,7 +803,7 @@ class BatchRun:
         core = r.core
         pk_link = np.repeat(np.arange(len(flows)), [len(f) for f in flows])
         pk_local = np.concatenate([np.arange(len(f)) for f in flows])
-        row_off = [np.r_[0, np.cumsum(f.n)] for f in flows]
+        row_off = [_pre(0, np.cumsum(f.n)) for f in flows]
         out_rows, out_t, pe_t, pe_v = [], [], [], []
         for g in order.tolist():
             i, j = int(pk_link[g]), int(pk_local[g])
@@ -774,6 +821,8 @@ class BatchRun:
                 out.extend(core.process(lk.port, lk.channel, it))
                 if not isinstance(it, Punctuation) and flt.passed > seen:
                     lag = float(at[g]) - (int(it[TS].min()) - sim.ts0) / 1e6
+                    if self.rec is not None:
+                        self._record(r, lk.port, np.array([float(at[g])]), np.array([lag]))
                     if lag > r.lag[lk.port]:
                         r.lag[lk.port] = lag
             if flt.passed > before:
@@ -816,7 +865,7 @@ class BatchRun:
                     for k in [k for k in self.outbox if k[0] == id(r)]:
                         del self.outbox[k]
                     if node == entry:
-                        for src in sim.query.sources:
+                        for src in self.sources:
                             self.src_pending.pop((src, r.index), None)
                     continue
                 if node == entry:
@@ -824,14 +873,70 @@ class BatchRun:
                 else:
                     self._replica(r, t_end)
 
+    def _lookahead(self, t: float, next_call: float, period: float, horizon: float, bar, task) -> float:
+        """Run ``[t, c_n)`` without stopping, ``c_1 = next_call, c_2 = c_1 + period, ...`` the
+        coordinator's calls up to ``horizon``, recording what each call would observe; then replay the
+        calls in order (:meth:`observation` answers ``input_delays``). Calls before the last must
+        change nothing (no ``apply_snapshot`` or ``add_replica``), else :class:`LookaheadMiss`: the
+        run would have differed. The last call sees the exact state of its time and acts freely.
+        Returns the time reached (the last call's)."""
+        sim = self.sim
+        calls = [next_call]
+        while calls[-1] + period <= horizon:
+            calls.append(calls[-1] + period)
+        t_la = calls[-1]
+        self.rec = {"calls": np.array(calls), "lag": {}, "last": {}, "last0": {}}
+        known = len(self.kills)
+        while t < t_la:
+            start = max(t, self.next_time())
+            t_end = min(start + self.E if math.isfinite(start) else t_la, t_la)
+            if t_end <= t:
+                t_end = t_la
+            for src in self.sources:
+                self._read(src, t_end)
+            if len(self.kills) != known:
+                raise LookaheadMiss(f"a kill was read inside the look-ahead epoch [{calls[0] - period}, {t_la}): "
+                                    f"look-ahead epochs need a run without kills")
+            self.epoch(t_end)
+            t = t_end
+            if bar is not None:
+                bar.update(task, completed=min(t, bar.tasks[0].total))
+        self.lookahead_epochs += 1
+        try:
+            for k, c in enumerate(calls):
+                self.obs_k = k
+                sim.now = c
+                self.max_t = max(self.max_t, c)
+                before = sim.mutations
+                sim.coordinator[1](sim, c)
+                self.lookahead_calls += 1
+                if k < len(calls) - 1 and sim.mutations != before:
+                    raise LookaheadMiss(f"the coordinator acted at t={c:g} inside a look-ahead epoch ending at "
+                                        f"{t_la:g}: this run differs from one stopped at every call; run it "
+                                        f"without look-ahead")
+        finally:
+            self.obs_k = None
+            self.rec = None
+        return t_la
+
     def run(self, bar=None, task=None) -> None:
         sim = self.sim
         period = sim.coordinator[0] if sim.coordinator is not None else None
+        ahead = sim.coordinator[2] if sim.coordinator is not None and len(sim.coordinator) > 2 else None
         next_call = period if period is not None else math.inf
         t = 0.0
         while True:
             if not self.pending_work() and next_call == math.inf:
                 break
+            if ahead is not None and t == next_call - period and self.pending_work() \
+                    and not any(ev.at > t for ev in self.kills):
+                horizon = ahead(sim, t)
+                if horizon is not None and self.until is not None:
+                    horizon = min(horizon, self.until)
+                if horizon is not None and horizon >= next_call + period:
+                    t = self._lookahead(t, next_call, period, horizon, bar, task)
+                    next_call = t + period if self.pending_work() else math.inf
+                    continue
             if not self.pending_work():
                 t_end = next_call
             else:
@@ -849,7 +954,7 @@ class BatchRun:
             # read the sources up to the epoch's end before running it: a sentinel read there is a kill at
             # an epoch boundary, as a scenario's kill at that time
             known = len(self.kills)
-            for src in sim.query.sources:
+            for src in self.sources:
                 self._read(src, t_end)
             for ev in self.kills[known:]:
                 if ev.at <= t:  # reached right at this boundary: before the epoch runs
@@ -875,12 +980,33 @@ class BatchRun:
         sim.now = self.max_t
 
 
+def _pre(x, a: np.ndarray) -> np.ndarray:
+    """``np.r_[x, a]`` for a 1-d array ``a`` (in ``a``'s dtype), without ``np.r_``'s per-call cost."""
+    out = np.empty(len(a) + 1, dtype=a.dtype)
+    out[0] = x
+    out[1:] = a
+    return out
+
+
+def _post(a: np.ndarray, x) -> np.ndarray:
+    """``np.r_[a, x]`` for a 1-d array ``a`` (in ``a``'s dtype)."""
+    out = np.empty(len(a) + 1, dtype=a.dtype)
+    out[:-1] = a
+    out[-1] = x
+    return out
+
+
+class LookaheadMiss(RuntimeError):
+    """A coordinator acted inside a look-ahead epoch (:meth:`BatchRun.run`): the run so far is not
+    the one stopped at every call, so it cannot go on; run it again without look-ahead."""
+
+
 _FAST = {UnionLogic, MapLogic, FilterLogic, ApplicationLogic, JoinLogic}
 
 
 def _sub(flow: _Flow, sel: np.ndarray, at: np.ndarray) -> _Flow:
     """The packets ``sel`` of ``flow`` with arrival times ``at``."""
-    off = np.r_[0, np.cumsum(flow.n)]
+    off = _pre(0, np.cumsum(flow.n))
     rows = None
     if flow.rows is not None:
         idx = np.concatenate([np.arange(off[i], off[i + 1]) for i in sel.tolist()]) if len(sel) else np.zeros(0, int)

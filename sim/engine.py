@@ -311,7 +311,12 @@ class Simulator:
     defaults; ``CpuModel(scale=0)``: no CPU delays). ``mode``: one of
     :data:`MODES`. ``detect_s``: failure detection delay of the failover modes.
     ``coordinator``: optional ``(period_s, fn)``; ``fn(sim, t)`` runs every
-    ``period_s`` virtual seconds (the GC/revival experiments use it).
+    ``period_s`` virtual seconds (the GC/revival experiments use it). Batched runs take
+    ``(period_s, fn, ahead)``: at a call time ``t``, ``ahead(sim, t)`` may return a later
+    time ``h`` up to which the engine runs without stopping, then replays the calls up to
+    ``h`` with what each would have observed (``input_delays``); every call but the last
+    must change nothing, else :class:`~replistream.sim.batch.LookaheadMiss` (the results are
+    those of a run stopped at every call; docs/sim.md, "Look-ahead").
     ``on_malformed``: what the entry points do with a record they cannot read, as in a
     deployment: ``"dead_letter"`` (the default; set aside with its reason) or ``"raise"`` (the
     run stops with the :class:`~replistream.errors.SchemaError` naming it).
@@ -380,7 +385,10 @@ class Simulator:
         self.cpu = cpu if cpu is not None else CpuModel()
         self.mode = mode
         self.detect_s = float(detect_s)
+        if coordinator is not None and len(coordinator) == 3 and batch_s is None:
+            raise ValueError("a coordinator's look-ahead (its third element) needs batched execution (batch_s)")
         self.coordinator = coordinator
+        self.mutations = 0  # apply_snapshot and add_replica calls (a look-ahead checks its replayed calls made none)
         self.strict = strict
         self.keep_outputs = keep_outputs
         self.retain = retain
@@ -814,6 +822,7 @@ class Simulator:
         stateful operator is handed over from a live peer first, and with ``retain=True`` every
         revived stream replica is first replayed what its sender retains since the last
         punctuation all its live receivers acknowledged (docs/design.md, decision 7)."""
+        self.mutations += 1
         live = {st.id for st in snapshot.streams if st.live}
         known = {lk.id for lk in self.links}
         unknown = sorted(live - known)
@@ -866,6 +875,7 @@ class Simulator:
         """
         if self.mode != "replication":
             raise ValueError(f"add_replica needs mode 'replication', not {self.mode!r}")
+        self.mutations += 1
         q = self.query
         if node in q.sinks or node not in self.groups:
             raise ValueError(f"add_replica: {node!r} is not an operator or 'entry' of query {q.name!r}")
@@ -930,12 +940,16 @@ class Simulator:
             if lk.live and lk.sender.alive:
                 fed.setdefault(lk.receiver.label, set()).add(lk.port)
         out = {}
+        replay = self._batch is not None and self._batch.obs_k is not None  # a call replayed after a look-ahead
         for g in self.groups.values():
             for r in g:
                 if r.core is None or not r.alive or r.label not in fed or not r.last_in:
                     continue
-                quiet = max(min(t, end) - x for x in r.last_in) - silence_s
-                out[r.label] = max(max(r.lag), quiet)
+                lag, last_in = self._batch.observation(r) if replay else (r.lag, r.last_in)
+                if any(x == -math.inf for x in last_in):
+                    continue  # no input yet at that call
+                quiet = max(min(t, end) - x for x in last_in) - silence_s
+                out[r.label] = max(max(lag), quiet)
                 if reset:
                     r.lag = [0.0] * len(r.lag)
         return out

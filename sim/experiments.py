@@ -81,8 +81,13 @@ class Setting:
 
 
 def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3600.0, seed: int = 0,
-                 period_s: float = 10.0, window_s: float = 10.0, static: bool = False) -> Setting:
+                 period_s: float = 10.0, window_s: float = 10.0, static: bool = False, chunk: int = 1) -> Setting:
     """The §VI-A setting: ``monitored`` servers each running a load and a ping source.
+
+    ``chunk``: readings per input chunk (the batched engine releases each reading at its own
+    time, so only speed changes); the last chunk of each source is split into single readings,
+    so that the input's end (:meth:`Simulator.input_end`) is the last reading's time whatever
+    ``chunk`` is.
 
     >>> s = fig1_setting(n_servers=6, monitored=3, duration_s=60)
     >>> len(s.servers), len(s.query.sources), s.problem.nodes[0]
@@ -91,7 +96,12 @@ def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3
     servers = default_servers(n_servers)
     net = month_model(n_servers, seed=seed, static=static)
     q = fig1_query(monitored, window_s=window_s)
-    inputs = fig1_inputs(monitored, duration_s=duration_s, period_s=period_s, seed=seed)
+    inputs = fig1_inputs(monitored, duration_s=duration_s, period_s=period_s, seed=seed, chunk=chunk)
+    if chunk > 1:
+        for src, chunks in inputs.items():
+            if chunks:
+                last = chunks.pop()
+                chunks.extend({k: v[i:i + 1] for k, v in last.items()} for i in range(len(last["ts"])))
     test = fig1_inputs(monitored, duration_s=600.0, period_s=period_s, seed=seed + 1)
     test_run = run_reference(q, test)
     stats = QueryStats.from_run(q, test_run, 600.0)
@@ -456,6 +466,8 @@ def _table_table1(data: dict) -> str:
 FIG5_GUARANTEE_S = 1.0
 #: Epoch of the batched engine Fig. 5 runs in (virtual s; revival runs also stop every 10 s for the coordinator).
 FIG5_BATCH_S = 600.0
+#: Readings per input chunk in Fig. 5's runs (an hour at 10 s; only speed changes, see :func:`fig1_setting`).
+FIG5_CHUNK = 360
 #: Targets theta tried, as fractions of the static min-cost network cost, most generous first.
 FIG5_THETAS = (0.8, 0.6, 0.45, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05, 0.03)
 
@@ -513,9 +525,20 @@ def _placer(st: Setting, sim):
     return place
 
 
+#: Look-ahead of Fig. 5's revival runs (virtual s): how far the batched engine may run between two
+#: coordinator calls when :func:`replistream.sim.lookahead.delay_bounds` shows no replica can observe
+#: a delay above the threshold (None: stop at every call, as before).
+FIG5_LOOKAHEAD_S = 600.0
+#: A look-ahead starts only this long (virtual s) after the last change of the live stream
+#: replicas, and its bound covers the link delays from this long before it.
+LOOKAHEAD_SETTLE_S = 60.0
+#: ... and only when the bound is at most this share of the revival threshold.
+LOOKAHEAD_MARGIN = 1.0
+
+
 def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | str, period_s: float = 10.0,
             gc_period_s: float = 300.0, threshold_s: float = FIG5_REVIVAL_THRESHOLD_S, damping: dict | None = None,
-            create: bool = True) -> dict:
+            create: bool = True, lookahead_s: float | None = FIG5_LOOKAHEAD_S, _fallback: bool = True) -> dict:
     """Simulate ``plan`` with only ``snap``'s live stream replicas; with ``revival``, a coordinator
     every ``period_s`` revives for replicas observing input delays above ``threshold_s``
     (:func:`replistream.gc.plan_revival`, damped by a :class:`replistream.gc.RevivalDamper`
@@ -525,14 +548,36 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
     (§V-B, §V-C, Hwang). With ``create``, decisions that need a new replica start it
     (:meth:`Simulator.add_replica` on the server :func:`_placer` picks); without, they and
     the events planned after them are skipped. Returns the latency, the time-averaged
-    network cost and what was done (counts, the replicas that triggered, the streams revived)."""
+    network cost and what was done (counts, the replicas that triggered, the streams revived).
+
+    ``lookahead_s``: revival decided incrementally inside the batched engine. At a call where
+    the live stream replicas have not changed for :data:`LOOKAHEAD_SETTLE_S`, every fed replica
+    had input in the last 20 s and :func:`replistream.sim.lookahead.delay_bounds` bounds every
+    replica's observable delay by :data:`LOOKAHEAD_MARGIN` x ``threshold_s`` up to ``t +
+    lookahead_s`` (up to the next collection if the cost is above theta, never within the last
+    minute of input), the engine runs that far in one go and replays the calls in between from
+    its records. The decisions are those of a run stopped every ``period_s``: a replayed call that
+    would act stops the run (:class:`~replistream.sim.batch.LookaheadMiss`) and it is run again
+    without look-ahead (counted in ``lookahead_misses``). None: stop at every call."""
     from collections import Counter
+
+    from replistream.sim.batch import LookaheadMiss
+
+    if revival and lookahead_s is not None and _fallback:
+        try:
+            return _gc_run(st, plan, snap, ref, revival, progress, period_s, gc_period_s, threshold_s, damping,
+                           create, lookahead_s, _fallback=False)
+        except LookaheadMiss:
+            r = _gc_run(st, plan, snap, ref, revival, progress, period_s, gc_period_s, threshold_s, damping,
+                        create, None)
+            r["lookahead_misses"] = 1
+            return r
 
     from replistream.gc import RevivalDamper, apply_revival, collect_garbage, plan_revival
 
     damp = dict(persist=1, clear_s=threshold_s, hold_s=0.0) if damping is None else dict(damping)
     damper = RevivalDamper(threshold_s=threshold_s, **damp)
-    state = {"snap": snap, "cost_area": 0.0, "last_t": 0.0, "revivals": 0, "discards": 0, "last_gc": 0.0,
+    state = {"snap": snap, "cost_area": 0.0, "last_t": 0.0, "revivals": 0, "discards": 0, "last_gc": 0.0, "changed": 0.0,
              "skipped": 0, "created": 0, "held_blocked": 0, "triggers": Counter(), "revived": Counter(),
              "actions": Counter(), "max_trigger_s": 0.0, "over_threshold": 0}
     idx, latm = st.problem.index, st.problem.latency
@@ -577,10 +622,42 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
             state["discards"] += g.steps
         if s is not state["snap"]:
             state["snap"] = s
+            state["changed"] = t
             sim.apply_snapshot(s)
 
+    from .lookahead import delay_bounds
+
+    # no look-ahead over the input's end: input_end() must stay unknown (inf) at every replayed call
+    last_input = st.duration_s - 60.0
+
+    def ahead(sim, t):
+        s = state["snap"]
+        if t - state["changed"] < LOOKAHEAD_SETTLE_S:
+            return None
+        h = t + lookahead_s
+        if s.total_cost() > s.theta:  # the next collection acts: stop there
+            h = min(h, state["last_gc"] + gc_period_s)
+        h = min(h, last_input)
+        if h < t + 2 * period_s:
+            return None
+        fed = {lk.receiver.label for lk in sim.links if lk.live and lk.sender.alive}
+        for g in sim.groups.values():
+            for r in g:
+                if r.alive and r.core is not None and r.label in fed and (
+                        not r.last_in or t - min(r.last_in) > 20.0):
+                    return None
+        while h >= t + 2 * period_s:  # the longest of h, then 1/2, 1/4 ... as far ahead whose bound holds
+            b = delay_bounds(sim, t - LOOKAHEAD_SETTLE_S, h)
+            if max(b.values(), default=0.0) <= LOOKAHEAD_MARGIN * threshold_s:
+                return h
+            h = t + period_s * math.floor((h - t) / (2 * period_s))
+        return None
+
+    coord = None
+    if revival:
+        coord = (period_s, coordinator) if lookahead_s is None else (period_s, coordinator, ahead)
     sim = Simulator(st.query, plan, st.network, sources=st.sources,
-                    coordinator=(period_s, coordinator) if revival else None, retain=revival, batch_s=FIG5_BATCH_S)
+                    coordinator=coord, retain=revival, batch_s=FIG5_BATCH_S)
     place = _placer(st, sim)
     sim.apply_snapshot(snap)
     res = sim.run(st.inputs, progress=progress)
@@ -605,7 +682,10 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
             "observations_over_threshold": state["over_threshold"], "max_trigger_delay_s": state["max_trigger_s"],
             "actions": dict(state["actions"]), "top_triggers": state["triggers"].most_common(5),
             "top_revived_streams": state["revived"].most_common(5),
-            "handovers": sum(e["event"] == "handover" for e in res.events)}
+            "handovers": sum(e["event"] == "handover" for e in res.events),
+            "lookahead_epochs": sim._batch.lookahead_epochs if sim._batch is not None else 0,
+            "lookahead_calls": sim._batch.lookahead_calls if sim._batch is not None else 0,
+            "lookahead_misses": 0}
 
 
 def _lowest_passing(n: int, trial: Callable[[int], bool]) -> int | None:
@@ -653,7 +733,7 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     monitored, hours, _ = _fig5_scale(quick, hours)
     mkey = FIG5_METRICS[metric]
     t0, c0 = time.time(), time.process_time()
-    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed)
+    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, chunk=FIG5_CHUNK)
     ref = run_reference(st.query, st.inputs)
     base = st.base_placement()
     base_cost = base.network_cost
