@@ -1,9 +1,4 @@
 """Placement on Ray: deploy(..., placement="min-cost"), the coordinator, and a 3-node cluster."""
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from replistream.network import Server, default_servers
@@ -12,9 +7,6 @@ from replistream.engines.ray import deploy
 from replistream.engines.ray.resolve import resolve_placement, resolve_servers
 from replistream.testing import as_multiset, run_reference
 from replistream.workloads import fig1_inputs, fig1_query
-
-SCRIPT = Path(__file__).parent / "scripts" / "placement_multinode.py"
-
 
 def test_requests_that_cannot_be_placed_fail_before_any_actor_starts():
     q = fig1_query(2)
@@ -115,12 +107,12 @@ def test_default_min_cost_by_name_and_spread_is_costed_too(ray_session, tmp_path
 
 
 @pytest.mark.slow
-def test_min_cost_on_a_three_node_cluster():
-    """Servers pinned by node id, node label and custom resource; every replica lands on its node."""
-    out = subprocess.run([sys.executable, str(SCRIPT), "0"], capture_output=True, text=True, timeout=420)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no result; stderr:\n{out.stderr[-3000:]}"
-    result = json.loads(lines[-1])
+def test_min_cost_on_a_three_node_cluster(multinode_results):
+    """Servers pinned by node id, node label and custom resource; every replica lands on its node
+    (tests/ray/scripts/multinode_checks.py, run once for this and tests/ray/test_multinode.py)."""
+    results, code, stderr = multinode_results
+    assert "placement" in results, f"no result; stderr:\n{stderr[-3000:]}"
+    result = results["placement"]
     assert result["misplaced_actors"] == {}, "every actor must run on its server's Ray node"
     assert result["actors"] == 16  # 5 nodes x k=3 + the application
     assert result["plan_is_offline_placement"] and result["one_replica_per_node"]
@@ -128,4 +120,4 @@ def test_min_cost_on_a_three_node_cluster():
     assert result["matches_reference"] and result["complete"]
     assert result["cluster_servers"]["by_id_ok"], result["cluster_servers"]["by_id"]
     assert result["cluster_servers"]["by_label_ok"], result["cluster_servers"]["by_label"]
-    assert out.returncode == 0
+    assert code == 0, stderr[-3000:]
