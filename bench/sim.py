@@ -67,6 +67,54 @@ def lazy_inputs(n: int, duration_s: float, period_s: float, seed: int, chunk_s: 
     return {f"{kind}_{i}": gen(i, kind) for i in range(n) for kind in ("load", "ping")}
 
 
+def fig5_run(args) -> int:
+    """One GC + revival simulation of Fig. 5 (sim.experiments._gc_run) over ``args.hours``: the wall
+    and CPU time, the progress (simulated hours against wall time) and the run's result."""
+    from replistream.engines import run_reference
+    from replistream.gc import collect_garbage
+    from replistream.sim import experiments as E
+
+    w_setting = fig1_setting(30, 10, args.weights_hours * 3600.0, seed=args.seed, chunk=E.FIG5_CHUNK)
+    plan = min_cost(w_setting.problem, args.k).plan()
+    base_cost = w_setting.base_placement().network_cost
+    sim = Simulator(w_setting.query, plan, w_setting.network, sources=w_setting.sources, batch_s=E.FIG5_BATCH_S)
+    sim.run(w_setting.inputs)
+    snap0 = E._snapshot(w_setting, plan, weights=sim.weights())
+    static = snap0.total_cost()
+    snap = collect_garbage(snap0.evolve(theta=args.fig5 * static)).snapshot.evolve(theta=args.fig5 * static)
+    st = fig1_setting(30, 10, args.hours * 3600.0, seed=args.seed, chunk=E.FIG5_CHUNK)
+    t_ref = time.time()
+    ref = run_reference(st.query, st.inputs)
+    ref_wall = time.time() - t_ref
+    t0, c0 = time.time(), time.process_time()
+    progress = []
+
+    def log(t):
+        if not progress or t >= progress[-1]["simulated_h"] * 3600.0 + args.log_hours * 3600.0:
+            progress.append({"simulated_h": t / 3600.0, "wall_s": round(time.time() - t0, 1),
+                             "cpu_s": round(time.process_time() - c0, 1), "loadavg": os.getloadavg()})
+            if not args.no_progress:
+                print(f"fig5 theta={args.fig5:g} k={args.k}: {t / 3600:.0f} h simulated, "
+                      f"{progress[-1]['wall_s']:.0f} s wall", file=sys.stderr, flush=True)
+
+    r = E._gc_run(st, plan, snap, ref, revival=True, progress=False, damping=E.FIG5_DAMPING,
+                  lookahead_s=None if args.no_lookahead else E.FIG5_LOOKAHEAD_S, log=log)
+    wall, cpu = time.time() - t0, time.process_time() - c0
+    out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "loadavg_end": os.getloadavg(),
+           "command": " ".join(sys.argv), "k": args.k, "theta": args.fig5, "simulated_h": args.hours,
+           "weights_hours": args.weights_hours, "lookahead_s": None if args.no_lookahead else E.FIG5_LOOKAHEAD_S,
+           "wall_s": wall, "process_cpu_s": cpu, "reference_wall_s": ref_wall, "progress": progress,
+           "cost_relative": r["cost"] / base_cost, **{k: v for k, v in r.items() if k != "cost"}}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    print(json.dumps(out, default=str) if args.json else
+          f"fig5 k={args.k} theta={args.fig5:g}: {args.hours:g} simulated h in {wall:,.0f} s wall ({cpu:,.0f} s CPU); "
+          f"cost {out['cost_relative']:.2f}x, max {r['max_s']:.3f} s, p99 {r['p99_s']:.3f} s, "
+          f"{r['revivals']} revivals, look-ahead epochs {r['lookahead_epochs']}, misses {r['lookahead_misses']}")
+    return 0 if r["exact"] else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hours", type=float, default=2.0, help="simulated hours (720 = a month)")
@@ -80,7 +128,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result to FILE")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--fig5", type=float, default=None, metavar="THETA",
+                    help="instead: one Fig. 5 GC + revival run (10 of 30 servers monitored, kmax --k) at target "
+                         "THETA (a share of the static cost), timed, progress every --log-hours")
+    ap.add_argument("--weights-hours", type=float, default=24.0,
+                    help="--fig5: simulated hours of the static run whose filter weights GC starts from")
+    ap.add_argument("--log-hours", type=float, default=24.0)
+    ap.add_argument("--no-lookahead", action="store_true", help="--fig5: stop the engine at every coordinator call")
     args = ap.parse_args(argv)
+    if args.fig5 is not None:
+        return fig5_run(args)
 
     duration = args.hours * 3600.0
     st = fig1_setting(args.servers, args.servers, duration_s=60.0, seed=args.seed)  # the problem; inputs lazily below

@@ -538,7 +538,8 @@ LOOKAHEAD_MARGIN = 1.0
 
 def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | str, period_s: float = 10.0,
             gc_period_s: float = 300.0, threshold_s: float = FIG5_REVIVAL_THRESHOLD_S, damping: dict | None = None,
-            create: bool = True, lookahead_s: float | None = FIG5_LOOKAHEAD_S, _fallback: bool = True) -> dict:
+            create: bool = True, lookahead_s: float | None = FIG5_LOOKAHEAD_S, _fallback: bool = True,
+            log: Callable[[float], None] | None = None) -> dict:
     """Simulate ``plan`` with only ``snap``'s live stream replicas; with ``revival``, a coordinator
     every ``period_s`` revives for replicas observing input delays above ``threshold_s``
     (:func:`replistream.gc.plan_revival`, damped by a :class:`replistream.gc.RevivalDamper`
@@ -558,7 +559,8 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
     minute of input), the engine runs that far in one go and replays the calls in between from
     its records. The decisions are those of a run stopped every ``period_s``: a replayed call that
     would act stops the run (:class:`~replistream.sim.batch.LookaheadMiss`) and it is run again
-    without look-ahead (counted in ``lookahead_misses``). None: stop at every call."""
+    without look-ahead (counted in ``lookahead_misses``). None: stop at every call. ``log(t)``
+    is called at every coordinator call (progress of long runs, bench/sim.py --fig5)."""
     from collections import Counter
 
     from replistream.sim.batch import LookaheadMiss
@@ -566,10 +568,10 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
     if revival and lookahead_s is not None and _fallback:
         try:
             return _gc_run(st, plan, snap, ref, revival, progress, period_s, gc_period_s, threshold_s, damping,
-                           create, lookahead_s, _fallback=False)
+                           create, lookahead_s, _fallback=False, log=log)
         except LookaheadMiss:
             r = _gc_run(st, plan, snap, ref, revival, progress, period_s, gc_period_s, threshold_s, damping,
-                        create, None)
+                        create, None, log=log)
             r["lookahead_misses"] = 1
             return r
 
@@ -584,6 +586,8 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
     latency = lambda a, b: float(latm[idx[a], idx[b]])  # noqa: E731
 
     def coordinator(sim, t):
+        if log is not None:
+            log(t)
         s = state["snap"]
         state["cost_area"] += _cost(st, s) * (t - state["last_t"])
         state["last_t"] = t
