@@ -5,6 +5,9 @@
     python bench/migration.py --json out.json       # also write every figure as JSON
     python bench/migration.py --skip-overhead --skip-dormant --operators join aggregate \
         --strategies all-at-once fluid --bits 12    # a Join and an Aggregate moved, 2^12 bins
+    python bench/migration.py --skip-overhead --skip-dormant --operators keyed join --curve \
+        --json docs/experiments/megaphone_bins.json --plot docs/experiments/megaphone_bins.png
+                                                    # Megaphone Fig. 13: latency against 2^0..2^16 bins
 
 Two parts.
 
@@ -306,8 +309,11 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
         ok = (idx >= 0) & (idx < len(edges) - 1)
         peaks = np.full(len(edges) - 1, np.nan)
         np.fmax.at(peaks, idx[ok], lat[ok])
+        p99s = [float(np.percentile(lat[ok][idx[ok] == i], 99)) if (idx[ok] == i).any() else np.nan
+                for i in range(len(edges) - 1)]
         out["timeline"] = {"start_s": round(float(edges[0]), 3), "step_s": 0.25,
                            "max_ms": [None if np.isnan(v) else round(float(v), 1) for v in peaks],
+                           "p99_ms": [None if np.isnan(v) else round(float(v), 1) for v in p99s],
                            "transfer_s": [round(x0, 3), round(x1, 3)],
                            "step_done_s": [round(x0 + t, 3) for t in tr.get("step_s", [])][:64]}
         out.update({
@@ -364,6 +370,48 @@ def join_steps(rows: int = 200_000, bits_list=(6, 10), reps: int = 5) -> list[di
                     "whole_then_select_ms": best(lambda: j.checkpoint(bits).select([1])),
                     "whole_ms": best(lambda: j.checkpoint(bits))})
     return out
+
+
+# -- part 5: Megaphone's curve: latency during a move against the number of bins -------------------
+CURVE_BITS = (0, 2, 4, 6, 8, 10, 12, 14, 16)
+
+
+def plot_curve(report: dict, png: str) -> None:
+    """Megaphone Fig. 13's layout for this engine: per moving operator (rows), the maximum and
+    99th-percentile latency of the outputs arriving during the transfer and the 2 s after it, and
+    the transfer's duration (columns), against the number of bins (log scale), one line per
+    strategy. Failed or inexact runs are left out of the lines and listed in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in report.get("migration", []) if "steps" in r]
+    ops = sorted({r["operator"] for r in runs}, key=OPERATORS.index)
+    fig, axes = plt.subplots(len(ops), 3, figsize=(13, 3.6 * len(ops)), squeeze=False)
+    cols = (("transfer_max_ms", "max latency (ms)"), ("transfer_p99_ms", "p99 latency (ms)"),
+            ("transfer_s", "transfer duration (s)"))
+    for row, op in zip(axes, ops):
+        for ax, (key, label) in zip(row, cols):
+            for strategy in ("all-at-once", "batched", "fluid"):
+                pts = sorted((1 << r["bits"], r[key]) for r in runs if r["operator"] == op
+                             and r["strategy"] == strategy and r.get(key) is not None and r.get("exact", True))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=strategy)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("bins")
+            ax.set_ylabel(label)
+            ax.set_title(f"{op}: {label}")
+            ax.grid(True, which="both", alpha=0.3)
+        row[0].legend()
+    bad = [f"{r.get('operator')}/{r.get('strategy')}/2^{r.get('bits')}" for r in report.get("migration", [])
+           if "steps" not in r or r.get("exact") is False]
+    fig.suptitle("Latency during a live move against the number of bins (Megaphone Fig. 13's axes)"
+                 + (f"; failed or inexact: {', '.join(bad)}" if bad else ""), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def _md_table(rows, header: tuple, cells) -> list[str]:
@@ -445,7 +493,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None, help="print the tables of an earlier --json file and exit")
+    ap.add_argument("--curve", action="store_true",
+                    help="Megaphone Fig. 13: every strategy at every --bits (default 0, 2, .., 16 with --curve), "
+                         "plotted to --plot")
+    ap.add_argument("--plot", default=None, metavar="PNG",
+                    help="plot latency and duration against bins to PNG (with --curve, or from --markdown's file)")
     a = ap.parse_args()
+    if a.curve and a.bits == [6, 8, 10]:
+        a.bits = list(CURVE_BITS)
+    if a.plot and not a.curve and not a.markdown:
+        ap.error("--plot needs --curve (a run) or --markdown FILE (an earlier run's JSON): add one")
+    if a.markdown and a.plot:
+        with open(a.markdown) as fh:
+            plot_curve(json.load(fh), a.plot)
+        print(f"wrote {a.plot}")
+        return
     if a.markdown:
         with open(a.markdown) as fh:
             print(markdown(json.load(fh)))
@@ -481,11 +543,14 @@ def main() -> None:
         runs = []
         for operator in a.operators:
             for strategy in a.strategies:
-                for bits in ([a.bits[-1]] if strategy == "all-at-once" else a.bits):
+                for bits in ([a.bits[-1]] if strategy == "all-at-once" and not a.curve else a.bits):
                     for pause in ([a.pause_ms[0]] if strategy == "all-at-once" else a.pause_ms):
                         # one bin per punctuation (20 ms) with no pause budget: leave it time to finish
                         slow = strategy == "fluid" and pause == 0
-                        steady = a.move_at + a.tail + (0.03 * (1 << bits) if slow else 10.0)
+                        # a fluid move of many bins takes about 2.5 ms per step with a pause budget
+                        steady = a.move_at + a.tail + (0.03 * (1 << bits) if slow else
+                                                       max(10.0, 0.0025 * (1 << bits)) if strategy == "fluid"
+                                                       else 10.0)
                         r = migrate(a.keys, a.rate, strategy, bits, a.move_at, a.tail, steady, not a.no_check,
                                     operator=operator, pause_ms=pause)
                         runs.append(r)
@@ -498,6 +563,9 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
+    if a.plot and report.get("migration"):
+        plot_curve(report, a.plot)
+        print(f"wrote {a.plot}", flush=True)
 
 
 if __name__ == "__main__":
