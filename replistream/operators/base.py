@@ -426,8 +426,10 @@ class OperatorLogic:
             wm = min(self.in_punct)
             if wm > self.watermark:
                 out.extend(b for b in self._on_watermark(wm) if len(b))
-                self.watermark = wm
-                out.append(Punctuation(wm))
+                before, self.watermark = self.watermark, wm
+                promise = int(self.forward_punctuation(wm))
+                if promise > self.forward_punctuation(before):
+                    out.append(Punctuation(promise))
         except ReplistreamError:
             raise
         except Exception as e:  # user code run at a punctuation (a summary, a custom operator)
@@ -475,11 +477,23 @@ class OperatorLogic:
                 self.failed_count += len(idx)
         return kept
 
+    def forward_punctuation(self, wm):
+        """The punctuation this logic forwards once its watermark is ``wm`` (an int or an array of
+        them): ``wm`` itself, unless the logic still owes output at or below it, as a keyed
+        operator with epochs longer than one unit does (the end of its last complete epoch).
+        Nondecreasing in ``wm``; a logic forwards it whenever it rises.
+
+        >>> from replistream.operators import UnionLogic
+        >>> UnionLogic("u", [Schema({"x": "i8"})]).forward_punctuation(7)
+        7
+        """
+        return wm
+
     def watermarks(self, ports, puncts) -> np.ndarray:
         """The watermark after each punctuation ``puncts[i]`` on input ``ports[i]``, in turn,
         were they fed to :meth:`process` now (nothing changes): per input the highest
         punctuation so far, then the minimum over the inputs. The logic forwards
-        ``Punctuation(w)`` wherever ``w`` rises above the previous one (and :attr:`watermark`).
+        ``Punctuation(forward_punctuation(w))`` wherever that rises above the previous one.
 
         >>> from replistream.operators import UnionLogic
         >>> s = Schema({"x": "i8"})

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..ids import hash_columns, mix, stable_hash
 from ..schema import END, TS, Punctuation, Schema
-from .base import CheckpointError, OperatorLogic, OperatorState, bin_of, concat_ranges
+from .base import NO_PUNCTUATION, CheckpointError, OperatorLogic, OperatorState, bin_of, concat_ranges
 from .sorter import canonical_order
 
 _U64 = np.uint64
@@ -278,6 +278,23 @@ class KeyedOperatorLogic(OperatorLogic):
         self._pending: list[np.ndarray] = []  # input tuples above the watermark (pending work)
         self._pending_hash: list[np.ndarray] = []
 
+    def forward_punctuation(self, wm):
+        """The end of the last complete epoch (the watermark itself with ``every=1``, or at the
+        end of the stream): the open epoch's output comes when it completes, so forwarding the
+        watermark would promise what is still owed.
+
+        >>> from replistream import Punctuation
+        >>> c = KeyedCountLogic("c", [Schema({"k": "i8"})], by="k", every=10)
+        >>> c.forward_punctuation(8), c.forward_punctuation(9), c.process(0, Punctuation(8))
+        (-1, 9, [Punctuation(-1)])
+        """
+        if self.every == 1:
+            return wm
+        w = np.asarray(wm, dtype=np.int64)
+        edge = (w + 1) // self.every * self.every - 1
+        out = np.where((w == END) | (w <= NO_PUNCTUATION + self.every), w, edge)
+        return int(out) if np.ndim(wm) == 0 else out
+
     # -- what subclasses implement --------------------------------------------------
     def update(self, state: KeyedState, rows: np.ndarray, batch: np.ndarray) -> list[np.ndarray]:
         raise NotImplementedError(f"{type(self).__name__} must implement update(state, rows, batch)")
@@ -464,8 +481,8 @@ class KeyedCountLogic(KeyedOperatorLogic):
     >>> s = Schema({"k": "i8", "tag": "S4"})
     >>> c = KeyedCountLogic("c", [s], by="k", keep=("tag",), bits=2, every=10)
     >>> _ = c.process(0, s.from_columns({"ts": [1, 2, 3], "k": [1, 1, 2], "tag": [b"a", b"b", b"c"]}, ids=[1, 2, 3]))
-    >>> c.process(0, Punctuation(8))   # epoch 0 (ts 0..9) is not complete yet
-    [Punctuation(8)]
+    >>> c.process(0, Punctuation(8))   # epoch 0 (ts 0..9) is not complete yet: only ts <= -1 promised
+    [Punctuation(-1)]
     >>> sorted(c.process(0, Punctuation(9))[0][["ts", "k", "count", "tag"]].tolist())
     [(2, 1, 2, b'b'), (3, 2, 1, b'c')]
     """

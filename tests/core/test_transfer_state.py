@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replistream import Punctuation, Schema
-from replistream.operators.base import OperatorState, bin_of
+from replistream.operators.base import NO_PUNCTUATION as NO_PUNCT, OperatorState, bin_of
+from replistream.schema import END
 from replistream.operators.keyed import KeyedCountLogic, KeyedState
 
 PROPS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
@@ -178,3 +179,26 @@ def test_the_vectorised_count_equals_one_update_per_epoch(seed, keys, every):
     x, y = feed(a, items), feed(b, items)
     key = lambda arr: sorted(map(tuple, arr.tolist()))
     assert key(x) == key(y) and len(x) > 0
+
+
+@PROPS
+@given(seed=st.integers(0, 2**31 - 1), keys=st.integers(1, 20), every=st.integers(1, 7))
+def test_a_keyed_operator_never_emits_below_a_punctuation_it_forwarded(seed, keys, every):
+    """With epochs of ``every`` > 1 units, an epoch completes only when the watermark reaches its
+    end, so the punctuation forwarded is the end of the last complete epoch, not the watermark:
+    an output of the open epoch comes later and must not be below what was promised."""
+    op = KeyedCountLogic("c", [SCHEMA], by="k", keep=("v",), bits=3, every=every)
+    promised, outputs = NO_PUNCT, 0
+    for item in batches(seed, 200, keys):
+        for out in op.process(0, item):
+            if isinstance(out, Punctuation):
+                assert out.p > promised
+                promised = out.p
+            else:
+                assert (out["ts"] > promised).all(), (out["ts"].min(), promised, every)
+                outputs += len(out)
+    for out in op.process(0, Punctuation(END)):
+        if not isinstance(out, Punctuation):
+            assert (out["ts"] > promised).all()
+            outputs += len(out)
+    assert outputs > 0
