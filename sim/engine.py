@@ -316,7 +316,8 @@ class Simulator:
     time ``h`` up to which the engine runs without stopping, then replays the calls up to
     ``h`` with what each would have observed (``input_delays``); every call but the last
     must change nothing, else :class:`~replistream.sim.batch.LookaheadMiss` (the results are
-    those of a run stopped at every call; docs/sim.md, "Look-ahead").
+    those of a run stopped at every call; docs/experiments.md, Fig. 5, "Revival inside the
+    batched engine").
     ``on_malformed``: what the entry points do with a record they cannot read, as in a
     deployment: ``"dead_letter"`` (the default; set aside with its reason) or ``"raise"`` (the
     run stops with the :class:`~replistream.errors.SchemaError` naming it).
@@ -483,6 +484,7 @@ class Simulator:
         self._iters = {s: iter(iter_chunks(inputs.get(s, ()))) for s in q.sources}
         self._src_last: dict[tuple[str, int], float] = {}
         self._ended: set[str] = set()  # sources whose input is exhausted
+        self._n_sources = len(q.sources)
         self._latest_ts = -math.inf  # largest source chunk time read so far
         # the first chunk of every source fixes ts0 (the runtime's feeder does the same)
         times = [t for t in (self._first_time(s) for s in q.sources) if t is not None]
@@ -595,7 +597,7 @@ class Simulator:
 
     def input_end(self) -> float:
         """Virtual time of the last source tuple once every source is exhausted, else ``inf``."""
-        if len(self._ended) < len(self.query.sources) or self._latest_ts == -math.inf:
+        if len(self._ended) < self._n_sources or self._latest_ts == -math.inf:
             return math.inf
         return (self._latest_ts - self.ts0) / 1e6
 

@@ -117,20 +117,23 @@ def delay_bounds(sim, t0: float, t1: float, cpu_margin_s: float = 0.005) -> dict
 
     model = sim.net.base if isinstance(sim.net, NetworkConditions) and not sim.net.overrides() else sim.net
     q = sim.query
+    batch = getattr(sim, "_batch", None)
+    sources = batch.sources if batch is not None else list(q.sources)  # (the query recomputes them per access)
+    order = batch.order if batch is not None else [n for n in q.topological() if n in sim.groups]
     links = [lk for lk in sim.links if lk.live and lk.sender.alive and lk.receiver.alive]
     entries = [r for r in sim.groups.get("entry", []) if r.alive]
-    src_pairs = [(sim.sources.get(s, r.server), r.server) for r in entries for s in q.sources]
+    src_pairs = [(sim.sources.get(s, r.server), r.server) for r in entries for s in sources]
     pairs = sorted({(lk.sender.server, lk.receiver.server) for lk in links} | set(src_pairs))
     bound = dict(zip(pairs, (link_bounds_ms(model, pairs, t0, t1) / 1000.0).tolist()))
     out_b: dict[int, float] = {}
     for r in entries:
-        out_b[id(r)] = max((bound[(sim.sources.get(s, r.server), r.server)] for s in q.sources),
+        out_b[id(r)] = max((bound[(sim.sources.get(s, r.server), r.server)] for s in sources),
                            default=0.0) + cpu_margin_s
     into: dict[int, dict[int, list]] = {}
     for lk in links:
         into.setdefault(id(lk.receiver), {}).setdefault(lk.port, []).append(lk)
     res: dict[str, float] = {}
-    for node in q.topological():
+    for node in order:
         if node not in sim.groups or node == "entry":
             continue
         for r in sim.groups[node]:
