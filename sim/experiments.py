@@ -892,6 +892,52 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     return data
 
 
+def plot_fig5_guarantees(files: list[str], path: str) -> None:
+    """Fig. 5 under both guarantees, side by side: the bars (static, GC, GC + revival) per kmax of
+    the ``fig5.json`` files given (their ``metric`` max or p99), each GC bar labelled with the
+    target kept; written to ``path`` (docs/experiments/fig5_lookahead_24h.png).
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); f = os.path.join(d, "fig5.json")
+    >>> r = {"k": 3, "static_cost": 24.0, "gc_cost": 8.8, "revival_cost": 8.9, "gc_theta": 0.25, "revival_theta": 0.25}
+    >>> _ = open(f, "w").write(json.dumps({"metric": "max", "simulated_hours": 24, "rows": [r]}))
+    >>> plot_fig5_guarantees([f], os.path.join(d, "x.png")); os.path.exists(os.path.join(d, "x.png"))
+    True
+    """
+    rows: dict[str, dict] = {"max": {}, "p99": {}}
+    hours = set()
+    for f in files:
+        with open(f) as fh:
+            d = json.load(fh)
+        hours.add(d.get("simulated_hours"))
+        for r in d["rows"]:
+            rows[d.get("metric", "max")][r["k"]] = r
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, m in zip(axes, ("max", "p99")):
+        rs = [rows[m][k] for k in sorted(rows[m])]
+        ax.set_title(f"{'maximum' if m == 'max' else '99th percentile'} latency <= {FIG5_GUARANTEE_S:g} s")
+        if not rs:
+            continue
+        ks = np.array([r["k"] for r in rs], dtype=float)
+        for j, (key, th, label) in enumerate((("static_cost", None, "static min-cost"),
+                                              ("gc_cost", "gc_theta", "garbage-collection"),
+                                              ("revival_cost", "revival_theta", "garbage-collection / revival"))):
+            ax.bar(ks + (j - 1) * 0.27, [r[key] for r in rs], width=0.27, label=label)
+            for x, r in zip(ks, rs):
+                if th and r.get(th) is not None:
+                    ax.text(x + (j - 1) * 0.27, r[key], f"{r[th]:.0%}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(ks)
+        ax.set_xlabel("maximum degree of replication (kmax)")
+    axes[0].set_ylabel("network cost (x non-replicated)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Fig. 5, {'/'.join(f'{h:g}' for h in sorted(hours))} simulated h, revival inside the batched engine "
+                 f"(labels: the target kept)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _table_fig5(data: dict) -> str:
     lines = [f"{'kmax':<5} {'static':>8} {'GC':>8} {'GC+revival':>10}  {'theta GC':>8} {'theta rev':>9} "
              f"{'max s static/GC/rev':>20}"]
