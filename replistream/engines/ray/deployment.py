@@ -620,7 +620,8 @@ class Deployment:
         'correlate#2'
         """
         return self.control_loop().replace_replica(f"{operator}#{replica}", strategy=strategy,
-                                                   bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms)
+                                                   bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms,
+                                                   lag_ms=lag_ms)
 
     def add_replica(self, operator: str, strategy: str | None = None, bins_per_step: int | None = None,
                     bits: int | None = None, pause_ms: float = 20.0) -> dict:
@@ -637,13 +638,17 @@ class Deployment:
                                                    bits=bits, pause_ms=pause_ms)
 
     def move_replica(self, operator: str, replica: int, server: str, strategy: str = "all-at-once",
-                     bins_per_step: int | None = None, bits: int | None = None, pause_ms: float = 20.0) -> dict:
+                     bins_per_step: int | None = None, bits: int | None = None, pause_ms: float = 20.0,
+                     lag_ms: float | None = None) -> dict:
         """Move replica ``replica`` of ``operator`` to ``server`` while the query runs: a new replica
         there takes the state in steps (Megaphone §3.3: ``"all-at-once"``, ``"batched"`` with
         ``bins_per_step``, ``"fluid"``; ``2**bits`` bins, default 256) from a live peer (the
         replica itself if it is the only one) that keeps serving between steps, taking at one
         punctuation as many steps as keep its pause within ``pause_ms`` beyond a step's fixed
-        cost (0: one step per punctuation); then the old replica retires. Returns the logged event (``handover`` has the transfer's figures).
+        cost (0: one step per punctuation), and holding a step back while its output lags more than
+        ``lag_ms`` (default ``max(pause_ms, 10)``) above its recent minimum (pacing by the live path,
+        docs/migration.md); then the old replica retires. Returns the logged event (``handover`` has
+        the transfer's figures).
 
         >>> ev = dep.move_replica("counts", 0, "s3", strategy="fluid", bits=6)   # doctest: +SKIP
         >>> ev["new_replicas"][0]["server"], ev["handover"]["counts#1"]["steps"]   # doctest: +SKIP
@@ -655,7 +660,8 @@ class Deployment:
         if not self.topology.is_running(label):
             raise ValueError(f"{label} is not running; revive it with revive_replica")
         return self.control_loop().replace_replica(label, server=server, strategy=strategy or "all-at-once",
-                                                   bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms)
+                                                   bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms,
+                                                   lag_ms=lag_ms)
 
     def transfers(self) -> list[dict]:
         """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""
