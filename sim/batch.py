@@ -719,15 +719,15 @@ class BatchRun:
                 best = [(int(pun[has & (pchan == c)].max()), int(c)) for c in chans.tolist()]
                 for v, c in sorted(best):
                     flt.on_punctuation(c, v)
-        # the forwarded punctuation (the logic's watermark), at the time each input's punctuation raised it
+        # the forwarded punctuation (OperatorLogic.forward_punctuation of its watermark), when it rose
         pe_t, pe_v = np.zeros(0), np.zeros(0, dtype=np.int64)
         et = ev = eport = None
         if pev_t:
             et, ev, ep, eport = (np.concatenate(x) for x in (pev_t, pev_v, pev_pos, pev_port))
             o = np.argsort(ep, kind="stable")
             et, ev, eport = et[o], ev[o], eport[o]
-            wm = logic.watermarks(eport, ev)
-            up = wm > np.maximum.accumulate(_pre(logic.watermark, wm[:-1]))
+            wm = logic.forward_punctuation(logic.watermarks(eport, ev))  # what it promises downstream
+            up = wm > np.maximum.accumulate(_pre(logic.forward_punctuation(logic.watermark), wm[:-1]))
             pe_t, pe_v = et[up], wm[up]
         # the logic: each port's new tuples, then each port's punctuation; a Join in slices of a few
         # windows of virtual time, so that its buffers are purged as often as packet by packet
