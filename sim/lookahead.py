@@ -40,18 +40,18 @@ def _event_max(model, prefix: np.ndarray, t0: float, t1: float, window: float, p
                size=None) -> np.ndarray:
     """Per pair prefix: the largest ``size(u)`` of an event (spike or outage) whose span meets
     ``[t0, t1]`` (``-inf`` when none; ``size=None``: ``inf`` when one does)."""
-    from replistream.network.latency import _ARRAY, _draw_np
+    from replistream.network.latency import ARRAY_OPS, draw_np
 
     ws = np.arange(math.floor(t0 / window) - 1, math.floor(t1 / window) + 1, dtype=np.int64)
     P = prefix[:, None]
     W = np.broadcast_to(ws[None, :], (len(prefix), len(ws)))
-    occ = _draw_np(P, W, 0) < p
-    start, d = model._span(_ARRAY, W, window, _draw_np(P, W, 1), _draw_np(P, W, 2), dur, log_dur)
+    occ = draw_np(P, W, 0) < p
+    start, d = model._span(ARRAY_OPS, W, window, draw_np(P, W, 1), draw_np(P, W, 2), dur, log_dur)
     meet = occ & (start <= t1) & (start + d > t0)
     if size is None:
         val = np.where(meet, math.inf, -math.inf)
     else:
-        val = np.where(meet, size(_draw_np(P, W, 3)), -math.inf)
+        val = np.where(meet, size(draw_np(P, W, 3)), -math.inf)
     return val.max(axis=1) if len(ws) else np.full(len(prefix), -math.inf)
 
 
@@ -67,7 +67,7 @@ def link_bounds_ms(model, pairs: Sequence[tuple[str, str]], t0: float, t1: float
     >>> float(link_bounds_ms(m, [("boston", "london")], 0, 10)[0]) == m.latency_ms("boston", "london", 5.0)
     True
     """
-    from replistream.network.latency import GeoLatencyModel, _TAG_JITTER, _TAG_OUTAGE, _TAG_SPIKE, _draw_np
+    from replistream.network.latency import GeoLatencyModel, TAG_JITTER, TAG_OUTAGE, TAG_SPIKE, draw_np
 
     n = len(pairs)
     if type(model) is not GeoLatencyModel:
@@ -81,16 +81,16 @@ def link_bounds_ms(model, pairs: Sequence[tuple[str, str]], t0: float, t1: float
     out = base * (1.0 + model.congestion)
     if model.jitter > 0:
         steps = np.arange(math.floor(t0 / model.step_s), math.floor(t1 / model.step_s) + 1, dtype=np.int64)
-        u = _draw_np(model._prefix[_TAG_JITTER][i, j][:, None], steps[None, :], 0).max(axis=1)
+        u = draw_np(model._prefix[TAG_JITTER][i, j][:, None], steps[None, :], 0).max(axis=1)
         out = out + np.maximum(model.jitter_min_ms, model.jitter * base) * -np.log1p(-u)
     if model.spike_p > 0:
-        s = _event_max(model, model._prefix[_TAG_SPIKE][i, j], t0, t1, model.spike_window_s, model.spike_p,
+        s = _event_max(model, model._prefix[TAG_SPIKE][i, j], t0, t1, model.spike_window_s, model.spike_p,
                        model.spike_duration, False,
                        size=lambda u: np.minimum(model.spike_max_ms,
                                                  model.spike_scale_ms * (1.0 - u) ** (-1.0 / model.spike_alpha)))
         out = out + np.maximum(s, 0.0)
     if model.outage_p > 0:
-        o = _event_max(model, model._prefix[_TAG_OUTAGE][i, j], t0, t1, model.outage_window_s, model.outage_p,
+        o = _event_max(model, model._prefix[TAG_OUTAGE][i, j], t0, t1, model.outage_window_s, model.outage_p,
                        model.outage_duration, True)
         out = np.where(o > 0, math.inf, out)
     local = i == j

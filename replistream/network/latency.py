@@ -36,7 +36,8 @@ _C1 = 0xBF58476D1CE4E5B9
 _C2 = 0x94D049BB133111EB
 _INV53 = 2.0 ** -53
 
-_TAG_INFLATION, _TAG_JITTER, _TAG_SPIKE, _TAG_OUTAGE = 1, 2, 3, 4
+#: Tags of the independent draws of a link's latency parts (the look-ahead in sim/lookahead.py draws them too).
+TAG_INFLATION, TAG_JITTER, TAG_SPIKE, TAG_OUTAGE = 1, 2, 3, 4
 
 
 def _sm(x: int) -> int:
@@ -70,8 +71,16 @@ def _draw(prefix: int, index: int, j: int) -> float:
     return (_sm(_sm(prefix ^ (index & _M64)) ^ j) >> 11) * _INV53
 
 
-def _draw_np(prefix, index, j: int) -> np.ndarray:
-    """:func:`_draw` for arrays of prefixes and/or time indices."""
+def draw_np(prefix, index, j: int) -> np.ndarray:
+    """:func:`_draw` for arrays of prefixes and/or time indices: uniform draws in [0, 1), the same
+    for the same (prefix, index, j) in every process (the batched simulator's look-ahead bounds
+    links with it, sim/lookahead.py).
+
+    >>> a = draw_np(np.uint64(7), np.arange(3), 0); bool(((a >= 0) & (a < 1)).all())
+    True
+    >>> bool((draw_np(np.uint64(7), np.arange(3), 0) == a).all())
+    True
+    """
     h = _sm_np(_sm_np(np.asarray(prefix, dtype=np.uint64) ^ np.asarray(index).astype(np.uint64)) ^ np.uint64(j))
     return (h >> np.uint64(11)).astype(np.float64) * _INV53
 
@@ -83,7 +92,8 @@ class _Ops:
 
 
 _SCALAR = _Ops(max, min, math.log1p, math.cos, math.exp)
-_ARRAY = _Ops(np.maximum, np.minimum, np.log1p, np.cos, np.exp)
+#: The latency formula's functions for numpy arrays (with :func:`draw_np`, what sim/lookahead.py bounds links with).
+ARRAY_OPS = _Ops(np.maximum, np.minimum, np.log1p, np.cos, np.exp)
 
 
 class LatencyModel:
@@ -321,11 +331,11 @@ class GeoLatencyModel(LatencyModel):
                 undirected[i, j] = _hash(seed_key, x, y, 0xD1CE)
         self._prefix = {
             tag: _sm_np(base ^ np.uint64(tag))
-            for tag, base in ((_TAG_INFLATION, undirected), (_TAG_JITTER, directed),
-                              (_TAG_SPIKE, directed), (_TAG_OUTAGE, undirected))
+            for tag, base in ((TAG_INFLATION, undirected), (TAG_JITTER, directed),
+                              (TAG_SPIKE, directed), (TAG_OUTAGE, undirected))
         }
-        u1 = _draw_np(self._prefix[_TAG_INFLATION], 0, 0)
-        u2 = _draw_np(self._prefix[_TAG_INFLATION], 0, 1)
+        u1 = draw_np(self._prefix[TAG_INFLATION], 0, 0)
+        u2 = draw_np(self._prefix[TAG_INFLATION], 0, 1)
         self.inflation_factor = lo + (hi - lo) * np.minimum(u1, u2)
         base = self.overhead_ms + self.distance_km / self.km_per_ms * self.inflation_factor
         np.fill_diagonal(base, self.local_ms)
@@ -350,7 +360,7 @@ class GeoLatencyModel(LatencyModel):
 
     # -- time-varying part: one formula, evaluated on floats or on numpy arrays ---------
     # Each term below is written once; ``xp`` is the math of floats (_SCALAR) or of arrays
-    # (_ARRAY), so the scalar path (latency_ms, one message at a time) and the vectorised
+    # (ARRAY_OPS), so the scalar path (latency_ms, one message at a time) and the vectorised
     # paths (latencies_ms over many send times, matrix over many pairs) compute the same
     # numbers, up to the rounding of numpy's transcendental functions.
     def _jitter_ms(self, xp, base, u):
@@ -413,11 +423,11 @@ class GeoLatencyModel(LatencyModel):
         grp = np.cumsum(first) - 1
         hp, hw0 = prefix[heads], w0[heads]
         for hw in (hw0, hw0 - 1):
-            occ = np.flatnonzero(_draw_np(hp, hw, 0) < p)  # groups whose window holds an event
+            occ = np.flatnonzero(draw_np(hp, hw, 0) < p)  # groups whose window holds an event
             if not len(occ):
                 continue
             gp, gw = hp[occ], hw[occ]
-            start, d = self._span(_ARRAY, gw, window, _draw_np(gp, gw, 1), _draw_np(gp, gw, 2), dur, log_dur)
+            start, d = self._span(ARRAY_OPS, gw, window, draw_np(gp, gw, 1), draw_np(gp, gw, 2), dur, log_dur)
             gi = np.full(len(heads), -1)
             gi[occ] = np.arange(len(occ))
             el = np.flatnonzero(gi[grp] >= 0)  # elements in such windows
@@ -426,7 +436,7 @@ class GeoLatencyModel(LatencyModel):
             hit = (start[k] <= te) & (te < start[k] + d[k]) & ~covered[el]
             if hit.any():
                 eh = el[hit]
-                usize[eh] = _draw_np(gp, gw, 3)[k[hit]]
+                usize[eh] = draw_np(gp, gw, 3)[k[hit]]
                 covered[eh] = True
         return covered, usize
 
@@ -436,7 +446,7 @@ class GeoLatencyModel(LatencyModel):
         i, j = self._index[a], self._index[b]
         if i == j or self.outage_p <= 0:
             return None
-        ev = self._event(self._plist[_TAG_OUTAGE][i][j], t, self.outage_window_s, self.outage_p,
+        ev = self._event(self._plist[TAG_OUTAGE][i][j], t, self.outage_window_s, self.outage_p,
                          self.outage_duration, True)
         return None if ev is None else ev[:2]
 
@@ -450,17 +460,17 @@ class GeoLatencyModel(LatencyModel):
         t = float(t)
         if math.isnan(t):
             raise ValueError("t must not be NaN")
-        if self.outage_p > 0 and self._event(self._plist[_TAG_OUTAGE][i][j], t, self.outage_window_s,
+        if self.outage_p > 0 and self._event(self._plist[TAG_OUTAGE][i][j], t, self.outage_window_s,
                                              self.outage_p, self.outage_duration, True) is not None:
             return math.inf
         base = self._base_list[i][j]
         lat = base
         if self.jitter > 0:
-            lat += self._jitter_ms(_SCALAR, base, _draw(self._plist[_TAG_JITTER][i][j], math.floor(t / self.step_s), 0))
+            lat += self._jitter_ms(_SCALAR, base, _draw(self._plist[TAG_JITTER][i][j], math.floor(t / self.step_s), 0))
         if self.congestion > 0:
             lat += self._congestion_ms(_SCALAR, base, self._lon[i], self._lon[j], t)
         if self.spike_p > 0:
-            ev = self._event(self._plist[_TAG_SPIKE][i][j], t, self.spike_window_s, self.spike_p,
+            ev = self._event(self._plist[TAG_SPIKE][i][j], t, self.spike_window_s, self.spike_p,
                              self.spike_duration, False)
             if ev is not None:
                 lat += self._spike_ms(_SCALAR, ev[2])
@@ -482,17 +492,17 @@ class GeoLatencyModel(LatencyModel):
         base = self._base[i, j]
         lat = base.copy()
         if self.jitter > 0:
-            u = _draw_np(self._prefix[_TAG_JITTER][i, j], np.floor(t / self.step_s).astype(np.int64), 0)
-            lat += self._jitter_ms(_ARRAY, base, u)
+            u = draw_np(self._prefix[TAG_JITTER][i, j], np.floor(t / self.step_s).astype(np.int64), 0)
+            lat += self._jitter_ms(ARRAY_OPS, base, u)
         if self.congestion > 0:
-            lat += self._congestion_ms(_ARRAY, base, self._lon_arr[i], self._lon_arr[j], t)
+            lat += self._congestion_ms(ARRAY_OPS, base, self._lon_arr[i], self._lon_arr[j], t)
         if self.spike_p > 0:
-            hit, us = self._events(self._prefix[_TAG_SPIKE][i, j], t, self.spike_window_s, self.spike_p,
+            hit, us = self._events(self._prefix[TAG_SPIKE][i, j], t, self.spike_window_s, self.spike_p,
                                    self.spike_duration, False)
             if hit.any():
-                lat[hit] += self._spike_ms(_ARRAY, us[hit])
+                lat[hit] += self._spike_ms(ARRAY_OPS, us[hit])
         if self.outage_p > 0:
-            down, _ = self._events(self._prefix[_TAG_OUTAGE][i, j], t, self.outage_window_s, self.outage_p,
+            down, _ = self._events(self._prefix[TAG_OUTAGE][i, j], t, self.outage_window_s, self.outage_p,
                                    self.outage_duration, True)
             lat[down] = math.inf
         lat[i == j] = self.local_ms
