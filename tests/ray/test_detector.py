@@ -51,6 +51,20 @@ def test_a_peer_stuck_at_the_same_position_does_not_make_it_fail():
     assert states(d, 5.5) == [("f#0", "failed")]
 
 
+def test_a_replica_just_watched_is_no_progressing_peer_until_it_answers():
+    """A replica added mid-run (a move's receiver) is watched before its actor answers: until its
+    first answer it must not make a busy peer (a sender taking a large checkpoint) fail."""
+    d = watched("f#0", suspect_after_s=1.0, fail_after_s=3.0)
+    d.answered("f#0", 0.0, position=7)
+    d.answered("f#0", 5.0, busy_s=4.5, position=7)  # in one long call
+    d.watch("f#1", "f", now=5.0)  # the new replica, not started yet
+    assert states(d, 5.2) == []  # nobody to compare with
+    d.answered("f#1", 5.4, position=None, pending=True)  # it answers, still waiting for its state
+    assert states(d, 5.4) == []
+    d.answered("f#1", 6.0, position=9)  # it has its state and goes past f#0
+    assert states(d, 6.0) == [("f#0", "failed")]
+
+
 def test_answering_again_clears_a_suspicion():
     d = watched("f#0", "f#1", suspect_after_s=1.0, fail_after_s=5.0)
     d.asked("f#0", 0.0)

@@ -81,6 +81,7 @@ class _Watch:
     position: int | None = None  # its logical position at its last answer (None: never reported)
     slowest_s: float = 0.0  # the longest a probe of it waited for its answer
     pending: bool = False  # still waiting for its state (a hand-over, a transfer): not a progressing peer
+    heard: bool = False  # answered a probe since it was watched: only then can it be a progressing peer
 
 
 class FailureDetector:
@@ -97,7 +98,8 @@ class FailureDetector:
         self.watches: dict[str, _Watch] = {}
 
     def watch(self, label: str, node: str, now: float) -> None:
-        """Start watching ``label`` (a replica of ``node``), as if it had just answered."""
+        """Start watching ``label`` (a replica of ``node``), as if it had just answered (its
+        silence counts from ``now``); it is a peer that progresses only once it really answers."""
         if label not in self.watches:
             self.watches[label] = _Watch(node, last_answer=now)
 
@@ -128,6 +130,7 @@ class FailureDetector:
         if w.asked is not None:
             w.slowest_s = max(w.slowest_s, now - w.asked)
         w.last_answer, w.asked, w.busy_s, w.pending = now, None, float(busy_s or 0.0), bool(pending)
+        w.heard = True
         if position is not None:
             w.position = int(position)
 
@@ -176,7 +179,9 @@ class FailureDetector:
         silent = {label: self.silent_s(label, now) for label in self.watches}
         progressing: dict[str, list[_Watch]] = {}
         for label, w in self.watches.items():
-            if w.state != "failed" and not w.pending and silent[label] < self.suspect_after_s:
+            # a replica just watched has said nothing yet (a new one may still wait for its state): it
+            # is no evidence that the node progresses until it answers, whatever the grace of its watch
+            if w.state != "failed" and w.heard and not w.pending and silent[label] < self.suspect_after_s:
                 progressing.setdefault(w.node, []).append(w)
         out = []
         for label, w in self.watches.items():
