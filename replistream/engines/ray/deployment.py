@@ -607,14 +607,15 @@ class Deployment:
 
     def revive_replica(self, operator: str, replica: int, strategy: str | None = None,
                        bins_per_step: int | None = None, bits: int | None = None,
-                       pause_ms: float = 20.0) -> dict:
+                       pause_ms: float = 20.0, lag_ms: float | None = None) -> dict:
         """Replace replica ``replica`` of ``operator`` (running or crashed) by a new replica on the same
         server, built by hand-over from a live peer (docs/design.md, decision 7, Hwang §V-C); returns the event.
 
         ``strategy`` (``"all-at-once"``, ``"batched"``, ``"fluid"``) moves the checkpoint in steps of
         ``2**bits`` bins at the peer's punctuations (Megaphone §3.3; docs/migration.md); at one
         punctuation the peer takes the next step, and more while its pause stays within
-        ``pause_ms`` beyond a step's fixed cost (0: one step per punctuation).
+        ``pause_ms`` beyond a step's fixed cost (0: one step per punctuation), holding a step back
+        while its output lags more than ``lag_ms`` above its recent minimum (see :meth:`move_replica`).
 
         >>> dep.revive_replica("correlate", 0)["new_replicas"][0]["label"]   # doctest: +SKIP
         'correlate#2'
@@ -624,7 +625,7 @@ class Deployment:
                                                    lag_ms=lag_ms)
 
     def add_replica(self, operator: str, strategy: str | None = None, bins_per_step: int | None = None,
-                    bits: int | None = None, pause_ms: float = 20.0) -> dict:
+                    bits: int | None = None, pause_ms: float = 20.0, lag_ms: float | None = None) -> dict:
         """Add a replica of ``operator`` (on the server Algorithm 5 picks) by hand-over from a live peer
         (``strategy`` as for :meth:`revive_replica`).
 
@@ -635,7 +636,7 @@ class Deployment:
         if first is None:
             raise ValueError(f"{operator!r} is not an operator of query {self.query.name!r}")
         return self.control_loop().replace_replica(first, add=True, strategy=strategy, bins_per_step=bins_per_step,
-                                                   bits=bits, pause_ms=pause_ms)
+                                                   bits=bits, pause_ms=pause_ms, lag_ms=lag_ms)
 
     def move_replica(self, operator: str, replica: int, server: str, strategy: str = "all-at-once",
                      bins_per_step: int | None = None, bits: int | None = None, pause_ms: float = 20.0,
