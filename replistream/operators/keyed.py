@@ -6,14 +6,16 @@ of the key hash, so that a migration can move a few bins at a logical time
 while the rest keeps running. This module is that interface for replistream.
 
 :class:`KeyedState` is a flat columnar store: one row per key, every column a
-numpy array, rows sorted by the 64-bit key hash. Because a bin is the top bits
-of the hash, sorting by hash also sorts by bin, for *every* number of bins:
-bin ``b`` is the contiguous slice found by two binary searches. So
+numpy array, rows in the order their keys arrived, found through an index of
+runs sorted by the 64-bit key hash. Because a bin is the top bits of the hash,
+sorting by hash also sorts by bin, for *every* number of bins: bin ``b`` is a
+contiguous slice of each run, found by two binary searches. So
 
 * per-bin snapshot (:meth:`KeyedState.snapshot`) costs the rows of the chosen
-  bins plus ``O(log n)`` per bin, not the whole state;
-* a batch updates its keys with one ``searchsorted`` (new keys are merged in
-  with one sorted insertion);
+  bins plus ``O(log n)`` per bin and run, not the whole state;
+* a batch finds its keys with a ``searchsorted`` per run, and its new keys are
+  appended (the index merges runs as the logarithmic method does), so it costs
+  its own keys, not the size of the state;
 * each bin has a version, bumped when a row of it changes
   (:meth:`KeyedState.touch`); :meth:`KeyedState.changed_since` lists the bins
   an incremental checkpoint (Del Monte 2017) must ship, and
@@ -45,6 +47,7 @@ update is replica consistent (Hwang Definition 2). :class:`KeyedCountLogic`
 """
 from __future__ import annotations
 
+from collections.abc import Mapping as _MappingABC
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -90,13 +93,45 @@ def bin_ranges(hashes: np.ndarray, bits: int, bins: np.ndarray) -> tuple[np.ndar
     return lo.astype(np.int64), hi.astype(np.int64)
 
 
+class _Columns(_MappingABC):
+    """The state's columns as row-aligned arrays (views of storage that grows by doubling): read
+    and change them in place; assigning a column writes its values into the storage."""
+
+    def __init__(self, state: "KeyedState"):
+        self._state = state
+
+    def __getitem__(self, c: str) -> np.ndarray:
+        return self._state._cols[c][:self._state._n]
+
+    def __setitem__(self, c: str, values) -> None:
+        if c not in self._state._cols:
+            raise KeyError(f"{c!r} is not a state column (columns: {list(self._state._cols)})")
+        self._state._cols[c][:self._state._n] = values
+
+    def __iter__(self):
+        return iter(self._state._cols)
+
+    def __len__(self) -> int:
+        return len(self._state._cols)
+
+
 class KeyedState:
-    """Per-key rows in flat columns sorted by key hash; bins are hash ranges (Megaphone §3.4).
+    """Per-key rows in flat columns, found by key hash through sorted runs; bins are hash ranges (Megaphone §3.4).
 
     ``columns`` maps column name to dtype; ``bits`` sets the bins whose
     versions are tracked (snapshots may use any number of bits). Versions:
     :attr:`clock` counts changes; ``versions[b]`` is the clock value of bin
     ``b``'s last change (0: never changed).
+
+    Rows are kept in the order their keys arrived: :attr:`hash` and every column of
+    :attr:`cols` are aligned arrays, and a batch's new keys are appended (amortised by
+    doubling the storage), never inserted into the middle of every column, so a batch
+    costs its own keys, not the state's size. An index of sorted runs of ``(hash, row)``
+    finds them: a batch's new keys become a run, merged with the one before while the
+    two are of comparable size (the logarithmic method: an entry is copied ``O(log n)``
+    times overall), and every run is merged into one once lookups in the extra runs
+    have cost as much as that merge. A bin, the top bits of the hash, is one
+    contiguous range of each run.
 
     >>> st = KeyedState({"n": "i8"}, bits=2)
     >>> slots = st.upsert(np.array([5, 2**63], dtype=np.uint64))
@@ -112,42 +147,126 @@ class KeyedState:
             raise ValueError(f"bits must be in 0..24, got {bits}")
         self.bits = int(bits)
         self.dtypes = {c: np.dtype(d) for c, d in columns.items()}
-        self.hash = np.zeros(0, dtype=np.uint64)
-        self.cols = {c: np.zeros(0, dtype=d) for c, d in self.dtypes.items()}
+        self._n = 0
+        self._hash = np.zeros(0, dtype=np.uint64)
+        self._cols = {c: np.zeros(0, dtype=d) for c, d in self.dtypes.items()}
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted hashes, their rows), oldest first
+        self._probes = 0  # lookups in runs beyond the first since the last full merge
+        self._ordered = True  # one run, whose rows are 0..n-1: the storage is in hash order
+        self.cols = _Columns(self)
         self.versions = np.zeros(1 << self.bits, dtype=np.int64)
         self.clock = 0
 
     def __len__(self) -> int:
-        return len(self.hash)
+        return self._n
+
+    @property
+    def hash(self) -> np.ndarray:
+        """Each row's key hash (row-aligned with :attr:`cols`)."""
+        return self._hash[:self._n]
 
     @property
     def nbytes(self) -> int:
-        return self.hash.nbytes + sum(a.nbytes for a in self.cols.values())
+        """Bytes of the rows and their index (not the storage's spare capacity)."""
+        return self.hash.nbytes + sum(a.nbytes for a in self.cols.values()) + \
+            sum(h.nbytes + r.nbytes for h, r in self._runs)
+
+    # -- the index --------------------------------------------------------------------------
+    def _add_run(self, hashes: np.ndarray, rows: np.ndarray) -> None:
+        self._ordered = False
+        order = np.argsort(hashes, kind="stable")
+        self._runs.append((hashes[order], rows[order]))
+        while len(self._runs) > 1 and 2 * len(self._runs[-1][0]) >= len(self._runs[-2][0]):
+            (ah, ar), (bh, br) = self._runs[-2], self._runs[-1]
+            at = np.searchsorted(ah, bh)
+            self._runs[-2:] = [(np.insert(ah, at, bh), np.insert(ar, at, br))]
+
+    def _merge_runs(self) -> None:
+        """One run of every entry (runs are sorted already, so the stable sort merges them), and the
+        rows put in hash order (renumbered): a bin is then one contiguous slice of the storage, as
+        in a state that never grows, so a snapshot copies slices instead of gathering rows."""
+        self._probes = 0
+        if self._ordered:
+            return
+        if len(self._runs) > 1:
+            h = np.concatenate([x for x, _ in self._runs])
+            r = np.concatenate([x for _, x in self._runs])
+            order = np.argsort(h, kind="stable")
+            self._runs = [(h[order], r[order])]
+        if self._runs:
+            h, r = self._runs[0]
+            self._hash = h  # shared with the run: nothing writes rows below n in place
+            self._cols = {c: a[:self._n][r] for c, a in self._cols.items()}
+            self._runs = [(h, np.arange(self._n, dtype=np.int64))]
+        self._ordered = True
 
     def locate(self, hashes: np.ndarray) -> np.ndarray:
         """Row of each hash, -1 where absent."""
-        pos = np.searchsorted(self.hash, hashes)
-        found = pos < len(self.hash)
-        found[found] = self.hash[pos[found]] == hashes[found]
-        return np.where(found, pos, -1)
+        hashes = np.asarray(hashes, dtype=np.uint64)
+        if len(self._runs) > 1:
+            self._probes += len(hashes) * (len(self._runs) - 1)
+            if self._probes > self._n:  # lookups in the extra runs have paid for merging them
+                self._merge_runs()
+        out = np.full(len(hashes), -1, dtype=np.int64)
+        for rh, rr in self._runs:
+            if not len(rh):
+                continue
+            pos = np.minimum(np.searchsorted(rh, hashes), len(rh) - 1)
+            hit = rh[pos] == hashes
+            out[hit] = rr[pos[hit]]
+        return out
+
+    # -- rows -------------------------------------------------------------------------------
+    def _append(self, hashes: np.ndarray, values: Mapping[str, np.ndarray] | None) -> np.ndarray:
+        """Append rows (``values[c]`` per column, zeros where absent); returns their row numbers."""
+        m, n = len(hashes), self._n
+        if n + m > len(self._hash):
+            cap = max(2 * len(self._hash), n + m, 16)
+            grown = np.zeros(cap, dtype=np.uint64)
+            grown[:n] = self._hash[:n]
+            self._hash = grown
+            for c, a in self._cols.items():
+                g = np.zeros(cap, dtype=a.dtype)
+                g[:n] = a[:n]
+                self._cols[c] = g
+        self._hash[n:n + m] = hashes
+        for c, a in self._cols.items():
+            a[n:n + m] = np.zeros(m, dtype=a.dtype) if values is None or c not in values else \
+                np.asarray(values[c], dtype=a.dtype)
+        self._n = n + m
+        rows = np.arange(n, n + m, dtype=np.int64)
+        self._add_run(np.asarray(hashes, dtype=np.uint64), rows)
+        return rows
+
+    def _keep(self, keep: np.ndarray) -> None:
+        """Keep only the rows where ``keep`` holds (renumbered, in order)."""
+        self._hash = self.hash[keep]
+        self._cols = {c: a[:self._n][keep] for c, a in self._cols.items()}
+        renumber = np.cumsum(keep) - 1
+        runs = [(h[keep[r]], renumber[r[keep[r]]]) for h, r in self._runs]
+        self._runs = [x for x in runs if len(x[0])]
+        self._n = len(self._hash)
+
+    def load(self, hashes: np.ndarray, cols: Mapping[str, np.ndarray]) -> None:
+        """Replace every row with ``hashes`` and ``cols`` (copied: a checkpoint's arrays may be
+        read-only), in any order."""
+        self._n = 0
+        self._hash = np.zeros(0, dtype=np.uint64)
+        self._cols = {c: np.zeros(0, dtype=d) for c, d in self.dtypes.items()}
+        self._runs, self._probes, self._ordered = [], 0, True
+        if len(hashes):
+            self._append(np.array(hashes, dtype=np.uint64), cols)
+            self._merge_runs()
 
     def upsert(self, hashes: np.ndarray, init: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
-        """Rows of ``hashes`` (distinct), inserting absent ones (zeros, or ``init[col][i]`` for the
-        i-th hash); returns the rows, valid until the next insertion."""
+        """Rows of ``hashes`` (distinct), appending absent ones (zeros, or ``init[col][i]`` for the
+        i-th hash); returns the rows, valid until the next removal."""
         hashes = np.asarray(hashes, dtype=np.uint64)
         pos = self.locate(hashes)
         new = pos < 0
         if new.any():
-            nh = hashes[new]
-            order = np.argsort(nh)
-            nh = nh[order]
-            at = np.searchsorted(self.hash, nh)
-            self.hash = np.insert(self.hash, at, nh)
-            for c, a in self.cols.items():
-                vals = np.zeros(len(nh), dtype=a.dtype) if init is None or c not in init else \
-                    np.asarray(init[c])[new][order]
-                self.cols[c] = np.insert(a, at, vals)
-            pos = np.searchsorted(self.hash, hashes)
+            pos[new] = self._append(hashes[new], None if init is None else
+                                    {c: np.asarray(v)[new] for c, v in init.items() if c in self._cols})
         return pos
 
     def touch(self, hashes: np.ndarray) -> None:
@@ -161,47 +280,57 @@ class KeyedState:
         return np.flatnonzero(self.versions > int(version))
 
     def remove(self, rows: np.ndarray) -> None:
-        """Delete rows (their bins count as changed)."""
+        """Delete rows (their bins count as changed; the others' row numbers change)."""
         if len(rows):
             self.touch(self.hash[rows])
-            keep = np.ones(len(self.hash), dtype=bool)
+            keep = np.ones(self._n, dtype=bool)
             keep[rows] = False
-            self.hash = self.hash[keep]
-            self.cols = {c: a[keep] for c, a in self.cols.items()}
+            self._keep(keep)
 
     def snapshot(self, bins: Iterable[int] | None = None, bits: int | None = None
                  ) -> tuple[np.ndarray, dict, np.ndarray]:
-        """(hashes, columns, offsets) of ``bins`` (all when None) at ``2**bits`` bins (default
-        :attr:`bits`), copied; offsets cover every bin, empty for the others. Costs the rows of
-        ``bins`` plus a binary search per bin."""
+        """(hashes sorted ascending, columns, offsets) of ``bins`` (all when None) at ``2**bits``
+        bins (default :attr:`bits`), copied; offsets cover every bin, empty for the others.
+        Costs the rows of ``bins`` plus two binary searches per bin and run."""
         bits = self.bits if bits is None else int(bits)
         if bins is None:
+            self._merge_runs()  # in hash order from then on
             return self.hash.copy(), {c: a.copy() for c, a in self.cols.items()}, bin_bounds(self.hash, bits)
         chosen = np.unique(np.asarray(list(bins), dtype=np.int64))
-        lo, hi = bin_ranges(self.hash, bits, chosen)  # searches for the chosen bins only
-        idx = concat_ranges(lo, hi)
-        counts = np.zeros(1 << bits, dtype=np.int64)
-        counts[chosen] = hi - lo
-        return self.hash[idx], {c: a[idx] for c, a in self.cols.items()}, np.r_[0, np.cumsum(counts)]
+        if self._ordered:  # one run in storage order: the bins are slices
+            lo, hi = bin_ranges(self.hash, bits, chosen)  # searches for the chosen bins only
+            idx = concat_ranges(lo, hi)
+            counts = np.zeros(1 << bits, dtype=np.int64)
+            counts[chosen] = hi - lo
+            return self.hash[idx], {c: a[idx] for c, a in self.cols.items()}, np.r_[0, np.cumsum(counts)]
+        hs, rs = [], []
+        for rh, rr in self._runs:
+            idx = concat_ranges(*bin_ranges(rh, bits, chosen))  # searches for the chosen bins only
+            hs.append(rh[idx])
+            rs.append(rr[idx])
+        h = np.concatenate(hs) if hs else np.zeros(0, np.uint64)
+        r = np.concatenate(rs) if rs else np.zeros(0, np.int64)
+        if len(hs) > 1:
+            order = np.argsort(h, kind="stable")
+            h, r = h[order], r[order]
+        counts = np.bincount(bin_of(h, bits), minlength=1 << bits) if len(h) else np.zeros(1 << bits, np.int64)
+        return h, {c: a[r] for c, a in self.cols.items()}, np.r_[0, np.cumsum(counts)].astype(np.int64)
 
     def replace_bins(self, bins: Iterable[int], hashes: np.ndarray, cols: Mapping[str, np.ndarray],
                      bits: int | None = None) -> None:
         """Make bins ``bins`` hold exactly the given rows (an incremental checkpoint's delta, or a
-        restore when the state is empty)."""
+        transfer step's bins, which this state does not hold: ``bins`` empty, nothing dropped)."""
         bits = self.bits if bits is None else int(bits)
         hashes = np.asarray(hashes, dtype=np.uint64)
-        drop = np.zeros(1 << bits, dtype=bool)
-        drop[np.asarray(list(bins), dtype=np.int64)] = True
-        keep = ~drop[bin_of(self.hash, bits)]
-        order = None if np.all(hashes[1:] >= hashes[:-1]) else np.argsort(hashes, kind="stable")
-        new = hashes if order is None else hashes[order]
-        kept = self.hash[keep]
-        at = np.searchsorted(kept, new)  # both sorted: one linear merge, no sort of the whole state
-        self.hash = np.insert(kept, at, new)
-        self.cols = {c: np.insert(a[keep], at, np.asarray(cols[c], dtype=a.dtype) if order is None
-                                  else np.asarray(cols[c], dtype=a.dtype)[order])
-                     for c, a in self.cols.items()}
+        chosen = np.asarray(list(bins), dtype=np.int64)
+        if len(chosen) and self._n:
+            drop = np.zeros(1 << bits, dtype=bool)
+            drop[chosen] = True
+            keep = ~drop[bin_of(self.hash, bits)]
+            if not keep.all():
+                self._keep(keep)
         if len(hashes):
+            self._append(hashes, cols)
             self.touch(hashes)
 
 
@@ -346,7 +475,10 @@ class KeyedOperatorLogic(OperatorLogic):
             if not _same_keys(self.state.cols[f][slots], init[f]):
                 raise RuntimeError(f"keyed operator {self.name!r}: 64-bit key hash collision")
         self.state.touch(uniq)
-        return self.update_epochs(self.state, slots[inv], batch, batch[TS] // self.every)
+        out = self.update_epochs(self.state, slots[inv], batch, batch[TS] // self.every)
+        # rows are numbered in arrival order, which differs between replicas (a restored one holds
+        # its keys in hash order): the output goes in (ts, id) order, the same on every replica
+        return [o[canonical_order(o)] if len(o) > 1 else o for o in out]
 
     def update_epochs(self, state: KeyedState, rows: np.ndarray, batch: np.ndarray,
                       epoch: np.ndarray) -> list[np.ndarray]:
@@ -385,10 +517,7 @@ class KeyedOperatorLogic(OperatorLogic):
     def _restore_tables(self, tables):
         st = tables["state"]
         h = np.asarray(st["hash"], dtype=np.uint64)
-        order = None if np.all(h[1:] >= h[:-1]) else np.argsort(h, kind="stable")
-        self.state.hash = h if order is None else h[order]
-        self.state.cols = {c: np.asarray(st[c], dtype=d) if order is None else np.asarray(st[c], dtype=d)[order]
-                           for c, d in self.state.dtypes.items()}
+        self.state.load(h, {c: st[c] for c in self.state.dtypes})
         if len(h):
             self.state.touch(h)
         p = tables["pending"]

@@ -195,6 +195,16 @@ def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, 
         if not topo.is_running(peer):
             dead = peer
             mgr.notice_failures()
+            # the peer may have died after its last step reached the receiver (a sender retiring, or
+            # declared failed once the receiver had taken over): nothing is left to restart then
+            status = ray.get(handle.transfer_status.remote(0.0, len(seen)), timeout=60)
+            late = {int(i) for i in status["installed"]} - seen
+            seen |= late
+            progress["peers"] += [dead] * len(late)
+            progress["step_s"] += [round(time.time() - t0, 4)] * len(late)
+            progress["done"] = len(seen)
+            if len(seen) == len(steps) or status["complete"]:
+                break
             peer = pick_peer()
             progress["restarts"] += 1
             first = min(set(range(len(steps))) - seen, default=len(steps))

@@ -1,0 +1,86 @@
+"""KeyedState, the keyed operators' live store: rows appended in arrival order, found through sorted
+runs of (hash, row). Checked against a plain dict model through random upserts, removals,
+bin replacements and snapshots (seeded hypothesis), and for the bound on its runs that keeps a
+growing state from paying its whole size per batch."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replistream.operators.base import bin_of
+from replistream.operators.keyed import KeyedState
+
+PROPS = settings(max_examples=60, deadline=None, derandomize=True, database=None)
+
+OPS = st.lists(st.tuples(st.sampled_from(["upsert", "upsert", "upsert", "remove", "replace", "snapshot", "lookup"]),
+                         st.lists(st.integers(0, 60), min_size=0, max_size=25), st.integers(0, 4)),
+               min_size=1, max_size=40)
+
+
+def _h(keys) -> np.ndarray:
+    # spread small keys over the whole 64-bit range, so every bin count sees several bins
+    return (np.asarray(sorted(set(keys)), dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).astype(np.uint64)
+
+
+@PROPS
+@given(ops=OPS, bits=st.integers(0, 4))
+def test_keyed_state_behaves_as_a_dict_of_rows(ops, bits):
+    state, model = KeyedState({"n": "i8", "tag": "S3"}, bits=bits), {}
+    for i, (op, keys, b) in enumerate(ops):
+        h = _h(keys)
+        if op == "upsert":
+            rows = state.upsert(h, {"tag": np.array([b"t%d" % (x % 10) for x in range(len(h))], dtype="S3")})
+            for j, x in enumerate(h.tolist()):
+                model.setdefault(x, [0, b"t%d" % (j % 10)])
+                model[x][0] += i
+            state.cols["n"][rows] += i
+        elif op == "remove":
+            rows = state.locate(h)
+            state.remove(rows[rows >= 0])
+            for x in h.tolist():
+                model.pop(x, None)
+        elif op == "replace":  # bin b (of 2**bits) holds exactly these keys afterwards
+            b = b % (1 << bits)
+            mine = h[bin_of(h, bits) == b]
+            state.replace_bins([b], mine, {"n": np.full(len(mine), 7), "tag": np.full(len(mine), b"r", dtype="S3")})
+            for x in [x for x in model if int(bin_of(np.array([x], dtype=np.uint64), bits)[0]) == b]:
+                del model[x]
+            for x in mine.tolist():
+                model[x] = [7, b"r"]
+        elif op == "lookup":
+            rows = state.locate(h)
+            assert [r >= 0 for r in rows.tolist()] == [x in model for x in h.tolist()]
+            assert state.cols["n"][rows[rows >= 0]].tolist() == [model[x][0] for x in h.tolist() if x in model]
+        else:  # a snapshot of some bins, at some bin count: sorted, offsets per bin, the model's rows
+            sb = int(b)
+            chosen = sorted({int(x) % (1 << sb) for x in keys}) if keys else None
+            got_h, cols, off = state.snapshot(chosen, sb)
+            want = sorted(x for x in model if chosen is None or
+                          int(bin_of(np.array([x], dtype=np.uint64), sb)[0]) in chosen)
+            assert got_h.tolist() == want
+            assert cols["n"].tolist() == [model[x][0] for x in want]
+            assert cols["tag"].tolist() == [model[x][1] for x in want]
+            assert len(off) == (1 << sb) + 1 and off[-1] == len(want)
+            assert np.array_equal(np.diff(off), np.bincount(bin_of(got_h, sb), minlength=1 << sb))
+        assert len(state) == len(model)
+    assert sorted(state.hash.tolist()) == sorted(model)
+
+
+def test_a_growing_state_keeps_few_runs_and_a_full_snapshot_puts_it_in_order():
+    """Each batch of new keys is appended and indexed as a run; runs merge as the logarithmic
+    method merges them, so there are never more than log2(n) + 1 of them (a batch's lookups
+    cost that many binary searches, its insertion its own keys, not the state's size)."""
+    rng = np.random.default_rng(3)
+    state = KeyedState({"n": "i8"}, bits=8)
+    keys = rng.permutation(2**20).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    most = 0
+    for i in range(0, 200_000, 1000):
+        state.upsert(keys[i:i + 1000])
+        most = max(most, len(state._runs))
+    assert len(state) == 200_000 and most <= int(np.log2(200)) + 1
+    h, cols, off = state.snapshot()
+    assert np.all(h[1:] > h[:-1]) and len(state._runs) == 1
+    assert np.array_equal(state.hash, h)  # the storage itself is in hash order now: bins are slices
+    rows = state.locate(keys[:1000])
+    assert np.array_equal(state.hash[rows], keys[:1000])
