@@ -130,8 +130,11 @@ class KeyedState:
     finds them: a batch's new keys become a run, merged with the one before while the
     two are of comparable size (the logarithmic method: an entry is copied ``O(log n)``
     times overall), and every run is merged into one once lookups in the extra runs
-    have cost as much as that merge. A bin, the top bits of the hash, is one
-    contiguous range of each run.
+    have cost about as much as that merge. A bin, the top bits of the hash, is one
+    contiguous range of each run. Once no new key has come for lookups of a 16th of
+    the rows (the state stopped growing), the rows are put in hash order, so a
+    snapshot copies slices again instead of gathering rows; a full snapshot does it at
+    once.
 
     >>> st = KeyedState({"n": "i8"}, bits=2)
     >>> slots = st.upsert(np.array([5, 2**63], dtype=np.uint64))
@@ -153,6 +156,7 @@ class KeyedState:
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted hashes, their rows), oldest first
         self._probes = 0  # lookups in runs beyond the first since the last full merge
         self._ordered = True  # one run, whose rows are 0..n-1: the storage is in hash order
+        self._since_append = 0  # lookups since new rows last came
         self.cols = _Columns(self)
         self.versions = np.zeros(1 << self.bits, dtype=np.int64)
         self.clock = 0
@@ -181,18 +185,24 @@ class KeyedState:
             at = np.searchsorted(ah, bh)
             self._runs[-2:] = [(np.insert(ah, at, bh), np.insert(ar, at, br))]
 
-    def _merge_runs(self) -> None:
-        """One run of every entry (runs are sorted already, so the stable sort merges them), and the
-        rows put in hash order (renumbered): a bin is then one contiguous slice of the storage, as
-        in a state that never grows, so a snapshot copies slices instead of gathering rows."""
+    def _merge_index(self) -> None:
+        """One run of every entry (runs are sorted already, so the stable sort merges them): 16
+        bytes an entry, whatever the columns."""
         self._probes = 0
-        if self._ordered:
-            return
         if len(self._runs) > 1:
             h = np.concatenate([x for x, _ in self._runs])
             r = np.concatenate([x for _, x in self._runs])
             order = np.argsort(h, kind="stable")
             self._runs = [(h[order], r[order])]
+
+    def _merge_runs(self) -> None:
+        """One run, and the rows put in hash order (renumbered): a bin is then one contiguous slice
+        of the storage, as in a state that never grows, so a snapshot copies slices instead of
+        gathering rows. Costs a copy of every row in a new order."""
+        if self._ordered:
+            self._probes = 0
+            return
+        self._merge_index()
         if self._runs:
             h, r = self._runs[0]
             self._hash = h  # shared with the run: nothing writes rows below n in place
@@ -203,10 +213,11 @@ class KeyedState:
     def locate(self, hashes: np.ndarray) -> np.ndarray:
         """Row of each hash, -1 where absent."""
         hashes = np.asarray(hashes, dtype=np.uint64)
+        self._since_append += len(hashes)
         if len(self._runs) > 1:
             self._probes += len(hashes) * (len(self._runs) - 1)
-            if self._probes > self._n:  # lookups in the extra runs have paid for merging them
-                self._merge_runs()
+            if 8 * self._probes > self._n:  # lookups in the extra runs have paid for merging them
+                self._merge_index()
         out = np.full(len(hashes), -1, dtype=np.int64)
         for rh, rr in self._runs:
             if not len(rh):
@@ -234,6 +245,7 @@ class KeyedState:
             a[n:n + m] = np.zeros(m, dtype=a.dtype) if values is None or c not in values else \
                 np.asarray(values[c], dtype=a.dtype)
         self._n = n + m
+        self._since_append = 0
         rows = np.arange(n, n + m, dtype=np.int64)
         self._add_run(np.asarray(hashes, dtype=np.uint64), rows)
         return rows
@@ -260,8 +272,11 @@ class KeyedState:
 
     def upsert(self, hashes: np.ndarray, init: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
         """Rows of ``hashes`` (distinct), appending absent ones (zeros, or ``init[col][i]`` for the
-        i-th hash); returns the rows, valid until the next removal."""
+        i-th hash); returns the rows, valid until the next ``upsert``, removal or full snapshot
+        (each may renumber rows; :meth:`locate` never does)."""
         hashes = np.asarray(hashes, dtype=np.uint64)
+        if not self._ordered and 16 * self._since_append > self._n:
+            self._merge_runs()  # it stopped growing, and lookups since have paid for the new order
         pos = self.locate(hashes)
         new = pos < 0
         if new.any():
