@@ -155,7 +155,7 @@ class KeyedState:
         self._cols = {c: np.zeros(0, dtype=d) for c, d in self.dtypes.items()}
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted hashes, their rows), oldest first
         self._probes = 0  # lookups in runs beyond the first since the last full merge
-        self._ordered = True  # one run, whose rows are 0..n-1: the storage is in hash order
+        self._ordered = True  # the storage's rows are in hash order (whatever runs index them)
         self._since_append = 0  # lookups since new rows last came
         self.cols = _Columns(self)
         self.versions = np.zeros(1 << self.bits, dtype=np.int64)
@@ -177,7 +177,6 @@ class KeyedState:
 
     # -- the index --------------------------------------------------------------------------
     def _add_run(self, hashes: np.ndarray, rows: np.ndarray) -> None:
-        self._ordered = False
         order = np.argsort(hashes, kind="stable")
         self._runs.append((hashes[order], rows[order]))
         while len(self._runs) > 1 and 2 * len(self._runs[-1][0]) >= len(self._runs[-2][0]):
@@ -196,13 +195,12 @@ class KeyedState:
             self._runs = [(h[order], r[order])]
 
     def _merge_runs(self) -> None:
-        """One run, and the rows put in hash order (renumbered): a bin is then one contiguous slice
-        of the storage, as in a state that never grows, so a snapshot copies slices instead of
-        gathering rows. Costs a copy of every row in a new order."""
-        if self._ordered:
-            self._probes = 0
-            return
+        """One run, and the rows put in hash order (renumbered) if they are not: a bin is then one
+        contiguous slice of the storage, as in a state that never grows, so a snapshot copies
+        slices instead of gathering rows. Costs a copy of every row in a new order."""
         self._merge_index()
+        if self._ordered:
+            return
         if self._runs:
             h, r = self._runs[0]
             self._hash = h  # shared with the run: nothing writes rows below n in place
@@ -231,6 +229,10 @@ class KeyedState:
     def _append(self, hashes: np.ndarray, values: Mapping[str, np.ndarray] | None) -> np.ndarray:
         """Append rows (``values[c]`` per column, zeros where absent); returns their row numbers."""
         m, n = len(hashes), self._n
+        # rows appended in hash order after every row (a restore, a transfer's steps in bin order)
+        # leave the storage in hash order
+        self._ordered = self._ordered and (m == 0 or (bool(np.all(hashes[1:] > hashes[:-1])) and
+                                                      (n == 0 or bool(hashes[0] > self._hash[n - 1]))))
         if n + m > len(self._hash):
             cap = max(2 * len(self._hash), n + m, 16)
             grown = np.zeros(cap, dtype=np.uint64)

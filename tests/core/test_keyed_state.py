@@ -64,6 +64,8 @@ def test_keyed_state_behaves_as_a_dict_of_rows(ops, bits):
             assert len(off) == (1 << sb) + 1 and off[-1] == len(want)
             assert np.array_equal(np.diff(off), np.bincount(bin_of(got_h, sb), minlength=1 << sb))
         assert len(state) == len(model)
+        if state._ordered:  # what the slices of an ordered snapshot rely on
+            assert np.all(state.hash[1:] > state.hash[:-1])
     assert sorted(state.hash.tolist()) == sorted(model)
 
 
@@ -84,3 +86,8 @@ def test_a_growing_state_keeps_few_runs_and_a_full_snapshot_puts_it_in_order():
     assert np.array_equal(state.hash, h)  # the storage itself is in hash order now: bins are slices
     rows = state.locate(keys[:1000])
     assert np.array_equal(state.hash[rows], keys[:1000])
+    # a receiver's steps in bin order append above every row: the storage stays in hash order
+    fresh = KeyedState({"n": "i8"}, bits=8)
+    for b in range(256):
+        fresh.replace_bins([], h[off[b]:off[b + 1]], {"n": cols["n"][off[b]:off[b + 1]]})
+    assert fresh._ordered and np.array_equal(fresh.hash, h)
