@@ -380,7 +380,9 @@ def plot_curve(report: dict, png: str) -> None:
     """Megaphone Fig. 13's layout for this engine: per moving operator (rows), the maximum and
     99th-percentile latency of the outputs arriving during the transfer and the 2 s after it, and
     the transfer's duration (columns), against the number of bins (log scale), one line per
-    strategy. Failed or inexact runs are left out of the lines and listed in the title."""
+    strategy, and dashed the median over the runs of the same latency in the 4 s before each move
+    (the floor the live path sets with no move). Failed or inexact runs are left out of the lines
+    and listed in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -398,6 +400,10 @@ def plot_curve(report: dict, png: str) -> None:
                              and r["strategy"] == strategy and r.get(key) is not None and r.get("exact", True))
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=strategy)
+            before = [r[key.replace("transfer_", "before_")] for r in runs if r["operator"] == op
+                      and r.get(key.replace("transfer_", "before_")) is not None]
+            if before and key != "transfer_s":  # the floor: the same latency with no move, 4 s before it
+                ax.axhline(float(np.median(before)), color="grey", linestyle="--", label="no move (median)")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("bins")

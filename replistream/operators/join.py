@@ -75,14 +75,23 @@ class _SideBuffer:
         self.keys: list[np.ndarray] = []  # sorted search key per chunk
         self._index: list = []  # per chunk, (unique keys, positions, tmin, tmax) once a probe needed it
         self.tmin: list[int] = []  # per chunk, its earliest timestamp (a purge below it keeps the chunk)
+        self.tmax: list[int] = []  # per chunk, its latest timestamp (a purge at or above it drops the chunk)
+        self.bound: int | None = None  # the latest purge: rows at or below it are expired
 
     def _merge(self, a: int) -> None:
-        """Merge chunks ``a..`` (the last ones) into one."""
+        """Merge chunks ``a..`` (the last ones) into one, leaving out expired rows."""
         batch = np.concatenate(self.chunks[a:])
         key = np.concatenate(self.keys[a:])
+        if self.bound is not None and min(self.tmin[a:]) <= self.bound:
+            keep = batch[TS] > self.bound
+            batch, key = batch[keep], key[keep]
         order = np.lexsort((batch[TS], key))
         self.chunks[a:], self.keys[a:], self._index[a:] = [batch[order]], [key[order]], [None]
-        self.tmin[a:] = [min(self.tmin[a:])]
+        t = batch[TS]
+        self.tmin[a:] = [int(t.min()) if len(t) else 0]
+        self.tmax[a:] = [int(t.max()) if len(t) else 0]
+        if not len(batch):
+            del self.chunks[a:], self.keys[a:], self._index[a:], self.tmin[a:], self.tmax[a:]
 
     def add(self, batch: np.ndarray, key: np.ndarray) -> None:
         if not len(batch):
@@ -92,28 +101,47 @@ class _SideBuffer:
         self.keys.append(key[order])
         self._index.append(None)
         self.tmin.append(int(batch[TS].min()))
+        self.tmax.append(int(batch[TS].max()))
         while len(self.chunks) > 1 and 2 * len(self.chunks[-1]) >= len(self.chunks[-2]):
             self._merge(len(self.chunks) - 2)
         if len(self.chunks) > _MAX_CHUNKS:
             self._merge(0)
 
     def purge(self, bound: int) -> None:
-        """Drop tuples with ts <= bound."""
-        chunks, keys, index, tmin = [], [], [], []
-        for c, k, x, t in zip(self.chunks, self.keys, self._index, self.tmin):
-            if t > bound:  # nothing of it is that old
-                chunks.append(c)
-                keys.append(k)
-                index.append(x)
-                tmin.append(t)
-                continue
-            keep = c[TS] > bound
-            if keep.any():
-                chunks.append(c[keep])
-                keys.append(k[keep])
-                index.append(None)
-                tmin.append(int(c[TS][keep].min()))
-        self.chunks, self.keys, self._index, self.tmin = chunks, keys, index, tmin
+        """Expire tuples with ts <= bound (Algorithm 2, lines 5-6). No later probe can match them
+        (a probe tuple of the other side has ts > its punctuation, so its window starts above
+        ``bound``), so they leave lazily: a chunk goes once all of it is expired, and is copied
+        without them once at least half of its time span is, not at every punctuation (a large
+        chunk, such as a window loaded at once, would otherwise be copied whole 50 times a
+        second). What the buffer gives out (:meth:`live`, :meth:`rows_in_bins`, ``len``) never
+        holds them."""
+        self.bound = bound if self.bound is None else max(self.bound, bound)
+        bound = self.bound
+        chunks, keys, index, tmin, tmax = [], [], [], [], []
+        for c, k, x, t, u in zip(self.chunks, self.keys, self._index, self.tmin, self.tmax):
+            if u <= bound:
+                continue  # all of it expired
+            if t <= bound and 2 * (bound - t + 1) >= u - t + 1:
+                keep = c[TS] > bound
+                c, k, x = c[keep], k[keep], None
+                t = int(c[TS].min())
+            chunks.append(c)
+            keys.append(k)
+            index.append(x)
+            tmin.append(t)
+            tmax.append(u)
+        self.chunks, self.keys, self._index, self.tmin, self.tmax = chunks, keys, index, tmin, tmax
+
+    def live(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(rows, search keys)`` of each chunk without its expired rows (still sorted)."""
+        out = []
+        for c, k, t in zip(self.chunks, self.keys, self.tmin):
+            if self.bound is not None and t <= self.bound:
+                keep = c[TS] > self.bound
+                c, k = c[keep], k[keep]
+            if len(c):
+                out.append((c, k))
+        return out
 
     def ranges(self, i: int, key: np.ndarray, ts: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray] | None:
         """``(lo, hi)``: the rows of chunk ``i`` with key equal to ``key`` and ``|ts' - ts| < w``,
@@ -148,7 +176,7 @@ class _SideBuffer:
         ``2**bits`` bins (all when None), in chunk order: slices of each sorted chunk, found
         by binary search; None when nothing is buffered."""
         rows, keys = [], []
-        for c, k in zip(self.chunks, self.keys):
+        for c, k in self.live():
             if bins is not None:
                 idx = concat_ranges(*bin_ranges(k, bits, bins))
                 if not len(idx):
@@ -163,7 +191,7 @@ class _SideBuffer:
         return np.concatenate(rows), np.concatenate(keys)
 
     def __len__(self) -> int:
-        return sum(len(c) for c in self.chunks)
+        return sum(len(c) for c, _ in self.live())
 
 
 class JoinLogic(OperatorLogic):
@@ -334,7 +362,7 @@ class JoinLogic(OperatorLogic):
     def _state_tables(self, keyed):
         tables = {}
         for port, side in enumerate(("left", "right")):
-            chunks = self.buffers[port].chunks
+            chunks = [c for c, _ in self.buffers[port].live()]
             rows = chunks[0] if len(chunks) == 1 else (
                 np.concatenate(chunks) if chunks else self.in_schemas[port].empty())
             key = hash_columns(rows, self.keys[port]) if keyed and self.keys[port] is not None else None

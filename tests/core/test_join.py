@@ -178,6 +178,34 @@ def test_punctuation_purges_other_buffer():
     assert j.buffered == (0, 0)
 
 
+def test_a_window_loaded_at_once_is_not_copied_at_every_punctuation():
+    """A chunk of the window (here 100,000 tuples with ts 0..99,999, loaded in one batch) expires
+    lazily: punctuations one unit apart copy it only when half of its remaining time span has
+    expired, about log2(span) times instead of once per punctuation, while what the Join holds
+    and gives out (``buffered``, checkpoints) is exactly what an eager purge would leave, and its
+    output is the same."""
+    A = Schema({"x": "i8"})
+    j = JoinLogic("j", [A, A], window=1000)
+    n = 100_000
+    j.process(0, A.from_columns({"ts": np.arange(n), "x": np.arange(n) % 50}, ids=np.arange(n)))  # no key: a band join
+    buf = j.buffers[0]
+    copies, last = 0, buf.chunks[0]
+    for p in range(1000, n + 1000, 97):
+        j.process(1, Punctuation(p))
+        if buf.chunks and buf.chunks[0] is not last:
+            copies, last = copies + 1, buf.chunks[0]
+        assert j.buffered[0] == int(np.sum(np.arange(n) > p + 1 - 1000))
+        if p % 9991 == 0:  # a checkpoint holds exactly the live rows
+            rows = j.checkpoint().tables["left"]["rows"]
+            assert sorted(rows["ts"].tolist()) == list(range(p + 2 - 1000, n))
+    assert copies <= 20, copies
+    # a probe after the purges (above the last punctuation) joins the live rows in its window
+    ts = p + 1
+    out = j.process(1, A.from_columns({"ts": [ts], "x": [7]}, ids=[10**6]))
+    got = np.concatenate(out)
+    assert len(got) == sum(1 for t in range(n) if abs(t - ts) < 1000) == 88 and set(got["ts"].tolist()) == {ts}
+
+
 def test_tuple_that_can_no_longer_match_is_not_buffered():
     A = Schema({"x": "i8"})
     j = JoinLogic("j", [A, A], window=5)
