@@ -191,7 +191,9 @@ class _SideBuffer:
         return np.concatenate(rows), np.concatenate(keys)
 
     def __len__(self) -> int:
-        return sum(len(c) for c, _ in self.live())
+        """Tuples held and not expired (counted, not copied as :meth:`live` copies them)."""
+        return sum(int(np.count_nonzero(c[TS] > self.bound)) if self.bound is not None and t <= self.bound
+                   else len(c) for c, t in zip(self.chunks, self.tmin))
 
 
 class JoinLogic(OperatorLogic):
