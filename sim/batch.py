@@ -286,6 +286,10 @@ class BatchRun:
         self.obs_k: int | None = None  # the call being replayed (an index into rec["calls"])
         self.lookahead_epochs = 0
         self.lookahead_calls = 0
+        # ``abort(sim) -> str | None``, asked after every epoch (Simulator.run's ``abort``): a reason
+        # ends the run there, incomplete, with the reason in ``aborted``
+        self.abort: Callable | None = None
+        self.aborted: str | None = None
 
     # -- look-ahead epochs (the coordinator's observations recorded per period) --------------------
     def _record(self, r, port: int, tv: np.ndarray, lv: np.ndarray) -> None:
@@ -936,6 +940,8 @@ class BatchRun:
                 if horizon is not None and horizon >= next_call + period:
                     t = self._lookahead(t, next_call, period, horizon, bar, task)
                     next_call = t + period if self.pending_work() else math.inf
+                    if self._aborted(t):
+                        break
                     continue
             if not self.pending_work():
                 t_end = next_call
@@ -977,7 +983,19 @@ class BatchRun:
                 bar.update(task, completed=min(t, bar.tasks[0].total))
             if self.until is not None and t >= self.until:
                 break
+            if self._aborted(t):
+                break
         sim.now = self.max_t
+
+    def _aborted(self, t: float) -> bool:
+        """Ask ``abort`` at the end of an epoch; its reason (with the time) ends the run."""
+        if self.abort is None:
+            return False
+        why = self.abort(self.sim)
+        if why:
+            self.aborted = f"{why} (stopped at t={t:g} s)"
+            self.sim.events.append({"t": t, "event": "aborted", "reason": why})
+        return bool(why)
 
 
 def _pre(x, a: np.ndarray) -> np.ndarray:

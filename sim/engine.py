@@ -465,12 +465,16 @@ class Simulator:
 
     # -- the run ---------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, Any], until: float | None = None, progress: bool = False,
-            horizon_s: float | None = None) -> RunResult:
+            horizon_s: float | None = None, abort: Callable | None = None) -> RunResult:
         """Feed ``inputs`` (``{source: chunks}``, as for ``run_reference``; generators are read
         lazily) and simulate until every event has happened (or virtual time ``until``).
         ``progress`` (True, or a label such as ``"fig4 min-cost kmax=3"``) shows this run's
         :class:`RunProgress` line up to ``horizon_s`` virtual seconds (default: the last chunk's time
-        when the inputs are lists)."""
+        when the inputs are lists).
+
+        ``abort(sim) -> str | None`` (batched engine only) is asked after every epoch; a reason
+        ends the run there: the result is incomplete and :attr:`aborted` holds the reason with
+        the virtual time (an experiment stops a run that already broke its guarantee this way)."""
         q = self.query
         unknown = set(inputs) - set(q.sources)
         if unknown:
@@ -490,8 +494,11 @@ class Simulator:
         times = [t for t in (self._first_time(s) for s in q.sources) if t is not None]
         self.ts0 = min(times) if times else 0
         self._last_feed = {s: 0.0 for s in q.sources}
+        self.aborted: str | None = None
+        if abort is not None and self.batch_s is None:
+            raise ValueError("abort= needs the batched engine (Simulator(..., batch_s=...))")
         if self.batch_s is not None:
-            return self._run_batched(until, progress, horizon_s, inputs)
+            return self._run_batched(until, progress, horizon_s, inputs, abort)
         for s in q.sources:
             self._schedule_feed(s, self._next_chunk(s))
         for ev in self.kills:
@@ -532,14 +539,16 @@ class Simulator:
                 bar.stop()
         return self._result()
 
-    def _run_batched(self, until, progress, horizon_s, inputs) -> RunResult:
+    def _run_batched(self, until, progress, horizon_s, inputs, abort=None) -> RunResult:
         from .batch import BatchRun
 
         self._batch = BatchRun(self, self.batch_s, until, link_model=self._lat, read_chunk=self._next_chunk,
                                kill=self._kill, victims=self._victims, slowdowns=self._has_slow)
+        self._batch.abort = abort
         bar, task = self._progress_bar(progress, until, horizon_s, inputs)
         try:
             self._batch.run(bar, task)
+            self.aborted = self._batch.aborted
         finally:
             if bar is not None:
                 bar.update(task, completed=bar.tasks[0].total)
