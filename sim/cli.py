@@ -46,7 +46,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="fig5: run the kmax rows in N processes (default: one per CPU at full scale)")
     p.add_argument("--resume", action="store_true", default=None,
-                   help="fig5: reuse rows an earlier run with the same parameters wrote to --out DIR/fig5_rows/")
+                   help="fig5: reuse rows an earlier run with the same parameters wrote to --out DIR/fig5_rows/, "
+                        "and the simulated runs a row stopped halfway had finished (DIR/fig5_rows/trials/)")
     p.add_argument("--hours", type=float, default=None, metavar="H",
                    help="fig5: simulated hours (default: the scale's, 24 full, 1/12 quick)")
     p.add_argument("--kmax", type=int, nargs="+", default=None, metavar="K", help="fig5: only these kmax rows")

@@ -791,31 +791,95 @@ def _fig5_scale(quick: bool, hours: float | None = None, kmax=None) -> tuple[int
 FIG5_METRICS = {"max": "max_s", "p99": "p99_s"}
 
 
+class TrialCache:
+    """Results of Fig. 5's simulated runs kept on disk, one JSON file per run, named by a digest
+    of the experiment's parameters, the kmax and what the run is (static; GC alone or GC +
+    revival, its target and the live stream replicas it starts with), so that a row stopped
+    halfway (a month row takes hours) goes on from its last finished run. A file is written
+    whole (to a temporary name, then renamed): a run cut short leaves nothing. After a change
+    of the simulator, delete the directory: the digest does not cover the code.
+
+    >>> import tempfile
+    >>> c = TrialCache(tempfile.mkdtemp(), {"seed": 0, "k": 3})
+    >>> c.get({"run": "static"}) is None
+    True
+    >>> c.put({"run": "static"}, {"max_s": 0.2}); c.get({"run": "static"})
+    {'max_s': 0.2}
+    >>> TrialCache(c.path, {"seed": 1, "k": 3}).get({"run": "static"}) is None   # other parameters
+    True
+    """
+
+    def __init__(self, path: str, params: dict, reuse: bool = True):
+        self.path, self.params, self.reuse = path, params, reuse
+        os.makedirs(path, exist_ok=True)
+
+    def _file(self, key: dict) -> str:
+        import hashlib
+
+        text = json.dumps({"params": self.params, "key": key}, sort_keys=True, default=jsonable)
+        return os.path.join(self.path, hashlib.sha256(text.encode()).hexdigest()[:24] + ".json")
+
+    def get(self, key: dict) -> dict | None:
+        """The result stored under ``key``, or None (always None unless ``reuse``)."""
+        path = self._file(key)
+        if not self.reuse or not os.path.exists(path):
+            return None
+        with open(path) as fh:
+            return json.load(fh)["result"]
+
+    def put(self, key: dict, result: dict) -> None:
+        """Store ``result`` under ``key``."""
+        path = self._file(key)
+        with open(path + ".tmp", "w") as fh:
+            json.dump({"params": self.params, "key": key, "result": result}, fh, default=jsonable)
+        os.replace(path + ".tmp", path)
+
+
 def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: float | None = None,
-              damping: bool = True, create: bool = True, metric: str = "max") -> dict:
+              damping: bool = True, create: bool = True, metric: str = "max", trials_dir: str | None = None,
+              reuse: bool = True) -> dict:
     """One kmax of Fig. 5 (static, GC, GC + revival); runs on its own, so rows can run in
     parallel processes. The setting is rebuilt from its seed, identically in every process.
     ``damping``: revival damped with :data:`FIG5_DAMPING` (False: as before, undamped);
-    ``create``: revival may start new replicas; ``metric``: a key of :data:`FIG5_METRICS`."""
+    ``create``: revival may start new replicas; ``metric``: a key of :data:`FIG5_METRICS`;
+    ``trials_dir``: each simulated run's result is kept there (:class:`TrialCache`) and, with
+    ``reuse``, taken from there when a call with the same parameters stored it (``reused`` in
+    ``tried``)."""
     from replistream.gc import collect_garbage
 
     monitored, hours, _ = _fig5_scale(quick, hours)
     mkey = FIG5_METRICS[metric]
     t0, c0 = time.time(), time.process_time()
     st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, chunk=FIG5_CHUNK)
-    ref = run_reference(st.query, st.inputs)
-    n_out = sum(len(ref.outputs[a]) for a in st.query.sinks)
+    cache = TrialCache(trials_dir, {**_fig5_params(quick, seed, hours, damping, create, metric), "k": k},
+                       reuse=reuse) if trials_dir else None
+    box: dict = {}
+
+    def ref():  # the reference run, made only when a simulated run needs it
+        if "ref" not in box:
+            box["ref"] = run_reference(st.query, st.inputs)
+        return box["ref"]
+
     base = st.base_placement()
     base_cost = base.network_cost
     assert math.isclose(_cost(st, _snapshot(st, base.plan())), base_cost, rel_tol=1e-9)
     plan = min_cost(st.problem, k).plan()
-    sim = Simulator(st.query, plan, st.network, sources=st.sources, batch_s=FIG5_PLAIN_BATCH_S)
-    res = sim.run(st.inputs, progress=progress and f"fig5 kmax={k} static min-cost")
-    _check_exact(st, res, ref)
-    lat = np.concatenate([res.latencies(a)[1] for a in st.query.sinks])
-    snap0 = _snapshot(st, plan, weights=sim.weights())
+    static_run = cache.get({"run": "static"}) if cache else None
+    if static_run is None:
+        w0, p0 = time.time(), time.process_time()
+        sim = Simulator(st.query, plan, st.network, sources=st.sources, batch_s=FIG5_PLAIN_BATCH_S)
+        res = sim.run(st.inputs, progress=progress and f"fig5 kmax={k} static min-cost")
+        _check_exact(st, res, ref())
+        lat = np.concatenate([res.latencies(a)[1] for a in st.query.sinks])
+        static_run = {"weights": sim.weights(), "max_s": float(lat.max()),
+                      "n_out": sum(len(ref().outputs[a]) for a in st.query.sinks),
+                      "wall_s": time.time() - w0, "cpu_s": time.process_time() - p0}
+        if cache:
+            cache.put({"run": "static"}, static_run)
+    n_out = static_run["n_out"]
+    snap0 = _snapshot(st, plan, weights=static_run["weights"])
     static = snap0.total_cost()  # Algorithm 6's theta is about the streams it can discard
-    row = {"k": k, "static_cost": _cost(st, snap0) / base_cost, "static_max_s": float(lat.max()),
+    row = {"k": k, "static_cost": _cost(st, snap0) / base_cost, "static_max_s": static_run["max_s"],
            "static_streams": len(snap0.streams)}
     tried: list[dict] = []
     done: dict = {}  # a GC target Algorithm 6 cannot reach leaves the snapshot of the one above: not re-run
@@ -827,11 +891,20 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
         live = frozenset(x.id for x in g.snapshot.streams if x.live)
         key = (mode, f if mode == "gc+revival" else None, live)  # revival's GC steps aim at theta
         if key not in done:
-            snap = g.snapshot.evolve(theta=f * static) if mode == "gc+revival" else g.snapshot
-            done[key] = _gc_run(st, plan, snap, ref, revival=mode == "gc+revival",
-                                progress=progress and f"fig5 kmax={k} {mode} theta={f:g}",
-                                damping=FIG5_DAMPING if damping else None, create=create,
-                                watch=lambda: GuaranteeWatch(metric, FIG5_GUARANTEE_S, n_out))
+            ckey = {"run": mode, "theta": key[1], "live": sorted(live)}
+            got = cache.get(ckey) if cache else None
+            if got is not None:
+                done[key] = {**got, "reused": True}
+            else:
+                snap = g.snapshot.evolve(theta=f * static) if mode == "gc+revival" else g.snapshot
+                w0, p0 = time.time(), time.process_time()
+                done[key] = _gc_run(st, plan, snap, ref(), revival=mode == "gc+revival",
+                                    progress=progress and f"fig5 kmax={k} {mode} theta={f:g}",
+                                    damping=FIG5_DAMPING if damping else None, create=create,
+                                    watch=lambda: GuaranteeWatch(metric, FIG5_GUARANTEE_S, n_out))
+                done[key].update(wall_s=time.time() - w0, cpu_s=time.process_time() - p0)
+                if cache:
+                    cache.put(ckey, done[key])
             tried.append({"theta": f, "mode": mode, **done[key]})
         r = done[key]
         results[(mode, i)] = r
@@ -844,6 +917,7 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     gc_best = results[("gc", gi)] if gi is not None else None
     rv_best = results[("gc+revival", ri)] if ri is not None else None
     gc_cost = gc_best["cost"] if gc_best else _cost(st, snap0)  # nothing kept: the static deployment's
+    row.update({"static_wall_s": static_run["wall_s"], "static_cpu_s": static_run["cpu_s"]})
     row.update({
         "gc_theta": FIG5_THETAS[gi] if gi is not None else None,
         "gc_cost": gc_cost / base_cost,
@@ -865,6 +939,7 @@ def _fig5_params(quick: bool, seed: int, hours: float | None = None, damping: bo
     monitored, hours, _ = _fig5_scale(quick, hours)
     return {"quick": quick, "seed": seed, "monitored": monitored, "simulated_hours": hours,
             "guarantee_s": FIG5_GUARANTEE_S, "metric": metric, "thetas": list(FIG5_THETAS), "batch_s": FIG5_BATCH_S,
+            "plain_batch_s": FIG5_PLAIN_BATCH_S,
             "revival_threshold_s": FIG5_REVIVAL_THRESHOLD_S, "damping": dict(FIG5_DAMPING) if damping else None,
             "create_replicas": create}
 
@@ -896,15 +971,20 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
 
     The kmax rows are independent: ``jobs`` processes run them in parallel (default: one
     per CPU at full scale, one at quick scale). With ``out``, each row is written to
-    ``<out>/fig5_rows/k<kmax>.json`` as it completes; ``resume=True`` reuses rows found
-    there with the same parameters (scale, seed, targets, guarantee) instead of re-running them.
+    ``<out>/fig5_rows/k<kmax>.json`` as it completes, and each simulated run to
+    ``<out>/fig5_rows/trials`` (:class:`TrialCache`); ``resume=True`` reuses rows found
+    there with the same parameters (scale, seed, targets, guarantee) instead of re-running them,
+    and in a row not finished the runs that were (a month row takes hours).
     """
     if metric not in FIG5_METRICS:
         raise ValueError(f"metric must be one of {', '.join(FIG5_METRICS)}, got {metric!r}")
     monitored, hours, kmax = _fig5_scale(quick, hours, kmax)
     params = _fig5_params(quick, seed, hours, damping, create, metric)
-    opts = {"hours": hours, "damping": damping, "create": create, "metric": metric}
     rows_dir = os.path.join(out, "fig5_rows") if out else None
+    # every simulated run is kept under <out>/fig5_rows/trials; --resume also reuses them (a row
+    # stopped halfway goes on from its last finished run)
+    opts = {"hours": hours, "damping": damping, "create": create, "metric": metric,
+            "trials_dir": os.path.join(rows_dir, "trials") if rows_dir else None, "reuse": bool(resume)}
     found: dict[int, dict] = {}
     if rows_dir and resume:
         for k in kmax:

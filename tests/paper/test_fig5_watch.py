@@ -1,4 +1,6 @@
 """Fig. 5's trials stop as soon as they break the latency guarantee (GuaranteeWatch), and only then."""
+import json
+
 import numpy as np
 import pytest
 
@@ -63,3 +65,32 @@ def test_a_trial_that_breaks_the_guarantee_stops_at_the_breach_and_fails():
     kept = _gc_run(st, plan, snap, ref, revival=False, progress=False,
                    watch=lambda: GuaranteeWatch("max", 2 * full["max_s"], n))
     assert kept["aborted"] is None and kept["exact"] and kept["max_s"] == full["max_s"]
+
+
+def test_a_row_stopped_halfway_resumes_from_its_finished_runs(tmp_path, monkeypatch):
+    """Every simulated run of a Fig. 5 row is kept (TrialCache); --resume takes them instead of
+    simulating again, and the row is the same. Without --resume nothing is reused."""
+    from replistream.sim import experiments
+
+    first = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path))["rows"][0]
+    trials = list((tmp_path / "fig5_rows" / "trials").glob("*.json"))
+    assert len(trials) == 1 + len(first["tried"])  # the static run and each trial
+    (tmp_path / "fig5_rows" / "k2.json").unlink()  # as if the row had not finished
+
+    calls = []
+    real = experiments._gc_run
+
+    def counted(*a, **kw):
+        if "_fallback" not in kw:  # a revival run calls itself once more for its look-ahead: not counted
+            calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(experiments, "_gc_run", counted)
+    again = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path), resume=True)["rows"][0]
+    assert calls == [] and all(t["reused"] for t in again["tried"])
+    timing = ("wall_s", "cpu_s", "reused")
+    strip = lambda row: {k: ([{x: y for x, y in t.items() if x not in timing} for t in v] if k == "tried" else v)  # noqa: E731
+                         for k, v in row.items() if k not in timing}
+    assert strip(again) == strip(json.loads(json.dumps(first, default=experiments.jsonable)))
+    experiments.fig5(quick=True, kmax=[2], out=str(tmp_path))  # no --resume: simulated again
+    assert len(calls) == len(first["tried"])

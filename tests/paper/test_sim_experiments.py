@@ -69,7 +69,9 @@ def test_fig5_garbage_collection_saves_cost_within_the_guarantee(tmp_path):
     assert data["rows"][1]["static_cost"] > data["rows"][0]["static_cost"]
     assert (tmp_path / "fig5.png").exists()
     # each kmax's row was written as it completed; --resume reuses rows of the same parameters
-    assert sorted(p.name for p in (tmp_path / "fig5_rows").iterdir()) == ["k2.json", "k3.json"]
+    assert sorted(p.name for p in (tmp_path / "fig5_rows").iterdir()) == ["k2.json", "k3.json", "trials"]
+    assert len(list((tmp_path / "fig5_rows" / "trials").glob("*.json"))) == \
+        sum(1 + len(r["tried"]) for r in data["rows"])  # every simulated run is kept too
     again = fig5(quick=True, out=str(tmp_path), resume=True)
     assert again["reused_rows"] == [2, 3] and again["rows"] == json.loads(json.dumps(data["rows"], default=jsonable))
 
