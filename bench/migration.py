@@ -245,7 +245,7 @@ def build(operator: str, keys: int, rate: int, steady_s: float):
 
 
 def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail_s: float, steady_s: float,
-            check: bool, operator: str = "keyed", pause_ms: float = 5.0) -> dict:
+            check: bool, operator: str = "keyed", pause_ms: float = 5.0, spares: int = 1) -> dict:
     from replistream.engines.ray import deploy
     from replistream.testing import assert_same_output, run_reference
 
@@ -273,8 +273,11 @@ def migrate(keys: int, rate: int, strategy: str, bits: int, move_at: float, tail
     at = next(i for i, c in enumerate(chunks) if c["ts"][0] >= move_ts)
     data[first] = chunks[:at] + [Call(start_move)] + chunks[at:]
     out: dict = {"operator": operator, "strategy": strategy, "bits": bits, "keys": keys, "rate": rate,
-                 "pause_ms": pause_ms}
-    with deploy(q, servers=3, k=1, flush_ms=2.0) as dep:
+                 "pause_ms": pause_ms, "spares": spares}
+    # spares: the receiving replica takes a warm actor instead of starting a process, as Megaphone
+    # moves state between workers that already run (a process start takes about a core-second here,
+    # which on two cores the serving replica would pay in latency before the first step)
+    with deploy(q, servers=3, k=1, flush_ms=2.0, spares=spares) as dep:
         res = dep.run(data, pace=1.0, timeout=steady_s + 60)
         if "thread" in box:
             box["thread"].join(timeout=600)
@@ -492,6 +495,9 @@ def main() -> None:
                          "per punctuation); each value is a run of batched and fluid")
     ap.add_argument("--operators", nargs="*", default=["keyed"], choices=OPERATORS,
                     help="which operator moves: keyed count (default), join, aggregate (see build())")
+    ap.add_argument("--spares", type=int, default=1,
+                    help="warm spare actors of the deployment (deploy(spares=...)): the moved replica's "
+                         "new actor is one of them (0: it starts a process during the move)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--skip-migration", action="store_true")
     ap.add_argument("--skip-dormant", action="store_true")
@@ -558,7 +564,7 @@ def main() -> None:
                                                        max(10.0, 0.0025 * (1 << bits)) if strategy == "fluid"
                                                        else 10.0)
                         r = migrate(a.keys, a.rate, strategy, bits, a.move_at, a.tail, steady, not a.no_check,
-                                    operator=operator, pause_ms=pause)
+                                    operator=operator, pause_ms=pause, spares=a.spares)
                         runs.append(r)
                         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
                                           if k != "timeline"}), flush=True)
