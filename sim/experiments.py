@@ -600,7 +600,8 @@ LOOKAHEAD_MARGIN = 1.0
 def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | str, period_s: float = 10.0,
             gc_period_s: float = 300.0, threshold_s: float = FIG5_REVIVAL_THRESHOLD_S, damping: dict | None = None,
             create: bool = True, lookahead_s: float | None = FIG5_LOOKAHEAD_S, _fallback: bool = True,
-            log: Callable[[float], None] | None = None, watch: Callable[[], GuaranteeWatch] | None = None) -> dict:
+            log: Callable[[float], None] | None = None, watch: Callable[[], GuaranteeWatch] | None = None,
+            silence_s: float = 60.0) -> dict:
     """Simulate ``plan`` with only ``snap``'s live stream replicas; with ``revival``, a coordinator
     every ``period_s`` revives for replicas observing input delays above ``threshold_s``
     (:func:`replistream.gc.plan_revival`, damped by a :class:`replistream.gc.RevivalDamper`
@@ -623,6 +624,9 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
     without look-ahead (counted in ``lookahead_misses``). None: stop at every call. ``log(t)``
     is called at every coordinator call (progress of long runs, bench/sim.py --fig5).
 
+    ``silence_s``: a port with no new tuple for longer observes the silence beyond it as a
+    delay (:meth:`Simulator.input_delays`): the detection delay of a cut path.
+
     ``watch``: makes a :class:`GuaranteeWatch` that stops the run once the guarantee is broken
     for sure (``aborted`` says why and when; the result is then not exact, and ``max_s`` and
     ``p99_s`` are those of the tuples delivered so far)."""
@@ -633,10 +637,10 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
     if revival and lookahead_s is not None and _fallback:
         try:
             return _gc_run(st, plan, snap, ref, revival, progress, period_s, gc_period_s, threshold_s, damping,
-                           create, lookahead_s, _fallback=False, log=log, watch=watch)
+                           create, lookahead_s, _fallback=False, log=log, watch=watch, silence_s=silence_s)
         except LookaheadMiss:
             r = _gc_run(st, plan, snap, ref, revival, progress, period_s, gc_period_s, threshold_s, damping,
-                        create, None, log=log, watch=watch)
+                        create, None, log=log, watch=watch, silence_s=silence_s)
             r["lookahead_misses"] = 1
             return r
 
@@ -656,7 +660,7 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
         s = state["snap"]
         state["cost_area"] += _cost(st, s) * (t - state["last_t"])
         state["last_t"] = t
-        delays = sim.input_delays(t)
+        delays = sim.input_delays(t, silence_s=silence_s)
         state["over_threshold"] += sum(d > threshold_s for d in delays.values())
         events = []
         for e in plan_revival(s, damper.observe(delays), threshold_s=threshold_s,
@@ -713,7 +717,7 @@ def _gc_run(st: Setting, plan: dict, snap, ref, revival: bool, progress: bool | 
         for g in sim.groups.values():
             for r in g:
                 if r.alive and r.core is not None and r.label in fed and (
-                        not r.last_in or t - min(r.last_in) > 20.0):
+                        not r.last_in or t - min(r.last_in) > min(20.0, silence_s / 3)):
                     return None
         while h >= t + 2 * period_s:  # the longest of h, then 1/2, 1/4 ... as far ahead whose bound holds
             b = delay_bounds(sim, t - LOOKAHEAD_SETTLE_S, h)

@@ -94,3 +94,19 @@ def test_a_row_stopped_halfway_resumes_from_its_finished_runs(tmp_path, monkeypa
     assert strip(again) == strip(json.loads(json.dumps(first, default=experiments.jsonable)))
     experiments.fig5(quick=True, kmax=[2], out=str(tmp_path))  # no --resume: simulated again
     assert len(calls) == len(first["tried"])
+
+
+@pytest.mark.slow
+def test_a_shorter_silence_detects_a_cut_path_sooner():
+    """Revival observes a cut path as silence beyond ``silence_s``: the shorter it is, the sooner
+    the discarded stream replicas come back and the less the tuples behind the cut wait."""
+    from replistream.engines import run_reference
+    from replistream.sim.experiments import _gc_run
+
+    st, plan, snap = _cut_setting()
+    ref = run_reference(st.query, st.inputs)
+    slow = _gc_run(st, plan, snap, ref, revival=True, progress=False, silence_s=60.0)
+    fast = _gc_run(st, plan, snap, ref, revival=True, progress=False, silence_s=10.0)
+    assert slow["exact"] and fast["exact"]
+    assert slow["revivals"] > 0 and fast["revivals"] > 0
+    assert fast["max_s"] < slow["max_s"] < 120  # the cut lasts 120 s
