@@ -24,6 +24,8 @@ relaxation; alpha 0.8, d_min 30 ms) or random.
 from __future__ import annotations
 
 import csv
+import functools
+import hashlib
 import json
 import math
 import os
@@ -527,6 +529,8 @@ class GuaranteeWatch:
                 why = self.add(np.frombuffer(rec.at, dtype=np.float64)[i:] - (ts - sim.ts0) / 1e6) or why
                 self._seen[app] = len(rec.ts)
         return why
+
+
 #: Readings per input chunk in Fig. 5's runs (an hour at 10 s; only speed changes, see :func:`fig1_setting`).
 FIG5_CHUNK = 360
 #: Targets theta tried, as fractions of the static min-cost network cost, most generous first.
@@ -818,8 +822,6 @@ class TrialCache:
         os.makedirs(path, exist_ok=True)
 
     def _file(self, key: dict) -> str:
-        import hashlib
-
         text = json.dumps({"params": self.params, "key": key}, sort_keys=True, default=jsonable)
         return os.path.join(self.path, hashlib.sha256(text.encode()).hexdigest()[:24] + ".json")
 
@@ -857,12 +859,7 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, chunk=FIG5_CHUNK)
     cache = TrialCache(trials_dir, {**_fig5_params(quick, seed, hours, damping, create, metric), "k": k},
                        reuse=reuse) if trials_dir else None
-    box: dict = {}
-
-    def ref():  # the reference run, made only when a simulated run needs it
-        if "ref" not in box:
-            box["ref"] = run_reference(st.query, st.inputs)
-        return box["ref"]
+    ref = functools.cache(lambda: run_reference(st.query, st.inputs))  # made only when a run needs it
 
     base = st.base_placement()
     base_cost = base.network_cost
@@ -884,7 +881,8 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     snap0 = _snapshot(st, plan, weights=static_run["weights"])
     static = snap0.total_cost()  # Algorithm 6's theta is about the streams it can discard
     row = {"k": k, "static_cost": _cost(st, snap0) / base_cost, "static_max_s": static_run["max_s"],
-           "static_streams": len(snap0.streams)}
+           "static_streams": len(snap0.streams), "static_wall_s": static_run["wall_s"],
+           "static_cpu_s": static_run["cpu_s"]}
     tried: list[dict] = []
     done: dict = {}  # a GC target Algorithm 6 cannot reach leaves the snapshot of the one above: not re-run
     results: dict = {}  # (mode, target index) -> result
@@ -921,7 +919,6 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     gc_best = results[("gc", gi)] if gi is not None else None
     rv_best = results[("gc+revival", ri)] if ri is not None else None
     gc_cost = gc_best["cost"] if gc_best else _cost(st, snap0)  # nothing kept: the static deployment's
-    row.update({"static_wall_s": static_run["wall_s"], "static_cpu_s": static_run["cpu_s"]})
     row.update({
         "gc_theta": FIG5_THETAS[gi] if gi is not None else None,
         "gc_cost": gc_cost / base_cost,
