@@ -48,6 +48,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", default=None,
                    help="fig5: reuse rows an earlier run with the same parameters wrote to --out DIR/fig5_rows/, "
                         "and the simulated runs a row stopped halfway had finished (DIR/fig5_rows/trials/)")
+    p.add_argument("--trials", default=None, metavar="DIR",
+                   help="fig5: keep each simulated run in DIR instead of --out DIR/fig5_rows/trials/ (with "
+                        "--resume, reuse them); --metric max and p99 share the runs they both answer")
     p.add_argument("--hours", type=float, default=None, metavar="H",
                    help="fig5: simulated hours (default: the scale's, 24 full, 1/12 quick)")
     p.add_argument("--kmax", type=int, nargs="+", default=None, metavar="K", help="fig5: only these kmax rows")
@@ -75,15 +78,17 @@ def check(args) -> str | None:
     """
     import os
 
-    if args.out is not None:
+    for flag, folder in (("--out", args.out), ("--trials", getattr(args, "trials", None))):
+        if folder is None:
+            continue
         try:  # the folder is made now rather than after a long run; a probe file shows it takes files
-            os.makedirs(args.out, exist_ok=True)
-            probe = os.path.join(args.out, ".replistream-write-test")
+            os.makedirs(folder, exist_ok=True)
+            probe = os.path.join(folder, ".replistream-write-test")
             with open(probe, "w"):
                 pass
             os.remove(probe)
         except OSError as e:
-            return (f"--out: cannot create or write the folder {args.out!r} ({e.strerror}); choose a folder "
+            return (f"{flag}: cannot create or write the folder {folder!r} ({e.strerror}); choose a folder "
                     f"you can write")
     if args.jobs is not None and args.jobs < 1:
         return f"--jobs must be >= 1, got {args.jobs}"
@@ -105,10 +110,11 @@ def run(args) -> int:
         return 2
     if args.experiment == "trace":
         return _trace(args)
-    f5 = {k: getattr(args, k, None) for k in ("jobs", "resume", "hours", "kmax", "damping", "create", "metric")}
+    f5 = {k: getattr(args, k, None) for k in ("jobs", "resume", "hours", "kmax", "damping", "create", "metric",
+                                               "trials")}
     if args.experiment != "fig5" and any(v is not None for v in f5.values()):
-        print(f"replistream sim {args.experiment}: --jobs, --resume, --hours, --kmax, --damping, --create and "
-              f"--metric are fig5's options", file=sys.stderr)
+        print(f"replistream sim {args.experiment}: --jobs, --resume, --trials, --hours, --kmax, --damping, --create "
+              f"and --metric are fig5's options", file=sys.stderr)
         return 2
     from replistream.progress import Heartbeat
 

@@ -805,7 +805,9 @@ class TrialCache:
     revival, its target and the live stream replicas it starts with), so that a row stopped
     halfway (a month row takes hours) goes on from its last finished run. A file is written
     whole (to a temporary name, then renamed): a run cut short leaves nothing. After a change
-    of the simulator, delete the directory: the digest does not cover the code.
+    of the simulator, delete the directory: the digest does not cover the code. Fig. 5 leaves
+    the guarantee's metric out of the parameters: a run is the same under either, only where a
+    watch stops it differs (:func:`_reusable`).
 
     >>> import tempfile
     >>> c = TrialCache(tempfile.mkdtemp(), {"seed": 0, "k": 3})
@@ -841,6 +843,22 @@ class TrialCache:
         os.replace(path + ".tmp", path)
 
 
+def _reusable(result: dict, metric: str) -> bool:
+    """Whether a stored run of Fig. 5 answers ``metric``'s question. A run its
+    :class:`GuaranteeWatch` did not stop is the same whatever the metric, so it answers both. A
+    run stopped for one metric answers that one, and the maximum when it broke the 99th
+    percentile (a p99 over the guarantee means a maximum over it); a run stopped at a maximum
+    over the guarantee says nothing of the p99.
+
+    >>> _reusable({"aborted": None, "watch": "max"}, "p99"), _reusable({"aborted": "p99 ...", "watch": "p99"}, "max")
+    (True, True)
+    >>> _reusable({"aborted": "maximum ...", "watch": "max"}, "p99")
+    False
+    """
+    watched = result.get("watch")
+    return not result.get("aborted") or watched == metric or (watched == "p99" and metric == "max")
+
+
 def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: float | None = None,
               damping: bool = True, create: bool = True, metric: str = "max", trials_dir: str | None = None,
               reuse: bool = True) -> dict:
@@ -850,15 +868,15 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     ``create``: revival may start new replicas; ``metric``: a key of :data:`FIG5_METRICS`;
     ``trials_dir``: each simulated run's result is kept there (:class:`TrialCache`) and, with
     ``reuse``, taken from there when a call with the same parameters stored it (``reused`` in
-    ``tried``)."""
+    ``tried``), under either metric where the run answers this one (:func:`_reusable`)."""
     from replistream.gc import collect_garbage
 
     monitored, hours, _ = _fig5_scale(quick, hours)
     mkey = FIG5_METRICS[metric]
     t0, c0 = time.time(), time.process_time()
     st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, chunk=FIG5_CHUNK)
-    cache = TrialCache(trials_dir, {**_fig5_params(quick, seed, hours, damping, create, metric), "k": k},
-                       reuse=reuse) if trials_dir else None
+    run_params = {x: v for x, v in _fig5_params(quick, seed, hours, damping, create).items() if x != "metric"}
+    cache = TrialCache(trials_dir, {**run_params, "k": k}, reuse=reuse) if trials_dir else None
     ref = functools.cache(lambda: run_reference(st.query, st.inputs))  # made only when a run needs it
 
     base = st.base_placement()
@@ -895,7 +913,7 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
         if key not in done:
             ckey = {"run": mode, "theta": key[1], "live": sorted(live)}
             got = cache.get(ckey) if cache else None
-            if got is not None:
+            if got is not None and _reusable(got, metric):
                 done[key] = {**got, "reused": True}
             else:
                 snap = g.snapshot.evolve(theta=f * static) if mode == "gc+revival" else g.snapshot
@@ -904,7 +922,7 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
                                     progress=progress and f"fig5 kmax={k} {mode} theta={f:g}",
                                     damping=FIG5_DAMPING if damping else None, create=create,
                                     watch=lambda: GuaranteeWatch(metric, FIG5_GUARANTEE_S, n_out))
-                done[key].update(wall_s=time.time() - w0, cpu_s=time.process_time() - p0)
+                done[key].update(wall_s=time.time() - w0, cpu_s=time.process_time() - p0, watch=metric)
                 if cache:
                     cache.put(ckey, done[key])
             tried.append({"theta": f, "mode": mode, **done[key]})
@@ -947,7 +965,7 @@ def _fig5_params(quick: bool, seed: int, hours: float | None = None, damping: bo
 
 def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
          jobs: int | None = None, resume: bool = False, hours: float | None = None, kmax=None,
-         damping: bool = True, create: bool = True, metric: str = "max") -> dict:
+         damping: bool = True, create: bool = True, metric: str = "max", trials: str | None = None) -> dict:
     """Fig. 5: network cost of static min-cost, with garbage collection, and with garbage
     collection and revival, kmax = 2..5, at the same latency guarantee (Hwang §VI-F).
 
@@ -975,17 +993,19 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     ``<out>/fig5_rows/k<kmax>.json`` as it completes, and each simulated run to
     ``<out>/fig5_rows/trials`` (:class:`TrialCache`); ``resume=True`` reuses rows found
     there with the same parameters (scale, seed, targets, guarantee) instead of re-running them,
-    and in a row not finished the runs that were (a month row takes hours).
+    and in a row not finished the runs that were (a month row takes hours). ``trials``: keep the
+    simulated runs in this folder instead; runs are shared by both metrics (:func:`_reusable`),
+    so a max run and a p99 run with different ``out`` can share one.
     """
     if metric not in FIG5_METRICS:
         raise ValueError(f"metric must be one of {', '.join(FIG5_METRICS)}, got {metric!r}")
     monitored, hours, kmax = _fig5_scale(quick, hours, kmax)
     params = _fig5_params(quick, seed, hours, damping, create, metric)
     rows_dir = os.path.join(out, "fig5_rows") if out else None
-    # every simulated run is kept under <out>/fig5_rows/trials; --resume also reuses them (a row
-    # stopped halfway goes on from its last finished run)
+    # every simulated run is kept under <out>/fig5_rows/trials (or ``trials``); --resume also reuses
+    # them (a row stopped halfway goes on from its last finished run)
     opts = {"hours": hours, "damping": damping, "create": create, "metric": metric,
-            "trials_dir": os.path.join(rows_dir, "trials") if rows_dir else None, "reuse": bool(resume)}
+            "trials_dir": trials or (os.path.join(rows_dir, "trials") if rows_dir else None), "reuse": bool(resume)}
     found: dict[int, dict] = {}
     if rows_dir and resume:
         for k in kmax:

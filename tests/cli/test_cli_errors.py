@@ -53,6 +53,8 @@ CASES = [
     (["reconfigure", "--servers", "1"], "--k 2 needs at least 2 servers"),
     (["sim", "fig2", "--out", "/proc/no-such-folder"], "--out: cannot create or write the folder"),
     (["sim", "trace", "--servers", "500", "--out", "{d}/t"], "--servers must be between 1 and 119"),
+    (["sim", "fig5", "--trials", "/proc/no-such-folder"], "--trials: cannot create or write the folder"),
+    (["sim", "fig2", "--trials", "{d}/runs"], "are fig5's options"),
 ]
 
 

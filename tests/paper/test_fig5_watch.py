@@ -96,6 +96,40 @@ def test_a_row_stopped_halfway_resumes_from_its_finished_runs(tmp_path, monkeypa
     assert len(calls) == len(first["tried"])
 
 
+def test_a_row_under_the_maximum_reuses_the_runs_of_a_row_under_p99(tmp_path, monkeypatch):
+    """The static run and every run no watch stopped are the same under either metric: a max
+    row after a p99 row in the same --out simulates only what the p99 row had not answered, and
+    comes out as a max row made from scratch."""
+    from replistream.sim import experiments
+
+    timing = ("wall_s", "cpu_s", "reused", "static_wall_s", "static_cpu_s")
+    strip = lambda row: {k: ([{x: y for x, y in t.items() if x not in timing} for t in v] if k == "tried" else v)  # noqa: E731
+                         for k, v in json.loads(json.dumps(row, default=experiments.jsonable)).items()
+                         if k not in timing}
+    fresh = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path / "max"), metric="max")["rows"][0]
+    p99 = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path / "both"), metric="p99")["rows"][0]
+    finished = {(t["mode"], t["theta"]) for t in p99["tried"] if not t["aborted"]}
+    calls = []
+    real = experiments._gc_run
+
+    def counted(*a, **kw):
+        if "_fallback" not in kw:
+            calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(experiments, "_gc_run", counted)
+    again = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path / "both"), metric="max", resume=True)["rows"][0]
+    assert again["static_wall_s"] == p99["static_wall_s"]  # the static run was not simulated again
+    reused = {(t["mode"], t["theta"]) for t in again["tried"] if t.get("reused")}
+    assert finished & {(t["mode"], t["theta"]) for t in again["tried"]} <= reused
+    assert len(calls) == sum(not t.get("reused") for t in again["tried"])
+    # the same row; a run the p99 watch stopped stops at another time than the max watch would
+    verdict = lambda t: (t["mode"], t["theta"], t["exact"] and t["max_s"] <= 1.0)  # noqa: E731
+    assert [verdict(t) for t in again["tried"]] == [verdict(t) for t in fresh["tried"]]
+    assert {k: v for k, v in strip(again).items() if k != "tried"} == {
+        k: v for k, v in strip(fresh).items() if k != "tried"}
+
+
 @pytest.mark.slow
 def test_a_shorter_silence_detects_a_cut_path_sooner():
     """Revival observes a cut path as silence beyond ``silence_s``: the shorter it is, the sooner
