@@ -78,7 +78,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from replistream.engines.result import RunResult
+from replistream.engines.result import RunResult, latency_s
 from replistream.errors import QueryError, merge_dead_letters
 from replistream.network import LatencyModel, NetworkConditions, ZeroLatency, delivery_time
 from replistream.operators.sorter import canonical_order
@@ -213,6 +213,15 @@ class _Recorder:
         else:
             self.ts.frombytes(np.ascontiguousarray(rows[TS], dtype=np.int64).tobytes())
             self.at.frombytes(np.ascontiguousarray(times, dtype=np.float64).tobytes())
+
+    def latencies_since(self, i: int, ts0: int) -> tuple[np.ndarray, int]:
+        """Latencies (s) of the tuples recorded after the first ``i`` recordings (batches when
+        ``keep``, tuples otherwise), and the count to pass next time: what arrived since."""
+        if self.keep:
+            got = [latency_s(t, rows[TS], ts0) for rows, t in zip(self.batches[i:], self.times[i:])]
+            return (np.concatenate(got) if got else np.zeros(0)), len(self.batches)
+        ts = np.frombuffer(self.ts, dtype=np.int64)[i:]
+        return latency_s(np.frombuffer(self.at, dtype=np.float64)[i:], ts, ts0), len(self.ts)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.keep:

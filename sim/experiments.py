@@ -39,7 +39,6 @@ from replistream.engines import run_reference
 from replistream.network import default_servers
 from replistream.placement import QueryStats, fig1_sources, latency_matrix, min_cost, place, problem_from_query
 from replistream.placement.result import Placement
-from replistream.schema import TS
 from replistream.workloads import fig1_inputs, fig1_query
 
 from .cpu import MEASURED_CPU_S, PAPER_TABLE1, PAPER_TABLE1_RATIOS, TABLE1_INPUT_TUPLES, fit_costs
@@ -518,16 +517,8 @@ class GuaranteeWatch:
         """The latencies the applications received since the last call (Simulator.run's ``abort``)."""
         why = None
         for app in sim.query.sinks:
-            rec = sim.groups[app][0].recorder
-            i = self._seen.get(app, 0)
-            if rec.keep:
-                for rows, t in zip(rec.batches[i:], rec.times[i:]):
-                    why = self.add(t - (rows[TS] - sim.ts0) / 1e6) or why
-                self._seen[app] = len(rec.batches)
-            else:  # timestamps and arrival times only
-                ts = np.frombuffer(rec.ts, dtype=np.int64)[i:]
-                why = self.add(np.frombuffer(rec.at, dtype=np.float64)[i:] - (ts - sim.ts0) / 1e6) or why
-                self._seen[app] = len(rec.ts)
+            lat, self._seen[app] = sim.groups[app][0].recorder.latencies_since(self._seen.get(app, 0), sim.ts0)
+            why = self.add(lat) or why
         return why
 
 

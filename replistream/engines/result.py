@@ -17,7 +17,19 @@ from ..errors import DeadLetter
 from ..operators.base import NO_PUNCTUATION, Item
 from ..schema import END, TS, Punctuation
 
-__all__ = ["RunResult", "Collector", "as_multiset", "multiset_diff", "format_rows", "dead_letter_summary", "TIME_FIELDS"]
+__all__ = ["RunResult", "Collector", "as_multiset", "multiset_diff", "format_rows", "dead_letter_summary", "TIME_FIELDS",
+           "latency_s"]
+
+
+def latency_s(arrivals: np.ndarray, ts: np.ndarray, ts0: int, pace: float = 1.0) -> np.ndarray:
+    """Latency in seconds of tuples with timestamps ``ts`` (microseconds) that arrived at run
+    times ``arrivals`` (seconds): arrival minus the timestamp mapped to run time,
+    ``(ts - ts0) / (1e6 * pace)`` (Hwang §VI-B).
+
+    >>> latency_s(np.array([1.5, 2.25]), np.array([1_000_000, 2_000_000]), ts0=0)
+    array([0.5 , 0.25])
+    """
+    return arrivals - (ts - ts0) / (1e6 * (pace or 1.0))
 
 
 @dataclass(repr=False)
@@ -86,7 +98,7 @@ class RunResult:
         arr = self.arrivals.get(app, np.zeros(0))
         if not len(out) or len(arr) != len(out):
             return arr, np.zeros(0)
-        return arr, arr - (out[TS] - self.ts0) / (1e6 * (self.pace or 1.0))
+        return arr, latency_s(arr, out[TS], self.ts0, self.pace)
 
     def show(self, app: str, n: int = 10, columns: list[str] | None = None) -> str:
         """The first ``n`` tuples ``app`` received (by timestamp, ties by id, so every engine shows the
