@@ -61,6 +61,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="fig5: revival may start new replicas (default); --no-create skips those decisions")
     p.add_argument("--metric", choices=["max", "p99"], default=None,
                    help="fig5: the latency the 1 s guarantee bounds (default max)")
+    p.add_argument("--thetas", type=float, nargs="+", default=None, metavar="F",
+                   help="fig5: the GC targets, fractions of the static cost, decreasing (default 0.8 0.6 0.45 "
+                        "0.35 0.25 0.18 0.12 0.08 0.05 0.03)")
     p.add_argument("--servers", type=int, default=100, help="trace: number of built-in cities (<= 119)")
     p.add_argument("--days", type=float, default=30.0, help="trace: length in days")
     p.add_argument("--step", type=float, default=10.0, help="trace: seconds between samples")
@@ -92,6 +95,10 @@ def check(args) -> str | None:
                     f"you can write")
     if args.jobs is not None and args.jobs < 1:
         return f"--jobs must be >= 1, got {args.jobs}"
+    th = getattr(args, "thetas", None)
+    if th is not None and (any(not 0 < f <= 1 for f in th) or any(a <= b for a, b in zip(th, th[1:]))):
+        return (f"--thetas must be fractions of the static cost in (0, 1], most generous first, got "
+                f"{' '.join(f'{f:g}' for f in th)}; e.g. --thetas 0.05 0.03 0.02 0.01")
     if args.experiment == "trace":
         if not 1 <= args.servers <= 119:
             return f"--servers must be between 1 and 119 (the built-in cities), got {args.servers}"
@@ -111,10 +118,10 @@ def run(args) -> int:
     if args.experiment == "trace":
         return _trace(args)
     f5 = {k: getattr(args, k, None) for k in ("jobs", "resume", "hours", "kmax", "damping", "create", "metric",
-                                               "trials")}
+                                               "trials", "thetas")}
     if args.experiment != "fig5" and any(v is not None for v in f5.values()):
-        print(f"replistream sim {args.experiment}: --jobs, --resume, --trials, --hours, --kmax, --damping, --create "
-              f"and --metric are fig5's options", file=sys.stderr)
+        print(f"replistream sim {args.experiment}: --jobs, --resume, --trials, --hours, --kmax, --thetas, --damping, "
+              f"--create and --metric are fig5's options", file=sys.stderr)
         return 2
     from replistream.progress import Heartbeat
 

@@ -852,9 +852,10 @@ def _reusable(result: dict, metric: str) -> bool:
 
 def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: float | None = None,
               damping: bool = True, create: bool = True, metric: str = "max", trials_dir: str | None = None,
-              reuse: bool = True) -> dict:
+              reuse: bool = True, thetas=FIG5_THETAS) -> dict:
     """One kmax of Fig. 5 (static, GC, GC + revival); runs on its own, so rows can run in
     parallel processes. The setting is rebuilt from its seed, identically in every process.
+    ``thetas``: the targets, most generous first (:data:`FIG5_THETAS`);
     ``damping``: revival damped with :data:`FIG5_DAMPING` (False: as before, undamped);
     ``create``: revival may start new replicas; ``metric``: a key of :data:`FIG5_METRICS`;
     ``trials_dir``: each simulated run's result is kept there (:class:`TrialCache`) and, with
@@ -866,7 +867,9 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     mkey = FIG5_METRICS[metric]
     t0, c0 = time.time(), time.process_time()
     st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, chunk=FIG5_CHUNK)
-    run_params = {x: v for x, v in _fig5_params(quick, seed, hours, damping, create).items() if x != "metric"}
+    # a run depends on its own target (in its key), not on the grid or the metric (_reusable)
+    run_params = {x: v for x, v in _fig5_params(quick, seed, hours, damping, create).items()
+                  if x not in ("metric", "thetas")}
     cache = TrialCache(trials_dir, {**run_params, "k": k}, reuse=reuse) if trials_dir else None
     ref = functools.cache(lambda: run_reference(st.query, st.inputs))  # made only when a run needs it
 
@@ -897,7 +900,7 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     results: dict = {}  # (mode, target index) -> result
 
     def trial(mode: str, i: int) -> bool:
-        f = FIG5_THETAS[i]
+        f = thetas[i]
         g = collect_garbage(snap0.evolve(theta=f * static))
         live = frozenset(x.id for x in g.snapshot.streams if x.live)
         key = (mode, f if mode == "gc+revival" else None, live)  # revival's GC steps aim at theta
@@ -921,20 +924,20 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
         results[(mode, i)] = r
         return bool(r["exact"] and r[mkey] <= FIG5_GUARANTEE_S)
 
-    gi = _lowest_passing(len(FIG5_THETAS), lambda i: trial("gc", i))
+    gi = _lowest_passing(len(thetas), lambda i: trial("gc", i))
     start = gi if gi is not None else 0
-    ri = _lowest_passing(len(FIG5_THETAS) - start, lambda j: trial("gc+revival", start + j))
+    ri = _lowest_passing(len(thetas) - start, lambda j: trial("gc+revival", start + j))
     ri = None if ri is None else start + ri
     gc_best = results[("gc", gi)] if gi is not None else None
     rv_best = results[("gc+revival", ri)] if ri is not None else None
     gc_cost = gc_best["cost"] if gc_best else _cost(st, snap0)  # nothing kept: the static deployment's
     row.update({
-        "gc_theta": FIG5_THETAS[gi] if gi is not None else None,
+        "gc_theta": thetas[gi] if gi is not None else None,
         "gc_cost": gc_cost / base_cost,
         "gc_max_s": gc_best["max_s"] if gc_best else row["static_max_s"],
         "gc_p99_s": gc_best["p99_s"] if gc_best else None, "metric": metric,
         "gc_streams": gc_best["live_streams"] if gc_best else len(snap0.streams),
-        "revival_theta": FIG5_THETAS[ri] if ri is not None else None,
+        "revival_theta": thetas[ri] if ri is not None else None,
         "revival_cost": (rv_best["cost"] if rv_best else gc_cost) / base_cost,
         "revival_max_s": rv_best["max_s"] if rv_best else None,
         "revival_p99_s": rv_best["p99_s"] if rv_best else None,
@@ -945,10 +948,10 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
 
 
 def _fig5_params(quick: bool, seed: int, hours: float | None = None, damping: bool = True, create: bool = True,
-                 metric: str = "max") -> dict:
+                 metric: str = "max", thetas=FIG5_THETAS) -> dict:
     monitored, hours, _ = _fig5_scale(quick, hours)
     return {"quick": quick, "seed": seed, "monitored": monitored, "simulated_hours": hours,
-            "guarantee_s": FIG5_GUARANTEE_S, "metric": metric, "thetas": list(FIG5_THETAS), "batch_s": FIG5_BATCH_S,
+            "guarantee_s": FIG5_GUARANTEE_S, "metric": metric, "thetas": list(thetas), "batch_s": FIG5_BATCH_S,
             "plain_batch_s": FIG5_PLAIN_BATCH_S,
             "revival_threshold_s": FIG5_REVIVAL_THRESHOLD_S, "damping": dict(FIG5_DAMPING) if damping else None,
             "create_replicas": create}
@@ -956,7 +959,8 @@ def _fig5_params(quick: bool, seed: int, hours: float | None = None, damping: bo
 
 def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
          jobs: int | None = None, resume: bool = False, hours: float | None = None, kmax=None,
-         damping: bool = True, create: bool = True, metric: str = "max", trials: str | None = None) -> dict:
+         damping: bool = True, create: bool = True, metric: str = "max", trials: str | None = None,
+         thetas=None) -> dict:
     """Fig. 5: network cost of static min-cost, with garbage collection, and with garbage
     collection and revival, kmax = 2..5, at the same latency guarantee (Hwang §VI-F).
 
@@ -986,16 +990,20 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     there with the same parameters (scale, seed, targets, guarantee) instead of re-running them,
     and in a row not finished the runs that were (a month row takes hours). ``trials``: keep the
     simulated runs in this folder instead; runs are shared by both metrics (:func:`_reusable`),
-    so a max run and a p99 run with different ``out`` can share one.
+    so a max run and a p99 run with different ``out`` can share one. ``thetas``: other targets
+    than :data:`FIG5_THETAS` (most generous first); a run already made at a target is reused.
     """
     if metric not in FIG5_METRICS:
         raise ValueError(f"metric must be one of {', '.join(FIG5_METRICS)}, got {metric!r}")
+    thetas = tuple(float(f) for f in (FIG5_THETAS if thetas is None else thetas))
+    if not thetas or any(not 0 < f <= 1 for f in thetas) or any(a <= b for a, b in zip(thetas, thetas[1:])):
+        raise ValueError(f"thetas must be fractions in (0, 1], decreasing, got {list(thetas)}")
     monitored, hours, kmax = _fig5_scale(quick, hours, kmax)
-    params = _fig5_params(quick, seed, hours, damping, create, metric)
+    params = _fig5_params(quick, seed, hours, damping, create, metric, thetas)
     rows_dir = os.path.join(out, "fig5_rows") if out else None
     # every simulated run is kept under <out>/fig5_rows/trials (or ``trials``); --resume also reuses
     # them (a row stopped halfway goes on from its last finished run)
-    opts = {"hours": hours, "damping": damping, "create": create, "metric": metric,
+    opts = {"hours": hours, "damping": damping, "create": create, "metric": metric, "thetas": thetas,
             "trials_dir": trials or (os.path.join(rows_dir, "trials") if rows_dir else None), "reuse": bool(resume)}
     found: dict[int, dict] = {}
     if rows_dir and resume:

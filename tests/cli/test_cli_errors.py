@@ -55,6 +55,7 @@ CASES = [
     (["sim", "trace", "--servers", "500", "--out", "{d}/t"], "--servers must be between 1 and 119"),
     (["sim", "fig5", "--trials", "/proc/no-such-folder"], "--trials: cannot create or write the folder"),
     (["sim", "fig2", "--trials", "{d}/runs"], "are fig5's options"),
+    (["sim", "fig5", "--thetas", "0.03", "0.05"], "--thetas must be fractions of the static cost in (0, 1]"),
 ]
 
 

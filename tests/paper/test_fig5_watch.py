@@ -130,6 +130,34 @@ def test_a_row_under_the_maximum_reuses_the_runs_of_a_row_under_p99(tmp_path, mo
         k: v for k, v in strip(fresh).items() if k != "tried"}
 
 
+def test_a_finer_grid_of_targets_reuses_the_runs_at_the_targets_it_shares(tmp_path, monkeypatch):
+    """--thetas extends the grid; a run depends on its own target, not on the grid, so with the
+    same --out only the new targets are simulated. Targets that do not decrease are refused."""
+    from replistream.sim import experiments
+
+    first = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path))["rows"][0]
+    calls = []
+    real = experiments._gc_run
+
+    def counted(*a, **kw):
+        if "_fallback" not in kw:
+            calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(experiments, "_gc_run", counted)
+    grid = (*experiments.FIG5_THETAS, 0.02, 0.01)
+    finer = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path), resume=True, thetas=grid)
+    row = finer["rows"][0]
+    assert finer["thetas"] == list(grid) and first["gc_theta"] in grid
+    old = {(t["mode"], t["theta"]) for t in first["tried"]}
+    assert all(t.get("reused") for t in row["tried"] if (t["mode"], t["theta"]) in old)
+    assert any(t["theta"] < min(experiments.FIG5_THETAS) for t in row["tried"])  # the grid went further
+    # a GC target that leaves the live stream replicas of one already run is that run: reused too
+    assert len(calls) == sum(not t.get("reused") for t in row["tried"]) > 0
+    with pytest.raises(ValueError, match="decreasing"):
+        experiments.fig5(quick=True, kmax=[2], thetas=(0.03, 0.05))
+
+
 @pytest.mark.slow
 def test_a_shorter_silence_detects_a_cut_path_sooner():
     """Revival observes a cut path as silence beyond ``silence_s``: the shorter it is, the sooner
