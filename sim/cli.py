@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from .experiments import EXPERIMENTS, jsonable, run_experiment, table, verdict
@@ -64,6 +65,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--thetas", type=float, nargs="+", default=None, metavar="F",
                    help="fig5: the GC targets, fractions of the static cost, decreasing (default 0.8 0.6 0.45 "
                         "0.35 0.25 0.18 0.12 0.08 0.05 0.03)")
+    p.add_argument("--volatility", type=float, default=None, metavar="X",
+                   help="fig5: the network's rates of delay spikes and link outages, x the model's (default 1: "
+                        "a spike per 600 s per direction, an outage per 12 h per link; 0 turns both off)")
     p.add_argument("--servers", type=int, default=100, help="trace: number of built-in cities (<= 119)")
     p.add_argument("--days", type=float, default=30.0, help="trace: length in days")
     p.add_argument("--step", type=float, default=10.0, help="trace: seconds between samples")
@@ -99,6 +103,9 @@ def check(args) -> str | None:
     if th is not None and (any(not 0 < f <= 1 for f in th) or any(a <= b for a, b in zip(th, th[1:]))):
         return (f"--thetas must be fractions of the static cost in (0, 1], most generous first, got "
                 f"{' '.join(f'{f:g}' for f in th)}; e.g. --thetas 0.05 0.03 0.02 0.01")
+    vol = getattr(args, "volatility", None)
+    if vol is not None and not (vol >= 0 and math.isfinite(vol)):
+        return f"--volatility must be a finite number >= 0 (1 is the model's rates), got {vol:g}"
     if args.experiment == "trace":
         if not 1 <= args.servers <= 119:
             return f"--servers must be between 1 and 119 (the built-in cities), got {args.servers}"
@@ -118,10 +125,10 @@ def run(args) -> int:
     if args.experiment == "trace":
         return _trace(args)
     f5 = {k: getattr(args, k, None) for k in ("jobs", "resume", "hours", "kmax", "damping", "create", "metric",
-                                               "trials", "thetas")}
+                                               "trials", "thetas", "volatility")}
     if args.experiment != "fig5" and any(v is not None for v in f5.values()):
-        print(f"replistream sim {args.experiment}: --jobs, --resume, --trials, --hours, --kmax, --thetas, --damping, "
-              f"--create and --metric are fig5's options", file=sys.stderr)
+        print(f"replistream sim {args.experiment}: --jobs, --resume, --trials, --hours, --kmax, --thetas, --volatility, "
+              f"--damping, --create and --metric are fig5's options", file=sys.stderr)
         return 2
     from replistream.progress import Heartbeat
 

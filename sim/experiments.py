@@ -83,8 +83,13 @@ class Setting:
 
 
 def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3600.0, seed: int = 0,
-                 period_s: float = 10.0, window_s: float = 10.0, static: bool = False, chunk: int = 1) -> Setting:
+                 period_s: float = 10.0, window_s: float = 10.0, static: bool = False, chunk: int = 1,
+                 volatility: float = 1.0) -> Setting:
     """The §VI-A setting: ``monitored`` servers each running a load and a ping source.
+
+    ``volatility``: the latency model's rates of delay spikes and link outages, as multiples
+    of its defaults (one spike per 600 s per direction, one outage per 12 h per link); 0 turns
+    both off, 2 doubles them.
 
     ``chunk``: readings per input chunk (the batched engine releases each reading at its own
     time, so only speed changes); the last chunk of each source is split into single readings,
@@ -96,7 +101,10 @@ def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3
     (6, 6, 'entry')
     """
     servers = default_servers(n_servers)
-    net = month_model(n_servers, seed=seed, static=static)
+    if not (volatility >= 0 and math.isfinite(volatility)):
+        raise ValueError(f"volatility must be a finite number >= 0, got {volatility!r}")
+    rates = {} if volatility == 1.0 else {"spikes": volatility / 600.0, "outages": volatility / (12 * 3600.0)}
+    net = month_model(n_servers, seed=seed, static=static, **rates)
     q = fig1_query(monitored, window_s=window_s)
     inputs = fig1_inputs(monitored, duration_s=duration_s, period_s=period_s, seed=seed, chunk=chunk)
     if chunk > 1:
@@ -852,10 +860,11 @@ def _reusable(result: dict, metric: str) -> bool:
 
 def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: float | None = None,
               damping: bool = True, create: bool = True, metric: str = "max", trials_dir: str | None = None,
-              reuse: bool = True, thetas=FIG5_THETAS) -> dict:
+              reuse: bool = True, thetas=FIG5_THETAS, volatility: float = 1.0) -> dict:
     """One kmax of Fig. 5 (static, GC, GC + revival); runs on its own, so rows can run in
     parallel processes. The setting is rebuilt from its seed, identically in every process.
-    ``thetas``: the targets, most generous first (:data:`FIG5_THETAS`);
+    ``thetas``: the targets, most generous first (:data:`FIG5_THETAS`); ``volatility``: the
+    network's rates of spikes and outages, as multiples of the model's (:func:`fig1_setting`);
     ``damping``: revival damped with :data:`FIG5_DAMPING` (False: as before, undamped);
     ``create``: revival may start new replicas; ``metric``: a key of :data:`FIG5_METRICS`;
     ``trials_dir``: each simulated run's result is kept there (:class:`TrialCache`) and, with
@@ -866,9 +875,9 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
     monitored, hours, _ = _fig5_scale(quick, hours)
     mkey = FIG5_METRICS[metric]
     t0, c0 = time.time(), time.process_time()
-    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, chunk=FIG5_CHUNK)
+    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, chunk=FIG5_CHUNK, volatility=volatility)
     # a run depends on its own target (in its key), not on the grid or the metric (_reusable)
-    run_params = {x: v for x, v in _fig5_params(quick, seed, hours, damping, create).items()
+    run_params = {x: v for x, v in _fig5_params(quick, seed, hours, damping, create, volatility=volatility).items()
                   if x not in ("metric", "thetas")}
     cache = TrialCache(trials_dir, {**run_params, "k": k}, reuse=reuse) if trials_dir else None
     ref = functools.cache(lambda: run_reference(st.query, st.inputs))  # made only when a run needs it
@@ -948,19 +957,22 @@ def _fig5_row(k: int, quick: bool, seed: int, progress: bool = False, hours: flo
 
 
 def _fig5_params(quick: bool, seed: int, hours: float | None = None, damping: bool = True, create: bool = True,
-                 metric: str = "max", thetas=FIG5_THETAS) -> dict:
+                 metric: str = "max", thetas=FIG5_THETAS, volatility: float = 1.0) -> dict:
     monitored, hours, _ = _fig5_scale(quick, hours)
-    return {"quick": quick, "seed": seed, "monitored": monitored, "simulated_hours": hours,
-            "guarantee_s": FIG5_GUARANTEE_S, "metric": metric, "thetas": list(thetas), "batch_s": FIG5_BATCH_S,
-            "plain_batch_s": FIG5_PLAIN_BATCH_S,
-            "revival_threshold_s": FIG5_REVIVAL_THRESHOLD_S, "damping": dict(FIG5_DAMPING) if damping else None,
-            "create_replicas": create}
+    params = {"quick": quick, "seed": seed, "monitored": monitored, "simulated_hours": hours,
+              "guarantee_s": FIG5_GUARANTEE_S, "metric": metric, "thetas": list(thetas), "batch_s": FIG5_BATCH_S,
+              "plain_batch_s": FIG5_PLAIN_BATCH_S,
+              "revival_threshold_s": FIG5_REVIVAL_THRESHOLD_S, "damping": dict(FIG5_DAMPING) if damping else None,
+              "create_replicas": create}
+    if volatility != 1.0:  # the model's own rates leave no key: runs made before the option stay valid
+        params["volatility"] = float(volatility)
+    return params
 
 
 def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
          jobs: int | None = None, resume: bool = False, hours: float | None = None, kmax=None,
          damping: bool = True, create: bool = True, metric: str = "max", trials: str | None = None,
-         thetas=None) -> dict:
+         thetas=None, volatility: float = 1.0) -> dict:
     """Fig. 5: network cost of static min-cost, with garbage collection, and with garbage
     collection and revival, kmax = 2..5, at the same latency guarantee (Hwang §VI-F).
 
@@ -992,6 +1004,8 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     simulated runs in this folder instead; runs are shared by both metrics (:func:`_reusable`),
     so a max run and a p99 run with different ``out`` can share one. ``thetas``: other targets
     than :data:`FIG5_THETAS` (most generous first); a run already made at a target is reused.
+    ``volatility``: the network's rates of delay spikes and outages, as multiples of the
+    model's (:func:`fig1_setting`; what differs most from the paper's PlanetLab trace).
     """
     if metric not in FIG5_METRICS:
         raise ValueError(f"metric must be one of {', '.join(FIG5_METRICS)}, got {metric!r}")
@@ -999,11 +1013,14 @@ def fig5(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     if not thetas or any(not 0 < f <= 1 for f in thetas) or any(a <= b for a, b in zip(thetas, thetas[1:])):
         raise ValueError(f"thetas must be fractions in (0, 1], decreasing, got {list(thetas)}")
     monitored, hours, kmax = _fig5_scale(quick, hours, kmax)
-    params = _fig5_params(quick, seed, hours, damping, create, metric, thetas)
+    if not (volatility >= 0 and math.isfinite(volatility)):
+        raise ValueError(f"volatility must be a finite number >= 0, got {volatility!r}")
+    params = _fig5_params(quick, seed, hours, damping, create, metric, thetas, volatility)
     rows_dir = os.path.join(out, "fig5_rows") if out else None
     # every simulated run is kept under <out>/fig5_rows/trials (or ``trials``); --resume also reuses
     # them (a row stopped halfway goes on from its last finished run)
     opts = {"hours": hours, "damping": damping, "create": create, "metric": metric, "thetas": thetas,
+            "volatility": volatility,
             "trials_dir": trials or (os.path.join(rows_dir, "trials") if rows_dir else None), "reuse": bool(resume)}
     found: dict[int, dict] = {}
     if rows_dir and resume:

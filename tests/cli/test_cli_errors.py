@@ -56,6 +56,7 @@ CASES = [
     (["sim", "fig5", "--trials", "/proc/no-such-folder"], "--trials: cannot create or write the folder"),
     (["sim", "fig2", "--trials", "{d}/runs"], "are fig5's options"),
     (["sim", "fig5", "--thetas", "0.03", "0.05"], "--thetas must be fractions of the static cost in (0, 1]"),
+    (["sim", "fig5", "--volatility", "-1"], "--volatility must be a finite number >= 0"),
 ]
 
 

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from replistream.sim.experiments import FIG5_PLAIN_BATCH_S, GuaranteeWatch
+from replistream.sim.experiments import FIG5_PLAIN_BATCH_S, GuaranteeWatch, fig1_setting
 
 
 def test_the_p99_watch_never_fails_a_run_whose_p99_holds():
@@ -172,3 +172,18 @@ def test_a_shorter_silence_detects_a_cut_path_sooner():
     assert slow["exact"] and fast["exact"]
     assert slow["revivals"] > 0 and fast["revivals"] > 0
     assert fast["max_s"] < slow["max_s"] < 120  # the cut lasts 120 s
+
+
+def test_volatility_scales_the_networks_spikes_and_outages():
+    """--volatility X multiplies the latency model's rates of spikes and outages; at 1 the runs'
+    parameters are those made before the option (their kept runs stay valid); 0 turns both off."""
+    from replistream.sim.experiments import _fig5_params
+
+    base = fig1_setting(n_servers=6, monitored=2, duration_s=60.0, seed=0).network
+    double = fig1_setting(n_servers=6, monitored=2, duration_s=60.0, seed=0, volatility=2.0).network
+    calm = fig1_setting(n_servers=6, monitored=2, duration_s=60.0, seed=0, volatility=0.0).network
+    assert double.spike_rate == 2 * base.spike_rate and double.outage_rate == 2 * base.outage_rate
+    assert calm.spike_rate == calm.outage_rate == 0 < base.outage_rate
+    assert "volatility" not in _fig5_params(False, 0) and _fig5_params(False, 0, volatility=0.5)["volatility"] == 0.5
+    with pytest.raises(ValueError, match="volatility"):
+        fig1_setting(n_servers=6, monitored=2, duration_s=60.0, volatility=-1.0)
