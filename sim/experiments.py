@@ -1128,7 +1128,7 @@ def _table_fig5(data: dict) -> str:
     for r in data["rows"]:
         mx = f"{r['static_max_s']:.3f}/{r['gc_max_s']:.3f}/{_fmt(r['revival_max_s'])}"
         lines.append(f"{r['k']:<5} {r['static_cost']:>7.2f}x {r['gc_cost']:>7.2f}x {r['revival_cost']:>9.2f}x  "
-                     f"{_fmt(r['gc_theta'], '.2f'):>8} {_fmt(r['revival_theta'], '.2f'):>9} {mx:>20}")
+                     f"{_fmt(r['gc_theta'], 'g'):>8} {_fmt(r['revival_theta'], 'g'):>9} {mx:>20}")
     return "\n".join(lines)
 
 
