@@ -67,6 +67,21 @@ def test_a_trial_that_breaks_the_guarantee_stops_at_the_breach_and_fails():
     assert kept["aborted"] is None and kept["exact"] and kept["max_s"] == full["max_s"]
 
 
+def _count_gc_runs(monkeypatch) -> list:
+    """Count the simulated GC runs Fig. 5 makes from now on (a list that grows by one per run)."""
+    from replistream.sim import experiments
+
+    calls, real = [], experiments._gc_run
+
+    def counted(*a, **kw):
+        if "_fallback" not in kw:  # a revival run calls itself once more for its look-ahead: not counted
+            calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(experiments, "_gc_run", counted)
+    return calls
+
+
 def test_a_row_stopped_halfway_resumes_from_its_finished_runs(tmp_path, monkeypatch):
     """Every simulated run of a Fig. 5 row is kept (TrialCache); --resume takes them instead of
     simulating again, and the row is the same. Without --resume nothing is reused."""
@@ -77,15 +92,7 @@ def test_a_row_stopped_halfway_resumes_from_its_finished_runs(tmp_path, monkeypa
     assert len(trials) == 1 + len(first["tried"])  # the static run and each trial
     (tmp_path / "fig5_rows" / "k2.json").unlink()  # as if the row had not finished
 
-    calls = []
-    real = experiments._gc_run
-
-    def counted(*a, **kw):
-        if "_fallback" not in kw:  # a revival run calls itself once more for its look-ahead: not counted
-            calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(experiments, "_gc_run", counted)
+    calls = _count_gc_runs(monkeypatch)
     again = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path), resume=True)["rows"][0]
     assert calls == [] and all(t["reused"] for t in again["tried"])
     timing = ("wall_s", "cpu_s", "reused")
@@ -109,15 +116,7 @@ def test_a_row_under_the_maximum_reuses_the_runs_of_a_row_under_p99(tmp_path, mo
     fresh = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path / "max"), metric="max")["rows"][0]
     p99 = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path / "both"), metric="p99")["rows"][0]
     finished = {(t["mode"], t["theta"]) for t in p99["tried"] if not t["aborted"]}
-    calls = []
-    real = experiments._gc_run
-
-    def counted(*a, **kw):
-        if "_fallback" not in kw:
-            calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(experiments, "_gc_run", counted)
+    calls = _count_gc_runs(monkeypatch)
     again = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path / "both"), metric="max", resume=True)["rows"][0]
     assert again["static_wall_s"] == p99["static_wall_s"]  # the static run was not simulated again
     reused = {(t["mode"], t["theta"]) for t in again["tried"] if t.get("reused")}
@@ -136,15 +135,7 @@ def test_a_finer_grid_of_targets_reuses_the_runs_at_the_targets_it_shares(tmp_pa
     from replistream.sim import experiments
 
     first = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path))["rows"][0]
-    calls = []
-    real = experiments._gc_run
-
-    def counted(*a, **kw):
-        if "_fallback" not in kw:
-            calls.append(1)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(experiments, "_gc_run", counted)
+    calls = _count_gc_runs(monkeypatch)
     grid = (*experiments.FIG5_THETAS, 0.02, 0.01)
     finer = experiments.fig5(quick=True, kmax=[2], out=str(tmp_path), resume=True, thetas=grid)
     row = finer["rows"][0]
