@@ -422,7 +422,7 @@ class BatchRun:
                 log.append(items)
             else:
                 log = r.core.output_log
-            acks = [lk.receiver.core.filters[lk.port].max_punct for lk in links if lk.live and lk.receiver.alive]
+            acks = sim.replay_acks(links)
             if acks:
                 log.trim(min(acks))
 
@@ -444,6 +444,7 @@ class BatchRun:
         if not np.isfinite(at[-1]):
             k = int(np.argmax(~np.isfinite(at)))
             lk.live = False
+            sim.wiring += 1
             sim.events.append({"t": float(flow.at[k]), "event": "link dropped", "link": lk.id})
             if k == 0:
                 return

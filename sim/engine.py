@@ -399,6 +399,8 @@ class Simulator:
             raise ValueError("a coordinator's look-ahead (its third element) needs batched execution (batch_s)")
         self.coordinator = coordinator
         self.mutations = 0  # apply_snapshot and add_replica calls (a look-ahead checks its replayed calls made none)
+        self.wiring = 0  # bumped whenever a stream replica's liveness or a replica's life changes
+        self._fed: tuple[int, frozenset] = (-1, frozenset())
         self.strict = strict
         self.keep_outputs = keep_outputs
         self.retain = retain
@@ -769,9 +771,30 @@ class Simulator:
             if src is not None:
                 log.append(items)
             if any(isinstance(it, Punctuation) for it in items):
-                acks = [lk.receiver.core.filters[lk.port].max_punct for lk in links if lk.live and lk.receiver.alive]
+                acks = self.replay_acks(links)
                 if acks:
                     log.trim(min(acks))
+
+    def fed_inputs(self) -> frozenset:
+        """``{(id(replica), port), ...}``: the inputs of alive replicas that some live stream
+        replica from an alive sender feeds (cached until the wiring changes)."""
+        if self._fed[0] != self.wiring:
+            self._fed = (self.wiring, frozenset((id(lk.receiver), lk.port) for lk in self.links
+                                                if lk.live and lk.sender.alive and lk.receiver.alive))
+        return self._fed[1]
+
+    def replay_acks(self, links: list) -> list[int]:
+        """The acknowledgements a sender on ``links`` may trim its retained output to: those of
+        every alive receiver of ``links`` fed on that port, whether or not *this* stream
+        replica is live (decision 7). A receiver that lags because its one live feeder lags
+        may get this stream replica revived; the replay must then start at the receiver's
+        own acknowledgement, not at that of this sender's live receivers, or the replayed
+        punctuation passes the receiver's filter ahead of the tuples in between, which it
+        then drops as copies. Dormant receivers (fed by nothing) are left out: a hand-over
+        from a live peer brings them up to date."""
+        fed = self.fed_inputs()
+        return [lk.receiver.core.filters[lk.port].max_punct for lk in links
+                if lk.receiver.alive and (id(lk.receiver), lk.port) in fed]
 
     def _send(self, lk: _Link, items: list, t: float, n: int) -> None:
         net = self._lat
@@ -782,6 +805,7 @@ class Simulator:
             at = lk.last
         if math.isinf(at):
             lk.live = False  # unreachable for the whole horizon: the sender drops the channel
+            self.wiring += 1
             self.events.append({"t": t, "event": "link dropped", "link": lk.id})
             return
         lk.last = at
@@ -808,6 +832,7 @@ class Simulator:
         victims = [v for v in self._victims(ev) if v.alive]
         for v in victims:
             v.alive = False
+            self.wiring += 1
             self.events.append({"t": t, "event": "killed", "replica": v.label, "server": v.server})
         if self.mode != "replication" and victims:
             self._push(t + self.detect_s, _FAILOVER, victims)
@@ -852,6 +877,7 @@ class Simulator:
         revived = [lk for lk in self.links if not lk.live and lk.id in live]
         for lk in self.links:
             lk.live = lk.id in live
+        self.wiring += 1
         for g in self.groups.values():
             for r in g:
                 if r.core is None or r.is_sink or r.label in was_fed:
@@ -926,6 +952,7 @@ class Simulator:
                 self.entry_logs[(src, rid.index)] = ReplayLog()
         for lk in new_links:
             lk.live = False
+        self.wiring += 1
         group.append(r)
         self.physical = grown
         self.plan[node] = self.plan[node] + [server]

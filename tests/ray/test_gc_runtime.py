@@ -175,3 +175,55 @@ def test_link_bound_replica_is_told_apart_from_a_starved_one():
     assert ReplicaManager.link_bound(mgr, snap(50.0), {"f#0": 3.2}) == []  # revive entry#1->f#0 instead
     assert ReplicaManager.link_bound(mgr, snap(3050.0, upstream_live=False), {"f#0": 3.2}) == []  # starved
     assert ReplicaManager.link_bound(mgr, snap(3050.0), {"f#0": 1.0}) == []  # not hindered
+
+
+@pytest.mark.slow  # 33 s
+def test_a_stream_revived_to_a_lagging_receiver_replays_what_it_lacks():
+    """Decision 7 through a discard and a revival: ``hot#0`` is fed by ``correlate#1`` alone over a
+    link 2.5 s slow and alone feeds ``alerts``; ``correlate#0`` feeds only ``hot#1``, which is
+    ahead. Then correlate#0 -> hot#0 is revived and correlate#1 -> hot#0 discarded (its queued
+    packets are forgotten). correlate#0's log must still hold what hot#0 has not acknowledged:
+    one trimmed to its live receivers' acknowledgements replays a punctuation ahead of what
+    hot#0 lacks, and hot#0's filter then drops the rest as copies."""
+    import time
+
+    import ray
+
+    from replistream.gc import RevivalEvent
+
+    servers = ["boston", "london", "tokyo", "paris"]
+    placement = {"entry": servers[:2], "loads": servers[:2], "pings": servers[:2], "correlate": servers[2:],
+                 "hot": [servers[1], servers[0]], "alerts": servers[:1]}
+    q = fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.25)
+    data = {k: list(v) for k, v in fig1_inputs(n_servers=3, duration_s=16, period_s=0.25, seed=5, chunk=1).items()}
+    seen = {}
+
+    def sid(d, src, dst):
+        (s,) = [s.id for s in d.topology.streams(src=src) if s.dst.startswith(dst)]
+        return s
+
+    def lag_hot0(d):
+        d.control_loop()._apply_discard([sid(d, "correlate#0", "hot#0"), sid(d, "correlate#1", "hot#1"),
+                                         sid(d, "hot#1", "alerts")], [])
+        d.delay_link(servers[3], servers[1], 2500, both_directions=False)  # correlate#1 -> hot#0
+
+    def swap(d):
+        deadline = time.time() + 60
+        while True:  # hot#0 (fed over the slow link) at least 1.5 s behind hot#1
+            acks = [ray.get(d.handles[f"hot#{i}"].gc_report.remote(), timeout=30)["acks"][0] for i in (0, 1)]
+            if acks[1] - acks[0] >= seconds(1.5):
+                break
+            assert time.time() < deadline, f"hot#0 did not fall behind hot#1: {acks}"
+            time.sleep(0.05)
+        seen["lag"] = acks
+        d.control_loop()._apply_revival(RevivalEvent(
+            action="revive-stream", trigger="test", replica="hot#0", reason="lagging receiver",
+            revive_streams=(sid(d, "correlate#0", "hot#0"),), discard_streams=(sid(d, "correlate#1", "hot#0"),)))
+
+    data["load_0"].insert(8, Call(lag_hot0))
+    data["load_0"].insert(36, Call(swap))
+    with deploy(q, servers=servers, k=2, placement=placement) as dep:
+        assert dep.topology.server("correlate#1") == servers[3] and dep.topology.server("hot#0") == servers[1]
+        ref, res = run_checked(dep, q, data, pace=1.0)
+        assert seen["lag"][1] > seen["lag"][0]
+        assert_same_output(ref.outputs["alerts"], res.outputs["alerts"])

@@ -211,3 +211,36 @@ def test_a_replica_created_mid_run_takes_over(epoch):
     assert sum(lk.tuples for lk in new_out) > 0
     with pytest.raises(ValueError, match="already runs"):
         sim.add_replica("correlate", new_server)
+
+
+@pytest.mark.parametrize("epoch", [None, 25.0])
+def test_a_stream_revived_to_a_lagging_receiver_replays_from_its_acknowledgement(epoch):
+    """Revival of a stream replica to a receiver that lags (decision 7): ``hot#0`` is fed by
+    ``correlate#1`` alone, over a link 40 s slow, and alone feeds the sink; ``correlate#0``
+    feeds only ``hot#1``, which is ahead. At t=300 the stream correlate#0 -> hot#0 is revived and correlate#1 -> hot#0
+    discarded. correlate#0 must still retain what hot#0 has not acknowledged: a sender that
+    trimmed its log to its *live* receivers' acknowledgements replays a punctuation ahead of
+    the tuples hot#0 still waits for, and its filter then drops those as copies (tuples lost)."""
+    servers = [f"s{i}" for i in range(10)]
+    names = ["entry", "loads", "pings", "correlate", "hot"]
+    plan = {n: servers[2 * i:2 * i + 2] for i, n in enumerate(names)} | {"alerts": [servers[0]]}
+    slow = Scenario.from_dict({"events": [{"at": 100, "action": "delay_link", "a": plan["correlate"][1],
+                                           "b": plan["hot"][0], "extra_ms": 40_000, "duration": 200}]})
+    snap = snapshot_from_plan(Q, plan)
+    gone = {("correlate#0", "hot#0"), ("correlate#1", "hot#1"), ("hot#1", "alerts")}  # alerts: hot#0's only
+    one_each = {s.id: False for s in snap.streams if (s.src, s.dst) in gone}
+    swapped = one_each | {s.id: s.src != "correlate#1" for s in snap.streams if s.dst == "hot#0"}
+    assert len(one_each) == 3 and len(swapped) == 4
+
+    def coordinator(sim, t):
+        if t == 25.0:
+            sim.apply_snapshot(snap.evolve(streams_live=one_each))
+        if t == 300.0:
+            sim.apply_snapshot(snap.evolve(streams_live=swapped))
+
+    sim = Simulator(Q, plan, ZeroLatency(servers), cpu=CpuModel(scale=0), scenario=slow,
+                    coordinator=(25.0, coordinator), retain=True, batch_s=epoch)
+    res = sim.run(DATA)
+    assert res.complete
+    assert sum(e["event"] == "handover" for e in res.events) == 0  # hot#0 stayed fed: no hand-over
+    assert_same_output(REF.outputs["alerts"], res.outputs["alerts"])

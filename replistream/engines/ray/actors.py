@@ -280,9 +280,27 @@ class _Base:
                     start = i
         outbox.emit(out[start:] if start else out, wait=False)
 
-    def disconnect(self, label: str, port: int | None = None) -> int:
-        """Stop sending to ``label`` (a discarded stream replica, Algorithm 6); returns links removed."""
-        return sum(ob.remove_link(label, port) for ob in self.outboxes.values())
+    def disconnect(self, label: str, port: int | None = None, hold: bool = False) -> int:
+        """Stop sending to ``label`` (a discarded stream replica, Algorithm 6); returns links removed.
+
+        With ``hold`` (the receiver stays fed by other senders), the retention log keeps what
+        ``label`` has not acknowledged, for a replay if this stream replica is revived
+        (:meth:`~.channels.Outbox.remove_link`); :meth:`raise_holds` moves the hold on.
+
+        >>> ray.get(loads0.disconnect.remote("correlate#1", 0, True), timeout=60)   # doctest: +SKIP
+        1
+        """
+        return sum(ob.remove_link(label, port, hold=hold) for ob in self.outboxes.values())
+
+    def raise_holds(self, points: dict) -> int:
+        """``{hold key: acknowledged punctuation, or None to release}`` for the holds discarded
+        stream replicas left (:meth:`disconnect` with ``hold``): the coordinator's utility
+        period passes each receiver's progress. Returns how many holds changed.
+
+        >>> ray.get(loads0.raise_holds.remote({"gone:correlate#1:0": 41_999_999}), timeout=60)   # doctest: +SKIP
+        1
+        """
+        return sum(ob.raise_holds(points) for ob in list(self.outboxes.values()))
 
     def set_floor(self, acked: int) -> bool:
         """Trim point of the retention logs of outboxes without active links (a dormant entry replica)."""
@@ -333,15 +351,24 @@ class _Base:
             return []
         return [f.weights.tolist() for f in core.filters]
 
+    def _acks(self) -> list[int]:
+        """Per input port, the duplicate filter's maximum punctuation: what this replica acknowledges."""
+        core = getattr(self, "core", None)
+        if core is None or core.filters is None:
+            return []
+        return [int(f.max_punct) for f in core.filters]
+
     def gc_report(self) -> dict:
         """What the coordinator's utility period needs: duplicate-filter weights per input port and
         channel (cumulative, §V-B), tuples flushed per output stream since this actor started (and
-        ``age_s``, seconds since then, or since the run started if later), input delay, retention."""
+        ``age_s``, seconds since then, or since the run started if later), input delay, retention,
+        and per input port the punctuation it acknowledges (``acks``)."""
         return {"label": self.label, "weights": self._weights(), "delay_s": self._delay(),
                 "age_s": time.time() - max(self.created, self.t0),
                 "busy_s": self.busy_s, "work_s": self.busy_s + self.slow_s,
                 "emitted": {n: ob.emitted for n, ob in self.outboxes.items()},
                 "min_ack": {n: ob.min_ack() for n, ob in self.outboxes.items()},
+                "acks": self._acks(),
                 "retained": {n: ob.log.tuples for n, ob in self.outboxes.items()}}
 
     def _delay(self) -> float:

@@ -55,7 +55,7 @@ from ...replica import ReplayLog
 from ...schema import Marker, Punctuation
 from .common import is_actor_death
 
-__all__ = ["CONTROL", "NO_ACK", "Link", "Outbox", "Sender", "coalesce"]
+__all__ = ["CONTROL", "NO_ACK", "Link", "Outbox", "Sender", "coalesce", "gone_key"]
 
 #: Items that carry no tuples: flushed at once, never merged into batches.
 CONTROL = (Punctuation, Marker)
@@ -88,6 +88,16 @@ class Link:
     blocked_since: float | None = None
     drop_reason: str | None = None
     replayed: int = 0  # tuples replayed from the retention log when the link was added
+
+
+def gone_key(label: str, port: int) -> str:
+    """The key of the hold a discarded stream replica to ``label``'s input ``port`` leaves on its
+    sender's log (:meth:`Outbox.remove_link` with ``hold=True``).
+
+    >>> gone_key("join#1", 0)
+    'gone:join#1:0'
+    """
+    return f"gone:{label}:{int(port)}"
 
 
 def coalesce(items: list) -> list:
@@ -184,26 +194,46 @@ class Outbox:
                 link.queue.append((due, packet, now, n))
                 link.replayed = n
             self.links.append(link)
+            # a hold left by this stream replica's discard (remove_link(..., hold=True)) is no
+            # longer needed: the link bounds the trim again (acked starts below everything)
+            self.holds.pop(gone_key(link.label, link.port), None)
             self.lock.notify_all()
             if self.wake is not None:
                 self.wake.set()
             return n
 
-    def remove_link(self, label: str, port: int | None = None) -> int:
+    def remove_link(self, label: str, port: int | None = None, hold: bool = False) -> int:
         """Stop sending to ``label`` (on ``port``, if given): the stream replica is discarded.
 
         Packets queued on it are forgotten; no drop is reported. Returns the
-        number of links removed.
+        number of links removed. With ``hold``, the log keeps everything after
+        the link's last acknowledgement (a hold under :func:`gone_key`): the
+        receiver stays fed by other senders and may lag behind this sender's
+        other receivers, and if this stream replica is revived, its replay must
+        start at the receiver's position, or the replayed punctuation passes the
+        receiver's duplicate filter ahead of tuples it still waits for, which the
+        filter then drops as copies. The coordinator raises the hold as the
+        receiver acknowledges (:meth:`raise_holds`) and releases it when the
+        receiver is no longer fed; :meth:`add_link` to it releases it too.
 
         >>> ob = Outbox("f#0", "a", None, 0.0); ob.add_link(Link("g#0", "b", None, 0, 0))
         0
         >>> ob.remove_link("g#0"), ob.links
         (1, [])
+        >>> ob.add_link(Link("g#0", "b", None, 0, 1, acked=5)); ob.remove_link("g#0", 0, hold=True), ob.holds
+        0
+        (1, {'gone:g#0:0': 5})
         """
         with self.lock:
+            gone = [l for l in self.links if l.label == label and (port is None or l.port == port)]
             keep = [l for l in self.links if not (l.label == label and (port is None or l.port == port))]
             n = len(self.links) - len(keep)
             self.links = keep
+            if hold:
+                for l in gone:
+                    if l.alive:
+                        key = gone_key(l.label, l.port)
+                        self.holds[key] = min(self.holds.get(key, l.acked), l.acked)
             self._trim_locked()
             self.lock.notify_all()
             return n
@@ -226,6 +256,33 @@ class Outbox:
         with self.lock:
             self.holds[key] = max(self.holds.get(key, int(p)), int(p))
             self._trim_locked()
+
+    def raise_holds(self, points: dict) -> int:
+        """``{key: p or None}``: raise each hold this outbox has to ``p`` (never lower it), or
+        release it (``None``); keys it does not hold are ignored, so a late call cannot bring
+        back a hold that :meth:`add_link` released. Returns how many holds changed.
+
+        >>> ob = Outbox("f#0", "a", None, 0.0); ob.hold("gone:g#0:0", 3)
+        >>> ob.raise_holds({"gone:g#0:0": 7, "gone:h#0:0": 9}), ob.holds
+        (1, {'gone:g#0:0': 7})
+        >>> ob.raise_holds({"gone:g#0:0": None}), ob.holds
+        (1, {})
+        """
+        n = 0
+        with self.lock:
+            for key, p in points.items():
+                if key not in self.holds:
+                    continue
+                if p is None:
+                    del self.holds[key]
+                elif int(p) > self.holds[key]:
+                    self.holds[key] = int(p)
+                else:
+                    continue
+                n += 1
+            if n:
+                self._trim_locked()
+        return n
 
     def _trim_locked(self) -> None:
         acks = [l.acked for l in self.links if l.alive]

@@ -95,7 +95,7 @@ from ...gc import ENTRY, OperatorReplica, RevivalEvent, RevivalPolicy, Snapshot,
 from ...plan import group_of
 from ...replica.handover import missing_feeders, rank_peers, shares_feeders
 from ...replica.transfer import STRATEGIES, splittable
-from .channels import NO_ACK
+from .channels import NO_ACK, gone_key
 from .common import is_actor_death, json_default
 from .transfer import staged_install
 
@@ -379,8 +379,39 @@ class ReplicaManager:
 
             snap = topo.snapshot(self.kmin, self.theta, measured)
             self._floor_dormant_entries(reports)
+            self._raise_holds(reports)
             self.last_snapshot = snap
             return snap
+
+    def _fed(self, label: str, port: int) -> bool:
+        """Whether ``label`` is live, running and fed on input ``port`` by a live stream replica
+        from a running replica."""
+        topo = self.topology
+        if label not in topo or not topo.replica(label).live or not topo.is_running(label):
+            return False
+        return any(s.port == port and topo.is_running(s.src) for s in topo.streams(live=True, dst=label))
+
+    def _raise_holds(self, reports: dict) -> None:
+        """Move on the holds discarded stream replicas left on their senders' logs (decision 7;
+        :meth:`~.channels.Outbox.remove_link`): to the receiver's acknowledgement on that port
+        while another sender feeds it, released once nothing does (a dormant replica is brought
+        up to date by a hand-over, not by this log). Derived from the topology each period, so a
+        coordinator that took over moves on its predecessor's holds too; a receiver that did not
+        report this period keeps its hold where it was."""
+        topo = self.topology
+        points: dict[str, dict] = {}
+        for s in topo.streams(live=False):
+            if not topo.is_running(s.src):
+                continue
+            key = gone_key(s.dst, s.port)
+            if not self._fed(s.dst, s.port):
+                points.setdefault(s.src, {})[key] = None
+                continue
+            acks = (reports.get(s.dst) or {}).get("acks") or []
+            if s.port < len(acks):
+                points.setdefault(s.src, {})[key] = int(acks[s.port])
+        for src, pts in points.items():  # advisory: a lost call leaves a hold lower, never higher
+            topo.handle(src).raise_holds.remote(pts)
 
     def _measure_rates(self, reports: dict) -> None:
         """Stream rates (tuples/s) over the rate window: per stream, its busiest producer's.
@@ -863,11 +894,16 @@ class ReplicaManager:
         """Stop the discarded stream replicas at their sources; retire the replicas left dormant."""
         topo = self.topology
         calls = {}
-        for sid in streams:
-            s = topo.stream(sid)
-            topo.disconnect(sid)
+        gone = [topo.stream(sid) for sid in streams]
+        for s in gone:
+            topo.disconnect(s.id)
+        retiring = set(replicas)
+        for s in gone:
             if topo.is_running(s.src):
-                calls[f"{s.src}|{sid}"] = topo.handle(s.src).disconnect.remote(s.dst, s.port)
+                # a receiver another sender still feeds may lag this sender's other receivers: the
+                # sender's log holds what it has not acknowledged, for a replay if s is revived
+                hold = s.dst not in retiring and self._fed(s.dst, s.port)
+                calls[f"{s.src}|{s.id}"] = topo.handle(s.src).disconnect.remote(s.dst, s.port, hold)
         self.dep.tell({key: ref for key, ref in calls.items()}, timeout=60)
         for label in replicas:
             self.dep.retire(label)
