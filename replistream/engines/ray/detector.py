@@ -42,7 +42,7 @@ The detector is plain bookkeeping, no Ray and no clock of its own (callers pass
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["FailureDetector", "Verdict", "DEFAULT_SUSPECT_AFTER_S", "DEFAULT_FAIL_AFTER_S"]
 

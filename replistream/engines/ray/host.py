@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import ray
 
