@@ -775,7 +775,7 @@ class Simulator:
                 if acks:
                     log.trim(min(acks))
 
-    def fed_inputs(self) -> frozenset:
+    def _fed_inputs(self) -> frozenset:
         """``{(id(replica), port), ...}``: the inputs of alive replicas that some live stream
         replica from an alive sender feeds (cached until the wiring changes)."""
         if self._fed[0] != self.wiring:
@@ -791,8 +791,16 @@ class Simulator:
         own acknowledgement, not at that of this sender's live receivers, or the replayed
         punctuation passes the receiver's filter ahead of the tuples in between, which it
         then drops as copies. Dormant receivers (fed by nothing) are left out: a hand-over
-        from a live peer brings them up to date."""
-        fed = self.fed_inputs()
+        from a live peer brings them up to date.
+
+        >>> from replistream.operators.base import NO_PUNCTUATION
+        >>> from replistream.workloads import fig1_query
+        >>> sim = Simulator(fig1_query(1), {n: ["a"] for n in ["entry", "loads", "pings", "correlate", "hot",
+        ...                                                    "alerts"]}, ZeroLatency(["a"]), retain=True)
+        >>> sim.replay_acks(sim.replicas("correlate")[0].out) == [NO_PUNCTUATION]   # hot#0 has nothing yet
+        True
+        """
+        fed = self._fed_inputs()
         return [lk.receiver.core.filters[lk.port].max_punct for lk in links
                 if lk.receiver.alive and (id(lk.receiver), lk.port) in fed]
 

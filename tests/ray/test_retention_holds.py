@@ -27,12 +27,19 @@ def acknowledge(ob: Outbox, label: str, p: int) -> None:
     ob.collect(set())  # trims the log
 
 
-def test_a_discard_that_leaves_its_receiver_fed_holds_what_it_lacks():
+def two_receivers(hot0_acked: int) -> Outbox:
+    """``correlate#0``'s outbox to ``hot#0`` and ``hot#1``, ts 0-9 and punctuation 9 sent, and
+    ``hot#0`` at ``hot0_acked``."""
     ob = Outbox("correlate#0", "a", None, 0.0)
     ob.add_link(Link("hot#0", "b", None, 0, 0))
     ob.add_link(Link("hot#1", "c", None, 0, 0))
     ob.emit([batch(0, 10), Punctuation(9)])
-    acknowledge(ob, "hot#0", 4)
+    acknowledge(ob, "hot#0", hot0_acked)
+    return ob
+
+
+def test_a_discard_that_leaves_its_receiver_fed_holds_what_it_lacks():
+    ob = two_receivers(hot0_acked=4)
     acknowledge(ob, "hot#1", 9)
     assert logged_ts(ob) == list(range(5, 10))  # hot#0 lacks 5-9
 
@@ -53,11 +60,7 @@ def test_a_discard_that_leaves_its_receiver_fed_holds_what_it_lacks():
 
 
 def test_a_hold_is_released_once_nothing_feeds_the_receiver():
-    ob = Outbox("correlate#0", "a", None, 0.0)
-    ob.add_link(Link("hot#0", "b", None, 0, 0))
-    ob.add_link(Link("hot#1", "c", None, 0, 0))
-    ob.emit([batch(0, 10), Punctuation(9)])
-    acknowledge(ob, "hot#0", 2)
+    ob = two_receivers(hot0_acked=2)
     ob.remove_link("hot#0", 0, hold=True)
     acknowledge(ob, "hot#1", 9)
     assert logged_ts(ob) == list(range(3, 10))
@@ -67,11 +70,7 @@ def test_a_hold_is_released_once_nothing_feeds_the_receiver():
 
 
 def test_a_discard_without_hold_trims_to_the_remaining_links():
-    ob = Outbox("correlate#0", "a", None, 0.0)
-    ob.add_link(Link("hot#0", "b", None, 0, 0))
-    ob.add_link(Link("hot#1", "c", None, 0, 0))
-    ob.emit([batch(0, 10), Punctuation(9)])
-    acknowledge(ob, "hot#0", 2)
+    ob = two_receivers(hot0_acked=2)
     acknowledge(ob, "hot#1", 9)
     ob.remove_link("hot#0", 0)  # the receiver is retired with it
     assert logged_ts(ob) == [] and not ob.holds

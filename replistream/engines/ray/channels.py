@@ -226,9 +226,8 @@ class Outbox:
         """
         with self.lock:
             gone = [l for l in self.links if l.label == label and (port is None or l.port == port)]
-            keep = [l for l in self.links if not (l.label == label and (port is None or l.port == port))]
-            n = len(self.links) - len(keep)
-            self.links = keep
+            self.links = [l for l in self.links if not any(l is g for g in gone)]
+            n = len(gone)
             if hold:
                 for l in gone:
                     if l.alive:
