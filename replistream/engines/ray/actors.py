@@ -1152,6 +1152,19 @@ class EntryActor(_Base):
         raise RuntimeError(f"{self.label}: chunks {lo}..{hi - 1} of {source!r} are held by no live peer entry "
                            f"point ({', '.join(why) or 'no peer'}): this replica cannot catch up")
 
+    @ray.method(concurrency_group="peer")  # apart from the data path: a busy replica answers between chunks
+    def entry_position(self) -> dict:
+        """Where this replica stands per source: ``{source: {"expected": next chunk, "rows": records
+        taken (the entry point's id counter), "closed": its end taken}}``; a control plane that was
+        restored resumes the feed from the furthest replica's (:mod:`.lifecycle`).
+
+        >>> ray.get(entry.entry_position.remote())["s"]   # doctest: +SKIP
+        {'expected': 12, 'rows': 110000, 'closed': False}
+        """
+        with self.lock:
+            return {src: {"expected": int(self.expected[src]), "rows": int(e.seq), "closed": bool(e.closed)}
+                    for src, e in self.entries.items()}
+
     def entry_checkpoint(self) -> dict:
         """What a new entry replica needs to take this one's place (a repair, Hwang §III: entry
         points hold their input for their peers): every source's entry logic (its id counter,

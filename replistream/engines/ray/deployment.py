@@ -27,6 +27,7 @@ and to :mod:`.reconfigure` (changes to the running query).
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import queue
@@ -64,6 +65,10 @@ from .resolve import (evaluate_plan, placement_network, resolve_network, resolve
 from .topology import Topology
 
 __all__ = ["RAY_SYSTEM_CONFIG", "Delivered", "Deployment", "deploy", "init_ray"]
+
+#: Set by a detached deployment's host (host.py) while it deploys: the deployment's name. The
+#: deployment's actors are then detached and its state persisted (:mod:`.lifecycle`).
+DETACHED_AS: contextvars.ContextVar[str | None] = contextvars.ContextVar("replistream_detached_as", default=None)
 
 #: Ray settings replistream starts Ray with. Packets up to this size travel inline
 #: in the actor call instead of through the object store (see channels.py: a dead
@@ -359,8 +364,20 @@ class Deployment:
     def __init__(self, query: Query, servers: list, k: int, plan: dict, conditions, seed: int,
                  channel_opts: dict, strict: bool, on_malformed: str, parquet_dir: str | None, cluster=None,
                  gc: GCConfig | None = None, suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S,
-                 fail_after_s: float = DEFAULT_FAIL_AFTER_S, reporter=None, file_sinks: Mapping | None = None):
+                 fail_after_s: float = DEFAULT_FAIL_AFTER_S, reporter=None, file_sinks: Mapping | None = None,
+                 restored: dict | None = None):
         from ...progress import Reporter
+
+        #: The name of the detached deployment this one is (None: a deployment of the script). Its
+        #: actors are then detached (no process owns them: they outlive the host that started them)
+        #: and its state is kept in Ray's key-value store as it changes (:mod:`.lifecycle`).
+        self.detached_as: str | None = DETACHED_AS.get() if restored is None else restored["name"]
+        self._registry: dict[str, Any] = {}  # actor id -> handle of every actor it started or took
+        self._persister = None  # lifecycle.Persister of a detached deployment
+        if self.detached_as is not None and restored is None:
+            from .lifecycle import Persister
+
+            self._persister = Persister(self)  # its thread starts once deployed (host.py)
 
         self.file_sinks = dict(file_sinks or {})  # {app: ParquetSink}: its replicas write the files
         rep = reporter or Reporter("deploy", enabled=False)
@@ -395,21 +412,30 @@ class Deployment:
         self.changes: list[dict] = []  # every change made to the running query (replistream.replica.changes)
         self._pending_kills: list = []
         self._scenario_thread: threading.Thread | None = None
-        physical = PhysicalPlan(query, plan)
+        physical = PhysicalPlan(query, plan) if restored is None else restored["physical"]
         self._physical = physical  # the plan it started with (a warm spare's arguments)
-        self.topology = Topology(physical)
+        self.topology = Topology(physical) if restored is None else restored["topology"]
+        self._coordinator_lock = threading.Lock()
+        self._coordinator_pid: int | None = None  # known once it answers (deploy() asks)
+        self._standby = None  # a warm coordinator that takes over if this one is lost (start_standby)
+        self._dormant_of: dict[str, str] = {}  # operator -> its last live replica sending dormant checkpoints
+        if restored is None:
+            self._start_actors(query, physical, parquet_dir, rep)
+        self._init_run_state(query, gc)
+
+    def _start_actors(self, query: Query, physical: PhysicalPlan, parquet_dir: str | None, rep) -> None:
+        """Start the coordinator and every replica of ``physical``, and connect every upstream
+        replica to every downstream replica (``deploy()``; a restored deployment finds them running)."""
         # the coordinator lives on the driver's own Ray node: losing another node never takes it along
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         rep.phase("starting the coordinator")
         self.coordinator_key = f"replistream/coordinator/{uuid.uuid4().hex}"  # its state in Ray's key-value store
-        self._coordinator_lock = threading.Lock()
         self.coordinator = self._settle(*self._start(CoordinatorActor, {"scheduling_strategy": here}, self.t0,
                                                      self.coordinator_key, local=True))
-        self._coordinator_pid: int | None = None  # known once it answers (deploy() asks)
-        self._standby = None  # a warm coordinator that takes over if this one is lost (start_standby)
-        self._dormant_of: dict[str, str] = {}  # operator -> its last live replica sending dormant checkpoints
+        conditions, channel_opts, strict, on_malformed = (self.conditions, self.channel_opts, self.strict,
+                                                          self.on_malformed)
         started = []  # every actor at once (kept ones re-initialised, see pool.py), then one wait
         for r in physical.replicas():
             server = physical.server(r)
@@ -431,9 +457,12 @@ class Deployment:
         ray.get([topo.handle(e.src.label).connect.remote(e.stream, e.dst.label, physical.server(e.dst),
                                                           topo.handle(e.dst.label), e.port, e.channel)
                  for e in physical.streams()])
+
+    def _init_run_state(self, query: Query, gc) -> None:
+        """What a run keeps beside its actors (results fetched, repairs, the feeder, the control loop)."""
         self.delivered = Delivered([])
         for app in query.sinks:
-            self.delivered.add(app, [r.label for r in physical.replicas(app)])
+            self.delivered.add(app, [r.label for r in self.topology.replicas(app)])
             if app in self.file_sinks and not self.file_sinks[app].keep:
                 self.delivered.keep[app] = False  # its tuples stay in its files (counted, not fetched)
         self._raised_since: float | None = None  # when a sender first reported that its receiver raised
@@ -509,19 +538,23 @@ class Deployment:
         return self._start(ReplicaActor, opts, query, node, index, server, channels, self.conditions, self.t0,
                            self.channel_opts, self.coordinator, self.strict, pending)
 
-    @staticmethod
-    def _start(cls, opts: dict, *args, local: bool = False, **kwargs) -> tuple:
+    def _start(self, cls, opts: dict, *args, local: bool = False, **kwargs) -> tuple:
         """Begin starting an actor of ``cls``: one kept by an earlier deployment (:mod:`.pool`),
         re-initialised, when the server is a local logical one (no Ray options; ``local``: the
-        options only pin it to the driver's node), else a new process. Returns what
-        :meth:`_settle` takes."""
+        options only pin it to the driver's node), else a new process. A detached deployment's
+        actors are detached (no process owns them, :mod:`.lifecycle`). Every actor is registered
+        (:meth:`_register`) before it is used. Returns what :meth:`_settle` takes."""
         h = pool.take(cls.__ray_metadata__.class_name) if local or not opts else None
+        if self.detached_as is not None:
+            opts = {**opts, "lifetime": "detached"}
         if h is not None:
+            self._register(h)
             return h, h.reinit.remote(*args, **kwargs), cls, opts, args, kwargs
-        return cls.options(**opts).remote(*args, **kwargs), None, cls, opts, args, kwargs
+        h = cls.options(**opts).remote(*args, **kwargs)
+        self._register(h)
+        return h, None, cls, opts, args, kwargs
 
-    @staticmethod
-    def _settle(h, reinit, cls, opts, args, kwargs):
+    def _settle(self, h, reinit, cls, opts, args, kwargs):
         """The actor begun by :meth:`_start`; a kept one that died while kept is replaced by a new process."""
         if reinit is None:
             return h
@@ -531,7 +564,16 @@ class Deployment:
         except Exception as e:
             if not is_actor_death(e):
                 raise
-            return cls.options(**opts).remote(*args, **kwargs)
+            h = cls.options(**opts).remote(*args, **kwargs)
+            self._register(h)
+            return h
+
+    def _register(self, h) -> None:
+        """Record actor ``h`` as this deployment's (a detached one writes it to its persisted state at
+        once: after a restore, an actor it started but never attached is found and stopped)."""
+        self._registry[h._actor_id.hex()] = h
+        if self._persister is not None:
+            self._persister.registered(h)
 
     def start_spares(self, n: int) -> int:
         """Start ``n`` warm spare replica actors, kept idle in :mod:`.pool` for the replicas this
@@ -544,9 +586,10 @@ class Deployment:
         for i in range(n):
             # given the coordinator's handle although it reports nothing: the first deserialisation of
             # an actor handle in a process costs ~0.13 s here, which a repair would otherwise pay
-            h = ReplicaActor.remote(self.query, rep.operator, 10_000 + i, rep.server,
+            h = ReplicaActor.options(**self._lifetime()).remote(self.query, rep.operator, 10_000 + i, rep.server,
                                     list(self._physical.channels(rep.operator)), self.conditions, self.t0,
                                     self.channel_opts, self.coordinator, self.strict, False)
+            self._register(h)
             h.stop_sending.remote()
             kept += pool.keep_spare("ReplicaActor", h)
         return kept
@@ -786,6 +829,9 @@ class Deployment:
         for src, data in inputs.items():
             if hasattr(data, "bind"):
                 data.bind(src, self.query.schema_of(src))
+        if self._persister is not None:  # kept before the first chunk: a new host process resumes from it
+            self._persister.fed({"inputs": dict(inputs), "pace": pace, "chunk_size": chunk_size, "idle": idle,
+                                 "chunk_ms": chunk_ms})
         self.speed = pace
         self.t0 = time.time() + 0.05
         self.tell({label: h.set_start.remote(self.t0) for label, h in self.topology.running()})
@@ -812,7 +858,48 @@ class Deployment:
         if self.manager is not None:
             self.manager.start()
 
+    def resume_feed(self, feed: dict | None) -> dict:
+        """Go on feeding after the control plane was restored (:mod:`.lifecycle`): ``feed`` is what
+        :meth:`feed` was given. Per source, the furthest entry replica's next chunk and rows taken
+        are where feeding resumes (the input is read again, the rows it took skipped); an entry
+        replica behind it catches up from a peer first. Returns ``{source: {"seq", "rows",
+        "closed"}}`` and the replicas that catch up. Raises ``RunFailed`` if no entry replica
+        answers, or the input was not kept."""
+        if feed is None:
+            raise RunFailed("the control plane was restored but the input given to feed() was not kept: the "
+                            "feed cannot resume", operator=ENTRY)
+        running = self.topology.running(ENTRY)
+        asked = {label: h.entry_position.remote() for label, h in running}
+        ready = self._ask_all(asked, self.detector.fail_after_s)
+        positions = {}
+        for label, ref in asked.items():
+            if ref not in ready:
+                continue  # silent: it catches up from a peer once it answers, or is declared failed
+            try:
+                positions[label] = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - a death: noticed by the monitor
+                self.events.append({"t": self.now(), "event": "no_answer", "actor": label, "call": "entry_position",
+                                    "error": repr(e)})
+        if not positions:
+            raise RunFailed("no entry replica answered after the control plane was restored: where the input stands "
+                            "is unknown", operator=ENTRY)
+        at = {}
+        for src in self.query.sources:
+            best = max(positions.values(), key=lambda p: p[src]["expected"])[src]
+            at[src] = {"seq": int(best["expected"]), "rows": int(best["rows"]), "closed": bool(best["closed"])}
+        behind = {label: {src: int(p[src]["expected"]) for src in self.query.sources
+                          if p[src]["expected"] < at[src]["seq"]} for label, p in positions.items()}
+        behind = {label: b for label, b in behind.items() if b}
+        behind.update({label: {src: 0 for src in self.query.sources} for label in asked if label not in positions})
+        self.feeder.start(self.query.sources, feed["inputs"], feed["pace"], feed["chunk_size"], self.t0,
+                          idle=feed["idle"], disorder={src: self.query.spec(src).max_disorder
+                                                       for src in self.query.sources},
+                          chunk_ms=feed["chunk_ms"], resume={"at": at, "behind": behind, "ts0": self.ts0})
+        return {"at": at, "behind": sorted(behind)}
+
     def _run_sentinel(self, sentinel: Sentinel) -> None:
+        if self._persister is not None:  # counted as run before it runs: a restored feed never runs it twice
+            self._persister.persist_now()
         sentinel.apply(self)
         if not isinstance(sentinel, Handed):  # (one per micro-batch of a Spark stream: not an event)
             self.events.append({"t": self.now(), "event": repr(sentinel)})
@@ -1261,7 +1348,9 @@ class Deployment:
                     self.events.append({"t": self.now(), "event": "standby_failed", "error": repr(e)})
             if info is None:
                 here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-                new = CoordinatorActor.options(scheduling_strategy=here).remote(self.t0, self.coordinator_key)
+                new = CoordinatorActor.options(scheduling_strategy=here, **self._lifetime()).remote(
+                    self.t0, self.coordinator_key)
+                self._register(new)
                 info = ray.get(new.ping.remote(), timeout=60)
             restored = info["restored"]
             self.coordinator, self._coordinator_pid = new, info["pid"]
@@ -1285,7 +1374,12 @@ class Deployment:
             kept.reinit.remote(self.t0, None)  # not awaited: replace_coordinator's call waits behind it
             self._standby = kept
         else:
-            self._standby = CoordinatorActor.options(scheduling_strategy=here).remote(self.t0, None)
+            self._standby = CoordinatorActor.options(scheduling_strategy=here, **self._lifetime()).remote(self.t0, None)
+        self._register(self._standby)
+
+    def _lifetime(self) -> dict:
+        """Ray options of a new actor of this deployment: detached for a detached deployment."""
+        return {"lifetime": "detached"} if self.detached_as is not None else {}
 
     def check_failures(self) -> None:
         """Raise the run's failure if it has one (see :meth:`wait`); nothing otherwise. Deaths,
@@ -1838,7 +1932,7 @@ class Deployment:
         threads = [self.feeder.thread, self._scenario_thread, self._repair_thread, self._monitor_thread,
                    *self._reconnect_threads,
                    None if self.manager is None else getattr(self.manager, "_thread", None)]
-        if pool.pool_size() and not any(t is not None and t.is_alive() for t in threads):
+        if pool.pool_size() and self.detached_as is None and not any(t is not None and t.is_alive() for t in threads):
             # every actor stops sending and settles; local ones may be kept for the next deployment
             kinds = {"entry": "EntryActor", "application": "SinkActor"}
             named = [(None if ray_options(self.servers[self.actor_server[label]]) else
@@ -1904,7 +1998,10 @@ def _deploy_detached(query: Query, name: str, address: str | None, ray_init: dic
     try:
         ray.get(host.start.remote(query, options), timeout=600)
     except BaseException:
+        from .lifecycle import discard
+
         ray.kill(host, no_restart=True)  # a deployment that did not start leaves nothing behind
+        discard(name)
         raise
     return DeploymentClient(host, name)
 

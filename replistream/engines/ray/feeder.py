@@ -45,6 +45,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
+import numpy as np
 import ray
 
 from ...operators.base import NO_PUNCTUATION
@@ -56,7 +57,7 @@ from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, 
 from .common import is_actor_death
 from .topology import Topology
 
-__all__ = ["Feeder", "MAX_INFLIGHT_CHUNKS", "MAX_LAG_CHUNKS"]
+__all__ = ["Feeder", "MAX_INFLIGHT_CHUNKS", "MAX_LAG_CHUNKS", "KEEP_CHUNKS", "chunk_rows", "skip_rows"]
 
 #: Chunks in flight to the fastest entry replica before the feeder waits.
 MAX_INFLIGHT_CHUNKS = 32
@@ -65,6 +66,65 @@ MAX_INFLIGHT_CHUNKS = 32
 #: a replica that is merely slower is waited for at this distance; one that stops answering is
 #: suspected by the failure detector and then never waited on.
 MAX_LAG_CHUNKS = 8 * MAX_INFLIGHT_CHUNKS
+
+#: Raw chunks every entry replica keeps for its peers even when none lacks any: an entry replica
+#: that was sent fewer chunks than its peers when the feeder was lost (its process, or the host that
+#: ran it) takes those from a peer when the feed resumes (:mod:`.lifecycle`).
+KEEP_CHUNKS = 8
+
+
+def chunk_rows(chunk) -> int:
+    """Input records in ``chunk`` (what an entry point counts: its id counter), 0 for what carries
+    none (a punctuation, a sentinel, a marker, the end).
+
+    >>> chunk_rows([{"ts": 1}, {"ts": 2}]), chunk_rows(np.zeros(3, dtype=[("ts", "i8")])), chunk_rows(None)
+    (2, 3, 0)
+    """
+    if chunk is None:
+        return 0
+    if isinstance(chunk, ChunkRef):
+        return int(chunk.n)
+    n = getattr(chunk, "n", None)  # a SourceBatch
+    if isinstance(n, (int, np.integer)) and not isinstance(chunk, np.ndarray):
+        return int(n)
+    if isinstance(chunk, np.ndarray):
+        return len(chunk)
+    if isinstance(chunk, list):
+        return len(chunk)
+    if isinstance(chunk, Mapping):
+        lengths = {len(v) for v in chunk.values() if hasattr(v, "__len__")}
+        return lengths.pop() if len(lengths) == 1 else 0
+    return 0
+
+
+def _tail(chunk, start: int):
+    """``chunk`` without its first ``start`` rows."""
+    if isinstance(chunk, (np.ndarray, list)):
+        return chunk[start:]
+    if isinstance(chunk, Mapping):
+        return {k: v[start:] for k, v in chunk.items()}
+    raise RuntimeError(f"the feed cannot resume inside a chunk of type {type(chunk).__name__} (its first {start} "
+                       f"rows were taken): the chunk cannot be cut")
+
+
+def skip_rows(chunks: Iterator, rows: int) -> Iterator:
+    """``chunks`` without their first ``rows`` records (a chunk straddling the point is cut);
+    punctuations, sentinels and the end pass (a punctuation sent twice changes nothing; sentinels
+    are counted apart).
+
+    >>> [len(c) for c in skip_rows(iter([[1, 2], [3, 4, 5], [6]]), 3)]
+    [2, 1]
+    """
+    left = int(rows)
+    for c in chunks:
+        if left > 0 and not isinstance(c, Sentinel):
+            n = chunk_rows(c)
+            if n:
+                if n <= left:
+                    left -= n
+                    continue
+                c, left = _tail(c, left), 0
+        yield c
 
 
 class Feeder:
@@ -121,6 +181,9 @@ class Feeder:
         self.catching: dict[str, tuple[Any, dict[str, int]]] = {}
         #: ``(seconds since t0, label, event)`` each time a replica was skipped or caught up.
         self.skips: list[tuple[float, str, str]] = []
+        #: Sentinels run so far per source (counted before each runs: a resumed feed skips them).
+        self.sentinels_run: dict[str, int] = {}
+        self.resumed: dict | None = None
 
     @property
     def heartbeats(self) -> list[Heartbeat]:
@@ -131,12 +194,20 @@ class Feeder:
     # -- running ---------------------------------------------------------------------------
     def start(self, sources: list[str], inputs: Mapping[str, Any], pace: float | None, chunk_size: int,
               t0: float, idle: Mapping[str, float] | None = None, disorder: Mapping[str, int] | None = None,
-              chunk_ms: float | None = None) -> None:
+              chunk_ms: float | None = None, resume: dict | None = None) -> None:
         """Feed ``inputs`` (``{source: input}``, sources in ``sources`` order) in a background
         thread; ``t0`` is the run's start (wall time), ``pace`` event seconds per second (None:
         as fast as the entry points take it; paced, each chunk is cut to span at most ``chunk_ms``
         of wall time, :func:`~replistream.sources.cut_by_time`); ``idle`` the idle timeouts (``{source: seconds}``)
-        and ``disorder`` each source's ``max_disorder`` (see :mod:`replistream.idle`)."""
+        and ``disorder`` each source's ``max_disorder`` (see :mod:`replistream.idle`).
+
+        ``resume`` (a restored control plane, :mod:`.lifecycle`): ``{"at": {source: {"seq", "rows",
+        "closed"}}, "behind": {entry label: {source: its next chunk}}, "ts0"}``: each source
+        goes on at chunk ``seq`` without its first ``rows`` records (and without the sentinels
+        already run, :attr:`sentinels_run`), a closed one is not sent again, the entry replicas
+        ``behind`` catch up from a peer first, and the clock (``t0``, ``ts0``) is the one the run
+        started with."""
+        self.resumed = resume
         self.t0 = t0
         self.done_wall = None
         self.fed_all.clear()
@@ -164,6 +235,9 @@ class Feeder:
 
     def _feed(self, sources: list[str], inputs, pace, chunk_size) -> None:
         iters: dict[str, Iterator] = {s: iter(iter_chunks(inputs.get(s, ()), chunk_size)) for s in sources}
+        resume = self.resumed
+        if resume is not None:
+            iters = {s: skip_rows(it, resume["at"][s]["rows"]) for s, it in iters.items()}
         cut = None
         if pace is not None and self.chunk_ms:  # a paced chunk goes at once: at most chunk_ms of wall time each,
             # k entry replicas each call k downstream replicas per piece: a piece spans k x chunk_ms
@@ -179,26 +253,43 @@ class Feeder:
             iters = {s: pieces(it) for s, it in iters.items()}
         with self.lock:
             self.sources = list(sources)
-            self.seqs = {s: 0 for s in sources}
-            self.open_sources = set(sources)
+            self.seqs = {s: 0 if resume is None else resume["at"][s]["seq"] for s in sources}
+            closed = set() if resume is None else {s for s in sources if resume["at"][s]["closed"]}
+            self.open_sources = set(sources) - closed
             self.inflight = {label: [] for label, _ in self.topology.running(ENTRY)}
             self.max_fed, self.tmax_unknown = None, False
+            if resume is not None:  # behind its peers: it takes what it lacks from them before its next chunk
+                for label, missed in resume["behind"].items():
+                    if self.topology.is_running(label):
+                        self.skipped[label] = dict(missed)
+                        self.skips.append((time.time() - self.t0, label, "behind after a restore"))
+        skip_sentinels = {s: self.sentinels_run.get(s, 0) for s in sources}
         if self.idle:  # quiet sources do not hold the others back; they get heartbeats
             merge = self.merge = IdleMerge(iters, self.idle, self.disorder)
         else:
             merge = TimeMerge(iters)  # the sources in event-time order (a sentinel keeps its source's time)
         ts0 = float(merge.first) if merge.first is not None else 0.0
-        if pace is not None:  # paced from when the first chunks are there (a Spark job, a file), not from feed()
+        if resume is not None:
+            ts0 = float(resume["ts0"])  # the run's clock, not the rest of the input's
+        elif pace is not None:  # paced from when the first chunks are there (a Spark job, a file), not from feed()
             self.t0 = max(self.t0, time.time())
             if self.merge is not None:  # heartbeats follow the replay's clock too
                 self.merge.now_ts = lambda: ts0 + (time.time() - self.t0) * 1e6 * pace
         self.on_start(ts0)
         self.feeding = True
+        if resume is not None and pace is not None and self.merge is not None:
+            self.merge.now_ts = lambda: ts0 + (time.time() - self.t0) * 1e6 * pace
         for t, src, chunk in merge:
             if isinstance(chunk, Sentinel):
+                if skip_sentinels.get(src, 0) > 0:  # run before the restore
+                    skip_sentinels[src] -= 1
+                    continue
                 self._settle(0, 0)  # everything before the event has reached the entry points
+                self.sentinels_run[src] = self.sentinels_run.get(src, 0) + 1
                 self.on_sentinel(chunk)
                 continue
+            if chunk is None and src not in self.open_sources:
+                continue  # ended before the restore
             if pace is not None and chunk is not None and math.isfinite(t) and t < END:
                 # (a chunk starting at END holds only records the entry points set aside: no wait)
                 delay = early = self.t0 + (t - ts0) / (1e6 * pace) - time.time()
@@ -267,7 +358,7 @@ class Feeder:
         lacking = [missed.get(src, seq) for label, missed in
                    [*self.skipped.items(), *((lb, m) for lb, (_, m) in self.catching.items())]
                    if self.topology.is_running(label)]
-        return min([seq, *lacking])
+        return max(0, min([seq - KEEP_CHUNKS + 1, *lacking]))
 
     def _resume(self) -> None:
         """A skipped entry replica that answers again (not suspected, its queued calls done) takes

@@ -57,38 +57,86 @@ def cluster_address() -> str | None:
     return None if mine is None else mine["address"]
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=32)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=32)
 class DeploymentHost:
     """A detached deployment's home in the cluster: it runs :func:`~.deployment.deploy` and holds
     the :class:`~.deployment.Deployment`; its methods run the deployment's (several at once: a
     ``wait`` does not hold a ``metrics``).
 
-    >>> host = DeploymentHost.options(name="m", namespace=NAMESPACE, lifetime="detached").remote(q, {})  # doctest: +SKIP
+    Ray restarts it when its process dies (``max_restarts=-1``), and the new process takes the
+    deployment up from what it kept in Ray's key-value store (:mod:`.lifecycle`): the replicas,
+    the coordinator and the leased warm actors are detached and ran on meanwhile. A call in flight
+    when it died is sent again to the new process (``max_task_retries=-1``); ``feed`` carries an id
+    so that a feed sent again is not taken twice.
+
+    >>> host = DeploymentHost.options(name="m", namespace=NAMESPACE, lifetime="detached").remote()  # doctest: +SKIP
     """
 
     def __init__(self):
         from . import warm
+        from .lifecycle import restore
 
         warm.use_cluster(True)  # it runs in the cluster: its deployment takes warm actors from the cluster's pool
         self.started = time.time()
         self.name = ray.get_runtime_context().get_actor_name()
-        self.dep = None
-        self.fed = False
         self.lock = threading.Lock()
+        self.restore_error: str | None = None
+        try:
+            self.dep = restore(self.name)  # None unless an earlier process of this host deployed
+        except Exception as e:  # noqa: BLE001 - kept and raised by every call (stop() still works)
+            import traceback
+
+            self.dep = None
+            self.restore_error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
+        self.fed = self.dep is not None and self.dep.started
+
+    def _check(self) -> None:
+        if self.restore_error is not None:
+            from ...errors import RunFailed
+
+            raise RunFailed(f"detached deployment {self.name!r} lost its host process, and the new one could not "
+                            f"take it up from its kept state: {self.restore_error}; stop it and deploy again",
+                            operator="host")
 
     def start(self, query, options: dict) -> bool:
-        """Deploy ``query`` with ``deploy``'s ``options`` here (its errors reach the caller)."""
-        from .deployment import deploy
+        """Deploy ``query`` with ``deploy``'s ``options`` here (its errors reach the caller). A start
+        cut short by the loss of this host's process is started again from scratch: the actors it had
+        started are stopped first (:func:`~.lifecycle.discard`)."""
+        from .deployment import DETACHED_AS, deploy
+        from .lifecycle import Persister, discard
 
         with self.lock:
             if self.dep is None:
-                self.dep = deploy(query, **options)
+                discard(self.name)
+                token = DETACHED_AS.set(self.name)
+                try:
+                    dep = deploy(query, **options)
+                finally:
+                    DETACHED_AS.reset(token)
+                Persister(dep).options(query, options)
+                dep._persister.start()
+                self.dep = dep
         return True
+
+    def feed(self, feed_id: str, args: tuple = (), kwargs: dict | None = None) -> None:
+        """``dep.feed(*args, **kwargs)``, once per ``feed_id`` (a call sent again after this host's
+        process was lost and restarted finds it fed already)."""
+        from .lifecycle import Persister, get_value, put_value
+
+        self._check()
+        with self.lock:
+            key = Persister.key(self.name, "feed_id")
+            if self.dep.started and get_value(key) == feed_id:
+                return None
+            put_value(key, feed_id)
+            self.fed = True
+        return self.dep.feed(*args, **(kwargs or {}))
 
     def call(self, method: str, args: tuple = (), kwargs: dict | None = None):
         """Run ``dep.<method>(*args, **kwargs)`` and return its answer."""
         if method.startswith("_"):
             raise AttributeError(f"{method!r} is not part of the deployment's API")
+        self._check()
         if method == "feed":
             with self.lock:
                 self.fed = True
@@ -98,15 +146,27 @@ class DeploymentHost:
         """The deployment's attribute ``name`` (``events``, ``plan``, ``topology``, ...)."""
         if name.startswith("_"):
             raise AttributeError(f"{name!r} is not part of the deployment's API")
+        self._check()
         return getattr(self.dep, name)
+
+    def process(self) -> dict:
+        """This host's process: ``{"pid", "node", "restored"}`` (``restored``: the deployment was taken
+        up from its kept state by this process, after an earlier one was lost)."""
+        import os
+
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+                "restored": self.dep is not None and any(e.get("event") == "control_restored"
+                                                         for e in self.dep.events)}
 
     def kinds(self) -> dict[str, str]:
         """``{public name: "method" | "value"}`` of the deployment."""
+        from .deployment import Deployment
+
         out = {}
-        for n in dir(type(self.dep)):
+        for n in dir(Deployment):
             if not n.startswith("_"):
-                out[n] = "method" if callable(getattr(type(self.dep), n)) else "value"
-        for n in vars(self.dep):
+                out[n] = "method" if callable(getattr(Deployment, n)) else "value"
+        for n in vars(self.dep) if self.dep is not None else ():
             if not n.startswith("_"):
                 out.setdefault(n, "value")
         return out
@@ -114,6 +174,7 @@ class DeploymentHost:
     def status(self) -> dict:
         """What ``replistream status`` shows: the query, how long it runs, per application the
         tuples delivered and whether the end of the stream came, and the fault tolerance."""
+        self._check()
         d = self.dep
         poll_error = None
         try:
@@ -128,8 +189,13 @@ class DeploymentHost:
                 **d.fault_tolerance()}
 
     def stop(self) -> bool:
-        """Shut the deployment down (every actor it started); the caller then kills the host."""
-        self.dep.shutdown()
+        """Shut the deployment down: every actor it started, and what it kept in Ray's key-value
+        store (its own and its coordinator's); the caller then kills the host."""
+        from .lifecycle import discard
+
+        if self.dep is not None:
+            self.dep.shutdown()
+        discard(self.name)
         return True
 
 
@@ -178,7 +244,37 @@ class DeploymentClient:
 
     def run(self, inputs, pace: float | None = None, timeout: float = 600.0, **kwargs):
         """Feed ``inputs`` and wait for the end of the stream, in the host (see ``Deployment.run``)."""
-        return self._call("run", inputs, pace, timeout, **kwargs)
+        if kwargs.get("scenario") is not None or kwargs.get("progress") is not None:
+            return self._call("run", inputs, pace, timeout, **kwargs)
+        feed_kw = {k: v for k, v in kwargs.items() if k in ("chunk_size", "idle_timeout", "chunk_ms")}
+        self.feed(inputs, pace, **feed_kw)
+        ok = self._call("wait", timeout=timeout)
+        res = self._call("collect")
+        if not ok:
+            from ...errors import RunFailed
+
+            raise RunFailed(f"detached deployment {self.name!r} did not complete within {timeout:g} s", result=res)
+        return res
+
+    def feed(self, inputs, pace: float | None = None, **kwargs) -> None:
+        """Hand ``inputs`` to the host, which feeds them (``Deployment.feed``). Only inputs the host
+        can keep and read again: a Python generator or iterator of this script is refused in one line
+        (it would end with this script)."""
+        import uuid
+        from collections.abc import Iterator
+
+        for src, data in dict(inputs).items():
+            if isinstance(data, Iterator):
+                raise ValueError(f"source {src!r} is fed from a Python iterator of this script, which a detached "
+                                 f"deployment outlives: give a list, an array or a FileSource")
+        limit = self.call_timeout_s
+        try:
+            return ray.get(self._host.feed.remote(uuid.uuid4().hex, (inputs, pace), kwargs), timeout=limit)
+        except ray.exceptions.GetTimeoutError as e:
+            from ...errors import RunFailed
+
+            raise RunFailed(f"the host of detached deployment {self.name!r} did not answer 'feed' within "
+                            f"{limit:g} s", operator="host") from e
 
     def status(self) -> dict:
         """The host's :meth:`DeploymentHost.status`."""

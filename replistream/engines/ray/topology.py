@@ -84,14 +84,33 @@ class Topology:
         """A copy for another process (a detached deployment's client reads it): without the lock."""
         with self.lock:  # containers copied under the lock (their records are immutable)
             return {k: (v.copy() if isinstance(v, (dict, list, set)) else v) for k, v in self.__dict__.items()
-                    if k != "lock"}
+                    if k not in ("lock", "changed")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.lock = threading.RLock()
+        self.changed = threading.Event()
+        self.__dict__.setdefault("version", 0)
+        self.__dict__.setdefault("_burned", set())
+
+    def _bump(self) -> None:
+        """A change (under the lock): :attr:`version` grows and :attr:`changed` is set, so the
+        process that persists the topology (a detached deployment's, :mod:`.lifecycle`) writes it."""
+        self.version += 1
+        self.changed.set()
+
+    def burn(self, label: str) -> None:
+        """Never give ``label`` to a new replica (:meth:`next_label`): an actor that once ran under it
+        may still be named in reports (a half-started replica rolled back after a restore)."""
+        with self.lock:
+            self._burned.add(label)
+            self._bump()
 
     def __init__(self, plan: PhysicalPlan):
         self.lock = threading.RLock()
+        self.changed = threading.Event()  # set by every change (see _bump)
+        self.version = 0
+        self._burned: set[str] = set()
         self._reps: dict[str, OperatorReplica] = {}
         self._handles: dict[str, Any] = {}
         self._running: dict[str, bool] = {}
@@ -169,6 +188,7 @@ class Topology:
         """The label a new replica of operator ``node`` gets: one past the highest index so far."""
         with self.lock:
             idx = [replica_index(label) for label, r in self._reps.items() if r.operator == node]
+            idx += [replica_index(label) for label in self._burned if label.rpartition("#")[0] == node]
         idx = [i for i in idx if i is not None]
         return f"{node}#{max(idx) + 1 if idx else 0}"
 
@@ -179,6 +199,7 @@ class Topology:
             self._reps[replica.label] = replica
             self._running.setdefault(replica.label, False)
             self._removed.discard(replica.label)
+            self._bump()
 
     def attach(self, label: str, handle) -> None:
         """An actor now runs ``label``."""
@@ -187,11 +208,13 @@ class Topology:
                 raise KeyError(f"no replica {label!r} to attach an actor to")
             self._handles[label] = handle
             self._running[label] = True
+            self._bump()
 
     def set_state(self, label: str, state: str) -> None:
         """Set the gc state of ``label`` (``"live"``, ``"dormant"``, ``"failed"``)."""
         with self.lock:
             self._reps[label] = replace(self._reps[label], state=state)
+            self._bump()
 
     def mark_failed(self, label: str) -> bool:
         """The actor of ``label`` died: it no longer runs; a live replica becomes failed and its
@@ -200,6 +223,7 @@ class Topology:
             if not self._running.get(label):
                 return False
             self._running[label] = False
+            self._bump()
             r = self._reps[label]
             if r.state == "live":
                 self._reps[label] = replace(r, state="failed")
@@ -214,6 +238,7 @@ class Topology:
         with self.lock:
             r = self._reps[label]
             self._reps[label] = replace(r, state="dormant")
+            self._bump()
             if r.kind == "operator" and self._running[label]:
                 self._running[label] = False
                 return True
@@ -229,6 +254,7 @@ class Topology:
                     stop.append((label, self._handles[label]))
                 self._running[label] = False
                 self._removed.add(label)
+            self._bump()
             gone = [sid for sid, s in self._streams.items() if s.src in self._removed or s.dst in self._removed]
             for sid in gone:
                 del self._streams[sid]
@@ -241,6 +267,7 @@ class Topology:
             stop = [(label, self._handles[label]) for label, on in self._running.items() if on]
             for label, _ in stop:
                 self._running[label] = False
+            self._bump()
             return stop
 
     # -- stream replicas -----------------------------------------------------------------
@@ -282,17 +309,20 @@ class Topology:
             self._streams[stream.id] = stream
             if channel is not None:
                 self._channels[stream.id] = int(channel)
+            self._bump()
 
     def connect(self, sid: str, channel: int) -> None:
         """``sid`` now carries data on duplicate-filter channel ``channel`` of its destination."""
         with self.lock:
             self._streams[sid] = replace(self._streams[sid], live=True)
             self._channels[sid] = int(channel)
+            self._bump()
 
     def disconnect(self, sid: str) -> None:
         """``sid`` was discarded (or its link dropped): it carries nothing; it keeps its channel."""
         with self.lock:
             self._streams[sid] = replace(self._streams[sid], live=False)
+            self._bump()
 
     # -- the garbage collector's view ------------------------------------------------------
     def snapshot(self, kmin: int = 1, theta: float = float("inf"),

@@ -13,10 +13,14 @@ off). A deployment takes one (:meth:`WarmPool.take`) and re-initialises it exact
 kept actor of its own script (``reinit``); the pool starts a replacement in the background.
 
 Each actor taken is leased to its taker: the script's Ray job, or the actor that deployed (a
-detached deployment's host). The pool owns the processes, so they would outlive a taker that
-dies without shutting its deployment down (a killed script); every second it kills the actors
-leased to a job that has ended or an actor that is dead. A deployment that shuts down kills or
-keeps its actors as before (:mod:`.pool`); a kept one stays leased to its script.
+detached deployment's host). The pool starts its actors *detached*: no process owns them, so
+losing the pool loses no actor, idle or leased (issue #40: the pool's loss used to kill every
+leased replica of every deployment at once). They would also outlive a taker that dies without
+shutting its deployment down (a killed script); every second the pool kills the actors leased to a
+job that has ended or to an actor that is dead for good (a host Ray is restarting is not). The
+pool itself is restarted by Ray when its process dies, and it keeps its idle actors and leases in
+Ray's key-value store (:data:`KV_PREFIX`), so the new process takes them up. A deployment that
+shuts down kills or keeps its actors as before (:mod:`.pool`); a kept one stays leased to its script.
 
 The pool is used only by a driver that joined a running cluster (:func:`use_cluster`), never by
 a script's own Ray, and ``replistream up`` starts it so the first script finds it warm.
@@ -42,6 +46,10 @@ NAMESPACE = "replistream"
 #: query of 10 take from it in about these proportions, and each deployment 2 coordinators: it and
 #: its standby).
 MIX = {"EntryActor": 3, "ReplicaActor": 8, "SinkActor": 2, "CoordinatorActor": 3}
+
+#: Where the pool keeps its idle actors and leases in Ray's key-value store (namespace
+#: :data:`~.coordinator.KV_NAMESPACE`): ``<prefix>idle/<actor id>``, ``<prefix>lease/<actor id>``.
+KV_PREFIX = "replistream/warm/"
 
 #: Seconds between two looks for actors leased to a taker that has ended.
 REAP_EVERY_S = 1.0
@@ -121,7 +129,39 @@ def _blank_query():
     return q.build()
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
+def _kv_put(key: str, value) -> None:
+    from ray import cloudpickle
+    from ray.experimental import internal_kv
+
+    from .coordinator import KV_NAMESPACE
+
+    internal_kv._internal_kv_put(KV_PREFIX + key, cloudpickle.dumps(value), namespace=KV_NAMESPACE)
+
+
+def _kv_del(key: str) -> None:
+    from ray.experimental import internal_kv
+
+    from .coordinator import KV_NAMESPACE
+
+    internal_kv._internal_kv_del(KV_PREFIX + key, namespace=KV_NAMESPACE)
+
+
+def _kv_items(prefix: str) -> list[tuple[str, object]]:
+    from ray import cloudpickle
+    from ray.experimental import internal_kv
+
+    from .coordinator import KV_NAMESPACE
+
+    out = []
+    for key in internal_kv._internal_kv_list(KV_PREFIX + prefix, namespace=KV_NAMESPACE):
+        key = key.decode() if isinstance(key, bytes) else key
+        raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+        if raw is not None:
+            out.append((key[len(KV_PREFIX) + len(prefix):], cloudpickle.loads(raw)))
+    return out
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=4)
 class WarmPool:
     """The cluster's pool of idle actors (see the module doc). ``size`` idle actors are kept,
     shared among the classes as :data:`MIX`.
@@ -141,20 +181,40 @@ class WarmPool:
         self.lock = threading.Lock()
         self.query = _blank_query()
         self.stop = threading.Event()
+        self.restored = self._restore()
         threading.Thread(target=self._loop, daemon=True, name="replistream-warm").start()
+
+    def _restore(self) -> dict:
+        """Take up the idle actors and leases an earlier process of the pool kept (its process died
+        and Ray restarted it): idle ones that still answer are kept, the others forgotten."""
+        idle = _kv_items("idle/")
+        for key, (cls_name, h) in idle:
+            try:
+                ray.get(h.settled.remote(), timeout=5)
+                self.idle.setdefault(cls_name, []).append(h)
+            except Exception:  # gone, or not answering: forgotten (killed in case it only hangs)
+                _kv_del("idle/" + key)
+                try:
+                    ray.kill(h, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        for key, (owner, h) in _kv_items("lease/"):
+            self.leases[key] = (owner, h)
+        return {"idle": sum(len(v) for v in self.idle.values()), "leases": len(self.leases)}
 
     def _new(self, cls_name: str):
         from . import actors
         from .coordinator import CoordinatorActor
 
         q = self.query
+        detached = {"lifetime": "detached"}  # owned by no process: they outlive this pool
         if cls_name == "EntryActor":
-            return actors.EntryActor.remote(q, 0, "warm", None, 0.0, {})
+            return actors.EntryActor.options(**detached).remote(q, 0, "warm", None, 0.0, {})
         if cls_name == "ReplicaActor":
-            return actors.ReplicaActor.remote(q, "f", 0, "warm", [1], None, 0.0, {})
+            return actors.ReplicaActor.options(**detached).remote(q, "f", 0, "warm", [1], None, 0.0, {})
         if cls_name == "SinkActor":
-            return actors.SinkActor.remote(q, "out", "warm", [1], None, 0.0, {})
-        return CoordinatorActor.remote(0.0, None)
+            return actors.SinkActor.options(**detached).remote(q, "out", "warm", [1], None, 0.0, {})
+        return CoordinatorActor.options(**detached).remote(0.0, None)
 
     def _fill(self) -> None:
         """Start every missing idle actor at once, and keep each once it answers (quiet, ready for
@@ -176,6 +236,7 @@ class WarmPool:
                 continue
             with self.lock:
                 self.idle[cls_name].append(h)
+                _kv_put("idle/" + h._actor_id.hex(), (cls_name, h))
 
     def _reap(self) -> None:
         import ray._private.state as state
@@ -192,10 +253,12 @@ class WarmPool:
             if mine == "DEAD":
                 with self.lock:
                     self.leases.pop(actor_id, None)
+                    _kv_del("lease/" + actor_id)
             elif gone:
                 ray.kill(h, no_restart=True)
                 with self.lock:
                     self.leases.pop(actor_id, None)
+                    _kv_del("lease/" + actor_id)
                     self.reaped += 1
 
     def _loop(self) -> None:
@@ -214,7 +277,10 @@ class WarmPool:
             if not idle:
                 return None
             h = idle.pop(0)
-            self.leases[h._actor_id.hex()] = (owner, h)
+            aid = h._actor_id.hex()
+            self.leases[aid] = (owner, h)
+            _kv_put("lease/" + aid, (owner, h))
+            _kv_del("idle/" + aid)
             self.taken += 1
             return h
 
@@ -223,7 +289,7 @@ class WarmPool:
         with self.lock:
             return {"idle": {c: len(v) for c, v in self.idle.items()}, "want": dict(self.want),
                     "leased": len(self.leases), "taken": self.taken, "reaped": self.reaped,
-                    "last_error": getattr(self, "last_error", None)}
+                    "last_error": getattr(self, "last_error", None), "restored": self.restored}
 
     def shutdown(self) -> int:
         """Kill every idle actor (leased ones stay with their takers); returns how many."""
@@ -232,8 +298,20 @@ class WarmPool:
             idle = [h for v in self.idle.values() for h in v]
             self.idle = {c: [] for c in MIX}
         for h in idle:
+            _kv_del("idle/" + h._actor_id.hex())
             ray.kill(h, no_restart=True)
         return len(idle)
+
+    def release(self, actor_ids: list[str]) -> int:
+        """Forget the leases of ``actor_ids`` (their deployment killed them or keeps them as its own
+        detached actors); returns how many were leased."""
+        n = 0
+        with self.lock:
+            for aid in actor_ids:
+                if self.leases.pop(aid, None) is not None:
+                    n += 1
+                _kv_del("lease/" + aid)
+        return n
 
 
 def wait_warm(timeout: float = 60.0) -> dict:

@@ -1,0 +1,349 @@
+"""A detached deployment's state, kept in Ray's key-value store, and its restore (issue #40).
+
+A detached deployment (``deploy(..., name=, detached=True)``) runs in its host actor
+(:mod:`.host`). The host is restarted by Ray when its process dies, for any reason (SIGKILL,
+an out-of-memory kill, a crash); its replicas, its coordinator and the warm actors it leased
+are *detached* actors that no process owns, so they go on running meanwhile. What the host
+knew is kept here, written as it changes, and the new host process resumes from it:
+
+* ``options``: the query and ``deploy()``'s options, written before any actor starts;
+* ``registry/<actor id>``: every actor the deployment started or took, written *before* the
+  actor is used (:meth:`Persister.registered`): after a restore, an actor that was started but
+  never entered the topology (a repair, a move or an added replica cut short) is found and
+  stopped, and its label is never given again (:meth:`~.topology.Topology.burn`): a half-done
+  action is rolled back, never left half;
+* ``state``: the topology (replicas with their actor handles, stream replicas with their
+  filter channels), the plan, the query as changed at run time, the clock, the events, the
+  changes, the repairs, the control loop's decisions, the dead letters of retired replicas, the
+  coordinator's handle and key, the number of sentinels run per source; written by a thread
+  (:class:`Persister`) within milliseconds of a change to the topology, and every half second
+  when anything else changed;
+* ``feed``: what ``feed()`` was given (lists, arrays, file sources: anything the host can
+  read again), written before the first chunk is sent.
+
+Restoring (:func:`restore`): the topology is read back; every replica it says runs is probed
+(with a deadline): a dead one is handled as a crash, one still waiting for a hand-over (the
+hand-over was cut short) is fenced and handled as a crash, so a repair or the control loop
+builds it again; the coordinator is asked and replaced if lost (it keeps its own state,
+:mod:`.coordinator`); the feeder resumes from the entry replicas' positions: per source, the
+furthest entry replica's next chunk and rows taken are where feeding goes on (the input is read
+again and the rows already taken are skipped), and an entry replica behind it catches up from a
+peer (:meth:`~.actors.EntryActor.catch_up`; peers keep the last :data:`~.feeder.KEEP_CHUNKS`
+chunks) or is declared lost. Results are fetched again from the applications by position.
+
+Why Ray's key-value store and not files: it is the cluster's, readable from whichever node the
+host is restarted on, and it is where the coordinator keeps its state already; it lives as long as
+the cluster's control service (a head node's loss ends a deployment either way).
+
+>>> Persister.key("monitor", "state")
+'replistream/deployments/monitor/state'
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ray
+from ray import cloudpickle
+from ray.experimental import internal_kv
+
+from .coordinator import KV_NAMESPACE
+
+__all__ = ["Persister", "restore", "discard", "forget", "registry", "put_value", "get_value", "PREFIX", "PIECE"]
+
+#: Where detached deployments keep their state in Ray's key-value store (namespace
+#: :data:`~.coordinator.KV_NAMESPACE`).
+PREFIX = "replistream/deployments/"
+
+#: Bytes per key-value entry (a larger value is split).
+PIECE = 16 * 1024 * 1024
+
+
+def put_value(key: str, value: Any) -> None:
+    """Keep ``value`` (pickled, split in pieces of :data:`PIECE` bytes) under ``key`` in Ray's
+    key-value store; the head entry is written last, so a reader never sees half a value.
+
+    >>> put_value("replistream/deployments/m/feed_id", "abc"); get_value("replistream/deployments/m/feed_id")  # doctest: +SKIP
+    'abc'
+    """
+    raw = cloudpickle.dumps(value)
+    n = max(1, -(-len(raw) // PIECE))
+    for i in range(n):
+        internal_kv._internal_kv_put(f"{key}#{i}", raw[i * PIECE:(i + 1) * PIECE], namespace=KV_NAMESPACE)
+    internal_kv._internal_kv_put(key, str(n).encode(), namespace=KV_NAMESPACE)  # written last: complete
+
+
+def get_value(key: str) -> Any:
+    """The value :func:`put_value` kept under ``key`` (None if there is none).
+
+    >>> get_value("replistream/deployments/none/state") is None   # doctest: +SKIP
+    True
+    """
+    head = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+    if head is None:
+        return None
+    parts = [internal_kv._internal_kv_get(f"{key}#{i}", namespace=KV_NAMESPACE) for i in range(int(head))]
+    if any(p is None for p in parts):
+        raise RuntimeError(f"the persisted value {key!r} is incomplete in Ray's key-value store")
+    return cloudpickle.loads(b"".join(parts))
+
+
+def _keys(prefix: str) -> list[str]:
+    keys = internal_kv._internal_kv_list(prefix, namespace=KV_NAMESPACE)
+    return sorted(k.decode() if isinstance(k, bytes) else k for k in keys)
+
+
+def forget(name: str) -> int:
+    """Drop everything kept for deployment ``name``; returns the keys dropped.
+
+    >>> forget("monitor")   # doctest: +SKIP
+    12
+    """
+    return int(internal_kv._internal_kv_del(Persister.key(name, ""), del_by_prefix=True, namespace=KV_NAMESPACE))
+
+
+def registry(name: str) -> dict[str, Any]:
+    """``{actor id: handle}`` of every actor deployment ``name`` started or took.
+
+    >>> len(registry("monitor"))   # doctest: +SKIP
+    9
+    """
+    out = {}
+    for key in _keys(Persister.key(name, "registry/")):
+        if "#" in key.rpartition("/")[2]:
+            continue
+        h = get_value(key)
+        if h is not None:
+            out[key.rpartition("/")[2]] = h
+    return out
+
+
+def _kill(handles) -> int:
+    n = 0
+    for h in handles:
+        try:
+            ray.kill(h, no_restart=True)
+            n += 1
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+    return n
+
+
+def discard(name: str) -> int:
+    """Stop every actor deployment ``name`` registered and drop its kept state (a deployment that
+    is stopped, or one whose start was cut short and is started again). Returns the actors stopped.
+
+    >>> discard("monitor")   # doctest: +SKIP
+    9
+    """
+    n = _kill(registry(name).values())
+    forget(name)
+    return n
+
+
+class Persister:
+    """Keeps a detached deployment's state in Ray's key-value store as it changes (module doc).
+    Its lock is the innermost of the process: it is taken alone, around one write.
+
+    >>> p = Persister(dep)                # doctest: +SKIP
+    >>> p.start(); p.persist_now()        # doctest: +SKIP
+    """
+
+    #: Seconds between two looks at what changed besides the topology (events, repairs, ...).
+    EVERY_S = 0.5
+
+    def __init__(self, dep):
+        self.dep = dep
+        self.name = dep.detached_as
+        self.lock = threading.Lock()  # one write of the state at a time (innermost: nothing else is taken)
+        self._mark = None
+        self._thread: threading.Thread | None = None
+        self.writes = 0
+        self.error: str | None = None
+
+    @staticmethod
+    def key(name: str, what: str) -> str:
+        return f"{PREFIX}{name}/{what}"
+
+    # -- what is written at once ------------------------------------------------------------
+    def registered(self, h) -> None:
+        """Actor ``h`` belongs to the deployment (written before it is used)."""
+        put_value(self.key(self.name, f"registry/{h._actor_id.hex()}"), h)
+
+    def options(self, query, options: dict) -> None:
+        put_value(self.key(self.name, "options"), (query, options))
+
+    def fed(self, args: dict) -> None:
+        """What ``feed()`` was given; a ``ValueError`` naming the source if it cannot be kept."""
+        for src, data in args["inputs"].items():
+            try:
+                cloudpickle.dumps(data)
+            except Exception as e:
+                raise ValueError(f"a detached deployment keeps its input to resume after its host is lost, and "
+                                 f"source {src!r}'s input cannot be kept ({type(e).__name__}: {e}): give a list, an "
+                                 f"array or a FileSource") from None
+        put_value(self.key(self.name, "feed"), args)
+
+    # -- the state ---------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        d = self.dep
+        mgr = d.manager
+        return {
+            "name": self.name, "query": d.query, "physical": d._physical, "topology": d.topology,
+            "servers": list(d.servers.values()), "k": d.k, "plan": d.plan, "conditions": d.conditions, "seed": d.seed,
+            "channel_opts": d.channel_opts, "strict": d.strict, "on_malformed": d.on_malformed,
+            "file_sinks": d.file_sinks, "suspect_after_s": d.detector.suspect_after_s,
+            "fail_after_s": d.detector.fail_after_s, "t0": d.t0, "ts0": d.ts0, "speed": d.speed,
+            "events": list(d.events), "changes": list(d.changes), "repairs": list(d.repairs), "repair": d.repair,
+            "spares": d.spares, "retired_letters": list(d._retired_letters), "dormant_of": dict(d._dormant_of),
+            "lost_servers": set(d._lost_servers), "coordinator": d.coordinator, "coordinator_key": d.coordinator_key,
+            "coordinator_pid": d._coordinator_pid, "standby": d._standby, "placement": d.placement,
+            "show_progress": d.show_progress,
+            "gc": None if mgr is None else {"cfg": mgr.cfg, "running": mgr._thread is not None,
+                                            "events": list(mgr.events), "history": list(mgr.history),
+                                            "transfers": [dict(t) for t in mgr.transfers]},
+            "fed": d.feeder.started, "sentinels": dict(d.feeder.sentinels_run),
+            "reports_seen": d._reports_seen, "dropped_links": set(d._dropped_links),
+            "link_drops": {k: {f: v for f, v in drop.items() if f != "busy"} for k, drop in d._link_drops.items()},
+            "written": time.time(),
+        }
+
+    def _fingerprint(self) -> tuple:
+        d = self.dep
+        mgr = d.manager
+        return (d.topology.version, len(d.events), len(d.changes), len(d.repairs), len(d._retired_letters),
+                d._reports_seen,
+                id(d.coordinator), id(d._standby), d.t0, d.ts0, d.feeder.started,
+                tuple(sorted(d.feeder.sentinels_run.items())),
+                None if mgr is None else (len(mgr.events), len(mgr.transfers), mgr._thread is not None))
+
+    def persist_now(self) -> None:
+        """Write the state (whatever changed)."""
+        with self.lock:
+            mark = self._fingerprint()
+            put_value(self.key(self.name, "state"), self.snapshot())
+            self._mark = mark
+            self.writes += 1
+
+    def start(self) -> None:
+        """Write the state now, then whenever it changes, in a thread of its own."""
+        self.persist_now()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="replistream-persist")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        d = self.dep
+        while not d.shut_down:
+            d.topology.changed.wait(self.EVERY_S)
+            d.topology.changed.clear()
+            if d.shut_down:
+                return
+            try:
+                if self._fingerprint() != self._mark:
+                    self.persist_now()
+            except Exception as e:  # said in the events and in status(); the next change tries again
+                self.error = f"{type(e).__name__}: {e}"
+                d.events.append({"t": d.now(), "event": "persist_failed", "error": self.error})
+                time.sleep(self.EVERY_S)
+
+
+def restore(name: str):
+    """The deployment ``name`` as its lost host left it, running again in this process (the module
+    doc says how), or None if nothing is kept for it. Logged as a ``control_restored`` event.
+
+    >>> dep = restore("monitor")   # doctest: +SKIP
+    """
+    from ...plan import ENTRY
+    from .control import ReplicaManager
+    from .deployment import Deployment
+
+    st = get_value(Persister.key(name, "state"))
+    if st is None:
+        return None
+    started = time.time()
+    gc = st["gc"]
+    dep = Deployment(st["query"], st["servers"], st["k"], st["plan"], st["conditions"], st["seed"], st["channel_opts"],
+                     st["strict"], st["on_malformed"], None, None, gc=None, suspect_after_s=st["suspect_after_s"],
+                     fail_after_s=st["fail_after_s"], file_sinks=st["file_sinks"], restored=st)
+    for attr, key in [("t0", "t0"), ("ts0", "ts0"), ("speed", "speed"), ("events", "events"), ("changes", "changes"),
+                      ("repairs", "repairs"), ("repair", "repair"), ("spares", "spares"),
+                      ("_retired_letters", "retired_letters"), ("_dormant_of", "dormant_of"),
+                      ("_lost_servers", "lost_servers"), ("coordinator", "coordinator"),
+                      ("coordinator_key", "coordinator_key"), ("_coordinator_pid", "coordinator_pid"),
+                      ("_standby", "standby"), ("placement", "placement"), ("show_progress", "show_progress"),
+                      ("_reports_seen", "reports_seen"), ("_dropped_links", "dropped_links"),
+                      ("_link_drops", "link_drops")]:
+        setattr(dep, attr, st[key])
+    dep._registry.update(registry(name))
+    if gc is not None:
+        dep.manager = ReplicaManager(dep, gc["cfg"])
+        dep.manager.events, dep.manager.history = list(gc["events"]), list(gc["history"])
+        dep.manager.transfers = list(gc["transfers"])
+    dep.feeder.sentinels_run.update(st["sentinels"])
+    dep._persister = Persister(dep)  # before anything starts an actor (a repair registers it)
+    info = _settle_replicas(dep)
+    resumed = None
+    if st["fed"]:
+        feed = get_value(Persister.key(name, "feed"))
+        resumed = dep.resume_feed(feed)
+    # (the control loop starts again when the resumed feeder knows its clock: Deployment._feed_started)
+    dep._persister.start()
+    dep.start_monitor()
+    dep.events.append({"t": dep.now(), "event": "control_restored", "seconds": round(time.time() - started, 3),
+                       "state_age_s": round(started - st["written"], 3), "resumed": resumed, **info})
+    return dep
+
+
+def _settle_replicas(dep) -> dict:
+    """After a restore: stop what the lost host started and never recorded (rolled back), and find
+    which of the recorded replicas still run (a dead one is a crash; one still waiting for a
+    hand-over that was cut short is fenced, then a crash)."""
+    from ...plan import ENTRY
+
+    topo = dep.topology
+    known = {h._actor_id.hex() for h in topo.handles().values() if h is not None}
+    known |= {h._actor_id.hex() for h in (dep.coordinator, dep._standby) if h is not None}
+    orphans = [h for aid, h in dep._registry.items() if aid not in known]
+    labels = [h.stats.remote() for h in orphans]
+    ready = set(ray.wait(labels, num_returns=len(labels), timeout=2.0)[0]) if labels else set()
+    burned = []
+    for ref in labels:
+        if ref in ready:
+            try:
+                lab = ray.get(ref).get("label")
+            except Exception:  # noqa: BLE001 - dead already: nothing names it
+                continue
+            if lab:
+                topo.burn(lab)
+                burned.append(lab)
+    _kill(orphans)
+    for lab in burned:  # every running replica forgets its links to them
+        for other, h in topo.running():
+            h.drop_link.remote(lab, "rolled back after the control plane was restored")
+    running = topo.running()
+    probes = {label: h.probe.remote() for label, h in running}
+    ready = set(ray.wait(list(probes.values()), num_returns=len(probes), timeout=dep.detector.fail_after_s)[0]) \
+        if probes else set()
+    dead, pending = [], []
+    for label, ref in probes.items():
+        if ref not in ready:
+            continue  # silent: the failure detector decides, as for any replica
+        try:
+            ans = ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - a death, or a process Ray cannot reach
+            dead.append((label, f"lost while the control plane was restored: {type(e).__name__}"))
+            continue
+        dep._pids[label] = (int(ans["pid"]), ans.get("node"))
+        if ans.get("pending"):
+            pending.append(label)
+    for label, why in dead:
+        dep.mark_failed(label, why)
+    for label in pending:
+        dep.declare_failed(label, "its hand-over was cut short by the loss of the control plane")
+    try:
+        ray.get(dep.coordinator.ping.remote(), timeout=dep.detector.fail_after_s)
+    except Exception as e:  # noqa: BLE001 - replaced from the state it kept
+        dep.replace_coordinator(dep.coordinator, f"lost with the control plane: {type(e).__name__}", fence=True)
+    return {"rolled_back": burned, "orphans_stopped": len(orphans), "dead": [d for d, _ in dead],
+            "pending": pending, "entries": [label for label, _ in topo.running(ENTRY)]}

@@ -1,0 +1,127 @@
+"""Issue #40 on Ray: no single process of a detached deployment ends its query. The host actor (the
+control plane: topology, feeder, failure monitor, repairs, control loop) is SIGKILLed mid-run,
+once, twice in a row, or together with the coordinator; the cluster's warm pool, whose actors the
+deployment leased, is SIGKILLed. Each time Ray restarts what died, the new host takes the
+deployment up from what it kept in Ray's key-value store (replistream/engines/ray/lifecycle.py),
+and the Parquet output equals the reference run exactly. Stopping the deployment leaves no actor
+and no key-value entry behind."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from ray.experimental import internal_kv
+
+import replistream as rs
+from replistream import FileSource, ParquetSink, seconds
+from replistream.engines.ray import lifecycle
+from replistream.engines.ray.coordinator import KV_NAMESPACE
+from replistream.engines.ray.host import NAMESPACE, list_deployments
+from replistream.testing import assert_same_output, run_reference
+
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
+
+HERE = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location("detached_driver", HERE / "scripts" / "detached_driver.py")
+driver = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(driver)
+_spec = importlib.util.spec_from_file_location("test_detached", HERE / "test_detached.py")
+detached = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(detached)
+
+
+def _host(name: str):
+    return ray.get_actor(name, namespace=NAMESPACE)
+
+
+def _kill_host(name: str) -> int:
+    """SIGKILL the host's process; returns its pid once a new process answers (restored)."""
+    host = _host(name)
+    pid = ray.get(host.process.remote(), timeout=60)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        info = ray.get(host.process.remote(), timeout=60)  # retried by Ray until the new process answers
+        if info["pid"] != pid:
+            assert info["restored"], info
+            return info["pid"]
+    raise AssertionError(f"the host of {name!r} was not restarted within 60 s")
+
+
+def _run(tmp_path, name: str, losses, files: int = 4, rows: int = 1500):
+    """Deploy the detached query over Parquet files, feed it paced, call each of ``losses(dep)`` a
+    second apart, wait, stop; returns (the deployment's events, reference rows, sink rows)."""
+    in_dir = detached.write_inputs(tmp_path / "in", files=files, rows=rows)
+    out_dir = str(tmp_path / "out")
+    q = driver.build(in_dir)
+    ref = run_reference(q, {"s": FileSource(in_dir, time="t")})
+    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True,
+                    sinks={"out": ParquetSink(out_dir, every=seconds(2))})
+    try:
+        dep.feed({"s": FileSource(in_dir, time="t")}, pace=3.0)
+        for loss in losses:
+            time.sleep(1.0)
+            loss(dep)
+        assert dep.wait(180)
+        events = dep.events
+        status = dep.status()
+        assert status["complete"], status
+    finally:
+        dep.stop()
+    return events, ref.outputs["out"], ParquetSink(out_dir).read()
+
+
+def _left_behind(name: str) -> tuple[list, list]:
+    alive = [aid for aid, h in lifecycle.registry(name).items()]
+    keys = internal_kv._internal_kv_list(lifecycle.PREFIX + name + "/", namespace=KV_NAMESPACE)
+    return alive, keys
+
+
+def test_the_host_killed_mid_run_is_restarted_and_the_output_is_exact(tmp_path):
+    events, ref, got = _run(tmp_path, "cp-once", [lambda dep: _kill_host("cp-once")])
+    restored = [e for e in events if e.get("event") == "control_restored"]
+    assert len(restored) == 1 and restored[0]["resumed"] is not None
+    assert_same_output(ref, got)
+    assert _left_behind("cp-once") == ([], [])
+    assert "cp-once" not in list_deployments()
+
+
+def test_the_host_killed_twice_in_a_row_and_with_its_coordinator(tmp_path):
+    def coordinator_too(dep):
+        pid = ray.get(dep.coordinator.ping.remote(), timeout=30)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        _kill_host("cp-twice")
+
+    events, ref, got = _run(tmp_path, "cp-twice", [lambda dep: _kill_host("cp-twice"),
+                                                   lambda dep: _kill_host("cp-twice"), coordinator_too])
+    assert sum(e.get("event") == "control_restored" for e in events) == 3
+    assert any(e.get("event") == "coordinator_replaced" for e in events)
+    assert_same_output(ref, got)
+    assert _left_behind("cp-twice") == ([], [])
+
+
+def test_the_warm_pool_killed_mid_run_takes_no_leased_replica_with_it(tmp_path):
+    from replistream.engines.ray import warm
+
+    leased = []
+
+    def kill_pool(dep):
+        keeper = ray.get_actor(warm.NAME, namespace=warm.NAMESPACE)
+        leased.append(ray.get(keeper.stats.remote(), timeout=30)["leased"])
+        pid = ray.get(keeper.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
+        os.kill(pid, signal.SIGKILL)
+
+    warm.start()
+    warm.wait_warm(120)  # full, so the deployment leases its replicas from it
+    keeper = ray.get_actor(warm.NAME, namespace=warm.NAMESPACE)
+    events, ref, got = _run(tmp_path, "cp-pool", [kill_pool])
+    assert not [e for e in events if e.get("event") in ("dead", "declared_failed")], events
+    assert_same_output(ref, got)
+    stats = ray.get(keeper.stats.remote(), timeout=60)  # restarted by Ray, its idle actors and leases taken up
+    assert stats["restored"]["idle"] > 0, stats
+    assert leased[0] > 0  # the deployment's replicas were the pool's when it was killed
