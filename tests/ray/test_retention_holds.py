@@ -119,3 +119,29 @@ def test_the_coordinator_moves_holds_on_and_releases_them():
     running["c#1"] = False  # h#0's only live feeder is gone: nothing feeds it now
     ReplicaManager._raise_holds(mgr, {"h#0": {"acks": [50]}, "h#1": {"acks": [60]}})
     assert sent == {"c#0": [{gone_key("h#0", 0): None, gone_key("h#2", 0): None}]}
+
+
+def test_a_link_dropped_while_its_receiver_lives_holds_what_it_lacks_until_reconnected():
+    """Issue #40: a link dropped for a full queue (a cut) or a stopped receiver is reconnected later
+    with a replay; the log must still reach back to the receiver's acknowledgement, as for a
+    discard, or the replayed punctuation passes its duplicate filter ahead of tuples it lacks."""
+    ob = two_receivers(hot0_acked=4)
+    (hot0,) = [l for l in ob.links if l.label == "hot#0"]
+    with ob.lock:
+        ob._drop_locked(hot0, "network queue over 20000 packets (link cut or far too slow)", hold=True)
+    ob.emit([batch(10, 20), Punctuation(19)])
+    acknowledge(ob, "hot#1", 19)
+    assert logged_ts(ob) == list(range(5, 20))  # trimmed to hot#0's position, not to hot#1's
+    assert ob.raise_holds({gone_key("hot#0", 0): 12}) == 1  # the deployment's monitor moves it on
+    n = ob.add_link(Link("hot#0", "b", None, 0, 1), replay=True)  # reconnected: replays from there
+    assert n == 7 and gone_key("hot#0", 0) not in ob.holds
+
+
+def test_a_dead_receiver_releases_every_hold_on_it():
+    ob = two_receivers(hot0_acked=4)
+    ob.remove_link("hot#0", 0, hold=True)
+    assert gone_key("hot#0", 0) in ob.holds
+    ob.drop("hot#0", "receiver killed")  # (Deployment.mark_failed broadcasts drop_link)
+    assert not ob.holds
+    acknowledge(ob, "hot#1", 9)
+    assert logged_ts(ob) == []

@@ -337,7 +337,8 @@ class Outbox:
             link.last_due = due
             link.queue.append((due, packet, now, tuples))
             if len(link.queue) > self.max_queued:
-                self._drop_locked(link, f"network queue over {self.max_queued} packets (link cut or far too slow)")
+                self._drop_locked(link, f"network queue over {self.max_queued} packets (link cut or far too slow)",
+                                  hold=True)
         self.lock.notify_all()
 
     def _due(self, link: Link, now: float) -> float:
@@ -411,7 +412,7 @@ class Outbox:
                 l.blocked_since = now
             elif now - l.blocked_since > self.drop_after_s:
                 self._drop_locked(l, f"receiver slow: {len(l.inflight)} packets unprocessed for "
-                                     f"{self.drop_after_s:g} s")
+                                     f"{self.drop_after_s:g} s", hold=True)
 
     # -- the sender thread's work ------------------------------------------------------
     def service(self) -> float | None:
@@ -480,24 +481,37 @@ class Outbox:
             self._trim_locked()
             self.lock.notify_all()
 
-    def _drop_locked(self, link: Link, reason: str) -> None:
+    def _drop_locked(self, link: Link, reason: str, hold: bool = False) -> None:
+        """Drop ``link`` and report it. With ``hold`` (its receiver may live on: too slow, or cut
+        off), the log keeps what the receiver has not acknowledged, as a discard does
+        (:meth:`remove_link`): the deployment reconnects the link later with a replay, which must
+        start at the receiver's position (decision 7); the hold is released by that reconnection,
+        raised as the receiver acknowledges through other senders, and released if it dies."""
         if not link.alive:
             return
         link.alive = False
         link.drop_reason = reason
         link.queue.clear()
         link.inflight.clear()
+        if hold:
+            key = gone_key(link.label, link.port)
+            self.holds[key] = min(self.holds.get(key, link.acked), link.acked)
         self._trim_locked()
         self.lock.notify_all()
         if self.on_drop is not None:
             self.on_drop(self.owner, link, reason)
 
     def drop(self, label: str, reason: str) -> None:
-        """Drop the link(s) to ``label`` (e.g. a replica known to be dead)."""
+        """Drop the link(s) to ``label`` (e.g. a replica known to be dead), and release what a
+        dropped or discarded link to it held (nothing will be replayed to it)."""
         with self.lock:
             for l in self.links:
                 if l.label == label:
                     self._drop_locked(l, reason)
+            prefix = gone_key(label, 0).rpartition(":")[0] + ":"
+            for key in [k for k in self.holds if k.startswith(prefix)]:
+                del self.holds[key]
+            self._trim_locked()
 
     def flush(self) -> None:
         with self.lock:

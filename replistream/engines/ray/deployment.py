@@ -1050,6 +1050,7 @@ class Deployment:
         started = time.time()
         self._handle_reports()
         self._reconnect_dropped()
+        self._move_drop_holds()
         self.protect_last_replicas()
         held = time.time() - started
         if held > self.STALL_S:  # held up by its own calls (a lost coordinator): it saw nothing meanwhile
@@ -1089,6 +1090,53 @@ class Deployment:
                                  name="replistream-reconnect")
             self._reconnect_threads.append(t)
             t.start()
+
+    #: Seconds between two moves of the holds dropped links left on their senders' logs.
+    DROP_HOLDS_EVERY_S = 1.0
+
+    def _move_drop_holds(self) -> None:
+        """A link dropped while its receiver lives on (too slow, cut off) leaves a hold on its
+        sender's log at the receiver's last acknowledgement (:meth:`~.channels.Outbox._drop_locked`),
+        so its reconnection replays from the receiver's position (decision 7). Every
+        :attr:`DROP_HOLDS_EVERY_S` each hold is raised to the receiver's acknowledgement (it is fed
+        by other senders meanwhile), and released once the link will not be reconnected (its tries
+        are spent, or either end no longer runs). Calls are sent, not awaited, except the
+        receivers' reports, asked with one short deadline (never waiting on a suspected one)."""
+        now = time.time()
+        if now - getattr(self, "_drop_holds_at", 0.0) < self.DROP_HOLDS_EVERY_S or not self._link_drops:
+            return
+        self._drop_holds_at = now
+        from .channels import gone_key
+
+        ports = {}
+        for (src, dst), drop in list(self._link_drops.items()):
+            if drop.get("busy") or not self.topology.is_running(src):
+                continue
+            for s in self.topology.streams(src=src, dst=dst):
+                ports.setdefault((src, dst), set()).add(s.port)
+        asked = {dst: self.topology.handle(dst).gc_report.remote() for (_, dst) in ports
+                 if self.topology.is_running(dst) and not self.detector.is_suspected(dst)}
+        ready = self._ask_all(asked, 0.5)
+        for (src, dst), pset in ports.items():
+            drop = self._link_drops[(src, dst)]
+            gone = not self.topology.is_running(dst) or drop["tries"] >= self.RECONNECT_TRIES
+            points = {}
+            acks = []
+            if not gone and asked.get(dst) in ready:
+                try:
+                    acks = ray.get(asked[dst]).get("acks") or []
+                except Exception:  # noqa: BLE001 - a death: noticed by the probes; the hold stays
+                    acks = []
+            for port in pset:
+                key = gone_key(dst, port)
+                if gone:
+                    points[key] = None
+                elif port < len(acks):
+                    points[key] = int(acks[port])
+            if points:
+                self.topology.handle(src).raise_holds.remote(points)
+            if gone:
+                self._link_drops.pop((src, dst), None)
 
     def _reconnect(self, src: str, dst: str, drop: dict) -> None:
         try:
