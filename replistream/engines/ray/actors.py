@@ -112,8 +112,14 @@ class _Base:
         node = getattr(self, "_node", None)
         if node is None:
             node = self._node = ray.get_runtime_context().get_node_id()
+        ident = getattr(self, "_ident", None)
+        if ident is None:  # who this process is, for a fence that checks before it kills (common.signal_process)
+            from .common import process_start
+
+            ident = self._ident = {"actor": ray.get_runtime_context().get_actor_id(),
+                                   "start": process_start(os.getpid())}
         return {"busy_s": 0.0 if started is None else time.time() - started, "pushes": getattr(self, "pushes", 0),
-                "pid": os.getpid(), "node": node, "position": self._position(), "pending": self._pending()}
+                "pid": os.getpid(), "node": node, "position": self._position(), "pending": self._pending(), **ident}
 
     def _pending(self) -> bool:
         """Whether it still waits for its state (a replica started pending, before ``install``)."""

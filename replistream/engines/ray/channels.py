@@ -53,7 +53,7 @@ import ray
 from ...network import delivery_time
 from ...replica import ReplayLog
 from ...schema import Marker, Punctuation
-from .common import is_actor_death
+from .common import is_actor_death, is_unavailable
 
 __all__ = ["CONTROL", "NO_ACK", "Link", "Outbox", "Sender", "coalesce", "gone_key"]
 
@@ -470,7 +470,9 @@ class Outbox:
                     try:
                         ack = ray.get(call)
                     except Exception as e:
-                        if is_actor_death(e):  # the receiver is gone: its peers carry on (Hwang §II-B)
+                        if is_unavailable(e):  # unreachable for now: reconnected later, replaying from its position
+                            self._drop_locked(link, f"receiver unreachable: {type(e).__name__}", hold=True)
+                        elif is_actor_death(e):  # the receiver is gone: its peers carry on (Hwang §II-B)
                             self._drop_locked(link, f"receiver died: {type(e).__name__}")
                         else:  # its code raised: it reported the run's failure itself (actors._Base._fatal)
                             self._drop_locked(link, f"receiver raised: {_cause(e)}")

@@ -14,7 +14,8 @@ import traceback
 import numpy as np
 import ray
 
-__all__ = ["json_default", "wait_quietly", "is_actor_death", "failure_record"]
+__all__ = ["json_default", "wait_quietly", "is_actor_death", "is_unavailable", "failure_record", "process_start",
+           "signal_process"]
 
 
 def is_actor_death(e: BaseException) -> bool:
@@ -29,6 +30,56 @@ def is_actor_death(e: BaseException) -> bool:
     import ray.exceptions as rx
 
     return isinstance(e, (rx.RayActorError, rx.WorkerCrashedError, rx.OutOfMemoryError, rx.NodeDiedError))
+
+
+def is_unavailable(e: BaseException) -> bool:
+    """Whether a failed actor call means Ray could not reach the actor for now
+    (``ActorUnavailableError``: a network blip, a process that stopped answering), which is not
+    its death: such a replica is suspected like a silent one, and fenced before it counts as failed
+    (docs/reliability.md).
+
+    >>> import ray.exceptions as rx
+    >>> is_unavailable(rx.ActorUnavailableError("unreachable", None)), is_unavailable(rx.ActorDiedError())
+    (True, False)
+    """
+    import ray.exceptions as rx
+
+    return isinstance(e, rx.ActorUnavailableError)
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` of this machine started (clock ticks since boot, ``/proc/<pid>/stat``),
+    or None if there is no such process: with the pid, what tells one process from a later one
+    that got the same pid.
+
+    >>> import os
+    >>> process_start(os.getpid()) == process_start(os.getpid()) is not None
+    True
+    """
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def signal_process(pid: int, start: int | None, sig: int) -> bool:
+    """Send ``sig`` to process ``pid`` of this machine only if it is still the process that started at
+    ``start`` (:func:`process_start`; None: not known, then nothing is sent). Returns whether it was sent.
+
+    >>> signal_process(2 ** 22 + 1, 0, 0)
+    False
+    """
+    import os
+
+    if start is None or process_start(pid) != start:
+        return False
+    try:
+        os.kill(int(pid), sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def failure_record(replica: str, operator: str, logical_time: int | None, error: BaseException) -> dict:

@@ -124,8 +124,11 @@ class CoordinatorActor:
         return int(internal_kv._internal_kv_del(self.key + "/", del_by_prefix=True, namespace=KV_NAMESPACE))
 
     def ping(self) -> dict:
-        """Answers once the coordinator runs: its ``pid`` and what it ``restored`` (None: it started fresh)."""
-        return {"pid": os.getpid(), "restored": self.restored}
+        """Answers once the coordinator runs: its ``pid``, when that process started (``start``, for a
+        fence that checks before it kills) and what it ``restored`` (None: it started fresh)."""
+        from .common import process_start
+
+        return {"pid": os.getpid(), "start": process_start(os.getpid()), "restored": self.restored}
 
     # -- reuse by a later deployment (pool.py): it holds no thread and sends nothing -------------
     def stop_sending(self) -> bool:

@@ -55,7 +55,7 @@ from ...sources import Handed, Sentinel
 from ..result import RunResult
 from . import pool, reconfigure
 from .actors import EntryActor, ReplicaActor, SinkActor
-from .common import is_actor_death, json_default, wait_quietly
+from .common import is_actor_death, is_unavailable, json_default, signal_process, wait_quietly
 from .control import GCConfig, ReplicaManager
 from .coordinator import CoordinatorActor
 from .detector import DEFAULT_FAIL_AFTER_S, DEFAULT_SUSPECT_AFTER_S, FailureDetector
@@ -387,7 +387,8 @@ class Deployment:
         self.detector = FailureDetector(suspect_after_s, fail_after_s)
         self._probes: dict[str, Any] = {}  # label -> outstanding probe
         self._probed: dict[str, float] = {}  # label -> when it was last probed
-        self._pids: dict[str, tuple[int, str | None]] = {}  # label -> (pid, Ray node) from its probes
+        # label -> (pid, Ray node, process start, actor id) from its probes: who the fence may kill
+        self._pids: dict[str, tuple] = {}
         self._reports_seen = 0  # coordinator reports handled by the monitor (_handle_reports)
         self._dropped_links: set[tuple[str, str]] = set()  # (sender, receiver) links dropped, not by a death
         self._link_drops: dict[tuple[str, str], dict] = {}  # per dropped link: when, why, reconnections tried
@@ -417,6 +418,7 @@ class Deployment:
         self.topology = Topology(physical) if restored is None else restored["topology"]
         self._coordinator_lock = threading.Lock()
         self._coordinator_pid: int | None = None  # known once it answers (deploy() asks)
+        self._coordinator_start: int | None = None  # when that process started (the fence checks it)
         self._standby = None  # a warm coordinator that takes over if this one is lost (start_standby)
         self._dormant_of: dict[str, str] = {}  # operator -> its last live replica sending dormant checkpoints
         if restored is None:
@@ -1025,6 +1027,8 @@ class Deployment:
                 try:
                     ans = ray.get(ref)
                 except Exception as e:
+                    if is_unavailable(e):  # unreachable for now: no answer (suspected, then declared failed and fenced)
+                        continue
                     if is_actor_death(e):
                         self.mark_failed(label, f"died (noticed by the liveness probe): {type(e).__name__}")
                         running.pop(label, None)
@@ -1033,7 +1037,7 @@ class Deployment:
                     raise
                 det.answered(label, time.time(), busy_s=ans.get("busy_s", 0.0), position=ans.get("position"),
                              pending=bool(ans.get("pending")))
-                self._pids[label] = (int(ans["pid"]), ans.get("node"))
+                self._pids[label] = (int(ans["pid"]), ans.get("node"), ans.get("start"), ans.get("actor"))
         now = time.time()
         for label, h in running.items():
             if label not in self._probes and now - self._probed.get(label, 0.0) >= self.PROBE_EVERY_S:
@@ -1279,26 +1283,30 @@ class Deployment:
         self.mark_failed(label, f"declared failed: {reason}")
 
     def _fence(self, label: str) -> None:
-        """Kill ``label``'s actor and its process (SIGKILL by pid, on its own node), whatever state
-        the process is in: a stopped process does not handle Ray's kill request."""
+        """Kill ``label``'s actor and its process, whatever state the process is in (a stopped
+        process does not handle Ray's kill request): SIGKILL on the node that hosts it, only after
+        checking that the process is still the one the replica's probes named (its pid, its start
+        time and its actor: a pid taken by another process meanwhile is left alone)."""
         h = self.topology.handle(label)
         try:
             ray.kill(h, no_restart=True)
         except Exception as e:  # logged: the actor may be gone already
             self.events.append({"t": self.now(), "event": "kill_failed", "actor": label, "error": repr(e)})
-        pid, node = self._pids.get(label, (None, None))
+        pid, node, start, actor = (*self._pids.get(label, (None, None)), None, None)[:4]
         if pid is None:
+            return
+        if actor is not None and h is not None and actor != h._actor_id.hex():
+            self.events.append({"t": self.now(), "event": "fence_refused", "actor": label,
+                                "why": f"process {pid} answered for actor {actor}, not {label}'s"})
             return
         here = ray.get_runtime_context().get_node_id()
         if node is None or node == here:
-            try:
-                os.kill(pid, 9)
-            except (ProcessLookupError, PermissionError):
-                pass  # gone already (Ray's kill got there first), or not ours to kill
+            signal_process(pid, start, 9)
         else:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            _kill_pid.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)).remote(pid)
+            _kill_pid.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)).remote(
+                pid, start)
 
     def stop_replica(self, operator: str, replica: int) -> int:
         """Stop replica ``replica`` of ``operator`` (``"entry"`` for an entry point, an application's
@@ -1323,17 +1331,14 @@ class Deployment:
         if not self.topology.is_running(label):  # dead, retired or declared failed: nothing to signal
             self.events.append({"t": self.now(), "event": "not_signalled", "actor": label, "signal": sig})
             return -1
-        pid, node = self._pids.get(label, (None, None))
-        if pid is None:
+        pid, node, start = (*self._pids.get(label, (None, None)), None)[:3]
+        if pid is None or start is None:
             ans = ray.get(self.topology.handle(label).probe.remote(), timeout=30)
-            pid, node = int(ans["pid"]), ans.get("node")
-            self._pids[label] = (pid, node)
+            pid, node, start = int(ans["pid"]), ans.get("node"), ans.get("start")
+            self._pids[label] = (pid, node, start, ans.get("actor"))
         if node is not None and node != ray.get_runtime_context().get_node_id():
             raise ValueError(f"{label} runs on another Ray node: stop_replica signals local processes only")
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass  # killed meanwhile (declared failed)
+        signal_process(pid, start, sig)  # (nothing if it was killed meanwhile: declared failed)
         self.events.append({"t": self.now(), "event": "stopped" if sig == 19 else "resumed", "actor": label})
         return pid
 
@@ -1360,7 +1365,7 @@ class Deployment:
                     raise RunFailed(f"the deployment's coordinator was lost twice in a row ({what}): it holds the "
                                     f"plan and the failure reports, so the run cannot go on; nothing after the "
                                     f"last results fetched is known to be delivered", operator="coordinator") from e
-                self.replace_coordinator(h, what, fence=silent)
+                self.replace_coordinator(h, what, fence=silent or is_unavailable(e))
 
     def replace_coordinator(self, lost, reason: str, fence: bool = False) -> None:
         """Start a new coordinator in place of ``lost`` (if it is still the current one), from the
@@ -1381,11 +1386,8 @@ class Deployment:
                 except Exception as e:  # logged: it may be gone already
                     self.events.append({"t": self.now(), "event": "kill_failed", "actor": "coordinator",
                                         "error": repr(e)})
-                if self._coordinator_pid is not None:
-                    try:
-                        os.kill(self._coordinator_pid, 9)  # it runs on the driver's node
-                    except (ProcessLookupError, PermissionError):
-                        pass  # gone already
+                if self._coordinator_pid is not None:  # it runs on this process's node; the same process only
+                    signal_process(self._coordinator_pid, getattr(self, "_coordinator_start", None), 9)
             new, self._standby = self._standby, None
             info = None
             if new is not None:  # the warm standby takes the state up (no process start, no imports)
@@ -1402,6 +1404,7 @@ class Deployment:
                 info = ray.get(new.ping.remote(), timeout=60)
             restored = info["restored"]
             self.coordinator, self._coordinator_pid = new, info["pid"]
+            self._coordinator_start = info.get("start")
             self.start_standby()
             for _, h in self.topology.running():  # sent, not awaited: a replica that does not answer is the detector's
                 h.set_coordinator.remote(new)
@@ -1520,6 +1523,8 @@ class Deployment:
                     try:
                         data, arr, count, punct = ray.get(ref)
                     except Exception as e:
+                        if is_unavailable(e):  # unreachable for now: asked again next time (the detector decides)
+                            continue
                         if not is_actor_death(e):
                             raise
                         died.append((label, f"application died: {type(e).__name__}"))  # recorded below
@@ -1730,8 +1735,14 @@ class Deployment:
     def mark_failed(self, label: str, reason: str) -> None:
         """``label``'s actor died (``reason``): the topology marks it failed, the event is logged
         (``"dead"``), and every running actor drops its links to it."""
+        h = self.topology.handle(label) if label in self.topology else None
         if not self.topology.mark_failed(label):
             return
+        if h is not None:  # a replica counted failed never runs on (one Ray only could not reach, too)
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001 - gone already
+                pass
         self.events.append({"t": self.now(), "event": "dead", "actor": label, "reason": reason})
         for other, h in self.topology.running():
             if other != label:
@@ -2206,7 +2217,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         rep.phase("handing the placement to the coordinator")
         ray.get(dep.coordinator.set_placement.remote(query, servers, placed, dep.handles, dep.actor_server),
                 timeout=60)
-        dep._coordinator_pid = ray.get(dep.coordinator.ping.remote(), timeout=60)["pid"]
+        info = ray.get(dep.coordinator.ping.remote(), timeout=60)
+        dep._coordinator_pid, dep._coordinator_start = info["pid"], info.get("start")
         dep.start_standby()
         for app, cb in (on_output or {}).items():
             dep.on_output(app, cb)
@@ -2215,13 +2227,10 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
 
 
 @ray.remote(num_cpus=0)
-def _kill_pid(pid: int) -> bool:
-    """Kill process ``pid`` on the node this task runs on (fencing a replica of another node)."""
-    try:
-        os.kill(pid, 9)
-        return True
-    except ProcessLookupError:
-        return False
+def _kill_pid(pid: int, start: int | None) -> bool:
+    """Kill process ``pid`` on the node this task runs on if it is still the one that started at
+    ``start`` (fencing a replica of another node, :func:`~.common.signal_process`)."""
+    return signal_process(pid, start, 9)
 
 
 def _percentiles(lat: np.ndarray) -> dict:

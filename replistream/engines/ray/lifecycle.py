@@ -198,7 +198,8 @@ class Persister:
             "events": list(d.events), "changes": list(d.changes), "repairs": list(d.repairs), "repair": d.repair,
             "spares": d.spares, "retired_letters": list(d._retired_letters), "dormant_of": dict(d._dormant_of),
             "lost_servers": set(d._lost_servers), "coordinator": d.coordinator, "coordinator_key": d.coordinator_key,
-            "coordinator_pid": d._coordinator_pid, "standby": d._standby, "placement": d.placement,
+            "coordinator_pid": d._coordinator_pid, "coordinator_start": getattr(d, "_coordinator_start", None),
+            "standby": d._standby, "placement": d.placement,
             "show_progress": d.show_progress,
             "gc": None if mgr is None else {"cfg": mgr.cfg, "running": mgr._thread is not None,
                                             "events": list(mgr.events), "history": list(mgr.history),
@@ -271,6 +272,7 @@ def restore(name: str):
                       ("_retired_letters", "retired_letters"), ("_dormant_of", "dormant_of"),
                       ("_lost_servers", "lost_servers"), ("coordinator", "coordinator"),
                       ("coordinator_key", "coordinator_key"), ("_coordinator_pid", "coordinator_pid"),
+                      ("_coordinator_start", "coordinator_start"),
                       ("_standby", "standby"), ("placement", "placement"), ("show_progress", "show_progress"),
                       ("_reports_seen", "reports_seen"), ("_dropped_links", "dropped_links"),
                       ("_link_drops", "link_drops")]:
@@ -334,7 +336,7 @@ def _settle_replicas(dep) -> dict:
         except Exception as e:  # noqa: BLE001 - a death, or a process Ray cannot reach
             dead.append((label, f"lost while the control plane was restored: {type(e).__name__}"))
             continue
-        dep._pids[label] = (int(ans["pid"]), ans.get("node"))
+        dep._pids[label] = (int(ans["pid"]), ans.get("node"), ans.get("start"), ans.get("actor"))
         if ans.get("pending"):
             pending.append(label)
     for label, why in dead:
