@@ -1658,27 +1658,37 @@ class Deployment:
         arrivals = {n: self.delivered.arrivals(n) - self.t0 for n in self.query.sinks}
         # every running replica's dead letters, merged: the replicas of a node set the same tuples
         # aside, so a replica that died took only copies with it (its live peers hold the same)
-        # (entry replicas: one answer, as malformed records have no id to merge by)
+        # (entry replicas: the answer of the one furthest on, as malformed records have no id to
+        # merge by, and a replica still catching up from a peer has set aside fewer so far)
         running = self.topology.running()
         answers = [h.dead_letters.remote() for _, h in running]
-        ready = self._ask_all({label: ref for (label, _), ref in zip(running, answers)}, self.ASK_TIMEOUT_S)
-        dead, entry_done = list(self._retired_letters), False
+        entries = {label: h.entry_position.remote() for label, h in running
+                   if self.topology.replica(label).kind == "entry"}
+        asked = {label: ref for (label, _), ref in zip(running, answers)}
+        asked.update({f"{label}|position": ref for label, ref in entries.items()})
+        ready = self._ask_all(asked, self.ASK_TIMEOUT_S)
+        dead, entry_letters = list(self._retired_letters), []
         for (label, _), ref in zip(running, answers):
-            is_entry = self.topology.replica(label).kind == "entry"
-            if is_entry and entry_done:
-                continue
+            is_entry = label in entries
             if ref not in ready:  # busy in a call that does not return, or suspected: its peers' letters stand
                 self.events.append({"t": self.now(), "event": "no_answer", "actor": label, "call": "dead_letters",
                                     "seconds": self.ASK_TIMEOUT_S,
                                     "suspected": self.detector.is_suspected(label)})
                 continue
             try:
-                dead.extend(ray.get(ref))
-                entry_done = entry_done or is_entry
+                letters = ray.get(ref)
+                if not is_entry:
+                    dead.extend(letters)
+                    continue
+                pos = ray.get(entries[label]) if entries[label] in ready else None
             except Exception as e:
                 if not is_actor_death(e):
                     raise
-                # it died after the topology listed it: its peers' letters stand for its own
+                continue  # it died after the topology listed it: its peers' letters stand for its own
+            if pos is not None:
+                entry_letters.append((furthest_key(pos), label, letters))
+        if entry_letters:
+            dead.extend(max(entry_letters, key=lambda x: x[0])[2])
         dead = merge_dead_letters(dead)
         metrics = self.metrics()
         with self.delivered.lock:
@@ -2231,6 +2241,16 @@ def _kill_pid(pid: int, start: int | None) -> bool:
     """Kill process ``pid`` on the node this task runs on if it is still the one that started at
     ``start`` (fencing a replica of another node, :func:`~.common.signal_process`)."""
     return signal_process(pid, start, 9)
+
+
+def furthest_key(position: Mapping[str, Mapping]) -> tuple[int, int]:
+    """How far an entry replica is (:meth:`~.actors.EntryActor.entry_position`): its sources ended,
+    then its chunks taken; the replica with the largest key has taken everything its peers took.
+
+    >>> furthest_key({"a": {"expected": 4, "rows": 40, "closed": True}, "b": {"expected": 2, "rows": 9, "closed": False}})
+    (1, 6)
+    """
+    return (sum(bool(p["closed"]) for p in position.values()), sum(int(p["expected"]) for p in position.values()))
 
 
 def _percentiles(lat: np.ndarray) -> dict:
