@@ -31,8 +31,10 @@ query detached (``deploy(..., name=..., detached=True)``) with a
 (:class:`~replistream.files.FileSource`, :data:`TIMING_PACE`) and prints ``fed``; the campaign
 attaches (:func:`replistream.attach`), kills the driver with SIGKILL at a seeded moment of the
 replay, waits for the end of the stream and reads the sinks' files. The faults of such a trial are
-the driver kill and replica kills the deployment's host performs (``kill_replica`` through the
-client, at most ``k - 1`` of each node, at seeded moments); sentinel faults need the driver's
+the driver kill, replica kills the deployment's host performs (``kill_replica`` through the
+client, at most ``k - 1`` of each node, at seeded moments), and the loss of the host itself, the
+deployment's control plane (once, twice in a share of trials; SIGKILL or SIGSTOP: Ray restarts it
+and the new process restores the deployment, engines/ray/lifecycle.py); sentinel faults need the driver's
 ``Deployment`` in the feeder and are not used. The detached deployment is stopped at the end of
 the trial, whatever its outcome. No ``replistream up`` is needed: the driver joins the campaign's
 own Ray (which outlives the driver, as a cluster would).
@@ -553,7 +555,25 @@ def _driver_trial_faults(rng: np.random.Generator, query: Query, k: int, t0: int
             for i in sorted(rng.choice(k, size=int(rng.integers(1, k)), replace=False).tolist()):
                 f = float(np.round(0.1 + 0.75 * rng.random(), 3))
                 faults.append((at(f), f"kill {g}#{i} (by the detached deployment's host)", (f, (g, int(i)))))
+    # the control plane (the deployment's host actor) lost once, and a second time in a share of trials:
+    # crashed (SIGKILL: Ray restarts it) or stopped (SIGSTOP: its coordinator fences it, then Ray restarts it)
+    for _ in range(1 + int(rng.random() < 0.3)):
+        f = float(np.round(0.1 + 0.75 * rng.random(), 3))
+        how = ["crashed", "stopped"][int(rng.integers(2))]
+        faults.append((at(f), f"host {how} (the detached deployment's control plane)", (f, ("host", how))))
     return sorted(faults, key=lambda x: x[0])
+
+
+def _lose_host(name: str, how: str) -> int:
+    """Lose detached deployment ``name``'s host process: ``crashed`` (SIGKILL) or ``stopped``
+    (SIGSTOP, never resumed: its coordinator fences it). Returns the pid."""
+    import ray
+
+    from .engines.ray.host import NAMESPACE
+
+    pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).process.remote(), timeout=60)["pid"]
+    os.kill(pid, signal.SIGKILL if how == "crashed" else signal.SIGSTOP)
+    return pid
 
 
 def run_driver_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0,
@@ -607,6 +627,8 @@ def run_driver_trial(trial: Trial, k: int, servers: list[str], timeout: float = 
                     raise RuntimeError(f"the detached deployment {name!r} is gone with its killed driver")
                 # a kill after the end of the stream tests less: the verdict counts those before it
                 res["driver_killed_mid_run"] = not client.status()["complete"]
+            elif act[0] == "host":
+                _lose_host(name, act[1])
             else:
                 client.kill_replica(*act)
         ok = client.wait(timeout)
@@ -736,6 +758,7 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float, driver_shar
                     else "stopped replica" if what.startswith("stop")
                     else "slowed server" if what.startswith("slow")
                     else "lost coordinator" if what.startswith("coordinator")
+                    else "lost control plane (host)" if what.startswith("host")
                     else "driver kill" if what.startswith("driver")
                     else "link restore" if what.startswith("restore")
                     else "link delay" if what.startswith("delay") else "link cut" if what.startswith("cut")

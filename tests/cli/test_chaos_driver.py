@@ -27,10 +27,13 @@ def test_a_driver_trial_schedule_is_seeded_and_within_the_fault_model(kind):
             again = _driver_trial_faults(np.random.default_rng(seed), query, k, t0, t1)
             assert faults == again
             assert [act for _, _, (_, act) in faults].count("driver") == 1
+            assert 1 <= sum(act != "driver" and act[0] == "host" for _, _, (_, act) in faults) <= 2  # issue #40
             killed: dict = {}
             for t, what, (frac, act) in faults:
                 assert t0 <= t <= t1 and 0 < frac < 1
-                if act != "driver":
+                if act != "driver" and act[0] == "host":
+                    assert what.startswith("host ") and act[1] in ("crashed", "stopped")
+                elif act != "driver":
                     assert what.startswith("kill ") and act[0] in (ENTRY, *query.operators)
                     killed.setdefault(act[0], set()).add(act[1])
             assert all(len(v) <= k - 1 for v in killed.values())

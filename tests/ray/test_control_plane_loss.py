@@ -125,3 +125,62 @@ def test_the_warm_pool_killed_mid_run_takes_no_leased_replica_with_it(tmp_path):
     stats = ray.get(keeper.stats.remote(), timeout=60)  # restarted by Ray, its idle actors and leases taken up
     assert stats["restored"]["idle"] > 0, stats
     assert leased[0] > 0  # the deployment's replicas were the pool's when it was killed
+
+
+def test_a_stopped_host_is_fenced_by_its_coordinator_and_restarted(tmp_path):
+    """Slow is dead for the control plane too: a host that stops answering (SIGSTOP) is fenced by
+    the deployment's coordinator after fail_after_s, and Ray restarts it."""
+    stopped = []
+
+    def stop_host(dep):
+        info = ray.get(_host("cp-stop").process.remote(), timeout=60)
+        stopped.append(info["pid"])
+        os.kill(info["pid"], signal.SIGSTOP)
+
+    events, ref, got = _run(tmp_path, "cp-stop", [stop_host])
+    assert any(e.get("event") == "control_restored" for e in events)
+    assert_same_output(ref, got)
+
+
+def test_the_host_killed_during_a_repair_rolls_it_back_and_repairs_again(tmp_path):
+    import numpy as np
+
+    from replistream.sources import Call, inject_at
+
+    def kill_host_during_repair(dep):
+        """Run in the host (a sentinel; defined here so it travels by value): kill a replica, and
+        once its repair has started a new actor, kill the host's own process: the repair is cut short."""
+        import os
+        import signal
+        import time
+
+        n = len(dep._registry)
+        dep.kill_replica("per_k", 0)
+        deadline = time.time() + 60
+        while len(dep._registry) == n and time.time() < deadline:
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    in_dir = detached.write_inputs(tmp_path / "in", files=1, rows=10)  # (only for the query's schema)
+    q = driver.build(in_dir)
+    rng = np.random.default_rng(7)
+    n = 4000
+    t = np.sort(rng.integers(0, seconds(20), n))
+    chunks = [{"ts": t[a:a + 100], "k": rng.integers(0, 20, 100), "v": rng.normal(size=100)} for a in range(0, n, 100)]
+    data = {"s": inject_at(chunks, seconds(6), Call(kill_host_during_repair))}
+    ref = run_reference(q, {"s": chunks})
+    out_dir = str(tmp_path / "out")
+    dep = rs.deploy(q, servers=3, k=2, name="cp-repair", detached=True, repair=True,
+                    sinks={"out": ParquetSink(out_dir, every=seconds(2))})
+    try:
+        dep.feed(data, pace=2.0)
+        assert dep.wait(180)
+        events, repairs = dep.events, dep.repairs
+    finally:
+        dep.stop()
+    (restored,) = [e for e in events if e.get("event") == "control_restored"]
+    # the new actor was stopped (rolled back) or fenced as a hand-over cut short, and the repair done again
+    assert restored["orphans_stopped"] + len(restored["pending"]) >= 1, restored
+    assert any(r.get("repaired") for r in repairs), repairs
+    assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
+    assert _left_behind("cp-repair") == ([], [])

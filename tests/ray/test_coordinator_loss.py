@@ -50,7 +50,7 @@ def test_the_coordinator_lost_mid_run_is_replaced_and_the_output_is_exact(how):
         assert dep.ask_coordinator("plan") == plan  # the new coordinator holds the plan it was started with
     exact(ref, res)
     (ev,) = replaced(dep)
-    assert ev["restored"] == {"events": 1, "plan": True}  # the placement event and the plan came back
+    assert ev["restored"] == {"events": 1, "plan": True, "dormant": []}  # the placement event and the plan came back
     assert ("no answer" in ev["reason"]) == (how == "SIGSTOP")
     kinds = [e["kind"] for e in log]
     assert kinds[0] == "placement" and "coordinator_restored" in kinds
@@ -64,7 +64,7 @@ def test_reports_sent_again_to_a_new_coordinator_are_logged_once():
     assert len(ray.get(a.log.remote(), timeout=30)) == 1
     ray.kill(a)
     b = CoordinatorActor.remote(0.0, key)  # takes the lost one's state up
-    assert ray.get(b.ping.remote(), timeout=30)["restored"] == {"events": 1, "plan": False}
+    assert ray.get(b.ping.remote(), timeout=30)["restored"] == {"events": 1, "plan": False, "dormant": []}
     ray.get(b.report.remote("channel_dropped", {"from": "x#0", "to": "y#0", "reason": "slow", "rid": "x#0/0"}), timeout=30)
     ray.get(b.report.remote("fatal", {"replica": "y#0", "rid": "y#0/0"}), timeout=30)
     assert [e["kind"] for e in ray.get(b.log.remote(), timeout=30)] == ["channel_dropped", "coordinator_restored", "fatal"]
@@ -75,3 +75,20 @@ def test_reports_sent_again_to_a_new_coordinator_are_logged_once():
         ray.kill(h)
     from ray.experimental import internal_kv
     assert internal_kv._internal_kv_list(key, namespace=KV_NAMESPACE) == []
+
+
+def test_a_dormant_checkpoint_survives_the_coordinator():
+    """Issue #40: dormant checkpoints no longer live in one coordinator's memory only."""
+    from replistream.engines.ray.coordinator import CoordinatorActor
+
+    key = "replistream/coordinator/tests-dormant"
+    c = CoordinatorActor.remote(0.0, key)
+    ray.get(c.keep_dormant.remote("per_k", "per_k#0", 41, {"state": [1, 2, 3]}), timeout=60)
+    ray.kill(c, no_restart=True)
+    new = CoordinatorActor.remote(0.0, key)  # a standby taking the lost one's key
+    try:
+        assert ray.get(new.ping.remote(), timeout=60)["restored"]["dormant"] == ["per_k"]
+        assert ray.get(new.dormant_checkpoint.remote("per_k"), timeout=60) == (41, "per_k#0", {"state": [1, 2, 3]})
+    finally:
+        ray.get(new.forget.remote(), timeout=60)
+        ray.kill(new, no_restart=True)

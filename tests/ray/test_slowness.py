@@ -193,7 +193,8 @@ def _break_contract(sender: str, receiver: str, port: int = 0):
         sid = next(s for s in dep.topology.streams(src=sender, dst=receiver))
         channel = dep.topology.channel(sid.id)
         late = dep.query.schema_of("pick").from_columns({"ts": [0], "k": [1], "v": [0.5]}, ids=[12345])
-        ray.get(dep.handles[receiver].push.remote(port, channel, [late]), timeout=30)
+        ray.get(dep.handles[receiver].push.remote(port, channel, [late], dep.channel_opts["epoch"], sender),
+                timeout=30)
     return Call(go)
 
 

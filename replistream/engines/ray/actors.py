@@ -79,6 +79,10 @@ class _Base:
         self.network = network
         self.t0 = t0
         self.channel_opts = dict(channel_opts)
+        #: The deployment this actor belongs to (``channel_opts["epoch"]``): a packet or report of
+        #: another deployment (an old sender of a pooled actor's previous life) is rejected, named.
+        self.epoch = self.channel_opts.get("epoch")
+        self.stale: list[dict] = []  # packets rejected for their epoch (at most the last 100)
         self.coordinator = coordinator
         self.outboxes: dict[str, Outbox] = {}
         self.sender = Sender([], on_error=self._sender_failed)
@@ -194,11 +198,21 @@ class _Base:
         self.__init__(*args, **kwargs)
         return True
 
+    def _stale(self, port: int, channel: int, epoch, sender) -> int:
+        """A packet from another deployment (``epoch``; ``sender``: its sender's label): rejected and
+        reported, never processed (its channel numbers are another deployment's). Returns no ack."""
+        rec = {"receiver": self.label, "sender": sender, "epoch": epoch, "port": int(port), "channel": int(channel),
+               "t": time.time() - self.t0}
+        self.stale = [*self.stale[-99:], rec]
+        self._report("stale_packet", rec)
+        return NO_ACK
+
     def _report(self, kind: str, rec: dict) -> None:
-        """Send a report to the coordinator, with an id (``rid``) that makes sending it again harmless."""
+        """Send a report to the coordinator, with an id (``rid``) that makes sending it again harmless,
+        and the deployment's epoch (the coordinator ignores reports of another deployment)."""
         if self.coordinator is None:
             return
-        rec = {**rec, "rid": f"{self.label}/{next(self._rid)}"}
+        rec = {**rec, "rid": f"{self.label}/{next(self._rid)}", "epoch": self.epoch}
         self._sent.append((kind, rec))
         self._reports.append(self.coordinator.report.remote(kind, rec))
 
@@ -532,9 +546,14 @@ class ReplicaActor(_Base):
         self.installed_cv = threading.Condition(self.lock)
         self.last_punct_wall = 0.0  # when this replica last emitted a punctuation (a sender's pacing)
 
-    def push(self, port: int, channel: int, packet: list) -> int:
+    def push(self, port: int, channel: int, packet: list, epoch: str | None = None, sender: str | None = None) -> int:
+        """Take ``packet`` on input ``port``, duplicate-filter channel ``channel``, from ``sender`` of
+        deployment ``epoch`` (another deployment's packet is rejected, :meth:`_stale`); returns the
+        acknowledgement (the filter's maximum punctuation on ``port``)."""
         if self.quiet:
             return NO_ACK
+        if epoch != self.epoch:
+            return self._stale(port, channel, epoch, sender)
         started = time.time()
         self._observe(port, packet)
         if self.core is None and self.staged is not None:
@@ -1243,9 +1262,12 @@ class SinkActor(_Base):
         self.lock = threading.Lock()
         self.done = threading.Event()
 
-    def push(self, port: int, channel: int, packet: list) -> int:
+    def push(self, port: int, channel: int, packet: list, epoch: str | None = None, sender: str | None = None) -> int:
+        """Take ``packet`` (see :meth:`ReplicaActor.push`)."""
         if self.quiet:
             return NO_ACK
+        if epoch != self.epoch:
+            return self._stale(port, channel, epoch, sender)
         now = time.time()
         with self._data_call(now):
             return self._push(port, channel, packet, now)

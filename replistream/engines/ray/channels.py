@@ -144,8 +144,10 @@ class Outbox:
 
     def __init__(self, owner: str, server: str, network, t0: float, max_batch: int = 10_000,
                  flush_ms: float = 2.0, max_inflight: int = 16, max_queued: int = 20_000,
-                 drop_after_s: float = 10.0, on_drop: Callable[[str, Link, str], None] | None = None):
+                 drop_after_s: float = 10.0, on_drop: Callable[[str, Link, str], None] | None = None,
+                 epoch: str | None = None):
         self.owner = owner
+        self.epoch = epoch  # the deployment's: every packet carries it (a receiver rejects another's)
         self.server = server
         self.network = network
         self.t0 = t0
@@ -440,7 +442,7 @@ class Outbox:
                         _, more, _, n_more = link.queue.popleft()
                         packet, tuples = packet + more, tuples + n_more
                     try:
-                        call = link.handle.push.remote(link.port, link.channel, packet)
+                        call = link.handle.push.remote(link.port, link.channel, packet, self.epoch, self.owner)
                     except Exception as e:  # handle of a dead actor
                         self._drop_locked(link, f"send failed: {type(e).__name__}")
                         break

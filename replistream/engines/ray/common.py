@@ -15,7 +15,7 @@ import numpy as np
 import ray
 
 __all__ = ["json_default", "wait_quietly", "is_actor_death", "is_unavailable", "failure_record", "process_start",
-           "signal_process"]
+           "signal_process", "fence_process"]
 
 
 def is_actor_death(e: BaseException) -> bool:
@@ -80,6 +80,29 @@ def signal_process(pid: int, start: int | None, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+@ray.remote(num_cpus=0)
+def _kill_on_node(pid: int, start: int | None) -> bool:
+    return signal_process(pid, start, 9)
+
+
+def fence_process(pid: int, start: int | None, node: str | None) -> None:
+    """SIGKILL process ``pid`` (started at ``start``) on Ray node ``node``, checked there
+    (:func:`signal_process`): at once when it is this process's node, else by a task pinned to that
+    node (not awaited).
+
+    >>> fence_process(2 ** 22 + 1, 0, None)   # no such process: nothing is sent
+    """
+    import ray as _ray
+
+    if node is None or not _ray.is_initialized() or node == _ray.get_runtime_context().get_node_id():
+        signal_process(pid, start, 9)
+        return
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    _kill_on_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)).remote(
+        pid, start)
 
 
 def failure_record(replica: str, operator: str, logical_time: int | None, error: BaseException) -> dict:

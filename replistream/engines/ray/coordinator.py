@@ -21,6 +21,7 @@ replicas send their reports again to a new coordinator.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -62,6 +63,7 @@ class CoordinatorActor:
     def __init__(self, t0: float, key: str | None = None):
         self.t0 = t0
         self.key = key
+        self._log_lock = threading.Lock()  # the log (its one lock: the host watcher's thread logs too)
         self.events: list[dict] = []
         self._rids: set = set()  # ids of the reports logged (a report sent twice is logged once)
         self.dormant: dict[str, tuple] = {}  # operator -> (punctuation, replica, checkpoint): keep_dormant
@@ -96,7 +98,13 @@ class CoordinatorActor:
                 self.events.append(e)
                 if e.get("rid") is not None:
                     self._rids.add(e["rid"])
-        info = {"events": len(self.events), "plan": raw is not None}
+        from .lifecycle import get_value
+
+        for k in internal_kv._internal_kv_list(self._kv("dormant/"), namespace=KV_NAMESPACE):
+            k = k.decode() if isinstance(k, bytes) else k
+            if "#" not in k.rpartition("/")[2]:
+                self.dormant[k.rpartition("/")[2]] = get_value(k)
+        info = {"events": len(self.events), "plan": raw is not None, "dormant": sorted(self.dormant)}
         self._log({"kind": "coordinator_restored", "t": time.time() - self.t0, **info})
         return info
 
@@ -105,11 +113,13 @@ class CoordinatorActor:
 
     def _log(self, e: dict) -> None:
         """Append ``e`` to the reports log, and to the key-value store (before it counts as logged)."""
-        if self.key is not None:
-            c = len(self.events) // self.EVENTS_PER_KEY
-            chunk = self.events[c * self.EVENTS_PER_KEY:] + [e]
-            internal_kv._internal_kv_put(self._kv(f"ev/{c:09d}"), cloudpickle.dumps(chunk), namespace=KV_NAMESPACE)
-        self.events.append(e)
+        with self._log_lock:
+            if self.key is not None:
+                c = len(self.events) // self.EVENTS_PER_KEY
+                chunk = self.events[c * self.EVENTS_PER_KEY:] + [e]
+                internal_kv._internal_kv_put(self._kv(f"ev/{c:09d}"), cloudpickle.dumps(chunk),
+                                             namespace=KV_NAMESPACE)
+            self.events.append(e)
 
     def _keep_plan(self) -> None:
         if self.key is not None:
@@ -118,7 +128,9 @@ class CoordinatorActor:
             internal_kv._internal_kv_put(self._kv("plan"), cloudpickle.dumps(st), namespace=KV_NAMESPACE)
 
     def forget(self) -> int:
-        """The deployment ended: drop the state kept in the key-value store. Returns the keys dropped."""
+        """The deployment ended: drop the state kept in the key-value store (and stop watching its
+        host). Returns the keys dropped."""
+        self._unwatch()
         if self.key is None:
             return 0
         return int(internal_kv._internal_kv_del(self.key + "/", del_by_prefix=True, namespace=KV_NAMESPACE))
@@ -130,8 +142,57 @@ class CoordinatorActor:
 
         return {"pid": os.getpid(), "start": process_start(os.getpid()), "restored": self.restored}
 
+    # -- watching a detached deployment's host ---------------------------------------------------
+    #: Seconds between two looks at the host.
+    WATCH_EVERY_S = 0.5
+
+    def watch_host(self, host, name: str, fail_after_s: float) -> bool:
+        """Watch detached deployment ``name``'s host actor (slow is dead, docs/reliability.md): a
+        thread asks it for its process every :attr:`WATCH_EVERY_S`; a host that does not answer
+        within ``fail_after_s`` (a stopped process, a frozen host) is fenced (SIGKILL of the process
+        it last answered from, checked by pid and start time, on its node), so Ray restarts it and
+        the new process restores the deployment (:mod:`.lifecycle`). A host Ray is restarting is
+        left to Ray. Called by the host after it deployed or restored (again by each new host or
+        coordinator). Logged as ``host_fenced`` reports.
+
+        >>> ray.get(coordinator.watch_host.remote(host, "monitor", 4.0))   # doctest: +SKIP
+        True
+        """
+        import threading
+
+        self._watch = (host, name, float(fail_after_s))
+        if getattr(self, "_watcher", None) is None or not self._watcher.is_alive():
+            self._watch_stop = threading.Event()
+            self._watcher = threading.Thread(target=self._watch_loop, daemon=True, name="replistream-watch-host")
+            self._watcher.start()
+        return True
+
+    def _watch_loop(self) -> None:
+        from .common import fence_process
+
+        seen = None  # (pid, start, node) of the host process that last answered
+        while not self._watch_stop.wait(self.WATCH_EVERY_S):
+            host, name, fail_after = self._watch
+            try:
+                info = ray.get(host.process.remote(), timeout=fail_after)
+                seen = (info["pid"], info.get("start"), info.get("node"))
+            except ray.exceptions.GetTimeoutError:
+                if seen is not None:
+                    fence_process(*seen)
+                    self._log({"kind": "host_fenced", "t": time.time() - self.t0, "deployment": name,
+                               "pid": seen[0], "reason": f"no answer within {fail_after:g} s"})
+                seen = None
+            except Exception:  # noqa: BLE001 - dead for good (stopped) or restarting: Ray's, not ours
+                seen = None
+
+    def _unwatch(self) -> None:
+        stop = getattr(self, "_watch_stop", None)
+        if stop is not None:
+            stop.set()
+
     # -- reuse by a later deployment (pool.py): it holds no thread and sends nothing -------------
     def stop_sending(self) -> bool:
+        self._unwatch()
         return True
 
     def settled(self) -> tuple[bool, bool]:
@@ -139,6 +200,7 @@ class CoordinatorActor:
 
     def reinit(self, t0: float, key: str | None = None) -> bool:
         """Become the coordinator of another deployment (every attribute dropped, ``__init__`` again)."""
+        self._unwatch()
         self.forget()
         for name in [n for n in self.__dict__ if not n.startswith("_ray")]:
             del self.__dict__[name]
@@ -147,7 +209,12 @@ class CoordinatorActor:
 
     def report(self, kind: str, info: dict) -> None:
         """Log a replica's report (``kind``: ``channel_dropped``, ``fatal``, ...); one whose ``rid``
-        was logged already is not logged again."""
+        was logged already is not logged again, one of another deployment (its ``epoch`` is not
+        this coordinator's key's last part) is not logged at all."""
+        epoch = info.get("epoch")
+        if epoch is not None and self.key is not None and epoch != self.key.rpartition("/")[2]:
+            self.stale_reports = getattr(self, "stale_reports", 0) + 1  # another deployment's: not this run's
+            return
         rid = info.get("rid")
         if rid is not None:
             if rid in self._rids:
@@ -159,12 +226,16 @@ class CoordinatorActor:
         """Keep ``operator``'s dormant checkpoint (Rhino's dormant replica, Del Monte 2017): sent by
         its last live replica at ``punctuation``; the newest replaces the one before. Logged as a
         ``dormant_checkpoint`` report (the deployment then lets upstream replicas trim their output
-        up to it). Held in this process's memory: a coordinator that replaces a lost one starts
-        without it, until the next one comes."""
+        up to it). Kept in Ray's key-value store too (before it is logged), so a coordinator that
+        replaces a lost one has it."""
         prev = self.dormant.get(operator)
         if prev is not None and prev[0] > punctuation:
             return False
         self.dormant[operator] = (int(punctuation), replica, checkpoint)
+        if self.key is not None:
+            from .lifecycle import put_value
+
+            put_value(self._kv(f"dormant/{operator}"), self.dormant[operator])
         self._log({"kind": "dormant_checkpoint", "operator": operator, "replica": replica,
                    "punctuation": int(punctuation), "t": time.time() - self.t0})
         return True

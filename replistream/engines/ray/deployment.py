@@ -55,7 +55,7 @@ from ...sources import Handed, Sentinel
 from ..result import RunResult
 from . import pool, reconfigure
 from .actors import EntryActor, ReplicaActor, SinkActor
-from .common import is_actor_death, is_unavailable, json_default, signal_process, wait_quietly
+from .common import fence_process, is_actor_death, is_unavailable, json_default, signal_process, wait_quietly
 from .control import GCConfig, ReplicaManager
 from .coordinator import CoordinatorActor
 from .detector import DEFAULT_FAIL_AFTER_S, DEFAULT_SUSPECT_AFTER_S, FailureDetector
@@ -433,7 +433,8 @@ class Deployment:
 
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         rep.phase("starting the coordinator")
-        self.coordinator_key = f"replistream/coordinator/{uuid.uuid4().hex}"  # its state in Ray's key-value store
+        # its state in Ray's key-value store, under the deployment's epoch (the last part of the key)
+        self.coordinator_key = f"replistream/coordinator/{self.channel_opts.get('epoch') or uuid.uuid4().hex}"
         self.coordinator = self._settle(*self._start(CoordinatorActor, {"scheduling_strategy": here}, self.t0,
                                                      self.coordinator_key, local=True))
         conditions, channel_opts, strict, on_malformed = (self.conditions, self.channel_opts, self.strict,
@@ -1299,14 +1300,7 @@ class Deployment:
             self.events.append({"t": self.now(), "event": "fence_refused", "actor": label,
                                 "why": f"process {pid} answered for actor {actor}, not {label}'s"})
             return
-        here = ray.get_runtime_context().get_node_id()
-        if node is None or node == here:
-            signal_process(pid, start, 9)
-        else:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            _kill_pid.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)).remote(
-                pid, start)
+        fence_process(pid, start, node)
 
     def stop_replica(self, operator: str, replica: int) -> int:
         """Stop replica ``replica`` of ``operator`` (``"entry"`` for an entry point, an application's
@@ -1408,6 +1402,8 @@ class Deployment:
             self.start_standby()
             for _, h in self.topology.running():  # sent, not awaited: a replica that does not answer is the detector's
                 h.set_coordinator.remote(new)
+            if getattr(self, "_host_actor", None) is not None:  # a detached deployment's host: watched by it from now on
+                new.watch_host.remote(self._host_actor, self.detached_as, self.detector.fail_after_s)
             self.events.append({"t": self.now(), "event": "coordinator_replaced", "reason": reason,
                                 "restored": restored, "seconds": round(time.time() - started, 3)})
 
@@ -2214,7 +2210,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         init_ray(address, **(ray_init or {}))
         ship_user_code(query)
         channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
-                        "drop_after_s": drop_after_s}
+                        "drop_after_s": drop_after_s,
+                        "epoch": uuid.uuid4().hex}  # this deployment's: in every packet and report
         dep = Deployment(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
                          parquet_dir, cluster, gc, suspect_after_s=suspect_after_s, fail_after_s=fail_after_s,
                          reporter=rep, file_sinks=sinks)
@@ -2234,13 +2231,6 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
             dep.on_output(app, cb)
         dep.start_monitor()
     return dep
-
-
-@ray.remote(num_cpus=0)
-def _kill_pid(pid: int, start: int | None) -> bool:
-    """Kill process ``pid`` on the node this task runs on if it is still the one that started at
-    ``start`` (fencing a replica of another node, :func:`~.common.signal_process`)."""
-    return signal_process(pid, start, 9)
 
 
 def furthest_key(position: Mapping[str, Mapping]) -> tuple[int, int]:

@@ -89,6 +89,14 @@ class DeploymentHost:
             self.dep = None
             self.restore_error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
         self.fed = self.dep is not None and self.dep.started
+        if self.dep is not None:
+            self._watched()
+
+    def _watched(self) -> None:
+        """Ask the deployment's coordinator to watch this host (a stopped host is fenced, then
+        restarted by Ray); a coordinator that replaces a lost one is asked again by the deployment."""
+        self.dep._host_actor = ray.get_runtime_context().current_actor
+        self.dep.coordinator.watch_host.remote(self.dep._host_actor, self.name, self.dep.detector.fail_after_s)
 
     def _check(self) -> None:
         if self.restore_error is not None:
@@ -116,6 +124,7 @@ class DeploymentHost:
                 Persister(dep).options(query, options)
                 dep._persister.start()
                 self.dep = dep
+                self._watched()
         return True
 
     def feed(self, feed_id: str, args: tuple = (), kwargs: dict | None = None) -> None:
@@ -154,7 +163,9 @@ class DeploymentHost:
         up from its kept state by this process, after an earlier one was lost)."""
         import os
 
-        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+        from .common import process_start
+
+        return {"pid": os.getpid(), "start": process_start(os.getpid()), "node": ray.get_runtime_context().get_node_id(),
                 "restored": self.dep is not None and any(e.get("event") == "control_restored"
                                                          for e in self.dep.events)}
 

@@ -339,13 +339,37 @@ def _settle_replicas(dep) -> dict:
         dep._pids[label] = (int(ans["pid"]), ans.get("node"), ans.get("start"), ans.get("actor"))
         if ans.get("pending"):
             pending.append(label)
-    for label, why in dead:
-        dep.mark_failed(label, why)
-    for label in pending:
-        dep.declare_failed(label, "its hand-over was cut short by the loss of the control plane")
+    repair, dep.repair = dep.repair, False  # repairs are scheduled below, once, for what is missing
+    try:
+        for label, why in dead:
+            dep.mark_failed(label, why)
+        for label in pending:
+            dep.declare_failed(label, "its hand-over was cut short by the loss of the control plane")
+    finally:
+        dep.repair = repair
+    repairing = _repairs_cut_short(dep) if repair else []
     try:
         ray.get(dep.coordinator.ping.remote(), timeout=dep.detector.fail_after_s)
     except Exception as e:  # noqa: BLE001 - replaced from the state it kept
         dep.replace_coordinator(dep.coordinator, f"lost with the control plane: {type(e).__name__}", fence=True)
     return {"rolled_back": burned, "orphans_stopped": len(orphans), "dead": [d for d, _ in dead],
-            "pending": pending, "entries": [label for label, _ in topo.running(ENTRY)]}
+            "pending": pending, "repairing": repairing, "entries": [label for label, _ in topo.running(ENTRY)]}
+
+
+def _repairs_cut_short(dep) -> list[str]:
+    """With ``repair=True``: the repairs the lost host had queued or begun (kept in memory only),
+    scheduled again: per operator and for the entry points, as many of its failed replicas not yet
+    repaired (oldest first) as it lacks live replicas to be back to k."""
+    from ...plan import ENTRY
+
+    topo = dep.topology
+    done = {r["replica"] for r in dep.repairs}
+    again = []
+    for node in [ENTRY, *dep.query.operators]:
+        reps = topo.replicas(node)
+        live = sum(r.state == "live" and topo.is_running(r.label) for r in reps)
+        lacking = [r.label for r in reps if r.state == "failed" and r.label not in done]
+        for label in lacking[:max(0, dep.k - live)]:
+            dep._schedule_repair(label, "a repair cut short by the loss of the control plane")
+            again.append(label)
+    return again
