@@ -184,3 +184,62 @@ def test_the_host_killed_during_a_repair_rolls_it_back_and_repairs_again(tmp_pat
     assert any(r.get("repaired") for r in repairs), repairs
     assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
     assert _left_behind("cp-repair") == ([], [])
+
+
+@pytest.mark.parametrize("reached", [1, 0])
+def test_the_host_killed_while_a_change_is_half_sent_finishes_it(tmp_path, reached):
+    """replace_function's marker reaches one entry replica (or none), then the host dies: the
+    restored host finishes the change (the other entry replica takes the marker from its peer, or the
+    resumed feed sends it to both), and the output equals the reference run of the changed query
+    (both functions, switched at the change's time)."""
+    import numpy as np
+
+    from replistream import Query
+    from replistream.sources import Call, inject_at
+
+    def change_then_die(dep):
+        import os
+        import signal
+
+        import ray as _ray
+
+        from replistream.schema import Marker
+
+        feeder, orig = dep.feeder, dep.feeder._send
+
+        def send(src, chunk):
+            if isinstance(chunk, Marker):  # to the first entry replica only (or none), then the host dies
+                for _, h in feeder.topology.running("entry")[:reached]:
+                    _ray.get(h.push_chunk.remote(src, feeder.seqs[src], chunk, None), timeout=60)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return orig(src, chunk)
+
+        feeder._send = send
+        dep.replace_function("keep", lambda b: b["v"] > 0.0)
+
+    q = Query("half-change")
+    s = q.source("s", {"k": "i8", "v": "f8"}, punctuate_every=seconds(1))
+    s.filter(lambda b: b["v"] > -1.0, name="keep").window(size=seconds(2), by="k", aggs={"n": "count"},
+                                                         name="per_k").sink("out")
+    q.build()
+    rng = np.random.default_rng(11)
+    n = 4000
+    t = np.sort(rng.integers(0, seconds(20), n))
+    chunks = [{"ts": t[a:a + 100], "k": rng.integers(0, 20, 100), "v": rng.normal(size=100)} for a in range(0, n, 100)]
+    out_dir = str(tmp_path / "out")
+    dep = rs.deploy(q, servers=3, k=2, name="cp-change", detached=True,
+                    sinks={"out": ParquetSink(out_dir, every=seconds(2))})
+    try:
+        dep.feed({"s": inject_at(chunks, seconds(6), Call(change_then_die))}, pace=2.0)
+        assert dep.wait(180)
+        events, changed = dep.events, dep.query
+    finally:
+        dep.stop()
+    (restored,) = [e for e in events if e.get("event") == "control_restored"]
+    ref = run_reference(changed, {"s": chunks})
+    plain = run_reference(q, {"s": chunks})
+    assert len(ref.outputs["out"]) != len(plain.outputs["out"]) or \
+        sorted(ref.outputs["out"].tolist()) != sorted(plain.outputs["out"].tolist())  # the change changes the output
+    assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
+    assert bool(restored["resumed"]["behind"]) == bool(reached), restored
+    assert bool(restored["resumed"]["markers_sent"]) == (not reached), restored

@@ -894,11 +894,17 @@ class Deployment:
                           if p[src]["expected"] < at[src]["seq"]} for label, p in positions.items()}
         behind = {label: b for label, b in behind.items() if b}
         behind.update({label: {src: 0 for src in self.query.sources} for label in asked if label not in positions})
+        # a change whose marker the lost host was sending: entry replicas that lack it get it from a
+        # peer (it is in their input logs) or, if none got it, from the resumed feed (finished, not half)
+        markers = [(src, m) for m, seqs in getattr(self, "_markers_in_flight", []) for src, seq in seqs.items()
+                   if at[src]["seq"] <= seq and not at[src]["closed"]]
         self.feeder.start(self.query.sources, feed["inputs"], feed["pace"], feed["chunk_size"], self.t0,
                           idle=feed["idle"], disorder={src: self.query.spec(src).max_disorder
                                                        for src in self.query.sources},
-                          chunk_ms=feed["chunk_ms"], resume={"at": at, "behind": behind, "ts0": self.ts0})
-        return {"at": at, "behind": sorted(behind)}
+                          chunk_ms=feed["chunk_ms"], resume={"at": at, "behind": behind, "ts0": self.ts0,
+                                                             "markers": markers})
+        self._markers_in_flight = []
+        return {"at": at, "behind": sorted(behind), "markers_sent": [(src, m.id) for src, m in markers]}
 
     def _run_sentinel(self, sentinel: Sentinel) -> None:
         if self._persister is not None:  # counted as run before it runs: a restored feed never runs it twice

@@ -202,7 +202,8 @@ class Feeder:
         and ``disorder`` each source's ``max_disorder`` (see :mod:`replistream.idle`).
 
         ``resume`` (a restored control plane, :mod:`.lifecycle`): ``{"at": {source: {"seq", "rows",
-        "closed"}}, "behind": {entry label: {source: its next chunk}}, "ts0"}``: each source
+        "closed"}}, "behind": {entry label: {source: its next chunk}}, "ts0", "markers": [(source,
+        marker)]}``: the markers of a change no entry replica got are sent first; each source
         goes on at chunk ``seq`` without its first ``rows`` records (and without the sentinels
         already run, :attr:`sentinels_run`), a closed one is not sent again, the entry replicas
         ``behind`` catch up from a peer first, and the clock (``t0``, ``ts0``) is the one the run
@@ -279,6 +280,9 @@ class Feeder:
         self.feeding = True
         if resume is not None and pace is not None and self.merge is not None:
             self.merge.now_ts = lambda: ts0 + (time.time() - self.t0) * 1e6 * pace
+        for src, marker in (resume or {}).get("markers", ()):  # a change the lost host had begun to send
+            with self.lock:
+                self._send(src, marker)
         for t, src, chunk in merge:
             if isinstance(chunk, Sentinel):
                 if skip_sentinels.get(src, 0) > 0:  # run before the restore

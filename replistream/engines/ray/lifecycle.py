@@ -185,6 +185,18 @@ class Persister:
                                  f"array or a FileSource") from None
         put_value(self.key(self.name, "feed"), args)
 
+    def change_begins(self, marker, seqs: dict) -> None:
+        """A change to the running query is about to send ``marker`` as chunk ``seqs[source]`` of each
+        open source: kept (with the changed query) before any entry replica gets it."""
+        self.dep._markers_in_flight = [*getattr(self.dep, "_markers_in_flight", []), (marker, dict(seqs))]
+        self.persist_now()
+
+    def change_done(self, marker) -> None:
+        """Every running entry replica was sent ``marker``."""
+        self.dep._markers_in_flight = [(m, s) for m, s in getattr(self.dep, "_markers_in_flight", [])
+                                       if m.id != marker.id]
+        self.persist_now()
+
     # -- the state ---------------------------------------------------------------------------
     def snapshot(self) -> dict:
         d = self.dep
@@ -205,6 +217,7 @@ class Persister:
                                             "events": list(mgr.events), "history": list(mgr.history),
                                             "transfers": [dict(t) for t in mgr.transfers]},
             "fed": d.feeder.started, "sentinels": dict(d.feeder.sentinels_run),
+            "markers_in_flight": list(getattr(d, "_markers_in_flight", [])),
             "reports_seen": d._reports_seen, "dropped_links": set(d._dropped_links),
             "link_drops": {k: {f: v for f, v in drop.items() if f != "busy"} for k, drop in d._link_drops.items()},
             "written": time.time(),
@@ -275,7 +288,7 @@ def restore(name: str):
                       ("_coordinator_start", "coordinator_start"),
                       ("_standby", "standby"), ("placement", "placement"), ("show_progress", "show_progress"),
                       ("_reports_seen", "reports_seen"), ("_dropped_links", "dropped_links"),
-                      ("_link_drops", "link_drops")]:
+                      ("_link_drops", "link_drops"), ("_markers_in_flight", "markers_in_flight")]:
         setattr(dep, attr, st[key])
     dep._registry.update(registry(name))
     if gc is not None:

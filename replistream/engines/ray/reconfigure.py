@@ -44,9 +44,20 @@ __all__ = ["add_operator", "remove_operator", "replace_function", "set_replicati
 
 
 def _send_marker(dep, p: int, change) -> int:
-    """Put the marker of ``change`` at ``p`` after everything sent so far; returns its id."""
+    """Put the marker of ``change`` at ``p`` after everything sent so far; returns its id. A
+    detached deployment first keeps the changed query and the marker with the chunk number it takes
+    on each source (:meth:`~.lifecycle.Persister.change_begins`): a host lost while the marker is on
+    its way finishes the change when it is restored (the marker is sent to the entry replicas that
+    lack it, :meth:`~.deployment.Deployment.resume_feed`)."""
     marker = new_marker(p, change)
+    persister = dep._persister
+    if persister is not None:
+        with dep.feeder.held():
+            persister.change_begins(marker, {src: dep.feeder.seqs[src] for src in dep.feeder.sources
+                                             if src in dep.feeder.open_sources})
     dep.feeder.send_marker(marker)
+    if persister is not None:
+        persister.change_done(marker)
     return marker.id
 
 
