@@ -71,14 +71,22 @@ def _run(tmp_path, name: str, losses, files: int = 4, rows: int = 1500):
         events = dep.events
         status = dep.status()
         assert status["complete"], status
+        _epochs[name] = dep.channel_opts["epoch"]
     finally:
         dep.stop()
     return events, ref.outputs["out"], ParquetSink(out_dir).read()
 
 
+_epochs: dict[str, str] = {}
+
+
 def _left_behind(name: str) -> tuple[list, list]:
+    """What a stopped deployment left: actors it registered, and key-value entries (its own and its
+    coordinator's)."""
     alive = [aid for aid, h in lifecycle.registry(name).items()]
     keys = internal_kv._internal_kv_list(lifecycle.PREFIX + name + "/", namespace=KV_NAMESPACE)
+    if name in _epochs:
+        keys += internal_kv._internal_kv_list(f"replistream/coordinator/{_epochs[name]}/", namespace=KV_NAMESPACE)
     return alive, keys
 
 

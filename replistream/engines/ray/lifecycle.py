@@ -289,7 +289,8 @@ def restore(name: str):
                       ("_standby", "standby"), ("placement", "placement"), ("show_progress", "show_progress"),
                       ("_reports_seen", "reports_seen"), ("_dropped_links", "dropped_links"),
                       ("_link_drops", "link_drops"), ("_markers_in_flight", "markers_in_flight")]:
-        setattr(dep, attr, st[key])
+        if key in st:  # (a state kept by an earlier version may lack the newer fields: their defaults stand)
+            setattr(dep, attr, st[key])
     dep._registry.update(registry(name))
     if gc is not None:
         dep.manager = ReplicaManager(dep, gc["cfg"])
