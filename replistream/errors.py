@@ -77,6 +77,11 @@ class UserFunctionError(ReplistreamError):
         where = f" (on input row {row})" if row is not None else ""
         super().__init__(f"operator {operator!r}: {message}{where}")
 
+    def __reduce__(self):
+        """Pickled with its own arguments (and what was set on it since, e.g. ``result``), so it
+        crosses processes whole: a detached deployment's host raises it to the client's ``wait()``."""
+        return (type(self), (self.operator, self.message, self.row, self.cause), dict(self.__dict__))
+
 
 class RunFailed(ReplistreamError):
     """A run ended without delivering everything: what was lost is named (operator, replica,

@@ -251,3 +251,33 @@ def test_the_host_killed_while_a_change_is_half_sent_finishes_it(tmp_path, reach
     assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
     assert bool(restored["resumed"]["behind"]) == bool(reached), restored
     assert bool(restored["resumed"]["markers_sent"]) == (not reached), restored
+
+
+def test_a_detached_run_that_fails_says_so_with_nobody_waiting(tmp_path):
+    """A detached deployment acts on its failures without a client in wait(): a user function that
+    raises (on_error="fail") ends the run in error, which status() says and wait() raises."""
+    from replistream import Query, UserFunctionError
+
+    def bad(b):
+        if (b["k"] == 7).any():
+            raise ZeroDivisionError("k 7")
+        return b["v"] > 0
+
+    q = Query("fails", on_error="fail")
+    s = q.source("s", {"k": "i8", "v": "f8"}, punctuate_every=seconds(1))
+    s.filter(bad, name="boom").sink("out")
+    q.build()
+    chunks = [{"ts": [seconds(i)], "k": [i % 10], "v": [1.0]} for i in range(30)]
+    dep = rs.deploy(q, servers=3, k=2, name="cp-fails", detached=True,
+                    sinks={"out": ParquetSink(str(tmp_path / "out"))})
+    try:
+        dep.feed({"s": chunks})
+        deadline = time.time() + 120
+        while time.time() < deadline and not dep.status()["failure"]:
+            time.sleep(0.2)
+        failure = dep.status()["failure"]
+        assert failure and "boom" in failure and "k 7" in failure, failure
+        with pytest.raises(UserFunctionError):
+            dep.wait(30)
+    finally:
+        dep.stop()

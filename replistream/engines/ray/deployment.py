@@ -992,6 +992,8 @@ class Deployment:
             while not self.shut_down and ray.is_initialized():
                 try:
                     self.watch_once()
+                    if self.detached_as is not None:
+                        self._check_unattended()
                 except Exception as e:  # logged and warned: the waits' own checks still raise the run's failures
                     self.events.append({"t": self.now(), "event": "monitor_error", "error": repr(e),
                                         "traceback": traceback.format_exc(limit=8)})
@@ -1001,6 +1003,27 @@ class Deployment:
 
         self._monitor_thread = threading.Thread(target=loop, daemon=True, name="replistream-monitor")
         self._monitor_thread.start()
+
+    #: The run's failure, once a detached deployment's monitor found one (None: none so far).
+    failure: str | None = None
+
+    #: Seconds between two checks of a detached deployment's failures when nobody waits on it.
+    UNATTENDED_EVERY_S = 1.0
+
+    def _check_unattended(self) -> None:
+        """A detached deployment acts on its failures whether or not a client waits on it: every
+        :attr:`UNATTENDED_EVERY_S` the monitor runs :meth:`check_failures`; the first failure is kept
+        in :attr:`failure`, logged (``run_failed``), said by ``status()``, and raised by every later
+        ``wait()``; the deployment keeps running for its results to be read until it is stopped."""
+        now = time.time()
+        if self.failure is not None or now - getattr(self, "_unattended_at", 0.0) < self.UNATTENDED_EVERY_S:
+            return
+        self._unattended_at = now
+        try:
+            self.check_failures()
+        except (RunFailed, UserFunctionError) as e:
+            self.failure = f"{type(e).__name__}: {e}"
+            self.events.append({"t": self.now(), "event": "run_failed", "error": self.failure})
 
     def watch_once(self) -> None:
         """One round of the failure monitor (docs/reliability.md, "Slow is dead"):

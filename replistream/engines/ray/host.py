@@ -196,7 +196,7 @@ class DeploymentHost:
                 for a in d.query.sinks}
         return {"name": self.name, "query": d.query.name, "running_s": round(time.time() - self.started, 1),
                 "fed": self.fed, "complete": all(a["complete"] for a in apps.values()), "applications": apps,
-                "poll_error": poll_error,
+                "poll_error": poll_error, "failure": d.failure,
                 **d.fault_tolerance()}
 
     def stop(self) -> bool:

@@ -217,7 +217,7 @@ class Persister:
                                             "events": list(mgr.events), "history": list(mgr.history),
                                             "transfers": [dict(t) for t in mgr.transfers]},
             "fed": d.feeder.started, "sentinels": dict(d.feeder.sentinels_run),
-            "markers_in_flight": list(getattr(d, "_markers_in_flight", [])),
+            "markers_in_flight": list(getattr(d, "_markers_in_flight", [])), "failure": d.failure,
             "reports_seen": d._reports_seen, "dropped_links": set(d._dropped_links),
             "link_drops": {k: {f: v for f, v in drop.items() if f != "busy"} for k, drop in d._link_drops.items()},
             "written": time.time(),
@@ -227,7 +227,7 @@ class Persister:
         d = self.dep
         mgr = d.manager
         return (d.topology.version, len(d.events), len(d.changes), len(d.repairs), len(d._retired_letters),
-                d._reports_seen,
+                d._reports_seen, d.failure,
                 id(d.coordinator), id(d._standby), d.t0, d.ts0, d.feeder.started,
                 tuple(sorted(d.feeder.sentinels_run.items())),
                 None if mgr is None else (len(mgr.events), len(mgr.transfers), mgr._thread is not None))
@@ -288,7 +288,7 @@ def restore(name: str):
                       ("_coordinator_start", "coordinator_start"),
                       ("_standby", "standby"), ("placement", "placement"), ("show_progress", "show_progress"),
                       ("_reports_seen", "reports_seen"), ("_dropped_links", "dropped_links"),
-                      ("_link_drops", "link_drops"), ("_markers_in_flight", "markers_in_flight")]:
+                      ("_link_drops", "link_drops"), ("_markers_in_flight", "markers_in_flight"), ("failure", "failure")]:
         if key in st:  # (a state kept by an earlier version may lack the newer fields: their defaults stand)
             setattr(dep, attr, st[key])
     dep._registry.update(registry(name))
