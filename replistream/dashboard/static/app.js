@@ -3,6 +3,7 @@
 "use strict";
 
 const POLL_MS = 1000;
+const LIST_EVERY = 5;  // polls between two refreshes of the list of deployments
 const SVG = "http://www.w3.org/2000/svg";
 const state = { name: null, seq: 0, charts: {}, control: false, polls: 0, busy: false };
 
@@ -177,7 +178,7 @@ async function kill(label) {
 }
 
 function chart(target, title, series, unit) {
-  const opts = { title, width: 400, height: 160, scales: { x: { time: false } },
+  const opts = { title, width: Math.max(380, target.clientWidth || 0), height: 170, scales: { x: { time: false } },
     axes: [{ label: "s since start" }, { label: unit }],
     series: [{ label: "t" }, ...series] };
   return new uPlot(opts, [[], ...series.map(() => [])], target);
@@ -228,7 +229,7 @@ async function tick() {
   if (state.busy) return;
   state.busy = true;
   try {
-    await loadList();
+    if (state.polls % LIST_EVERY === 0 || !state.name) await loadList();
     if (state.name) {
       const name = state.name;
       const d = await getJSON(`/api/deployments/${encodeURIComponent(name)}?since=${state.seq}`);
@@ -256,7 +257,7 @@ async function start() {
     document.getElementById("control").hidden = !h.control;
   } catch (e) { showError(String(e.message || e)); }
   document.getElementById("deployments").addEventListener("change", ev => { select(ev.target.value); tick(); });
-  window.addEventListener("hashchange", () => tick());
+  window.addEventListener("hashchange", () => { state.polls = 0; tick(); });
   await tick();
   setInterval(tick, POLL_MS);
 }

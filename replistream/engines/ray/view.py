@@ -45,6 +45,9 @@ BIN_S = 2.0
 TIMELINE_KEEP = 2000
 #: Seconds ``describe`` waits for the replicas' dead letters (a replica that does not answer is named).
 ASK_S = 1.0
+#: Seconds the replicas' dead letters are kept before ``describe`` asks them again (several callers
+#: a second cost one round of calls).
+LETTERS_EVERY_S = 2.0
 
 _FAULTS = {"dead", "declared_failed", "stopped", "cut_link", "delay_link", "slow_server", "kill_server",
            "kill_replica", "link_failed", "broken_contract", "monitor_stalled", "failure", "not_signalled"}
@@ -112,6 +115,9 @@ class _State:
         self.timeline: deque = deque(maxlen=TIMELINE_KEEP)
         self.dropped = 0
         self.samples: dict[str, deque] = {}  # app -> (wall time, delivered)
+        self.letters: tuple | None = None  # (dead letters, silent replicas), asked at letters_at
+        self.letters_at = 0.0
+        self.letters_lock = threading.Lock()
 
 
 _states: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -332,7 +338,8 @@ def describe(dep, since: int = 0) -> dict:
       ``[[t, p50, p99]]`` per bin; ``dead_letters`` ``{total, by_reason}`` of the nodes it depends
       on (reason: the text before the first ``:``);
     * ``dead_letters``: ``{total, by_reason, by_operator, unanswered}`` over the whole query
-      (``unanswered``: running replicas that did not give theirs within :data:`ASK_S` s);
+      (``unanswered``: running replicas that did not give theirs within :data:`ASK_S` s); asked
+      again at most every :data:`LETTERS_EVERY_S` s;
     * ``timeline``: ``[{seq, t, source, event, kind, text, detail}]`` after ``since``, ``kind``
       one of fault, repair, control, error, info (:func:`event_kind`), ``detail`` the raw record;
       ``seq``: the last number given (ask with ``since=seq`` next); ``timeline_dropped``: entries
@@ -344,7 +351,10 @@ def describe(dep, since: int = 0) -> dict:
     {'label': 'entry#0', 'operator': 'entry', 'server': 's0', 'state': 'live', 'kind': 'entry', 'running': True}
     """
     st = _state(dep)
-    letters, silent = _dead_letters(dep)
+    with st.letters_lock:
+        if st.letters is None or time.time() - st.letters_at >= LETTERS_EVERY_S:
+            st.letters, st.letters_at = _dead_letters(dep), time.time()
+        letters, silent = st.letters
     with st.lock:
         _update_timeline(dep, st)
         timeline = [e for e in st.timeline if e["seq"] > int(since)]
