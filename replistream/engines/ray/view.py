@@ -50,7 +50,8 @@ ASK_S = 1.0
 LETTERS_EVERY_S = 2.0
 
 _FAULTS = {"dead", "declared_failed", "stopped", "cut_link", "delay_link", "slow_server", "kill_server",
-           "kill_replica", "link_failed", "broken_contract", "monitor_stalled", "failure", "not_signalled"}
+           "kill_replica", "link_failed", "broken_contract", "monitor_stalled", "failure", "not_signalled",
+           "suspected"}
 _REPAIRS = {"repaired", "entry_repaired", "revived_from_dormant", "link_reconnected", "coordinator_replaced",
             "resumed", "restore", "dormant_on"}
 _ERRORS = {"repair_failed", "error", "monitor_error", "reconnect_failed", "kill_failed", "not_repaired",
