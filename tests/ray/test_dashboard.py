@@ -24,8 +24,6 @@ import ray
 import replistream as rs
 from replistream import seconds
 
-pytestmark = pytest.mark.usefixtures("ray_session")
-
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 NAME = "dashboard-test"
 
@@ -93,6 +91,7 @@ def wait_dom(driver, what, cond, timeout: float = 90.0):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 @pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
                     reason="Debian's chromium and chromium-driver are not installed (.ci/run installs them: "
                            "apt-get install chromium chromium-driver)")
@@ -172,24 +171,27 @@ def test_the_page_shows_a_killed_replica_failed_then_repaired(tmp_path):
     assert launched(log) is None
 
 
-def test_the_dashboard_names_its_mistakes_in_one_line(tmp_path):
-    """No cluster, a port taken: one line each, before anything starts."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    env["HOME"] = str(tmp_path / "home")
-    cli = [sys.executable, "-m", "replistream.cli", "dashboard"]
-    got = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
-    assert got.returncode == 2 and "no Ray cluster runs on this machine" in got.stderr
-    assert len(got.stderr.strip().splitlines()) == 1
-    got = subprocess.run(cli + ["--port", "0"], env=env, capture_output=True, text=True, timeout=60)
-    assert got.returncode == 2 and "--port must be between 1 and 65535" in got.stderr
+def test_the_dashboard_names_its_mistakes_in_one_line(tmp_path, monkeypatch, capsys):
+    """No cluster, a bad port, a port taken: one line each, before anything starts (no Ray needed)."""
+    from replistream.cli import main
+    from replistream.dashboard import launch
+    from replistream.engines.ray import cluster
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(cluster, "STATE_FILE", str(tmp_path / "cluster.json"))  # no cluster recorded
+
+    def one_line(argv, expected):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert expected in err and len(err.strip().splitlines()) == 1, err
+
+    one_line(["dashboard"], "no Ray cluster runs on this machine")
+    one_line(["dashboard", "--port", "0"], "--port must be between 1 and 65535")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # never joined: the port is checked first
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env["RAY_ADDRESS"] = "127.0.0.1:" + ray.get_runtime_context().gcs_address.rpartition(":")[2]
-        got = subprocess.run(cli + ["--port", str(port)], env=env, capture_output=True, text=True, timeout=60)
-        assert got.returncode == 2 and f"port {port} is in use" in got.stderr, got.stderr
-        from replistream.dashboard import launch
-
+        one_line(["dashboard", "--port", str(port)], f"port {port} is in use")
         with pytest.raises(RuntimeError, match=f"port {port} is in use"):
-            launch(env["RAY_ADDRESS"], port=port, log=str(tmp_path / "d.log"))
+            launch("127.0.0.1:1", port=port, log=str(tmp_path / "d.log"))

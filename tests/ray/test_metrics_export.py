@@ -15,8 +15,6 @@ import replistream as rs
 from replistream import seconds
 from replistream.engines.ray.metrics_export import EXPORT_EVERY_S, FakeMetrics, ReplicaMetrics
 
-pytestmark = pytest.mark.usefixtures("ray_session")
-
 
 def exported(handle) -> dict:
     """What the actor's exporter sent so far, and the actor's own counters (read in the actor)."""
@@ -32,6 +30,7 @@ def exported(handle) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
 def test_actors_export_their_counters_and_the_applications_latency():
     q = rs.Query("metrics")
     s = q.source("s", {"k": "i8", "v": "f8"}, punctuate_every=seconds(1))
