@@ -38,7 +38,8 @@ import time
 
 import numpy as np
 
-__all__ = ["ReplicaMetrics", "start", "counters_of", "EXPORT_EVERY_S", "LATENCY_BOUNDS_MS", "FakeMetrics"]
+__all__ = ["ReplicaMetrics", "start", "counters_of", "latencies_ms", "EXPORT_EVERY_S", "LATENCY_BOUNDS_MS",
+           "FakeMetrics"]
 
 #: Seconds between two exports of an actor's counters.
 EXPORT_EVERY_S = 2.0
@@ -163,7 +164,11 @@ def counters_of(actor) -> tuple[dict, object]:
     """The cumulative counters of a data-path actor (the caller holds its lock): ``{tuples_in,
     tuples_out, duplicates, dead_letters}``, from its core (operator replica, application) or its
     entry points, and what they were read from; ({}, None) while it has none (a replica waiting
-    for its state)."""
+    for its state).
+
+    >>> counters_of(object())
+    ({}, None)
+    """
     core = getattr(actor, "core", None)
     if core is not None:
         st = core.logic.stats()
@@ -181,7 +186,13 @@ def counters_of(actor) -> tuple[dict, object]:
 
 def latencies_ms(actor, batch: np.ndarray, now: float) -> np.ndarray | None:
     """End-to-end latencies (ms) of ``batch`` delivered at wall time ``now`` by application
-    ``actor`` (the feeder's clock, ``set_clock``), or None on an unpaced run."""
+    ``actor`` (the feeder's clock, ``set_clock``), or None on an unpaced run.
+
+    >>> from types import SimpleNamespace
+    >>> app = SimpleNamespace(t0=100.0, ts0=0, pace=1.0)
+    >>> latencies_ms(app, np.array([(1_000_000,)], dtype=[("ts", "i8")]), now=101.25).tolist()
+    [250.0]
+    """
     pace, ts0 = getattr(actor, "pace", None), getattr(actor, "ts0", None)
     if not pace or ts0 is None:
         return None
@@ -191,7 +202,10 @@ def latencies_ms(actor, batch: np.ndarray, now: float) -> np.ndarray | None:
 def start(actor, operator: str) -> ReplicaMetrics:
     """Give ``actor`` (set up by ``_Base._setup``, with a ``lock``) its :class:`ReplicaMetrics` and a
     daemon thread exporting its counters every :data:`EXPORT_EVERY_S` s while it is the actor's
-    current one (a re-initialised actor gets a new one; the old thread ends)."""
+    current one (a re-initialised actor gets a new one; the old thread ends).
+
+    >>> metrics_export.start(self, "join")     # doctest: +SKIP
+    """
     m = ReplicaMetrics(actor.label, operator, actor.server)
     m.export(*counters_of(actor))  # the baseline: what the actor starts with
     actor.metrics_export = m
