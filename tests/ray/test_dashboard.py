@@ -3,7 +3,7 @@ test session's Ray; the dashboard is launched beside it (``replistream.dashboard
 Chromium (Debian's, driven by selenium through Debian's chromedriver) loads the page; a replica is
 killed; the page's DOM shows it failed, then the replica that replaced it live and the repair in the
 timeline; ``/api/deployments/<name>`` and ``replistream status --json`` say the same; a control
-action without the cluster's token is refused, and with it is carried out.
+action without the cluster's token is refused, and the page's kill button, given the token, kills.
 
 Set ``REPLISTREAM_DASHBOARD_SCREENSHOT=path.png`` to save a screenshot of the page after the repair
 (docs/dashboard.png was taken so)."""
@@ -160,9 +160,11 @@ def test_the_page_shows_a_killed_replica_failed_then_repaired(tmp_path):
         assert get(url + f"api/deployments/{NAME}/kill", body={"replica": victim})[0] == 403
         assert get(url + f"api/deployments/{NAME}/kill", token="wrong", body={"replica": victim})[0] == 403
         assert api_states[victim] == "live"
-        code, ans = get(url + f"api/deployments/{NAME}/kill", token="s3cret-test-token", body={"replica": victim})
-        assert code == 200, ans
+        # with it, from the page: its kill button sends the token typed in
+        driver.find_element("id", "token").send_keys("s3cret-test-token")
+        driver.execute_script(f"document.querySelector(\"#replicas tr[data-label='{victim}'] button.kill\").click()")
         wait_dom(driver, f"{victim} failed", lambda d: dom_states(d).get(victim) == "failed")
+        assert driver.find_element("id", "control-result").text == f"killed {victim}"
     finally:
         if driver is not None:
             driver.quit()
