@@ -908,6 +908,37 @@ def _stop(args) -> int:
     return 0
 
 
+def _dashboard(args) -> int:
+    """``replistream dashboard``: serve the dashboard of the running cluster in the foreground."""
+    from .dashboard import port_free
+    from .dashboard.server import cluster_token, serve
+    from .engines.ray.host import cluster_address
+
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port must be between 1 and 65535, got {args.port}")
+    addr = cluster_address()
+    if addr is None:
+        raise CliError("no Ray cluster runs on this machine (and RAY_ADDRESS is not set): start one with "
+                       "`replistream up`, or set RAY_ADDRESS")
+    if not port_free(args.port, args.host):
+        raise CliError(f"port {args.port} is in use on {args.host}: choose another with --port")
+    token = cluster_token()
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                token = f.read().strip() or None
+        except OSError as e:
+            raise CliError(f"--token-file {args.token_file!r} cannot be read ({e.strerror})") from None
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"dashboard: listening on {args.host}, not only on loopback: anyone who reaches it sees the "
+              f"deployments", file=sys.stderr, flush=True)
+    serve(addr, args.port, host=args.host, token=token,
+          on_ready=lambda url: print(f"dashboard: {url} (cluster {addr}; control actions "
+                                     f"{'need the cluster token' if token else 'off: no token'}); Ctrl-C stops it",
+                                     flush=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="replistream",
@@ -1037,6 +1068,14 @@ def build_parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop", help="stop a detached deployment")
     stop.add_argument("name", help="the deployment's name")
     stop.set_defaults(func=_stop)
+
+    dash = sub.add_parser("dashboard", help="serve a live web dashboard of the cluster's detached deployments "
+                                            "(loopback only unless --host says otherwise)")
+    dash.add_argument("--port", type=int, default=8270, help="the port it listens on (default 8270)")
+    dash.add_argument("--host", default="127.0.0.1", help="the interface it listens on (default 127.0.0.1)")
+    dash.add_argument("--token-file", default=None, help="a file holding the token control actions (killing a "
+                                                         "replica) need; default: the cluster's Ray token, if any")
+    dash.set_defaults(func=_dashboard)
 
     from .sim.cli import register as register_sim, run as run_sim  # replistream sim <experiment> (Hwang §VI)
 

@@ -54,6 +54,7 @@ import ray
 from ...replica import ReplicaCore, StagedReplica
 from ...schema import END, TS, Marker, Punctuation
 from ...sinks import SinkWriter
+from . import metrics_export
 from .channels import NO_ACK, Link, Outbox, Sender
 from .common import failure_record
 
@@ -545,6 +546,7 @@ class ReplicaActor(_Base):
         # a receiver's installed steps changed (install_step and transfer_status wait on it)
         self.installed_cv = threading.Condition(self.lock)
         self.last_punct_wall = 0.0  # when this replica last emitted a punctuation (a sender's pacing)
+        metrics_export.start(self, node)  # Ray metrics of its counters, every few seconds (metrics_export.py)
 
     def push(self, port: int, channel: int, packet: list, epoch: str | None = None, sender: str | None = None) -> int:
         """Take ``packet`` on input ``port``, duplicate-filter channel ``channel``, from ``sender`` of
@@ -1074,6 +1076,7 @@ class EntryActor(_Base):
         self.input_log: dict[str, dict[int, Any]] = {name: {} for name in sources}  # seq -> raw chunk
         self.log_lock = threading.Lock()
         self.recovered = 0  # chunks taken from a peer
+        metrics_export.start(self, "entry")  # Ray metrics of its counters, every few seconds (metrics_export.py)
 
     def push_chunk(self, source: str, seq: int, chunk: Any, keep_from: int | None = None) -> int:
         """Take input chunk ``seq`` of ``source`` (duplicates and replays are ignored); keep the
@@ -1261,6 +1264,7 @@ class SinkActor(_Base):
         self.time_origin = t0 if time_origin is None else time_origin
         self.lock = threading.Lock()
         self.done = threading.Event()
+        metrics_export.start(self, node)  # Ray metrics of its counters and latencies (metrics_export.py)
 
     def push(self, port: int, channel: int, packet: list, epoch: str | None = None, sender: str | None = None) -> int:
         """Take ``packet`` (see :meth:`ReplicaActor.push`)."""
@@ -1291,6 +1295,9 @@ class SinkActor(_Base):
                         if out.p == END:
                             self.done.set()
                     elif len(out):
+                        lat = metrics_export.latencies_ms(self, out, now)  # per batch (paced runs only)
+                        if lat is not None:
+                            self.metrics_export.observe(lat)
                         if self.keep:
                             self.batches.append(out)
                             self.arrivals.append(np.full(len(out), now))

@@ -182,9 +182,14 @@ class DeploymentHost:
                 out.setdefault(n, "value")
         return out
 
-    def status(self) -> dict:
+    def status(self, since: int = 0) -> dict:
         """What ``replistream status`` shows: the query, how long it runs, per application the
-        tuples delivered and whether the end of the stream came, and the fault tolerance."""
+        tuples delivered and whether the end of the stream came, and the fault tolerance; merged
+        with :func:`.view.describe` (replicas and their states, rates, latencies, dead letters, the
+        timeline after ``since``): the dashboard's data. ``failure``: the run's failure, if it has
+        one (a detached deployment checks it whether or not a client waits)."""
+        from .view import describe
+
         self._check()
         d = self.dep
         poll_error = None
@@ -194,7 +199,10 @@ class DeploymentHost:
             poll_error = f"{type(e).__name__}: {e}"
         apps = {a: {"delivered": d.delivered.count(a), "complete": d.delivered.punctuation.get(a) == END}
                 for a in d.query.sinks}
-        return {"name": self.name, "query": d.query.name, "running_s": round(time.time() - self.started, 1),
+        view = describe(d, since)
+        for a, v in view.pop("applications").items():
+            apps.setdefault(a, {}).update(v)
+        return {**view, "name": self.name, "query": d.query.name, "running_s": round(time.time() - self.started, 1),
                 "fed": self.fed, "complete": all(a["complete"] for a in apps.values()), "applications": apps,
                 "poll_error": poll_error, "failure": d.failure,
                 **d.fault_tolerance()}
@@ -287,9 +295,9 @@ class DeploymentClient:
             raise RunFailed(f"the host of detached deployment {self.name!r} did not answer 'feed' within "
                             f"{limit:g} s", operator="host") from e
 
-    def status(self) -> dict:
-        """The host's :meth:`DeploymentHost.status`."""
-        return ray.get(self._host.status.remote(), timeout=self.call_timeout_s)
+    def status(self, since: int = 0) -> dict:
+        """The host's :meth:`DeploymentHost.status` (timeline entries after ``since``)."""
+        return ray.get(self._host.status.remote(since), timeout=self.call_timeout_s)
 
     def stop(self) -> None:
         """Stop the deployment: every actor it started, then its host."""
