@@ -99,10 +99,17 @@ def test_the_host_killed_mid_run_is_restarted_and_the_output_is_exact(tmp_path):
     assert "cp-once" not in list_deployments()
 
 
-def test_the_host_killed_twice_in_a_row_and_with_its_coordinator(tmp_path):
-    def coordinator_too(dep):
+def test_the_host_killed_twice_in_a_row_then_with_the_coordinator_and_the_pool(tmp_path):
+    from replistream.engines.ray import warm
+
+    def coordinator_too(dep):  # every control-plane process at once: host, coordinator, the cluster's pool
         pid = ray.get(dep.coordinator.ping.remote(), timeout=30)["pid"]
         os.kill(pid, signal.SIGKILL)
+        try:
+            keeper = ray.get_actor(warm.NAME, namespace=warm.NAMESPACE)
+            os.kill(ray.get(keeper.__ray_call__.remote(lambda self: os.getpid()), timeout=30), signal.SIGKILL)
+        except ValueError:
+            pass  # no pool on this cluster
         _kill_host("cp-twice")
 
     events, ref, got = _run(tmp_path, "cp-twice", [lambda dep: _kill_host("cp-twice"),
@@ -281,3 +288,47 @@ def test_a_detached_run_that_fails_says_so_with_nobody_waiting(tmp_path):
             dep.wait(30)
     finally:
         dep.stop()
+
+
+def test_the_host_killed_during_a_live_move_rolls_it_back(tmp_path):
+    """move_replica's fluid transfer is under way (steps installed at the new replica), then the
+    host dies: the restored host fences the half-installed replica (it waits for steps nobody will
+    send), the old replica goes on, and the output equals the reference."""
+    import numpy as np
+
+    from replistream.sources import Call, inject_at
+
+    def move_then_die(dep):
+        import os
+        import signal
+        import threading
+        import time
+
+        threading.Thread(target=lambda: dep.move_replica("per_k", 0, "tokyo", strategy="fluid", bits=8),
+                         daemon=True).start()
+        deadline = time.time() + 60
+        while time.time() < deadline and not any(t.get("done", 0) > 0 for t in dep.transfers()):
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    in_dir = detached.write_inputs(tmp_path / "in", files=1, rows=10)  # (only for the query's schema)
+    q = driver.build(in_dir)
+    rng = np.random.default_rng(9)
+    n = 6000
+    t = np.sort(rng.integers(0, seconds(20), n))
+    chunks = [{"ts": t[a:a + 100], "k": rng.integers(0, 500, 100), "v": rng.normal(size=100)} for a in range(0, n, 100)]
+    ref = run_reference(q, {"s": chunks})
+    out_dir = str(tmp_path / "out")
+    dep = rs.deploy(q, servers=["boston", "london", "tokyo"], k=2, name="cp-move", detached=True,
+                    sinks={"out": ParquetSink(out_dir, every=seconds(2))},
+                    placement={"entry": ["boston", "london"], "per_k": ["boston", "london"], "out": ["boston"]})
+    try:
+        dep.feed({"s": inject_at(chunks, seconds(6), Call(move_then_die))}, pace=2.0)
+        assert dep.wait(180)
+        events = dep.events
+    finally:
+        dep.stop()
+    (restored,) = [e for e in events if e.get("event") == "control_restored"]
+    assert restored["pending"] or restored["orphans_stopped"], restored  # the half-moved replica was rolled back
+    assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
+    assert _left_behind("cp-move")[0] == []
