@@ -758,7 +758,7 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float, driver_shar
                     else "stopped replica" if what.startswith("stop")
                     else "slowed server" if what.startswith("slow")
                     else "lost coordinator" if what.startswith("coordinator")
-                    else "lost control plane (host)" if what.startswith("host")
+                    else "lost host" if what.startswith("host")  # (the control plane of a detached deployment)
                     else "driver kill" if what.startswith("driver")
                     else "link restore" if what.startswith("restore")
                     else "link delay" if what.startswith("delay") else "link cut" if what.startswith("cut")
