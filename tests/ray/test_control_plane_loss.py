@@ -332,3 +332,28 @@ def test_the_host_killed_during_a_live_move_rolls_it_back(tmp_path):
     assert restored["pending"] or restored["orphans_stopped"], restored  # the half-moved replica was rolled back
     assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
     assert _left_behind("cp-move")[0] == []
+
+
+def test_results_by_position_reach_a_client_once_across_a_host_loss(tmp_path):
+    """A client that keeps its position gets each result once, though the host is lost meanwhile."""
+    in_dir = detached.write_inputs(tmp_path / "in", files=2, rows=1500)
+    q = driver.build(in_dir)
+    ref = run_reference(q, {"s": FileSource(in_dir, time="t")})
+    dep = rs.deploy(q, servers=3, k=2, name="cp-pos", detached=True)
+    got, pos = [], 0
+    try:
+        dep.feed({"s": FileSource(in_dir, time="t")}, pace=3.0)
+        for i in range(6):
+            rows, pos = dep.results_since("out", pos)
+            got.append(rows)
+            if i == 2:
+                _kill_host("cp-pos")
+            time.sleep(0.5)
+        assert dep.wait(180)
+        rows, pos = dep.results_since("out", pos)
+        got.append(rows)
+    finally:
+        dep.stop()
+    import numpy as np
+
+    assert_same_output(ref.outputs["out"], np.concatenate(got))

@@ -1571,6 +1571,27 @@ class Deployment:
         self.poll()
         return self.delivered.tuples(app, self.query.schema_of(app))
 
+    def results_since(self, app: str, position: int = 0) -> tuple[np.ndarray, int]:
+        """``(tuples, next position)``: the tuples application ``app`` received from ``position`` on
+        (in arrival order), and the position to ask from next time. A client that keeps the
+        position (a script that reconnects with :func:`~.host.attach`, a dashboard) gets each tuple
+        once. Positions count what the applications delivered, which they keep, so a detached
+        deployment's restored host (:mod:`.lifecycle`) numbers them alike when the application
+        runs one replica; with several, a restore may number them in another order (the first
+        copy of each is kept from whichever replica answers first).
+
+        >>> rows, pos = dep.results_since("alerts")           # doctest: +SKIP
+        >>> more, pos = dep.results_since("alerts", pos)       # doctest: +SKIP
+        """
+        if app not in self.query.sinks:
+            raise ValueError(f"{app!r} is not an application of query {self.query.name!r}; "
+                             f"applications: {self.query.sinks}")
+        position = int(position)
+        if position < 0:
+            raise ValueError(f"position must be >= 0, got {position}")
+        data = self.results(app)
+        return data[position:], len(data)
+
     def latencies_ms(self, app: str) -> tuple[np.ndarray, np.ndarray]:
         """(arrival time in s since start, end-to-end latency in ms) per delivered tuple.
 
