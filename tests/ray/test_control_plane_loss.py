@@ -359,3 +359,56 @@ def test_the_host_killed_mid_run_is_restarted_and_a_client_by_position_gets_each
     assert_same_output(ref.outputs["out"], np.concatenate(got))
     assert _left_behind("cp-once") == ([], [])
     assert "cp-once" not in list_deployments()
+
+
+def test_the_host_killed_in_a_garbage_collection_finishes_it(tmp_path):
+    """The control loop decides a discard (Algorithm 6); the host dies after the decision is kept but
+    before any sender has heard of it: the restored host finishes it (the senders drop those stream
+    replicas), and the output of a garbage-collected deployment still equals the reference."""
+    from replistream.engines.ray.control import GCConfig
+    from replistream.sources import Call, inject_at
+    from replistream.workloads import fig1_inputs, fig1_query
+
+    def die_in_next_discard(dep):
+        import os
+        import signal
+
+        mgr, persister = dep.manager, dep._persister
+        apply, persist = mgr._apply_discard, persister.persist_now
+        inside = []
+
+        def apply_discard(streams, replicas):
+            inside.append(True)
+            return apply(streams, replicas)
+
+        def persist_now():
+            persist()
+            if inside:  # the decision is kept; no sender has been told
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        mgr._apply_discard, persister.persist_now = apply_discard, persist_now
+
+    q = fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.5)
+    data = {k: list(v) for k, v in fig1_inputs(n_servers=3, duration_s=16, period_s=0.25, seed=4, chunk=2).items()}
+    ref = run_reference(q, data)
+    data["load_0"] = inject_at(data["load_0"], 2_000_000, Call(die_in_next_discard))
+    cfg = GCConfig(utility_period_s=0.5, gc_period_s=0.5, theta_fraction=0.4, max_steps=None, kmin=1)
+    out_dir = str(tmp_path / "out")
+    dep = rs.deploy(q, servers=4, k=2, network="geo", gc=cfg, name="cp-gc", detached=True,
+                    sinks={"alerts": ParquetSink(out_dir, every=seconds(2))})
+    try:
+        dep.feed(data, pace=2.0)
+        assert dep.wait(180)
+        events, gcs = dep.events, [e for e in dep.gc_events() if e["kind"] == "gc"]
+        topo, links = dep.topology, dep.metrics()["stream_replicas"]
+    finally:
+        dep.stop()
+    (restored,) = [e for e in events if e.get("event") == "control_restored"]
+    assert restored["discards_finished"], restored  # senders dropped what the decision discarded
+    # what the topology says is discarded at the end, no sender still sends
+    sending = {(lk["from"], lk["to"], lk["port"]) for lk in links if lk["alive"]}
+    discarded = {(s.src, s.dst, s.port) for s in topo.streams(live=False)
+                 if topo.is_running(s.src) and topo.is_running(s.dst)}
+    assert not (discarded & sending), (discarded & sending)
+    assert gcs, "no garbage collection happened"
+    assert_same_output(ref.outputs["alerts"], ParquetSink(out_dir).read())

@@ -897,6 +897,8 @@ class ReplicaManager:
         gone = [topo.stream(sid) for sid in streams]
         for s in gone:
             topo.disconnect(s.id)
+        if self.dep._persister is not None:  # kept before any sender hears of it: a restored host finishes it
+            self.dep._persister.persist_now()
         retiring = set(replicas)
         for s in gone:
             if topo.is_running(s.src):

@@ -338,6 +338,16 @@ def _settle_replicas(dep) -> dict:
         for other, h in topo.running():
             h.drop_link.remote(lab, "rolled back after the control plane was restored")
     running = topo.running()
+    # a garbage collection the lost host had decided (kept before its senders heard of it) is finished:
+    # each stream replica the topology says is discarded is removed at its sender (a hold where the
+    # receiver stays fed, as the control loop does; nothing if it was removed already)
+    fed = {(s.dst, s.port) for s in topo.streams(live=True) if topo.is_running(s.src)}
+    discards = {s.id: topo.handle(s.src).disconnect.remote(s.dst, s.port, (s.dst, s.port) in fed)
+                for s in topo.streams(live=False)
+                if topo.is_running(s.src) and topo.is_running(s.dst) and topo.replica(s.dst).state == "live"}
+    done = set(ray.wait(list(discards.values()), num_returns=len(discards), timeout=dep.detector.suspect_after_s)[0]) \
+        if discards else set()
+    finished = sorted(sid for sid, ref in discards.items() if ref in done and _answer(ref))
     probes = {label: h.probe.remote() for label, h in running}
     ready = set(ray.wait(list(probes.values()), num_returns=len(probes), timeout=dep.detector.fail_after_s)[0]) \
         if probes else set()
@@ -367,7 +377,16 @@ def _settle_replicas(dep) -> dict:
     except Exception as e:  # noqa: BLE001 - replaced from the state it kept
         dep.replace_coordinator(dep.coordinator, f"lost with the control plane: {type(e).__name__}", fence=True)
     return {"rolled_back": burned, "orphans_stopped": len(orphans), "dead": [d for d, _ in dead],
-            "pending": pending, "repairing": repairing, "entries": [label for label, _ in topo.running(ENTRY)]}
+            "pending": pending, "repairing": repairing, "discards_finished": finished,
+            "entries": [label for label, _ in topo.running(ENTRY)]}
+
+
+def _answer(ref) -> int:
+    """How many links a ``disconnect`` call removed (0 if it failed: a death is the detector's)."""
+    try:
+        return int(ray.get(ref))
+    except Exception:  # noqa: BLE001 - see the docstring
+        return 0
 
 
 def _repairs_cut_short(dep) -> list[str]:
