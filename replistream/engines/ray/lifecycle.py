@@ -304,10 +304,10 @@ def restore(name: str):
         feed = get_value(Persister.key(name, "feed"))
         resumed = dep.resume_feed(feed)
     # (the control loop starts again when the resumed feeder knows its clock: Deployment._feed_started)
-    dep._persister.start()
-    dep.start_monitor()
     dep.events.append({"t": dep.now(), "event": "control_restored", "seconds": round(time.time() - started, 3),
                        "state_age_s": round(started - st["written"], 3), "resumed": resumed, **info})
+    dep._persister.start()  # (writes the state at once: the restore's event included)
+    dep.start_monitor()
     return dep
 
 
