@@ -152,18 +152,19 @@ def test_the_host_killed_during_a_repair_rolls_it_back_and_repairs_again(tmp_pat
     from replistream.sources import Call, inject_at
 
     def kill_host_during_repair(dep):
-        """Run in the host (a sentinel; defined here so it travels by value): kill a replica, and
-        once its repair has started a new actor, kill the host's own process: the repair is cut short."""
+        """Run in the host (a sentinel; defined here so it travels by value): kill a replica; its
+        repair starts a new replica, pending, and the host's own process dies just before the
+        hand-over installs it: the repair is cut short."""
         import os
         import signal
-        import time
 
-        n = len(dep._registry)
+        mgr = dep.control_loop()
+
+        def install(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        mgr._install = install
         dep.kill_replica("per_k", 0)
-        deadline = time.time() + 60
-        while len(dep._registry) == n and time.time() < deadline:
-            time.sleep(0.005)
-        os.kill(os.getpid(), signal.SIGKILL)
 
     in_dir = detached.write_inputs(tmp_path / "in", files=1, rows=10)  # (only for the query's schema)
     q = driver.build(in_dir)
@@ -183,8 +184,9 @@ def test_the_host_killed_during_a_repair_rolls_it_back_and_repairs_again(tmp_pat
     finally:
         dep.stop()
     (restored,) = [e for e in events if e.get("event") == "control_restored"]
-    # the new actor was stopped (rolled back) or fenced as a hand-over cut short, and the repair done again
+    # the new replica, waiting for its hand-over, was fenced (or stopped if not yet recorded); repaired again
     assert restored["orphans_stopped"] + len(restored["pending"]) >= 1, restored
+    assert restored["repairing"] == ["per_k#0"], restored
     assert any(r.get("repaired") for r in repairs), repairs
     assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
     assert _left_behind("cp-repair") == ([], [])
@@ -370,18 +372,19 @@ def test_the_host_killed_in_a_garbage_collection_finishes_it(tmp_path):
     def die_in_next_discard(dep):
         import os
         import signal
+        import threading
 
         mgr, persister = dep.manager, dep._persister
         apply, persist = mgr._apply_discard, persister.persist_now
         inside = []
 
         def apply_discard(streams, replicas):
-            inside.append(True)
+            inside.append(threading.get_ident())
             return apply(streams, replicas)
 
         def persist_now():
             persist()
-            if inside:  # the decision is kept; no sender has been told
+            if threading.get_ident() in inside:  # the decision is kept; no sender has been told
                 os.kill(os.getpid(), signal.SIGKILL)
 
         mgr._apply_discard, persister.persist_now = apply_discard, persist_now

@@ -255,6 +255,8 @@ def _series(arrivals: np.ndarray, lat: np.ndarray | None, now: float, t0: float)
     """Per bin of :data:`BIN_S` over the last :data:`HISTORY_S`: ``[t, tuples/s]`` and
     ``[t, p50 ms, p99 ms]`` (``t``: the bin's end in seconds since the start)."""
     lo = max(now - HISTORY_S, t0)
+    if now - lo < BIN_S:  # not one whole bin since the start (t0 may lie a moment ahead: feed() sets it so)
+        return [], []
     edges = now - BIN_S * np.arange(int((now - lo) // BIN_S) + 1)[::-1]  # bins ending now, none before t0
     keep = arrivals >= edges[0]
     arr = arrivals[keep]
