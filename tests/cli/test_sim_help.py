@@ -17,7 +17,7 @@ def test_the_help_lists_every_experiment_with_one_line():
     assert out.returncode == 0
     for name, text in ABOUT.items():
         assert f"  {name:<7} {text}" in out.stdout
-    assert "--volatility" not in out.stdout and "--servers" not in out.stdout
+    assert "--volatility" not in out.stdout and "--servers SERVERS" not in out.stdout  # no per-experiment option
 
 
 def test_each_experiment_lists_its_own_options():
