@@ -285,6 +285,7 @@ def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0, wa
             break
         if proc.poll() is not None:
             tail = text.strip().splitlines()[-3:]
+            _stop_in_order(_group(proc.pid, float(rec["create_time"])), grace=5.0)  # what it left, if anything
             os.unlink(os.path.join(d, "cluster.json"))
             raise RuntimeError(f"`ray start` exited with {proc.returncode}: {' / '.join(tail)} (log: {log})")
         if time.time() > deadline:
