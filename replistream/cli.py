@@ -898,6 +898,9 @@ def _status(args) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
+    pool = _warm_pool_line()
+    if pool:
+        print(pool)
     if not rows:
         print("status: no detached deployment runs on this cluster")
         return 0
@@ -909,6 +912,25 @@ def _status(args) -> int:
               f"{'fed' if r['fed'] else 'not fed yet'}; {apps}; fault tolerance {r['fault_tolerance']} "
               f"({fault_tolerance_meaning(r['fault_tolerance'])})")
     return 0
+
+
+def _warm_pool_line() -> str | None:
+    """How the warm pool of the cluster `replistream up` started is doing (it fills in the background):
+    full, still filling, or why it could not start; None for a cluster `up` did not start."""
+    from .engines.ray.cluster import recorded, warm_state
+    from .engines.ray.host import cluster_address
+
+    addr = cluster_address()
+    rec = recorded(addr) if addr and addr != "auto" and ":" in addr else None
+    if rec is None or "warm_pid" not in rec:
+        return None
+    got = warm_state(addr)
+    if got is None:
+        return "warm pool: still filling (started by `replistream up`)"
+    if got.get("error"):
+        return f"warm pool: could not start: {got['error']} (deployments start their own processes meanwhile)"
+    idle = sum((got.get("warm") or {}).get("idle", {}).values())
+    return f"warm pool: full when `replistream up` last looked ({idle} idle actor processes)"
 
 
 def _stop(args) -> int:

@@ -90,6 +90,7 @@ def test_up_deploy_detached_status_stop_down(tmp_path):
         assert run(["stop", "kept"], env).returncode == 0
         status = run(["status"], env)
         assert "no detached deployment" in status.stdout
+        assert "warm pool: " in status.stdout  # filled in the background: status says how it went
     finally:
         down = run(["down"], env)
     assert down.returncode == 0 and "stopped" in down.stdout, down.stderr
