@@ -87,7 +87,7 @@ def showing() -> bool:
     >>> showing()
     False
     """
-    return bool(_SHOWING)
+    return any(not r.closed.is_set() for r in list(_SHOWING))
 
 
 def quiet(on: bool = True) -> bool:
