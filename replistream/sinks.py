@@ -119,6 +119,9 @@ class ParquetSink:
         provably an earlier run's file (see the module doc)."""
         os.makedirs(self.path, exist_ok=True)
         present = sorted(os.listdir(self.path))
+        mine = getattr(self, "run_id", None)
+        if present == [RUN_RECORD] and mine is not None and (self._record() or {}).get("run") == mine:
+            return  # prepared already, by this very sink (a detached deploy() prepares it, then its host does)
         if present and self.mode == "error":
             raise FileExistsError(f"ParquetSink: {self.path!r} is not empty ({len(present)} entries, e.g. "
                                   f"{present[0]!r}): pass ParquetSink(..., mode='replace') to replace an earlier "

@@ -111,3 +111,17 @@ def test_the_files_read_back_like_a_run_result(tmp_path):
     assert df.sort_values(["ts", "id"]).reset_index(drop=True).equals(
         want.to_pandas("pos").sort_values(["ts", "id"]).reset_index(drop=True))
     assert len(sink) == len(ref)
+
+
+def test_a_sink_prepared_twice_for_one_run_stays_ready(tmp_path):
+    """A detached deploy() prepares its sinks in the script, then its host prepares the same sinks
+    (pickled, with their run id) again: that is not a used folder."""
+    import pickle
+
+    sink = ParquetSink(str(tmp_path / "out"))
+    sink.prepare()
+    again = pickle.loads(pickle.dumps(sink))
+    again.prepare()
+    assert again.run_id == sink.run_id and os.listdir(sink.path) == [RUN_RECORD]
+    with pytest.raises(FileExistsError, match="is not empty"):
+        ParquetSink(sink.path).prepare()  # another sink (another run) is refused
