@@ -408,10 +408,13 @@ def _stop_in_order(procs: list, grace: float) -> int:
     return len(procs)
 
 
-def _stop_head(rec: dict, grace: float = 10.0) -> None:
-    """Stop the head ``rec`` names and what is left of its process group, in Ray's order."""
+def _stop_head(rec: dict, grace: float = 10.0, say: Callable[[str], None] | None = None) -> None:
+    """Stop the head ``rec`` names and what is left of its process group, in Ray's order; ``say``
+    is told how long each step took."""
     import psutil
 
+    say = say or (lambda text: None)
+    t0 = time.perf_counter()
     pid, since = int(rec["pid"]), float(rec.get("create_time", 0))
     head = _process(pid) if _is_head(rec) else None
     if head is not None:
@@ -420,8 +423,12 @@ def _stop_head(rec: dict, grace: float = 10.0) -> None:
             head.wait(timeout=grace)
         except psutil.TimeoutExpired:
             pass
+        say(f"Ray's own shutdown took {time.perf_counter() - t0:.1f} s")
     left = [p for p in _group(pid, since) if p.pid != pid]
-    _stop_in_order(left, grace=min(grace, 5.0))
+    if left:  # worker processes whose raylet is gone (Ray's handler gives each process 1 s, then kills it)
+        t1 = time.perf_counter()
+        _stop_in_order(left, grace=1.0)
+        say(f"stopped {len(left)} process(es) left behind in {time.perf_counter() - t1:.1f} s")
     if head is not None and head.is_running():
         head.kill()
     warm = rec.get("warm_pid")
@@ -429,7 +436,7 @@ def _stop_head(rec: dict, grace: float = 10.0) -> None:
         p = _process(warm)
         try:
             if p is not None and p.create_time() >= since and "-c" in p.cmdline():
-                _stop_in_order([p], grace=2.0)
+                _stop_in_order([p], grace=1.0)
         except psutil.Error:
             pass
 
@@ -483,7 +490,7 @@ def down(address: str | None = None, timeout: float = 15.0, say: Callable[[str],
                                f"({' '.join(now['cmdline'])[:80]!r}): nothing stopped, the stale record removed")
     say(f"stopping the Ray cluster at {rec['address']} (pid {rec['pid']}): raylet and workers first, "
         f"then Ray's control service")
-    _stop_head(rec, grace=timeout)
+    _stop_head(rec, grace=timeout, say=say)
     try:
         os.unlink(os.path.join(cluster_dir(rec["address"]), "cluster.json"))
     except FileNotFoundError:
