@@ -821,7 +821,7 @@ class Deployment:
             self.events.append({"t": self.now(), "event": repr(sentinel)})
 
     # -- waiting and results ----------------------------------------------------------------
-    def wait(self, timeout: float = 600.0, progress: Callable[[dict], None] | None = None) -> bool:
+    def wait(self, timeout: float = 600.0, progress: Callable[[dict], None] | None = None) -> WaitSummary:
         """Wait until every application received the end of every stream: returns a truthy
         :class:`~replistream.summary.WaitSummary` (outputs, dead letters, faults masked). Ends at once,
         raising, when the run can no longer complete exactly (docs/reliability.md): a replica's own
