@@ -50,8 +50,10 @@ def one_round(home: str) -> dict:
     out = up.stdout.read()
     up.wait()
     up_s = time.perf_counter() - t0
-    if up.returncode != 0:
-        raise SystemExit(f"up failed: {first}{rest_err}")
+    if up.returncode != 0:  # kept as a round of its own: the load may have been too high for Ray to start
+        return {"load_1min": round(load, 2), "first_line_s": round(first_s, 2), "up_s": round(up_s, 2),
+                "up_failed": (rest_err.strip().splitlines() or ["?"])[-1][:300], "joined": False, "down_ok": False,
+                "processes_left": False}
     folder = os.path.join(home, ".replistream", "clusters", f"127.0.0.1-{port}")
     record = json.load(open(os.path.join(folder, "cluster.json")))
     t1 = time.perf_counter()
@@ -108,7 +110,8 @@ def main() -> int:
         cols = ["load_1min", "first_line_s", "up_s", "warm_s", "join_s", "down_s", "joined", "processes_left"]
         print(" | ".join(cols))
         for r in rows:
-            print(" | ".join(str(r[c]) for c in cols))
+            print(" | ".join(str(r.get(c, "-")) for c in cols) + (f"  (up failed: {r['up_failed']})"
+                                                                  if "up_failed" in r else ""))
     return 0 if all(r["joined"] and r["down_ok"] and not r["processes_left"] for r in rows) else 1
 
 
