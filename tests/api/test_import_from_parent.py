@@ -34,8 +34,14 @@ SCRIPT = textwrap.dedent("""
 
 
 def _copy_checkout(dest: Path) -> None:
-    """The checkout's files as git tracks them (uncommitted edits included), or the tree without build output."""
+    """A clone of this checkout (``git clone``) when it has no uncommitted change; else its files as git
+    tracks them, uncommitted edits included; outside git, the tree without build output."""
     try:
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        if not dirty:
+            subprocess.run(["git", "clone", "--quiet", str(ROOT), str(dest)], check=True, capture_output=True)
+            return
         files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".venv", "build", "*.egg-info", "__pycache__"))
@@ -49,7 +55,7 @@ def _copy_checkout(dest: Path) -> None:
 
 @pytest.mark.slow
 def test_a_checkout_named_replistream_imports_from_its_parent(tmp_path):
-    clone = tmp_path / "replistream"
+    clone = tmp_path / "replistream"  # the folder a `git clone .../replistream` makes
     _copy_checkout(clone)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
