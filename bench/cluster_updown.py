@@ -85,7 +85,7 @@ def one_round(home: str) -> dict:
     return {"load_1min": round(load, 2), "first_line_s": round(first_s, 2), "up_s": round(up_s, 2),
             "warm_s": round(warm_s, 2), "warm_full": bool(warm and not warm.get("error")),
             "join_s": round(join_s, 2), "joined": join.stdout.strip() == "42", "down_s": round(down_s, 2),
-            "down_ok": down.returncode == 0, "processes_left": left, "up_said": out.strip()[:80]}
+            "down_ok": down.returncode == 0 and "is stopped" in down.stdout, "processes_left": left, "up_said": out.strip()[:80]}
 
 
 def main() -> int:

@@ -119,3 +119,23 @@ def test_down_cli_names_the_choice_in_one_line(home):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_record_of_a_started_script_names_it_as_it_runs(home, tmp_path):
+    """``up`` starts ``ray``, a script: right after Popen returns its command line may still read
+    empty (the kernel is setting up the interpreter); the record waits for the command line that
+    ``down`` will compare with (a record of the empty one made ``down`` refuse, once, at load 70)."""
+    script = tmp_path / "head"
+    script.write_text("#!/bin/sh\nsleep 300\n")
+    script.chmod(0o755)
+    cmd = [str(script), "start", "--head"]
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        ident = cluster._exec_identity(proc.pid, cmd)
+        assert ident["cmdline"][-2:] == ["start", "--head"] and ident["create_time"] > 0
+        cluster._write_record({"pid": proc.pid, "address": "127.0.0.1:7007", "log": "", **ident})
+        assert cluster._is_head(cluster._read(str(home / ".replistream" / "clusters" / "127.0.0.1-7007" /
+                                                  "cluster.json")))
+    finally:
+        os.killpg(proc.pid, 9)  # the shell and its sleep
+        proc.wait()

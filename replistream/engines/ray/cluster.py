@@ -128,6 +128,22 @@ def _identity(pid: int) -> dict | None:
         return None
 
 
+def _exec_identity(pid: int, cmd: list[str], wait_s: float = 5.0) -> dict:
+    """The identity of a process just started with ``cmd``, once its command line shows ``cmd``: right
+    after ``Popen`` returns, the kernel may still be setting up the new program (and a script's
+    interpreter), and ``/proc/<pid>/cmdline`` reads empty; a record of that would never match again
+    (seen once at load 70: ``down`` then refused to stop the head)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        ident = _identity(pid)
+        tail = cmd[1:]
+        if ident is not None and ident["cmdline"] and (not tail or ident["cmdline"][-len(tail):] == tail):
+            return ident
+        if ident is None or time.monotonic() > deadline:
+            return ident or {"create_time": -1, "cmdline": cmd}
+        time.sleep(0.02)
+
+
 def _is_head(rec: dict) -> bool:
     """Whether the process ``rec`` names is the ``ray start --head`` that ``up`` started: same pid,
     same start time, the same command line (a reused pid is another process)."""
@@ -274,7 +290,7 @@ def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0, wa
     with _private_file(log) as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # not stopped with the shell that ran `up`
-    ident = _identity(proc.pid) or {"create_time": -1, "cmdline": cmd}
+    ident = _exec_identity(proc.pid, cmd)
     rec = {"pid": proc.pid, "address": address, "log": log, "started": time.time(), **ident}
     _write_record(rec)  # at once: `down` can stop a head whose `up` was interrupted
     deadline = time.time() + timeout
@@ -293,6 +309,8 @@ def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0, wa
             os.unlink(os.path.join(d, "cluster.json"))
             raise RuntimeError(f"the Ray head did not start at {address} within {timeout:g} s (log: {log})")
         time.sleep(0.1)
+    rec.update(_exec_identity(proc.pid, cmd))  # as it runs now (the first look may come while exec still runs)
+    _write_record(rec)
     others = [r["address"] for r in records() if r["address"] != address]
     if others:
         say(f"note: {len(others)} other cluster(s) started by `replistream up` run ({', '.join(others)}): a script "
