@@ -12,7 +12,7 @@ the time-varying GeoLatencyModel (seed 0), the default CPU model, sources locate
 at their servers. Inputs are generated lazily, an hour of readings per chunk (the
 batched engine releases each reading at its own timestamp), and the applications
 keep only timestamps and arrival times (``keep_outputs=False``). The simulator runs
-batched (``Simulator(batch_s=--batch)``, sim/batch.py). A rich progress bar shows
+batched (``Simulator(batch_s=--batch)``, replistream/sim/batch.py). A rich progress bar shows
 simulated time.
 
 Reported: wall seconds, simulated seconds, their ratio, events processed, output

@@ -828,33 +828,47 @@ def _reconfigure(args) -> int:
 
 
 def _up(args) -> int:
+    import time
+
     from .engines.ray.cluster import up
+    from .progress import Heartbeat
 
     if args.num_cpus is not None and args.num_cpus < 1:
         raise CliError(f"--num-cpus must be >= 1, got {args.num_cpus}")
-    print("starting a local Ray cluster for replistream (loopback only) and its warm actor processes ...",
-          file=sys.stderr, flush=True)
-    try:
-        addr = up(num_cpus=args.num_cpus, port=args.port)
-    except RuntimeError as e:
-        raise CliError(str(e)) from None
-    from .engines.ray.warm import warm_size
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port must be between 1 and 65535, got {args.port}")
+    t0 = time.perf_counter()
+    emit = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    with Heartbeat(emit, every=3.0) as hb:
+        hb.say("up: checking the port and the Ray token ...", phase="checking")
 
-    warm = warm_size()
-    print(f"up: a Ray cluster runs at {addr}; deploy() in any script on this machine joins it"
-          f"{f' and takes its actors from {warm} warm processes' if warm else ''}, and detached deployments live "
-          f"in it; `replistream down` stops it")
+        def say(text: str) -> None:
+            hb.say(f"up: {text}", phase="starting the Ray head" if text.startswith("starting") else None)
+
+        try:
+            addr = up(num_cpus=args.num_cpus, port=args.port, say=say)
+        except RuntimeError as e:
+            raise CliError(str(e)) from None
+    print(f"up: a Ray cluster runs at {addr} (started in {time.perf_counter() - t0:.1f} s); deploy() in any script "
+          f"of this user on this machine joins it, and detached deployments live in it; "
+          f"`replistream down{'' if args.port == 6379 else f' --port {args.port}'}` stops it")
     return 0
 
 
 def _down(args) -> int:
+    import time
+
     from .engines.ray.cluster import down
 
+    address = None if args.port is None else f"127.0.0.1:{args.port}"
+    t0 = time.perf_counter()
     try:
-        stopped = down()
+        stopped = down(address, say=lambda text: print(f"down: {text}", file=sys.stderr, flush=True))
     except RuntimeError as e:
         raise CliError(str(e)) from None
-    print("down: the local Ray cluster is stopped" if stopped else "down: no cluster started by `replistream up` runs")
+    where = "" if address is None else f" at {address}"
+    print(f"down: the local Ray cluster{where} is stopped ({time.perf_counter() - t0:.1f} s)" if stopped
+          else f"down: no cluster started by `replistream up` runs{where}")
     return 0
 
 
@@ -884,6 +898,9 @@ def _status(args) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
+    pool = _warm_pool_line()
+    if pool:
+        print(pool)
     if not rows:
         print("status: no detached deployment runs on this cluster")
         return 0
@@ -895,6 +912,25 @@ def _status(args) -> int:
               f"{'fed' if r['fed'] else 'not fed yet'}; {apps}; fault tolerance {r['fault_tolerance']} "
               f"({fault_tolerance_meaning(r['fault_tolerance'])})")
     return 0
+
+
+def _warm_pool_line() -> str | None:
+    """How the warm pool of the cluster `replistream up` started is doing (it fills in the background):
+    full, still filling, or why it could not start; None for a cluster `up` did not start."""
+    from .engines.ray.cluster import recorded, warm_state
+    from .engines.ray.host import cluster_address
+
+    addr = cluster_address()
+    rec = recorded(addr) if addr and addr != "auto" and ":" in addr else None
+    if rec is None or "warm_pid" not in rec:
+        return None
+    got = warm_state(addr)
+    if got is None:
+        return "warm pool: still filling (started by `replistream up`)"
+    if got.get("error"):
+        return f"warm pool: could not start: {got['error']} (deployments start their own processes meanwhile)"
+    idle = sum((got.get("warm") or {}).get("idle", {}).values())
+    return f"warm pool: full when `replistream up` last looked ({idle} idle actor processes)"
 
 
 def _stop(args) -> int:
@@ -1053,12 +1089,15 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--verbose", action="store_true", help="let Ray's own log lines through")
     chaos.set_defaults(func=_chaos, check=check_chaos)
 
-    up_ = sub.add_parser("up", help="start a local Ray cluster kept between scripts (loopback only): deployments "
-                                    "join it, detached ones live in it")
+    up_ = sub.add_parser("up", help="start a local Ray cluster kept between scripts (loopback only, Ray token "
+                                    "authentication): deployments join it, detached ones live in it; returns once "
+                                    "it answers, its warm pool of actor processes fills in the background")
     up_.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: the machine's)")
     up_.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
     up_.set_defaults(func=_up)
     down_ = sub.add_parser("down", help="stop the local Ray cluster and every deployment in it")
+    down_.add_argument("--port", type=int, default=None, help="the port of the cluster to stop (default: the one "
+                                                             "`replistream up` started; needed when several run)")
     down_.set_defaults(func=_down)
     status = sub.add_parser("status", help="list the detached deployments running on the cluster, with their "
                                            "progress and fault tolerance")

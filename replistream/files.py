@@ -41,6 +41,7 @@ Schema({cpu: <f8})
 """
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections import deque
@@ -172,6 +173,27 @@ def _task():
     return _TASK
 
 
+class MissingFileError(SchemaError, FileNotFoundError):
+    """A path given to :class:`FileSource` that does not exist: a ``FileNotFoundError`` (and a
+    :class:`~replistream.errors.SchemaError`, as before) whose message and ``filename`` are the
+    absolute path, so a relative path is never ambiguous.
+
+    >>> e = MissingFileError.at("nowhere/readings")
+    >>> print(e)   # doctest: +ELLIPSIS
+    [Errno 2] FileSource: no such file or directory: '/.../nowhere/readings'
+    >>> isinstance(e, FileNotFoundError) and os.path.isabs(e.filename)
+    True
+    """
+
+    @classmethod
+    def at(cls, path: str, what: str | None = None) -> "MissingFileError":
+        full = os.path.abspath(path)
+        text = f"FileSource: no such file or directory{f' ({what})' if what else ''}"
+        e = cls(f"{text}: {full}")
+        e.errno, e.strerror, e.filename = errno.ENOENT, text, full
+        return e
+
+
 class FileSource:
     """Parquet, CSV or Feather files as a source (see the module doc).
 
@@ -206,6 +228,8 @@ class FileSource:
             raise ValueError("FileSource needs at least one path")
         self.watch = bool(watch)
         if self.watch:
+            if len(self.paths) == 1 and not os.path.exists(self.paths[0]):
+                raise MissingFileError.at(self.paths[0], "the folder to watch")
             if len(self.paths) != 1 or not os.path.isdir(self.paths[0]):
                 raise ValueError(f"watch=True needs one directory, got {self.paths}")
             if idle_timeout is None and end_marker is None:
@@ -254,7 +278,7 @@ class FileSource:
             elif os.path.exists(p):
                 out.append(p)
             else:
-                raise SchemaError(f"no such file or directory: {p}")
+                raise MissingFileError.at(p)
         return sorted(out) if len(self.paths) == 1 else out
 
     def _guess_format(self, files: list[str]) -> str:

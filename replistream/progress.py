@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-__all__ = ["Heartbeat", "Reporter", "reporter", "quiet", "is_quiet"]
+__all__ = ["Heartbeat", "Reporter", "reporter", "quiet", "is_quiet", "showing"]
 
 
 class Heartbeat:
@@ -63,6 +63,9 @@ class Heartbeat:
         while not self._stop.wait(min(0.5, self.every / 2)):
             with self._lock:
                 now = time.perf_counter()
+                if showing():  # a progress line of the Python API is on the terminal: it shows the progress (#44)
+                    self.last = now
+                    continue
                 if self.phase and now - self.last >= self.every:
                     more = f", {self.detail}" if self.detail else ""
                     self.emit(f"  ... {self.phase}: {now - self.since:.0f} s{more}")
@@ -72,6 +75,19 @@ class Heartbeat:
 # -- the Python API's progress line (#31) -----------------------------------------------------------
 
 _QUIET = [False]
+
+#: The :class:`Reporter` lines on the terminal now: while one shows, a :class:`Heartbeat` prints no
+#: "... phase: N s" line into it (#44: two progress displays on one line).
+_SHOWING: set = set()
+
+
+def showing() -> bool:
+    """Whether a :class:`Reporter` line is on the terminal now (one progress display at a time).
+
+    >>> showing()
+    False
+    """
+    return any(not r.closed.is_set() for r in list(_SHOWING))
 
 
 def quiet(on: bool = True) -> bool:
@@ -187,6 +203,7 @@ class Reporter:
                 self._bar.update(self._task, description=f"{self.title}: {text}", completed=1, total=1)
                 self._bar.stop()
                 self._bar = None
+            _SHOWING.discard(self)
 
     def __enter__(self) -> "Reporter":
         return self.start()
@@ -212,6 +229,7 @@ class Reporter:
             self._bar.tasks[0].start_time = self._bar.get_time() - (time.perf_counter() - self._started)
             self._render()
             self._bar.start()
+            _SHOWING.add(self)
         self.shown.set()
 
     def _description(self) -> str:

@@ -329,6 +329,7 @@ class Query:
         check_name(name)
         if name in self.graph:
             raise QueryError(f"a node named {name!r} already exists in query {self.name!r}")
+        self._check_fields(name, prefix, spec, inputs)
         for s in inputs:
             if not isinstance(s, Stream):
                 raise QueryError(f"{name!r}: inputs must be Streams of this query, got {type(s).__name__}")
@@ -340,6 +341,45 @@ class Query:
         for port, s in enumerate(inputs):
             self.graph.add_edge(s.node, name, port=port)
         return Stream(self, name) if spec.kind != "sink" else name
+
+    def _check_fields(self, name: str, method: str, spec: Spec, inputs: list) -> None:
+        """The field names a :meth:`Stream.window`, :meth:`Stream.count_window` or :meth:`Stream.join`
+        call names are fields of its input, checked as it is called: a ``QueryError`` names the call
+        as the user wrote it, the operator's name, the input's fields and the nearest one (#44)."""
+        named: list[tuple[str, tuple, int]] = []
+        if isinstance(spec, (TimeWindowSpec, CountWindowSpec)):
+            named = [("by", tuple(spec.by), 0)]
+        elif isinstance(spec, JoinSpec):
+            named = [("left_key", _fields(spec.left_key), 0), ("right_key", _fields(spec.right_key), 1)]
+        for arg, fields, port in named:
+            if port >= len(inputs) or not isinstance(inputs[port], Stream) or inputs[port].query is not self:
+                continue
+            try:
+                schema = self.schema_of(inputs[port].node)
+            except Exception:  # an input that cannot be derived: build() says why
+                continue
+            for f in fields:
+                if f not in schema:
+                    have = ["ts", *schema.names]
+                    raise QueryError(f"{method}(..., {arg}={f!r}) named {name!r}: {f!r} is not a field of its "
+                                     f"input {inputs[port].node!r} (fields: {', '.join(have)})"
+                                     f"{did_you_mean(f, have)}")
+
+    def operator(self, name: str) -> str:
+        """The operator ``name`` stands for: an operator's name (chosen with ``name=`` or given by the
+        query: ``join_1``, ``window_3``), or the method that made it (``"join"``, ``"window"``) when the
+        query has one operator made by it. Anything else: ``QueryError`` saying exactly what to write.
+
+        >>> q = Query(); s = q.source("s", {"k": "i8"})
+        >>> _ = s.filter(lambda b: b["k"] > 0).window(10, by="k").sink("out")
+        >>> q.operator("window"), q.operator("filter_1")
+        ('window_2', 'filter_1')
+        >>> q.operator("windw")
+        Traceback (most recent call last):
+        ...
+        replistream.errors.QueryError: query 'query' has no operator 'windw' (operators: filter_1, window_2); did you mean 'window_2'?
+        """
+        return resolve_operator(self, name)
 
     # -- inspection ---------------------------------------------------------
     def spec(self, node: str) -> Spec:
@@ -560,6 +600,54 @@ def check_name(name) -> str:
     if not _NAME.fullmatch(name):
         raise QueryError(f"node name {name!r} may contain only letters, digits, '_' and '-'")
     return name
+
+
+def did_you_mean(word: str, choices, prefix: str = "; ") -> str:
+    """``"; did you mean 'x'?"`` for the choice nearest ``word`` (difflib), or ``""`` when none is near.
+
+    >>> did_you_mean("sever", ["ts", "server", "cpu"])
+    "; did you mean 'server'?"
+    >>> did_you_mean("zzz", ["ts", "server"])
+    ''
+    """
+    import difflib
+
+    near = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"{prefix}did you mean {near[0]!r}?" if near else ""
+
+
+#: The engine's names for parts of a deployment that are not operators of the query.
+_NOT_OPERATORS = ("entry",)
+
+
+def resolve_operator(query: "Query", name: str, also: tuple[str, ...] = _NOT_OPERATORS) -> str:
+    """The node of ``query`` that ``name`` means, for the calls that name an operator
+    (``kill_replica``, ``stop_replica``, ``resume_replica``): an operator's or application's name,
+    one of ``also`` (``"entry"``), or the method that made the query's only operator of its kind
+    (``"join"`` for ``join_1``, ``"window"`` for ``window_3``). ``QueryError`` otherwise, saying
+    exactly what to write: the candidates of an ambiguous kind, or the nearest name.
+
+    >>> q = Query(); a = q.source("a", {"k": "i8"}); b = q.source("b", {"k": "i8"})
+    >>> _ = a.join(b, 10, on="k").join(b, 10, left_key="k_l", right_key="k", name="again").sink("out")
+    >>> resolve_operator(q, "join"), resolve_operator(q, "again"), resolve_operator(q, "out")
+    ('join_1', 'again', 'out')
+    >>> resolve_operator(q, "entry")
+    'entry'
+    """
+    if not isinstance(name, str):
+        raise QueryError(f"an operator is named by a string, got {name!r}")
+    nodes = [n for n in query.topological() if query.spec(n).kind != "source"]
+    if name in nodes or name in also:
+        return name
+    made = [n for n in query.operators if re.fullmatch(rf"{re.escape(name)}_\d+", n)]
+    if len(made) == 1:
+        return made[0]
+    if made:
+        raise QueryError(f"query {query.name!r} has {len(made)} operators made by {name}(): {', '.join(made)}; "
+                         f"name one of them (or give each a name with {name}(..., name=...))")
+    ops = query.operators
+    raise QueryError(f"query {query.name!r} has no operator {name!r} (operators: {', '.join(ops) or 'none'})"
+                     f"{did_you_mean(name, [*nodes, *also])}")
 
 
 def _schema(schema) -> Schema | None:

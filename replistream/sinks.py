@@ -15,7 +15,15 @@ finished (or failed).
 
 A re-run into a used folder either refuses (``mode="error"``, the default: before anything
 starts, with one line naming the folder and the fix) or replaces the files of the earlier run
-(``mode="replace"``); it never mixes two runs. Files that are not a sink's are never deleted.
+(``mode="replace"``); it never mixes two runs. ``replace`` deletes only what is provably the
+earlier run's: the files its marker lists, and, when the folder holds this sink's run record
+(``_REPLISTREAM_RUN``, written as a run starts, with the run's id), the files of its exact name
+pattern (``part-<13 digits>.parquet`` and the replicas' hidden ``.tmp`` files). A folder holding
+anything else (a pyarrow or Spark dataset, a Spark ``_SUCCESS``, notes) is refused in one line.
+
+Every commit is durable before it is visible: the file is fsynced before it is linked to its name
+and the folder is fsynced after. :meth:`ParquetSink.read` checks every file the marker lists
+against the row count the marker gives, and raises naming the file that differs or is missing.
 
 >>> import tempfile, numpy as np
 >>> from replistream import Query, run_reference
@@ -28,12 +36,18 @@ starts, with one line naming the folder and the fix) or replaces the files of th
 (['part-0000000000001.parquet', 'part-0000000000002.parquet'], 15, True)
 >>> len(sink.read())
 15
+>>> print(sink.show(n=2))
+ ts (s)        v
+0.00015  0.03448
+0.00016   0.1034
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,18 +59,26 @@ __all__ = ["ParquetSink", "SinkWriter", "MARKER"]
 #: The completion marker's name: written at the end of the stream, it lists every file.
 MARKER = "_SUCCESS"
 
+#: The run record, written as a run starts: ``{"run": id, "every": ...}`` (Spark and pyarrow skip ``_`` names).
+RUN_RECORD = "_REPLISTREAM_RUN"
+
 _PREFIX, _SUFFIX = "part-", ".parquet"
 _MODES = ("error", "replace")
+_FILE = re.compile(r"part--?\d{13}\.parquet")
+_TMP = re.compile(r"\.[A-Za-z0-9_.@-]+-(part--?\d{13}\.parquet|_SUCCESS)\.tmp")
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _cell_name(c: int) -> str:
     """The file name of grid cell ``c`` (signed, zero-padded: names sort by cell for c >= 0)."""
     return f"{_PREFIX}{'-' if c < 0 else ''}{abs(c):013d}{_SUFFIX}"
-
-
-def _is_ours(name: str) -> bool:
-    return (name.startswith(_PREFIX) and name.endswith(_SUFFIX)) or name == MARKER or \
-        (name.startswith(".") and name.endswith(".tmp"))
 
 
 @dataclass
@@ -66,7 +88,8 @@ class ParquetSink:
     the same whichever replica writes it, and a ``_SUCCESS`` marker at the end of the stream.
 
     ``mode``: ``"error"`` refuses a folder that holds files (of an earlier run or anything else);
-    ``"replace"`` deletes an earlier run's files first (and refuses a folder holding other files).
+    ``"replace"`` deletes an earlier run's files first: only those its marker lists or, with its run
+    record, of its name pattern; a folder holding anything else is refused.
     ``keep``: also return the tuples to the driver (``run()``'s ``outputs[app]``), as without a
     sink; by default they stay in the files (``outputs[app]`` empty, read them with :meth:`read`).
 
@@ -91,22 +114,57 @@ class ParquetSink:
     # -- before the run (in the driver) -----------------------------------------------------------
     def prepare(self) -> None:
         """Make the folder ready for a run: create it; refuse (``mode="error"``) or clean
-        (``mode="replace"``) one that holds files. Raises ``FileExistsError`` naming the folder
-        and the fix; deletes nothing that is not a sink's file."""
+        (``mode="replace"``) one that holds files; then write the run record (a new run id).
+        Raises ``FileExistsError`` naming the folder and the fix; deletes nothing that is not
+        provably an earlier run's file (see the module doc)."""
         os.makedirs(self.path, exist_ok=True)
         present = sorted(os.listdir(self.path))
-        if not present:
-            return
-        if self.mode == "error":
+        mine = getattr(self, "run_id", None)
+        if present == [RUN_RECORD] and mine is not None and (self._record() or {}).get("run") == mine:
+            return  # prepared already, by this very sink (a detached deploy() prepares it, then its host does)
+        if present and self.mode == "error":
             raise FileExistsError(f"ParquetSink: {self.path!r} is not empty ({len(present)} entries, e.g. "
                                   f"{present[0]!r}): pass ParquetSink(..., mode='replace') to replace an earlier "
                                   f"run's files, or choose an empty folder")
-        foreign = [n for n in present if not _is_ours(n)]
-        if foreign:
-            raise FileExistsError(f"ParquetSink: {self.path!r} holds files no sink wrote (e.g. {foreign[0]!r}); "
-                                  f"mode='replace' deletes only a sink's files: choose an empty folder")
-        for n in present:
-            os.unlink(os.path.join(self.path, n))
+        if present:
+            ours = set()
+            listed = self._our_manifest()
+            if listed is not None:
+                ours |= set(listed["files"]) | {MARKER}
+            if self._record() is not None:
+                ours |= {n for n in present if _FILE.fullmatch(n) or _TMP.fullmatch(n)} | {RUN_RECORD}
+            foreign = [n for n in present if n not in ours]
+            if foreign:
+                raise FileExistsError(f"ParquetSink: {os.path.abspath(self.path)!r} holds {len(foreign)} file(s) "
+                                      f"no run of a ParquetSink wrote (e.g. {foreign[0]!r}); mode='replace' deletes "
+                                      f"only an earlier run's files: move them away or choose an empty folder")
+            for n in present:
+                os.unlink(os.path.join(self.path, n))
+        self.run_id = uuid.uuid4().hex
+        with open(os.path.join(self.path, RUN_RECORD), "w") as f:
+            json.dump({"run": self.run_id, "every": self.every}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.path)
+
+    def _record(self) -> dict | None:
+        """The run record in the folder (``{"run", "every"}``), or None."""
+        try:
+            with open(os.path.join(self.path, RUN_RECORD)) as f:
+                rec = json.load(f)
+            return rec if isinstance(rec, dict) and "run" in rec else None
+        except (OSError, ValueError):
+            return None
+
+    def _our_manifest(self) -> dict | None:
+        """The marker's manifest if the marker is one a ParquetSink wrote (a Spark ``_SUCCESS`` is empty)."""
+        try:
+            with open(os.path.join(self.path, MARKER)) as f:
+                m = json.load(f)
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(m, dict) and isinstance(m.get("files"), dict) and "every" in m
+        return m if ok and all(isinstance(n, str) and _FILE.fullmatch(n) for n in m["files"]) else None
 
     # -- after the run ----------------------------------------------------------------------------
     def complete(self) -> bool:
@@ -128,12 +186,23 @@ class ParquetSink:
             raise FileNotFoundError(f"ParquetSink: {self.path!r} has no {MARKER} marker: the run that writes it "
                                     f"has not finished (or failed); read(complete=False) reads the files "
                                     f"committed so far")
-        names = sorted((n for n in os.listdir(self.path) if n.startswith(_PREFIX) and n.endswith(_SUFFIX)),
+        names = sorted((n for n in os.listdir(self.path) if _FILE.fullmatch(n)),
                        key=lambda n: int(n[len(_PREFIX):-len(_SUFFIX)]))
         if complete:
-            listed = set(self.manifest()["files"])
+            listed = self.manifest()["files"]
+            missing = sorted(set(listed) - set(names))
+            if missing:
+                raise ValueError(f"ParquetSink: {os.path.join(os.path.abspath(self.path), missing[0])} is listed by "
+                                 f"the {MARKER} marker ({listed[missing[0]]} rows) but missing "
+                                 f"({len(missing)} file(s) missing): the output is incomplete")
             names = [n for n in names if n in listed]
         parts = [pq.read_table(os.path.join(self.path, n)) for n in names]
+        if complete:
+            for n, t in zip(names, parts):
+                if t.num_rows != int(listed[n]):
+                    raise ValueError(f"ParquetSink: {os.path.join(os.path.abspath(self.path), n)} holds "
+                                     f"{t.num_rows} rows but the {MARKER} marker lists {listed[n]}: the file was "
+                                     f"changed or damaged after the run")
         if not parts:
             return np.zeros(0, dtype=[(TS, "i8")])
         import pyarrow as pa
@@ -144,6 +213,42 @@ class ParquetSink:
         for n, c in cols.items():
             out[n] = c
         return out
+
+    def show(self, n: int = 10, columns: list[str] | None = None, complete: bool = True) -> str:
+        """The first ``n`` tuples in the files (by timestamp, ties by id), as a readable table with
+        named columns and times in seconds, as :meth:`RunResult.show <replistream.engines.result.RunResult.show>`
+        prints them.
+
+        >>> print(sink.show(n=2))   # doctest: +SKIP
+         ts (s)        v
+        0.00015  0.03448
+        0.00016   0.1034
+        """
+        from .engines.result import format_rows
+
+        out = self.read(complete)
+        order = np.lexsort((out["id"], out[TS])) if "id" in (out.dtype.names or ()) else \
+            np.argsort(out[TS], kind="stable")
+        return format_rows(out[order][:n], columns)
+
+    def to_pandas(self, complete: bool = True):
+        """The tuples in the files as a pandas DataFrame (cells in order), as
+        :meth:`RunResult.to_pandas <replistream.engines.result.RunResult.to_pandas>` gives them:
+        ``ts`` in microseconds and a datetime column ``time``.
+
+        >>> sink.to_pandas()[["time", "v"]].head(1).to_dict("records")   # doctest: +SKIP
+        [{'time': Timestamp('1970-01-01 00:00:00.000150'), 'v': 0.0344...}]
+        """
+        import pandas as pd
+
+        out = self.read(complete)
+        df = pd.DataFrame({name: out[name] for name in out.dtype.names})
+        df.insert(1, "time", pd.to_datetime(out[TS], unit="us"))
+        return df
+
+    def __len__(self) -> int:
+        """Rows of the finished run (the marker's count; the files are checked by :meth:`read`)."""
+        return int(self.manifest()["rows"])
 
     def write_result(self, query, app: str, tuples: np.ndarray) -> dict:
         """Write a finished run's ``tuples`` of application ``app`` (e.g. a reference run's) as the
@@ -219,13 +324,20 @@ class SinkWriter:
             return False
         tmp = os.path.join(self.sink.path, f".{self.label.replace('#', '-')}-{name}.tmp")
         write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the file's bytes are on disk before its name is
+        finally:
+            os.close(fd)
         try:
             os.link(tmp, final)
-            return True
+            made = True
         except FileExistsError:
-            return False
+            made = False
         finally:
             os.unlink(tmp)
+        _fsync_dir(self.sink.path)  # and the name (and the removal of the hidden one)
+        return made
 
     def _commit(self, c: int, rows: np.ndarray) -> None:
         import pyarrow as pa

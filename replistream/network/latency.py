@@ -36,7 +36,7 @@ _C1 = 0xBF58476D1CE4E5B9
 _C2 = 0x94D049BB133111EB
 _INV53 = 2.0 ** -53
 
-#: Tags of the independent draws of a link's latency parts (the look-ahead in sim/lookahead.py draws them too).
+#: Tags of the independent draws of a link's latency parts (the look-ahead in replistream/sim/lookahead.py draws them too).
 TAG_INFLATION, TAG_JITTER, TAG_SPIKE, TAG_OUTAGE = 1, 2, 3, 4
 
 
@@ -74,7 +74,7 @@ def _draw(prefix: int, index: int, j: int) -> float:
 def draw_np(prefix, index, j: int) -> np.ndarray:
     """:func:`_draw` for arrays of prefixes and/or time indices: uniform draws in [0, 1), the same
     for the same (prefix, index, j) in every process (the batched simulator's look-ahead bounds
-    links with it, sim/lookahead.py).
+    links with it, replistream/sim/lookahead.py).
 
     >>> a = draw_np(np.uint64(7), np.arange(3), 0); bool(((a >= 0) & (a < 1)).all())
     True
@@ -92,7 +92,7 @@ class _Ops:
 
 
 _SCALAR = _Ops(max, min, math.log1p, math.cos, math.exp)
-#: The latency formula's functions for numpy arrays (with :func:`draw_np`, what sim/lookahead.py bounds links with).
+#: The latency formula's functions for numpy arrays (with :func:`draw_np`, what replistream/sim/lookahead.py bounds links with).
 ARRAY_OPS = _Ops(np.maximum, np.minimum, np.log1p, np.cos, np.exp)
 
 

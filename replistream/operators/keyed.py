@@ -437,8 +437,12 @@ class KeyedOperatorLogic(OperatorLogic):
         if self.every == 1:
             return wm
         w = np.asarray(wm, dtype=np.int64)
-        edge = (w + 1) // self.every * self.every - 1
-        out = np.where((w == END) | (w <= NO_PUNCTUATION + self.every), w, edge)
+        keep = (w == END) | (w <= NO_PUNCTUATION + self.every)
+        # the edge only of the values it is used for: END + 1 wrapped round (an overflow whose result
+        # np.where then dropped: no wrong edge, but a RuntimeWarning; tests/core/test_keyed_edges.py)
+        safe = np.where(keep, 0, w)
+        edge = (safe + 1) // self.every * self.every - 1
+        out = np.where(keep, w, edge)
         return int(out) if np.ndim(wm) == 0 else out
 
     # -- what subclasses implement --------------------------------------------------

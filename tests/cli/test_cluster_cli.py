@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -50,10 +51,26 @@ def test_up_deploy_detached_status_stop_down(tmp_path):
     got = run(["up", "--num-cpus", "2", "--port", str(port)], env)
     assert got.returncode == 0, got.stderr
     assert f"127.0.0.1:{port}" in got.stdout
-    record = json.loads((tmp_path / "home" / ".replistream" / "cluster.json").read_text())
+    folder = tmp_path / "home" / ".replistream" / "clusters" / f"127.0.0.1-{port}"
+    record = json.loads((folder / "cluster.json").read_text())
+    # the user's files are the user's only (#40 point 6)
+    for path, mode in [(folder, 0o700), (folder / "cluster.json", 0o600), (folder / "cluster.log", 0o600),
+                       (tmp_path / "home" / ".ray" / "auth_token", 0o600)]:
+        assert stat.S_IMODE(path.stat().st_mode) == mode, path
     try:
         again = run(["up", "--port", str(port)], env)
         assert again.returncode == 2 and "runs already" in again.stderr
+        # token authentication: another account (another HOME, so no token, or a token of its own) is refused
+        probe = ("from ray._raylet import GcsClient; import sys; "
+                 "print(GcsClient(address=sys.argv[1]).internal_kv_get(b'x', namespace=None, timeout=10))")
+        for stranger in ({"HOME": str(tmp_path / "stranger")},
+                         {"HOME": str(tmp_path / "stranger"), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32}):
+            refused = subprocess.run([sys.executable, "-c", probe, f"127.0.0.1:{port}"], env={**env, **stranger},
+                                     capture_output=True, text=True, timeout=120)
+            assert refused.returncode != 0 and "AuthenticationError" in refused.stderr, refused.stderr[-2000:]
+        mine = subprocess.run([sys.executable, "-c", "import os; os.environ['RAY_AUTH_MODE'] = 'token'; " + probe,
+                               f"127.0.0.1:{port}"], env=env, capture_output=True, text=True, timeout=120)
+        assert mine.returncode == 0 and mine.stdout.strip() == "None", mine.stderr[-2000:]
         script = textwrap.dedent("""
             import numpy as np
             from replistream import ParquetSink, Query, deploy, seconds
@@ -73,8 +90,9 @@ def test_up_deploy_detached_status_stop_down(tmp_path):
         assert run(["stop", "kept"], env).returncode == 0
         status = run(["status"], env)
         assert "no detached deployment" in status.stdout
+        assert "warm pool: " in status.stdout  # filled in the background: status says how it went
     finally:
         down = run(["down"], env)
-    assert down.returncode == 0 and "stopped" in down.stdout
+    assert down.returncode == 0 and "stopped" in down.stdout, down.stderr
     with pytest.raises(ProcessLookupError):
         os.killpg(record["pid"], 0)  # the head and its node's processes are gone

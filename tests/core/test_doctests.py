@@ -10,7 +10,6 @@ import replistream.gc
 import replistream.placement
 import replistream.sim
 
-# placement/, gc/ and sim/ live outside replistream/ (pyproject maps them), so walk each package
 PACKAGES = [replistream, replistream.placement, replistream.gc, replistream.sim]
 MODULES = sorted({p.__name__ for p in PACKAGES} |
                  {m.name for p in PACKAGES for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")})
@@ -32,18 +31,17 @@ def test_namespace_packages_import():
     assert "collect" not in dir(replistream.gc)  # not Python's built-in gc
 
 
-def test_every_subpackage_is_packaged():
-    """pyproject.toml lists packages explicitly; a new subpackage must be added there or the wheel lacks it."""
+def test_every_module_lives_under_the_package_folder():
+    """pyproject.toml installs every package found under replistream/ and, for an editable install, puts the
+    checkout on sys.path with one .pth line (issue #44: a folder named replistream in the current folder
+    cannot shadow it). A Python package at the checkout's root would then be importable as a top-level name
+    of its own, and a package-dir mapping would bring back setuptools' import hook: neither may come back."""
     import tomllib
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    on_disk = {"replistream" + "".join("." + p for p in d.relative_to(root / "replistream").parts)
-               for d in (root / "replistream").rglob("*") if d.is_dir() and (d / "__init__.py").exists()}
-    for folder in ("placement", "gc", "sim"):
-        on_disk |= {f"replistream.{folder}" + "".join("." + p for p in d.relative_to(root / folder).parts)
-                    for d in [root / folder, *(root / folder).rglob("*")]
-                    if d.is_dir() and (d / "__init__.py").exists()}
-    on_disk.add("replistream")
-    assert on_disk <= listed, f"missing from pyproject.toml packages: {sorted(on_disk - listed)}"
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"": "."}
+    assert setuptools["packages"]["find"]["include"] == ["replistream", "replistream.*"]
+    stray = sorted(d.name for d in root.iterdir() if (d / "__init__.py").exists() and d.name != "replistream")
+    assert not stray, f"Python packages outside replistream/: {stray}"

@@ -8,9 +8,8 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Folders of the repository that hold the replistream package (pyproject.toml's package-dir mapping).
-PACKAGE_DIRS = {"replistream": "replistream", "placement": "replistream.placement", "gc": "replistream.gc",
-                "sim": "replistream.sim"}
+#: The folder of the repository that holds the replistream package (every module is under it).
+PACKAGE_DIRS = {"replistream": "replistream"}
 
 
 def _modules() -> dict[str, Path]:

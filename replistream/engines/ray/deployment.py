@@ -50,6 +50,9 @@ from ...operators.base import NO_PUNCTUATION
 from ...placement.nodes import ray_options
 from ...plan import ENTRY, PhysicalPlan, ReplicaId, replica_index
 from ...query import Query, check_on_error
+from ...keywords import checked_keywords  # (#44) deploy(..., paralelism=2): "did you mean", every keyword
+from ...query import resolve_operator  # (#44) kill_replica("join", 0) for join_1
+from ...summary import WaitSummary  # (#44) what wait() returns
 from ...schema import END, TS
 from ...sources import Handed, Sentinel
 from ..result import RunResult
@@ -914,12 +917,13 @@ class Deployment:
             self.events.append({"t": self.now(), "event": repr(sentinel)})
 
     # -- waiting and results ----------------------------------------------------------------
-    def wait(self, timeout: float = 600.0, progress: Callable[[dict], None] | None = None) -> bool:
-        """Wait until every application received the end of every stream: returns True. Ends at once,
+    def wait(self, timeout: float = 600.0, progress: Callable[[dict], None] | None = None) -> WaitSummary:
+        """Wait until every application received the end of every stream: returns a truthy
+        :class:`~replistream.summary.WaitSummary` (outputs, dead letters, faults masked). Ends at once,
         raising, when the run can no longer complete exactly (docs/reliability.md): a replica's own
         code raised (:class:`~replistream.errors.UserFunctionError` for a user function, else
         :class:`~replistream.errors.RunFailed`), or every replica of an operator, application or of
-        the entry points is lost (``RunFailed`` naming it); returns False after ``timeout`` s."""
+        the entry points is lost (``RunFailed`` naming it); returns a falsy one after ``timeout`` s."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             self.poll(wait_s=0.05)
@@ -930,9 +934,9 @@ class Deployment:
                 if self.feeder.thread is not None:  # every chunk's call has returned (or raised)
                     self.feeder.fed_all.wait(max(0.0, deadline - time.time()))
                 self.check_failures()  # a failure reported as the end arrived still ends the run in error
-                return True
+                return WaitSummary.of(self, True)
             time.sleep(0.05)
-        return False
+        return WaitSummary.of(self, False)
 
     def reached(self) -> int | None:
         """The logical time every application has reached: the smallest last punctuation they
@@ -1348,6 +1352,8 @@ class Deployment:
         return self._signal(operator, replica, 18)
 
     def _signal(self, operator: str, replica, sig: int) -> int:
+        if f"{operator}#{replica}" not in self.topology and str(operator) not in self.topology:
+            operator = resolve_operator(self.query, operator)  # "join" for join_1, or what to write
         label = f"{operator}#{replica}" if f"{operator}#{replica}" in self.topology else str(operator)
         if label not in self.topology or self.topology.handle(label) is None:
             raise ValueError(f"no replica {label!r}; actors: {sorted(self.handles)}")
@@ -1766,6 +1772,8 @@ class Deployment:
     def kill_replica(self, operator: str, replica: int) -> None:
         """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point)."""
         label = f"{operator}#{replica}"
+        if self.topology.handle(label) is None:  # "join" for join_1, or a QueryError saying what to write
+            label = f"{resolve_operator(self.query, operator)}#{replica}"
         if self.topology.handle(label) is None:
             raise ValueError(f"{operator!r} has no replica {replica}; actors: {sorted(self.handles)}")
         self.kill(label, "replica killed")
@@ -2121,6 +2129,7 @@ def _deploy_detached(query: Query, name: str, address: str | None, ray_init: dic
     return DeploymentClient(host, name)
 
 
+@checked_keywords
 def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero", *, address: str | None = None,
            seed: int = 0, flush_ms: float = 2.0, max_batch: int = 10_000, max_inflight: int = 16,
            drop_after_s: float = 10.0, strict: bool = False, on_malformed: str = "dead_letter",

@@ -24,17 +24,24 @@ import sys
 
 from .experiments import EXPERIMENTS, jsonable, run_experiment, table, verdict
 
-__all__ = ["register", "run", "main"]
+__all__ = ["register", "run", "main", "ABOUT"]
 
 
-def register(subparsers) -> argparse.ArgumentParser:
-    """Add the ``sim`` subcommand to an ``argparse`` subparsers object; returns its parser."""
-    p = subparsers.add_parser(
-        "sim", help="run one of the paper's experiments (Fig. 2-5, Table I) in the simulator",
-        description="Run one of Hwang et al. 2008's experiments in the trace-driven simulator; writes a PNG "
-                    "plot and the data (JSON, CSV) to --out and prints a short table (or JSON with --json). "
-                    "'trace' writes a CSV latency trace instead.")
-    p.add_argument("experiment", choices=sorted(EXPERIMENTS) + ["trace"], help="what to run")
+#: One line per experiment: what ``replistream sim --help`` lists.
+ABOUT = {
+    "fig2": "latency over time at the Join's output around a crash of one server (Hwang Sec. VI-B)",
+    "fig3": "end-to-end latency over time for kmax = 1, 2, 3 on min-cost placements (Sec. VI-C)",
+    "fig4": "latency distribution (CCDF) of random against min-cost placement, kmax = 1..5 (Sec. VI-E)",
+    "fig5": "network cost of static replication, GC, and GC with revival at one latency guarantee (Sec. VI-F)",
+    "table1": "per-replica CPU cost by degree of replication (Sec. VI-D)",
+    "trace": "write a CSV latency trace of the built-in wide-area network model (no experiment)",
+}
+
+#: fig5's own options (accepted, hidden, by the other experiments only to say they are fig5's).
+FIG5_OPTIONS = ("jobs", "resume", "hours", "kmax", "damping", "create", "metric", "trials", "thetas", "volatility")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="reduced scale, what the tests run: from 0.5 s (table1) to a few minutes (fig4, ten "
                         "simulations) on a 2-core machine")
@@ -44,33 +51,64 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="one labelled progress line per simulated run on stderr (experiment, kmax, strategy; "
                         "default; off a terminal, one line as each run ends); --no-progress for none")
+
+
+def _fig5(p: argparse.ArgumentParser, hidden: bool = False) -> None:
+    h = (lambda text: argparse.SUPPRESS) if hidden else (lambda text: text)
     p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="fig5: run the kmax rows in N processes (default: one per CPU at full scale)")
+                   help=h("run the kmax rows in N processes (default: one per CPU at full scale)"))
     p.add_argument("--resume", action="store_true", default=None,
-                   help="fig5: reuse rows an earlier run with the same parameters wrote to --out DIR/fig5_rows/, "
-                        "and the simulated runs a row stopped halfway had finished (DIR/fig5_rows/trials/)")
+                   help=h("reuse rows an earlier run with the same parameters wrote to --out DIR/fig5_rows/, "
+                          "and the simulated runs a row stopped halfway had finished (DIR/fig5_rows/trials/)"))
     p.add_argument("--trials", default=None, metavar="DIR",
-                   help="fig5: keep each simulated run in DIR instead of --out DIR/fig5_rows/trials/ (with "
-                        "--resume, reuse them); --metric max and p99 share the runs they both answer")
+                   help=h("keep each simulated run in DIR instead of --out DIR/fig5_rows/trials/ (with "
+                          "--resume, reuse them); --metric max and p99 share the runs they both answer"))
     p.add_argument("--hours", type=float, default=None, metavar="H",
-                   help="fig5: simulated hours (default: the scale's, 24 full, 1/12 quick)")
-    p.add_argument("--kmax", type=int, nargs="+", default=None, metavar="K", help="fig5: only these kmax rows")
+                   help=h("simulated hours (default: the scale's, 24 full, 1/12 quick)"))
+    p.add_argument("--kmax", type=int, nargs="+", default=None, metavar="K", help=h("only these kmax rows"))
     p.add_argument("--damping", action=argparse.BooleanOptionalAction, default=None,
-                   help="fig5: damped revival (default; persistence, hysteresis, hold: FIG5_DAMPING); "
-                        "--no-damping revives on every delay above the threshold, as before")
+                   help=h("damped revival (default; persistence, hysteresis, hold: FIG5_DAMPING); "
+                          "--no-damping revives on every delay above the threshold, as before"))
     p.add_argument("--create", action=argparse.BooleanOptionalAction, default=None,
-                   help="fig5: revival may start new replicas (default); --no-create skips those decisions")
+                   help=h("revival may start new replicas (default); --no-create skips those decisions"))
     p.add_argument("--metric", choices=["max", "p99"], default=None,
-                   help="fig5: the latency the 1 s guarantee bounds (default max)")
+                   help=h("the latency the 1 s guarantee bounds (default max)"))
     p.add_argument("--thetas", type=float, nargs="+", default=None, metavar="F",
-                   help="fig5: the GC targets, fractions of the static cost, decreasing (default 0.8 0.6 0.45 "
-                        "0.35 0.25 0.18 0.12 0.08 0.05 0.03)")
+                   help=h("the GC targets, fractions of the static cost, decreasing (default 0.8 0.6 0.45 "
+                          "0.35 0.25 0.18 0.12 0.08 0.05 0.03)"))
     p.add_argument("--volatility", type=float, default=None, metavar="X",
-                   help="fig5: the network's rates of delay spikes and link outages, x the model's (default 1: "
-                        "a spike per 600 s per direction, an outage per 12 h per link; 0 turns both off)")
-    p.add_argument("--servers", type=int, default=100, help="trace: number of built-in cities (<= 119)")
-    p.add_argument("--days", type=float, default=30.0, help="trace: length in days")
-    p.add_argument("--step", type=float, default=10.0, help="trace: seconds between samples")
+                   help=h("the network's rates of delay spikes and link outages, x the model's (default 1: "
+                          "a spike per 600 s per direction, an outage per 12 h per link; 0 turns both off)"))
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the ``sim`` subcommand to an ``argparse`` subparsers object; returns its parser. Each
+    experiment is a subcommand of its own with its own options (``replistream sim fig5 --help``)."""
+    listing = "\n".join(f"  {name:<7} {text}" for name, text in ABOUT.items())
+    p = subparsers.add_parser(
+        "sim", help="run one of the paper's experiments (Fig. 2-5, Table I) in the simulator",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run one of Hwang et al. 2008's experiments in the trace-driven simulator; writes a PNG "
+                    "plot and the data\n(JSON, CSV) to --out and prints a short table (or JSON with --json).\n\n"
+                    f"experiments:\n{listing}\n\n"
+                    "Each has its own options: replistream sim <experiment> --help. Every experiment takes\n"
+                    "--quick, --seed, --json, --out and --progress; fig5 has its own as well, trace has --servers,\n"
+                    "--days and --step.")
+    exps = p.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True,
+                            help="one of the experiments above")
+    for name, text in ABOUT.items():
+        e = exps.add_parser(name, description=f"{name}: {text}.")
+        if name == "trace":
+            e.add_argument("--seed", type=int, default=0, help="seed of the network model")
+            e.add_argument("--out", default=None, metavar="DIR", help="write the CSV trace here (required)")
+            e.add_argument("--servers", type=int, default=100, help="number of built-in cities (<= 119)")
+            e.add_argument("--days", type=float, default=30.0, help="length in days")
+            e.add_argument("--step", type=float, default=10.0, help="seconds between samples")
+            e.set_defaults(quick=False, json=False, progress=False, jobs=None)
+        else:
+            _common(e)
+            _fig5(e, hidden=name != "fig5")
+        e.set_defaults(func=run)
     p.set_defaults(func=run)
     return p
 
@@ -97,7 +135,7 @@ def check(args) -> str | None:
         except OSError as e:
             return (f"{flag}: cannot create or write the folder {folder!r} ({e.strerror}); choose a folder "
                     f"you can write")
-    if args.jobs is not None and args.jobs < 1:
+    if getattr(args, "jobs", None) is not None and args.jobs < 1:
         return f"--jobs must be >= 1, got {args.jobs}"
     th = getattr(args, "thetas", None)
     if th is not None and (any(not 0 < f <= 1 for f in th) or any(a <= b for a, b in zip(th, th[1:]))):
@@ -124,8 +162,7 @@ def run(args) -> int:
         return 2
     if args.experiment == "trace":
         return _trace(args)
-    f5 = {k: getattr(args, k, None) for k in ("jobs", "resume", "hours", "kmax", "damping", "create", "metric",
-                                               "trials", "thetas", "volatility")}
+    f5 = {k: getattr(args, k, None) for k in FIG5_OPTIONS}
     if args.experiment != "fig5" and any(v is not None for v in f5.values()):
         print(f"replistream sim {args.experiment}: --jobs, --resume, --trials, --hours, --kmax, --thetas, --volatility, "
               f"--damping, --create and --metric are fig5's options", file=sys.stderr)
