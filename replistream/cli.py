@@ -837,6 +837,9 @@ def _up(args) -> int:
         raise CliError(f"--num-cpus must be >= 1, got {args.num_cpus}")
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be between 1 and 65535, got {args.port}")
+    if not 0 <= args.dashboard_port < 65536 or args.dashboard_port == args.port:
+        raise CliError(f"--dashboard-port must be between 1 and 65535 and not the head's port (0: no dashboard), "
+                       f"got {args.dashboard_port}")
     t0 = time.perf_counter()
     emit = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     with Heartbeat(emit, every=3.0) as hb:
@@ -846,12 +849,16 @@ def _up(args) -> int:
             hb.say(f"up: {text}", phase="starting the Ray head" if text.startswith("starting") else None)
 
         try:
-            addr = up(num_cpus=args.num_cpus, port=args.port, say=say)
+            addr = up(num_cpus=args.num_cpus, port=args.port, say=say, dashboard_port=args.dashboard_port or None)
         except RuntimeError as e:
             raise CliError(str(e)) from None
+    from .engines.ray.cluster import recorded
+
+    board = (recorded(addr) or {}).get("dashboard")
     print(f"up: a Ray cluster runs at {addr} (started in {time.perf_counter() - t0:.1f} s); deploy() in any script "
           f"of this user on this machine joins it, and detached deployments live in it; "
-          f"`replistream down{'' if args.port == 6379 else f' --port {args.port}'}` stops it")
+          + (f"dashboard: {board}; " if board else "")
+          + f"`replistream down{'' if args.port == 6379 else f' --port {args.port}'}` stops it")
     return 0
 
 
@@ -1094,6 +1101,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "it answers, its warm pool of actor processes fills in the background")
     up_.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may use (default: the machine's)")
     up_.add_argument("--port", type=int, default=6379, help="the head's port (default 6379)")
+    up_.add_argument("--dashboard-port", type=int, default=8270,
+                     help="the live dashboard's port on 127.0.0.1 (default 8270; 0: no dashboard)")
     up_.set_defaults(func=_up)
     down_ = sub.add_parser("down", help="stop the local Ray cluster and every deployment in it")
     down_.add_argument("--port", type=int, default=None, help="the port of the cluster to stop (default: the one "

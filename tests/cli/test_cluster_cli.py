@@ -48,9 +48,16 @@ def test_without_a_cluster_the_commands_say_what_to_do(tmp_path):
 def test_up_deploy_detached_status_stop_down(tmp_path):
     env = isolated(tmp_path)
     port = free_port()
-    got = run(["up", "--num-cpus", "2", "--port", str(port)], env)
+    board_port = free_port()
+    got = run(["up", "--num-cpus", "2", "--port", str(port), "--dashboard-port", str(board_port)], env)
     assert got.returncode == 0, got.stderr
     assert f"127.0.0.1:{port}" in got.stdout
+    board = f"http://127.0.0.1:{board_port}/"
+    assert f"dashboard: {board}" in got.stdout  # issue #43: up prints the dashboard's address, and it answers
+    import urllib.request
+
+    with urllib.request.urlopen(board + "api/deployments", timeout=30) as r:
+        assert json.loads(r.read()) == {"deployments": []}
     folder = tmp_path / "home" / ".replistream" / "clusters" / f"127.0.0.1-{port}"
     record = json.loads((folder / "cluster.json").read_text())
     # the user's files are the user's only (#40 point 6)

@@ -243,12 +243,14 @@ def ensure_auth_token() -> str:
 
 
 def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0, warm: bool = True,
-       say: Callable[[str], None] | None = None) -> str:
+       say: Callable[[str], None] | None = None, dashboard_port: int | None = 8270) -> str:
     """Start a local Ray head for replistream (loopback only, token authentication); returns its
     address once the head has started. With ``warm``, its warm pool of actor processes (:mod:`.warm`)
-    fills in the background afterwards (``warm.log`` in the cluster's folder says how it went).
+    fills in the background afterwards (``warm.log`` in the cluster's folder says how it went). With
+    ``dashboard_port``, the live web dashboard (:mod:`replistream.dashboard`) serves the cluster on
+    ``http://127.0.0.1:<dashboard_port>/`` (its address is in the cluster's record, ``dashboard``).
     ``say`` is told each step as it starts. Raises ``RuntimeError`` naming the fix if a cluster runs
-    at that address already, the port is taken or Ray cannot start.
+    at that address already, a port is taken or Ray cannot start.
 
     >>> up(num_cpus=2)     # doctest: +SKIP
     '127.0.0.1:6379'
@@ -268,6 +270,12 @@ def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0, wa
                            f"(`replistream down --port {int(port)}` stops it)")
     if answers(address):
         raise RuntimeError(f"port {port} is in use on 127.0.0.1: choose another with --port")
+    if dashboard_port is not None:
+        from ...dashboard import port_free
+
+        if not port_free(dashboard_port):
+            raise RuntimeError(f"port {dashboard_port} is in use on 127.0.0.1: choose another for the dashboard "
+                               f"with --dashboard-port (0: no dashboard)")
     token = ensure_auth_token()
 
     from .deployment import RAY_SYSTEM_CONFIG
@@ -323,6 +331,12 @@ def up(num_cpus: int | None = None, port: int = 6379, timeout: float = 120.0, wa
             _write_record(rec)
             say(f"the warm pool of {warm_size()} actor processes fills in the background "
                 f"(log: {os.path.join(d, 'warm.log')})")
+    if dashboard_port is not None:  # the live dashboard, in a process of its own (it stops with the cluster)
+        from ...dashboard import launch
+
+        say(f"starting the dashboard on 127.0.0.1:{dashboard_port}")
+        rec["dashboard"] = launch(address, port=dashboard_port, log=os.path.join(d, "dashboard.log"))
+        _write_record(rec)
     return address
 
 
