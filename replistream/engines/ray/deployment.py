@@ -428,6 +428,9 @@ class Deployment:
             self._start_actors(query, physical, parquet_dir, rep)
         self._init_run_state(query, gc)
 
+    #: Seconds deploy() waits for the stream replicas to be connected.
+    CONNECT_TIMEOUT_S = 120.0
+
     def _start_actors(self, query: Query, physical: PhysicalPlan, parquet_dir: str | None, rep) -> None:
         """Start the coordinator and every replica of ``physical``, and connect every upstream
         replica to every downstream replica (``deploy()``; a restored deployment finds them running)."""
@@ -460,9 +463,18 @@ class Deployment:
         # every upstream replica feeds every downstream replica
         topo = self.topology
         rep.phase("connecting stream replicas", total=len(list(physical.streams())))
-        ray.get([topo.handle(e.src.label).connect.remote(e.stream, e.dst.label, physical.server(e.dst),
-                                                          topo.handle(e.dst.label), e.port, e.channel)
-                 for e in physical.streams()])
+        calls = {topo.handle(e.src.label).connect.remote(e.stream, e.dst.label, physical.server(e.dst),
+                                                         topo.handle(e.dst.label), e.port, e.channel): e
+                 for e in physical.streams()}
+        pending, deadline = list(calls), time.time() + self.CONNECT_TIMEOUT_S
+        while pending:  # the bar advances as each connection is made (issue #44: it sat at 0% until all were)
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.1)
+            ray.get(done)
+            rep.advance(len(done))
+            if pending and time.time() > deadline:
+                late = sorted(f"{calls[r].src.label}->{calls[r].dst.label}" for r in pending)
+                raise RuntimeError(f"{len(late)} stream replica(s) not connected within {self.CONNECT_TIMEOUT_S:g} s "
+                                   f"(their senders did not answer): {late[:5]}")
 
     def _init_run_state(self, query: Query, gc) -> None:
         """What a run keeps beside its actors (results fetched, repairs, the feeder, the control loop)."""
