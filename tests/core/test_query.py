@@ -84,7 +84,7 @@ def test_join_window_must_be_positive():
 def test_unknown_group_field():
     q = Query()
     a = one_source(q)
-    with pytest.raises(QueryError, match="group field 'host'"):
+    with pytest.raises(QueryError, match=r"by='host'\) named 'w': 'host' is not a field of its input"):
         a.window(size=10, by="host", name="w").sink("out")
         q.build()
 

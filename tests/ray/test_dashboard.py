@@ -180,7 +180,8 @@ def test_the_dashboard_names_its_mistakes_in_one_line(tmp_path, monkeypatch, cap
     from replistream.engines.ray import cluster
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(cluster, "STATE_FILE", str(tmp_path / "cluster.json"))  # no cluster recorded
+    monkeypatch.setenv("HOME", str(tmp_path))  # no cluster recorded (the records live in ~/.replistream/clusters)
+    assert cluster.records() == []
 
     def one_line(argv, expected):
         assert main(argv) == 2
