@@ -51,3 +51,20 @@ def test_the_coordinator_does_not_log_another_deployments_reports():
     finally:
         ray.get(c.forget.remote())
         ray.kill(c)
+
+
+def test_a_packet_taken_as_a_staged_transfer_completes_is_processed_not_rejected():
+    """A packet that reaches a receiver as its staged transfer completes is processed through
+    ``push`` again; it carries the deployment's epoch there (it was checked on arrival). Without it
+    the receiver rejected its own deployment's packet as stale: a tuple lost (caught by
+    tests/ray/test_transfer_runtime.py's moves, about one run in six)."""
+    cls = ReplicaActor.__ray_metadata__.modified_class  # the actor's class, run in this process
+    q = _query()
+    rep = cls(q, "f", 0, "a", [1], None, 0.0, {"epoch": "e"})
+    try:
+        batch = q.schema_of("s").from_columns({"ts": [5], "x": [1]}, ids=[1])
+        rep.staged = None  # the transfer completed just before the packet is taken
+        rep._push_staged(0, 0, [batch])
+        assert rep.stale == [] and rep.pushes == 1
+    finally:
+        rep.stop_sending()

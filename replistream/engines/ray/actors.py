@@ -698,8 +698,8 @@ class ReplicaActor(_Base):
             if staged:
                 self.inbox.append(("push", port, channel, packet))
                 self.inbox_cv.notify()
-        if not staged:  # completed meanwhile
-            return self.push(port, channel, packet)
+        if not staged:  # completed meanwhile (the packet's epoch was checked already: this deployment's)
+            return self.push(port, channel, packet, self.epoch)
         self.pushes += 1
         self.last_push = time.time() - self.t0
         return NO_ACK

@@ -1281,6 +1281,9 @@ class Deployment:
                                                          f"sender: {what}")
                 else:
                     self.declare_failed(sender, what)
+            elif kind == "stale_packet":  # another deployment's packet, rejected: said, with its sender
+                self.events.append({"t": self.now(), "event": "stale_packet", **{k: v for k, v in rep.items()
+                                                                                 if k not in ("rid", "kind")}})
             elif kind == "dormant_checkpoint":  # upstream may now trim its output up to it
                 self._hold_upstream(rep["operator"], int(rep["punctuation"]))
             elif kind == "channel_dropped":
