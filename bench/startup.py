@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         try:
             for k in (1, 3):
                 for i in range(args.runs + 1):  # the first run after `up` warms the cluster's caches: not counted
-                    cluster.start_warm_pool(address)  # a cluster already running: its warm pool full again
+                    cluster.start_warm_pool(address, wait=True)  # a cluster already running: its warm pool full again
                     r = run_one(k, 0, address)
                     r["prestart"] = "cluster"
                     if i > 0 or not started:
