@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import ray
 from ray.experimental import internal_kv
@@ -33,6 +34,14 @@ _spec.loader.exec_module(driver)
 _spec = importlib.util.spec_from_file_location("test_detached", HERE / "test_detached.py")
 detached = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(detached)
+
+
+def _keyed_chunks(seed: int, n: int, keys: int, span_s: float = 20.0) -> list[dict]:
+    """``n`` rows of ``{ts, k, v}`` over ``span_s`` seconds in chunks of 100 (``keys`` distinct keys):
+    input a detached deployment can keep, for the tests whose faults are sentinels."""
+    rng = np.random.default_rng(seed)
+    t = np.sort(rng.integers(0, seconds(span_s), n))
+    return [{"ts": t[a:a + 100], "k": rng.integers(0, keys, 100), "v": rng.normal(size=100)} for a in range(0, n, 100)]
 
 
 def _host(name: str):
@@ -147,8 +156,6 @@ def test_the_warm_pool_killed_mid_run_takes_no_leased_replica_with_it(tmp_path):
 
 
 def test_the_host_killed_during_a_repair_rolls_it_back_and_repairs_again(tmp_path):
-    import numpy as np
-
     from replistream.sources import Call, inject_at
 
     def kill_host_during_repair(dep):
@@ -168,10 +175,7 @@ def test_the_host_killed_during_a_repair_rolls_it_back_and_repairs_again(tmp_pat
 
     in_dir = detached.write_inputs(tmp_path / "in", files=1, rows=10)  # (only for the query's schema)
     q = driver.build(in_dir)
-    rng = np.random.default_rng(7)
-    n = 4000
-    t = np.sort(rng.integers(0, seconds(20), n))
-    chunks = [{"ts": t[a:a + 100], "k": rng.integers(0, 20, 100), "v": rng.normal(size=100)} for a in range(0, n, 100)]
+    chunks = _keyed_chunks(seed=7, n=4000, keys=20)
     data = {"s": inject_at(chunks, seconds(6), Call(kill_host_during_repair))}
     ref = run_reference(q, {"s": chunks})
     out_dir = str(tmp_path / "out")
@@ -198,8 +202,6 @@ def test_the_host_killed_while_a_change_is_half_sent_finishes_it(tmp_path, reach
     restored host finishes the change (the other entry replica takes the marker from its peer, or the
     resumed feed sends it to both), and the output equals the reference run of the changed query
     (both functions, switched at the change's time)."""
-    import numpy as np
-
     from replistream import Query
     from replistream.sources import Call, inject_at
 
@@ -228,10 +230,7 @@ def test_the_host_killed_while_a_change_is_half_sent_finishes_it(tmp_path, reach
     s.filter(lambda b: b["v"] > -1.0, name="keep").window(size=seconds(2), by="k", aggs={"n": "count"},
                                                          name="per_k").sink("out")
     q.build()
-    rng = np.random.default_rng(11)
-    n = 4000
-    t = np.sort(rng.integers(0, seconds(20), n))
-    chunks = [{"ts": t[a:a + 100], "k": rng.integers(0, 20, 100), "v": rng.normal(size=100)} for a in range(0, n, 100)]
+    chunks = _keyed_chunks(seed=11, n=4000, keys=20)
     out_dir = str(tmp_path / "out")
     dep = rs.deploy(q, servers=3, k=2, name="cp-change", detached=True,
                     sinks={"out": ParquetSink(out_dir, every=seconds(2))})
@@ -285,8 +284,6 @@ def test_the_host_killed_during_a_live_move_rolls_it_back(tmp_path):
     """move_replica's fluid transfer is under way (steps installed at the new replica), then the
     host dies: the restored host fences the half-installed replica (it waits for steps nobody will
     send), the old replica goes on, and the output equals the reference."""
-    import numpy as np
-
     from replistream.sources import Call, inject_at
 
     def move_then_die(dep):
@@ -304,10 +301,7 @@ def test_the_host_killed_during_a_live_move_rolls_it_back(tmp_path):
 
     in_dir = detached.write_inputs(tmp_path / "in", files=1, rows=10)  # (only for the query's schema)
     q = driver.build(in_dir)
-    rng = np.random.default_rng(9)
-    n = 6000
-    t = np.sort(rng.integers(0, seconds(20), n))
-    chunks = [{"ts": t[a:a + 100], "k": rng.integers(0, 500, 100), "v": rng.normal(size=100)} for a in range(0, n, 100)]
+    chunks = _keyed_chunks(seed=9, n=6000, keys=500)
     ref = run_reference(q, {"s": chunks})
     out_dir = str(tmp_path / "out")
     dep = rs.deploy(q, servers=["boston", "london", "tokyo"], k=2, name="cp-move", detached=True,
@@ -329,8 +323,6 @@ def test_the_host_killed_mid_run_is_restarted_and_a_client_by_position_gets_each
     """The host SIGKILLed mid-run: Ray restarts it, the new process restores the deployment, the
     Parquet output equals the reference, a client that kept its position (``results_since``) got
     each result once, and stopping leaves no actor and no key-value entry behind."""
-    import numpy as np
-
     in_dir = detached.write_inputs(tmp_path / "in", files=2, rows=1500)
     out_dir = str(tmp_path / "out")
     q = driver.build(in_dir)

@@ -63,6 +63,7 @@ from .control import GCConfig, ReplicaManager
 from .coordinator import CoordinatorActor
 from .detector import DEFAULT_FAIL_AFTER_S, DEFAULT_SUSPECT_AFTER_S, FailureDetector
 from .feeder import Feeder
+from .lifecycle import kill_actors
 from .resolve import (evaluate_plan, placement_network, resolve_network, resolve_placement_with_cost,
                       resolve_servers)
 from .topology import Topology
@@ -1818,10 +1819,7 @@ class Deployment:
         if not self.topology.mark_failed(label):
             return
         if h is not None:  # a replica counted failed never runs on (one Ray only could not reach, too)
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001 - gone already
-                pass
+            kill_actors([h])
         self.events.append({"t": self.now(), "event": "dead", "actor": label, "reason": reason})
         for other, h in self.topology.running():
             if other != label:

@@ -111,7 +111,7 @@ class DeploymentHost:
         cut short by the loss of this host's process is started again from scratch: the actors it had
         started are stopped first (:func:`~.lifecycle.discard`)."""
         from .deployment import DETACHED_AS, deploy
-        from .lifecycle import Persister, discard
+        from .lifecycle import discard
 
         with self.lock:
             if self.dep is None:
@@ -121,7 +121,7 @@ class DeploymentHost:
                     dep = deploy(query, **options)
                 finally:
                     DETACHED_AS.reset(token)
-                Persister(dep).options(query, options)
+                dep._persister.options(query, options)
                 dep._persister.start()
                 self.dep = dep
                 self._watched()

@@ -42,15 +42,18 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Any
 
 import ray
 from ray import cloudpickle
 from ray.experimental import internal_kv
 
+from .common import is_actor_death
 from .coordinator import KV_NAMESPACE
 
-__all__ = ["Persister", "restore", "discard", "forget", "registry", "put_value", "get_value", "PREFIX", "PIECE"]
+__all__ = ["Persister", "restore", "discard", "forget", "registry", "put_value", "get_value", "keys", "delete_value", "kill_actors",
+           "PREFIX", "PIECE"]
 
 #: Where detached deployments keep their state in Ray's key-value store (namespace
 #: :data:`~.coordinator.KV_NAMESPACE`).
@@ -89,9 +92,23 @@ def get_value(key: str) -> Any:
     return cloudpickle.loads(b"".join(parts))
 
 
-def _keys(prefix: str) -> list[str]:
-    keys = internal_kv._internal_kv_list(prefix, namespace=KV_NAMESPACE)
-    return sorted(k.decode() if isinstance(k, bytes) else k for k in keys)
+def keys(prefix: str) -> list[str]:
+    """The keys :func:`put_value` wrote under ``prefix`` (not their pieces), sorted.
+
+    >>> keys("replistream/deployments/none/")   # doctest: +SKIP
+    []
+    """
+    found = internal_kv._internal_kv_list(prefix, namespace=KV_NAMESPACE)
+    return sorted(k for k in (k.decode() if isinstance(k, bytes) else k for k in found) if "#" not in k[len(prefix):])
+
+
+def delete_value(key: str) -> None:
+    """Drop what :func:`put_value` kept under ``key`` (its pieces included).
+
+    >>> delete_value("replistream/warm/idle/0")   # doctest: +SKIP
+    """
+    internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
+    internal_kv._internal_kv_del(key + "#", del_by_prefix=True, namespace=KV_NAMESPACE)
 
 
 def forget(name: str) -> int:
@@ -110,23 +127,30 @@ def registry(name: str) -> dict[str, Any]:
     9
     """
     out = {}
-    for key in _keys(Persister.key(name, "registry/")):
-        if "#" in key.rpartition("/")[2]:
-            continue
+    for key in keys(Persister.key(name, "registry/")):
         h = get_value(key)
         if h is not None:
             out[key.rpartition("/")[2]] = h
     return out
 
 
-def _kill(handles) -> int:
-    n = 0
+def kill_actors(handles) -> int:
+    """``ray.kill`` each of ``handles``; returns how many kills Ray took. One it refused is said in a
+    warning, with Ray's reason (an actor gone already is not refused).
+
+    >>> kill_actors([])
+    0
+    """
+    n, refused = 0, []
     for h in handles:
         try:
             ray.kill(h, no_restart=True)
             n += 1
-        except Exception:  # noqa: BLE001 - gone already
-            pass
+        except (ValueError, ray.exceptions.RayError) as e:
+            refused.append(f"{h._actor_id.hex()}: {type(e).__name__}: {e}")
+    if refused:
+        warnings.warn(f"replistream: Ray refused to kill {len(refused)} actor(s): {refused[:3]}", RuntimeWarning,
+                      stacklevel=2)
     return n
 
 
@@ -137,7 +161,7 @@ def discard(name: str) -> int:
     >>> discard("monitor")   # doctest: +SKIP
     9
     """
-    n = _kill(registry(name).values())
+    n = kill_actors(registry(name).values())
     forget(name)
     return n
 
@@ -268,7 +292,6 @@ def restore(name: str):
 
     >>> dep = restore("monitor")   # doctest: +SKIP
     """
-    from ...plan import ENTRY
     from .control import ReplicaManager
     from .deployment import Deployment
 
@@ -323,17 +346,21 @@ def _settle_replicas(dep) -> dict:
     orphans = [h for aid, h in dep._registry.items() if aid not in known]
     labels = [h.stats.remote() for h in orphans]
     ready = set(ray.wait(labels, num_returns=len(labels), timeout=2.0)[0]) if labels else set()
-    burned = []
+    burned, unnamed = [], 0
     for ref in labels:
-        if ref in ready:
-            try:
-                lab = ray.get(ref).get("label")
-            except Exception:  # noqa: BLE001 - dead already: nothing names it
-                continue
-            if lab:
-                topo.burn(lab)
-                burned.append(lab)
-    _kill(orphans)
+        try:  # (stopped below whether or not it answers: one that does not is counted as unnamed)
+            lab = ray.get(ref, timeout=0).get("label") if ref in ready else None
+        except Exception as e:  # noqa: BLE001 - a death or its own error: it is stopped all the same
+            if not is_actor_death(e):
+                warnings.warn(f"replistream: an actor the lost host started did not say its label ({e!r}); it is "
+                              f"stopped", RuntimeWarning, stacklevel=2)
+            lab = None
+        if lab:
+            topo.burn(lab)
+            burned.append(lab)
+        else:
+            unnamed += 1
+    kill_actors(orphans)
     for lab in burned:  # every running replica forgets its links to them
         for other, h in topo.running():
             h.drop_link.remote(lab, "rolled back after the control plane was restored")
@@ -356,7 +383,7 @@ def _settle_replicas(dep) -> dict:
         if ref not in ready:
             continue  # silent: the failure detector decides, as for any replica
         try:
-            ans = ray.get(ref)
+            ans = ray.get(ref, timeout=0)  # (ready)
         except Exception as e:  # noqa: BLE001 - a death, or a process Ray cannot reach
             dead.append((label, f"lost while the control plane was restored: {type(e).__name__}"))
             continue
@@ -376,17 +403,21 @@ def _settle_replicas(dep) -> dict:
         ray.get(dep.coordinator.ping.remote(), timeout=dep.detector.fail_after_s)
     except Exception as e:  # noqa: BLE001 - replaced from the state it kept
         dep.replace_coordinator(dep.coordinator, f"lost with the control plane: {type(e).__name__}", fence=True)
-    return {"rolled_back": burned, "orphans_stopped": len(orphans), "dead": [d for d, _ in dead],
+    return {"rolled_back": burned, "orphans_stopped": len(orphans), "orphans_unnamed": unnamed,
+            "dead": [d for d, _ in dead],
             "pending": pending, "repairing": repairing, "discards_finished": finished,
             "entries": [label for label, _ in topo.running(ENTRY)]}
 
 
 def _answer(ref) -> int:
-    """How many links a ``disconnect`` call removed (0 if it failed: a death is the detector's)."""
+    """How many links a finished ``disconnect`` call removed: 0 if its actor died (the failure detector's
+    to notice); any other error is raised."""
     try:
-        return int(ray.get(ref))
-    except Exception:  # noqa: BLE001 - see the docstring
-        return 0
+        return int(ray.get(ref, timeout=0))
+    except Exception as e:
+        if is_actor_death(e):
+            return 0
+        raise
 
 
 def _repairs_cut_short(dep) -> list[str]:

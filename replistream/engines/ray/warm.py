@@ -130,35 +130,22 @@ def _blank_query():
 
 
 def _kv_put(key: str, value) -> None:
-    from ray import cloudpickle
-    from ray.experimental import internal_kv
+    from .lifecycle import put_value
 
-    from .coordinator import KV_NAMESPACE
-
-    internal_kv._internal_kv_put(KV_PREFIX + key, cloudpickle.dumps(value), namespace=KV_NAMESPACE)
+    put_value(KV_PREFIX + key, value)
 
 
 def _kv_del(key: str) -> None:
-    from ray.experimental import internal_kv
+    from .lifecycle import delete_value
 
-    from .coordinator import KV_NAMESPACE
-
-    internal_kv._internal_kv_del(KV_PREFIX + key, namespace=KV_NAMESPACE)
+    delete_value(KV_PREFIX + key)
 
 
 def _kv_items(prefix: str) -> list[tuple[str, object]]:
-    from ray import cloudpickle
-    from ray.experimental import internal_kv
+    """``(key after the prefix, value)`` of what the pool kept under ``prefix``."""
+    from .lifecycle import get_value, keys
 
-    from .coordinator import KV_NAMESPACE
-
-    out = []
-    for key in internal_kv._internal_kv_list(KV_PREFIX + prefix, namespace=KV_NAMESPACE):
-        key = key.decode() if isinstance(key, bytes) else key
-        raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
-        if raw is not None:
-            out.append((key[len(KV_PREFIX) + len(prefix):], cloudpickle.loads(raw)))
-    return out
+    return [(key[len(KV_PREFIX) + len(prefix):], get_value(key)) for key in keys(KV_PREFIX + prefix)]
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=4)
@@ -187,20 +174,26 @@ class WarmPool:
     def _restore(self) -> dict:
         """Take up the idle actors and leases an earlier process of the pool kept (its process died
         and Ray restarted it): idle ones that still answer are kept, the others forgotten."""
-        idle = _kv_items("idle/")
-        for key, (cls_name, h) in idle:
+        from .lifecycle import kill_actors
+
+        idle = [(key, cls_name, h) for key, (cls_name, h) in _kv_items("idle/")]
+        asked = [h.settled.remote() for _, _, h in idle]
+        ready = set(ray.wait(asked, num_returns=len(asked), timeout=5)[0]) if asked else set()  # one deadline
+        lost = []
+        for (key, cls_name, h), ref in zip(idle, asked):
             try:
-                ray.get(h.settled.remote(), timeout=5)
-                self.idle.setdefault(cls_name, []).append(h)
-            except Exception:  # gone, or not answering: forgotten (killed in case it only hangs)
-                _kv_del("idle/" + key)
-                try:
-                    ray.kill(h, no_restart=True)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
+                if ref in ready:
+                    ray.get(ref, timeout=0)
+                    self.idle.setdefault(cls_name, []).append(h)
+                    continue
+            except Exception:  # noqa: BLE001 - gone or broken: forgotten below, like a silent one
+                pass
+            _kv_del("idle/" + key)  # gone, or not answering: forgotten (killed in case it only hangs)
+            lost.append(h)
+        kill_actors(lost)
         for key, (owner, h) in _kv_items("lease/"):
             self.leases[key] = (owner, h)
-        return {"idle": sum(len(v) for v in self.idle.values()), "leases": len(self.leases)}
+        return {"idle": sum(len(v) for v in self.idle.values()), "leases": len(self.leases), "forgotten": len(lost)}
 
     def _new(self, cls_name: str):
         from . import actors
