@@ -80,3 +80,36 @@ def test_no_module_imports_another_modules_private_names():
     bad = [f"{importer} imports {n} from {target}" for importer, target, names in _imports(modules)
            if _owner(target, modules) is not None for n in names if n.startswith("_") and not n.startswith("__")]
     assert not bad, "private names imported across modules:\n" + "\n".join(bad)
+
+
+ENGINE = ROOT / "replistream" / "engines" / "ray"
+
+
+def _class_lengths() -> dict[str, int]:
+    out = {}
+    for f in ENGINE.glob("*.py"):
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                out[f"{f.name}:{node.name}"] = node.end_lineno - node.lineno + 1
+    return out
+
+
+def test_the_users_handle_is_a_thin_client():
+    """Issue #40, point 3: ``Deployment`` keeps no state of the run and stays under ~400 lines; no
+    module of the engine reaches into a client (its ``_backend``) but the client itself, and the
+    control plane is split by responsibility (none of its parts as large as the old ``Deployment``,
+    1,740 lines, or the old ``ReplicaManager``, 926)."""
+    client = ENGINE / "client.py"
+    assert len(client.read_text().splitlines()) <= 400
+    tree = ast.parse(client.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Deployment")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assert len(init.body) == 1 and "_backend" in ast.unparse(init.body[0]), ast.unparse(init)  # its one field
+    for f in ENGINE.glob("*.py"):
+        if f.name != "client.py":
+            assert "_backend" not in f.read_text(), f"{f.name} reaches into a client's backend"
+    lengths = _class_lengths()
+    for part in ["plane.py:ControlPlane", "monitor.py:Monitor", "repair.py:Repairer", "results.py:Results",
+                 "faults.py:Faults", "ingest.py:Ingest", "changes.py:Changes", "coordlink.py:CoordinatorLink",
+                 "control.py:ReplicaManager", "meter.py:Meter", "handover.py:HandOver"]:
+        assert lengths[part] <= 500, (part, lengths[part])

@@ -171,7 +171,7 @@ def test_every_public_name_has_a_docstring():
 
 
 def test_entry_key_matches_the_runtime():
-    from replistream.engines.ray.deployment import ENTRY as RUNTIME_ENTRY
+    from replistream.plan import ENTRY as RUNTIME_ENTRY
 
     assert ENTRY == RUNTIME_ENTRY
 

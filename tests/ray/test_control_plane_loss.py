@@ -170,7 +170,7 @@ def test_the_host_killed_during_a_repair_rolls_it_back_and_repairs_again(tmp_pat
         def install(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGKILL)
 
-        mgr._install = install
+        mgr.handover._install = install
         dep.kill_replica("per_k", 0)
 
     in_dir = detached.write_inputs(tmp_path / "in", files=1, rows=10)  # (only for the query's schema)
@@ -367,7 +367,7 @@ def test_the_host_killed_in_a_garbage_collection_finishes_it(tmp_path):
         import threading
 
         mgr, persister = dep.manager, dep._persister
-        apply, persist = mgr._apply_discard, persister.persist_now
+        apply, persist = mgr.handover._apply_discard, persister.persist_now
         inside = []
 
         def apply_discard(streams, replicas):
@@ -379,7 +379,7 @@ def test_the_host_killed_in_a_garbage_collection_finishes_it(tmp_path):
             if threading.get_ident() in inside:  # the decision is kept; no sender has been told
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        mgr._apply_discard, persister.persist_now = apply_discard, persist_now
+        mgr.handover._apply_discard, persister.persist_now = apply_discard, persist_now
 
     q = fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.5)
     data = {k: list(v) for k, v in fig1_inputs(n_servers=3, duration_s=16, period_s=0.25, seed=4, chunk=2).items()}

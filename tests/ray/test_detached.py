@@ -71,7 +71,10 @@ def test_a_detached_deployment_outlives_its_killed_driver_and_is_attached(tmp_pa
         proc.wait(30)
         assert "monitor" in list_deployments()
         dep = rs.attach("monitor")
+        assert type(dep) is rs.Deployment and dep.detached and dep.name == "monitor"  # one client class (#40)
         assert not dep.status()["complete"]  # killed before the end of the stream
+        with pytest.raises(ValueError, match="on_output runs callbacks in this script"):
+            dep.on_output("out", print)  # a callback cannot run in the host: refused in one line
         assert dep.wait(120)
         status = dep.status()
         assert status["complete"] and status["applications"]["out"]["delivered"] == len(ref.outputs["out"])

@@ -84,7 +84,7 @@ def test_collected_down_to_one_replica_then_the_last_replica_killed():
     ref = run_reference(q, data)
     first = sorted(data)[0]
     killed, errors = [], []
-    discard = Call(lambda d: d.control_loop().discard("correlate#0", "collected: kmin=1 keeps one replica"))
+    discard = Call(lambda d: d.control_loop().handover.discard("correlate#0", "collected: kmin=1 keeps one replica"))
     data[first] = inject_at(inject_at(data[first], seconds(6), discard), seconds(12),
                             kill_last_after_dormant("correlate", timeout=90, killed=killed, errors=errors))
     cfg = GCConfig(gc=False, kmin=1, dormant_every_s=0.5)

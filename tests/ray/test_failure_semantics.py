@@ -187,7 +187,7 @@ def test_misuse_gets_a_clear_error():
 
 @pytest.mark.slow
 def test_parquet_files_stay_inside_the_folder_given(tmp_path):
-    from replistream.engines.ray.deployment import inside
+    from replistream.engines.ray.common import inside
 
     with pytest.raises(ValueError, match="would lie outside"):
         inside(str(tmp_path / "pq" / "inner"), "../escape")

@@ -85,7 +85,7 @@ def test_handover_without_checkpoint_loses_output():
     # tuples with ts <= 6 s, so a fresh join#0 cannot get a-tuples in (3 s, 6 s] back; join#1 dies before
     # any b-tuple after 7.9 s is fed, so the pairs of those with b in (7.9 s, 9 s) are made by nobody.
     data["a"][8:8] = [Call(lambda d: wait_acked(d, "join#", seconds(6))),
-                      Call(lambda d: d.control_loop().replace_replica("join#0", checkpoint=False)),
+                      Call(lambda d: d.control_loop().handover.replace_replica("join#0", checkpoint=False)),
                       KillReplica("join", 1)]
     with deploy(q, servers=4, k=2) as dep:
         ref, res = run_checked(dep, q, data)
@@ -203,7 +203,7 @@ def test_a_stream_revived_to_a_lagging_receiver_replays_what_it_lacks():
         return s
 
     def lag_hot0(d):
-        d.control_loop()._apply_discard([sid(d, "correlate#0", "hot#0"), sid(d, "correlate#1", "hot#1"),
+        d.control_loop().handover._apply_discard([sid(d, "correlate#0", "hot#0"), sid(d, "correlate#1", "hot#1"),
                                          sid(d, "hot#1", "alerts")], [])
         d.delay_link(servers[3], servers[1], 2500, both_directions=False)  # correlate#1 -> hot#0
 
@@ -216,7 +216,7 @@ def test_a_stream_revived_to_a_lagging_receiver_replays_what_it_lacks():
             assert time.time() < deadline, f"hot#0 did not fall behind hot#1: {acks}"
             time.sleep(0.05)
         seen["lag"] = acks
-        d.control_loop()._apply_revival(RevivalEvent(
+        d.control_loop().handover._apply_revival(RevivalEvent(
             action="revive-stream", trigger="test", replica="hot#0", reason="lagging receiver",
             revive_streams=(sid(d, "correlate#0", "hot#0"),), discard_streams=(sid(d, "correlate#1", "hot#0"),)))
 

@@ -112,7 +112,7 @@ def test_the_coordinator_moves_holds_on_and_releases_them():
     running = {"c#0": True, "c#1": True, "h#0": True, "h#1": True, "h#2": True}
     topo = Topo(streams, running, {"h#0": True, "h#1": True, "h#2": True})
     mgr = SimpleNamespace(topology=topo)
-    mgr._fed = lambda label, port: ReplicaManager._fed(mgr, label, port)
+    mgr.meter._fed = lambda label, port: ReplicaManager._fed(mgr, label, port)
     ReplicaManager._raise_holds(mgr, {"h#0": {"acks": [41]}})  # h#1 did not report
     assert sent == {"c#0": [{gone_key("h#0", 0): 41, gone_key("h#2", 0): None}]}
     sent.clear()

@@ -4,10 +4,14 @@ collection and revival (Hwang §V-B, §V-C) and changes at logical times (decisi
 
 Read top-down:
 
-* :mod:`.deployment`: :func:`deploy` (every check before any actor starts) and
-  :class:`Deployment`, what a user holds: run, feed, wait, results, metrics,
-  failure injection, network conditions, and thin methods that hand over to the
-  parts below;
+* :mod:`.deployment`: :func:`deploy` (every check before any actor starts);
+  :mod:`.client`: :class:`Deployment`, what a user holds: a thin client that
+  forwards run, feed, wait, results, metrics, failure injection, network
+  conditions, moves and changes to the control plane;
+* :mod:`.plane`: the control plane, split by responsibility: :mod:`.monitor`
+  (failure detection), :mod:`.repair`, :mod:`.coordlink`, :mod:`.results`,
+  :mod:`.faults`, :mod:`.ingest`, :mod:`.changes`; :mod:`.host` and
+  :mod:`.lifecycle` run it detached and restore it;
 * :mod:`.resolve`: what ``deploy()`` was given, resolved: servers, placement
   (:func:`spread_placement`, :data:`PLACEMENTS`), the emulated network;
 * :mod:`.topology`: the one live view of replicas and stream replicas, built from
@@ -19,7 +23,8 @@ Read top-down:
 * :mod:`.channels`: stream replicas between actors (batching, emulated delay,
   backpressure, retention and replay with :class:`~replistream.replica.ReplayLog`);
 * :mod:`.control`: :class:`GCConfig` and :class:`ReplicaManager`, the garbage
-  collection and revival loop; :mod:`.transfer`: the coordinator's side of a
+  collection and revival loop (:mod:`.meter`: what it measures; :mod:`.handover`:
+  the hand-overs it applies); :mod:`.transfer`: the coordinator's side of a
   staged state transfer;
 * :mod:`.reconfigure`: changes to the running query.
 
@@ -33,7 +38,7 @@ above:
 2. ``Feeder.lock`` (re-entrant; :mod:`.feeder`): what the feeder has sent (sequence
    numbers, open sources, the largest timestamp): no chunk is sent while it is held,
    so a marker goes after everything fed so far. Held across the sending of one chunk.
-3. ``Delivered.lock`` (:mod:`.deployment`): the applications' outputs fetched so far
+3. ``Delivered.lock`` (:mod:`.results`): the applications' outputs fetched so far
    (polling, and adding an application at run time).
 4. ``Topology.lock`` (re-entrant; :mod:`.topology`): the replica and stream-replica
    table. Innermost: nothing is called (no actor call, no other lock) while it is held.
@@ -41,7 +46,7 @@ above:
 Who takes what: the feeder thread takes 2 (then 4) per chunk, and none while it
 runs a sentinel, so a sentinel may call anything (including what takes 1); the
 control loop takes 1, and 2 only for a change to the running query
-(``Deployment.quiet()``: 1 then 2); :meth:`Deployment.poll` takes 3 (then 4);
+(``ControlPlane.quiet()``: 1 then 2); ``Results.poll`` takes 3 (then 4);
 adding an operator takes 1, 2, 3, 4 in that order. Locks 1-3 may be held while
 waiting for actor calls; nothing waits for anything while holding 4.
 
@@ -61,7 +66,7 @@ import importlib
 __all__ = ["Deployment", "deploy", "init_ray", "RAY_SYSTEM_CONFIG", "spread_placement", "PLACEMENTS", "GCConfig",
            "ReplicaManager", "attach", "list_deployments", "DeploymentClient"]
 
-_WHERE = {"Deployment": "deployment", "deploy": "deployment", "init_ray": "deployment",
+_WHERE = {"Deployment": "client", "deploy": "deployment", "init_ray": "deployment",
           "RAY_SYSTEM_CONFIG": "deployment", "spread_placement": "resolve", "PLACEMENTS": "resolve",
           "GCConfig": "control", "ReplicaManager": "control", "attach": "host", "list_deployments": "host",
           "DeploymentClient": "host"}

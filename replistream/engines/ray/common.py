@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import os
 import traceback
 
 import numpy as np
@@ -150,3 +151,21 @@ def json_default(o):
     if isinstance(o, np.ndarray):
         return o.tolist()
     return repr(o)
+
+
+def inside(folder: str, name: str) -> str:
+    """``folder/name``, refused (ValueError) unless it lies inside ``folder`` once resolved: every
+    output path replistream writes is built this way (docs/reliability.md).
+
+    >>> inside("/tmp/out", "alerts")
+    '/tmp/out/alerts'
+    >>> inside("/tmp/out/inner", "../escape")
+    Traceback (most recent call last):
+    ...
+    ValueError: output path for '../escape' would lie outside '/tmp/out/inner'
+    """
+    base = os.path.realpath(folder)
+    path = os.path.realpath(os.path.join(base, name))
+    if os.path.commonpath([base, path]) != base or path == base:
+        raise ValueError(f"output path for {name!r} would lie outside {folder!r}")
+    return path

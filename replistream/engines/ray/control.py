@@ -86,23 +86,16 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-import ray
 
-from ...gc import ENTRY, OperatorReplica, RevivalEvent, RevivalPolicy, Snapshot, StreamReplica, collect_garbage
-from ...plan import group_of
-from ...replica.handover import missing_feeders, rank_peers, shares_feeders
-from ...replica.transfer import STRATEGIES, splittable
-from .channels import NO_ACK, gone_key
-from .common import is_actor_death, json_default
-from .transfer import staged_install
+from ...gc import ENTRY, RevivalPolicy, Snapshot, collect_garbage
+from .common import json_default
+from .handover import HandOver
+from .meter import CUT_MS, Meter
 
 __all__ = ["CUT_MS", "GCConfig", "ReplicaManager"]
-
-#: Latency (ms) a cut link counts with in the snapshot (the cost model needs finite figures).
-CUT_MS = 60_000.0
 
 
 @dataclass
@@ -269,8 +262,10 @@ class ReplicaManager:
         self.next_gc = None
         self.ticks = 0
         self.errors = 0
+        self.meter = Meter(self)  # what each utility period measures (meter.py)
+        self.handover = HandOver(self)  # hand-overs applied (handover.py)
         self.policy = RevivalPolicy(threshold_s=config.threshold_s, proactive=config.proactive,
-                                    place=self._place, latency=self._latency, max_proactive=config.max_proactive)
+                                    place=self._place, latency=self.meter._latency, max_proactive=config.max_proactive)
 
     # -- the thread ------------------------------------------------------------------------
     def start(self) -> None:
@@ -301,183 +296,6 @@ class ReplicaManager:
         """Seconds since the run started (the deployment's ``t0``)."""
         return self.dep.now()
 
-    # -- measuring ---------------------------------------------------------------------------
-    def _latency(self, a: str, b: str) -> float:
-        lat = float(self.dep.conditions.latency_ms(a, b, self.now()))
-        return CUT_MS if not math.isfinite(lat) else lat
-
-    def _reports(self) -> dict[str, dict]:
-        """The gc report of every running replica not failed, all asked at once and waited for
-        together for at most one utility period (between 2 and 30 s). One that does not answer in
-        time is left out of this period and listed in :attr:`unanswered` (a replica busy in long
-        calls: an overloaded server answers late); its report is not asked again until it
-        answers, and counts in the next period. A death is noticed through the topology."""
-        topo = self.topology
-        running = {r.label for r in topo.replicas() if r.state != "failed" and topo.is_running(r.label)}
-        for label in [lab for lab in self._asked if lab not in running]:
-            del self._asked[label]
-        for label in running:
-            if label not in self._asked:
-                self._asked[label] = topo.handle(label).gc_report.remote()
-        refs = list(self._asked.values())
-        wait_s = min(30.0, max(2.0, float(self.cfg.utility_period_s)))
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=wait_s)[0]) if refs else set()
-        out = {}
-        self.unanswered = set()
-        for label, ref in list(self._asked.items()):
-            if ref not in ready:
-                self.unanswered.add(label)
-                continue
-            del self._asked[label]
-            try:
-                out[label] = ray.get(ref)
-            except Exception:  # no report from it this period; see the docstring
-                continue
-        return out
-
-    def notice_failures(self) -> None:
-        """Log every replica that failed since the last call (failure, not garbage collection)."""
-        for r in self.topology.replicas(state="failed"):
-            if r.label not in self.reported_failures:
-                self.reported_failures.add(r.label)
-                self.record({"kind": "failure", "action": "failed", "replica": r.label,
-                             "text": f"{r.label} died (failure, not garbage collection)"})
-
-    def measure(self) -> Snapshot:
-        """Ask the actors and build the current snapshot (rates, latencies, weights of the last period)."""
-        topo = self.topology
-        with self.lock:
-            self.notice_failures()
-            reports = self._reports()
-            self._measure_rates(reports)
-            self._measure_loads(reports)
-            weights: dict[str, float] = {}
-            for s in topo.streams():
-                sid = s.id
-                rep = reports.get(s.dst)
-                if rep is None or not rep.get("weights"):
-                    continue
-                ch = topo.channel(sid)
-                port_w = rep["weights"][s.port] if s.port < len(rep["weights"]) else []
-                if ch is None or ch >= len(port_w):
-                    continue
-                key = (s.dst, s.port, ch)
-                w = float(port_w[ch])
-                weights[sid] = max(0.0, w - self.weights_prev.get(key, 0.0))
-                self.weights_prev[key] = w
-            # once the feeder has sent everything, nothing newer is due: a replica's input stops
-            # aging then (else every replica looks hindered at the end of a paced run)
-            done = self.dep.feeder.done_wall
-            idle = max(0.0, time.time() - done) if done is not None else 0.0
-            self.delays = {label: max(0.0, float(rep.get("delay_s", 0.0)) - idle) for label, rep in reports.items()
-                           if topo.replica(label).kind != "entry" and topo.replica(label).live}
-
-            def measured(s: StreamReplica) -> StreamReplica:
-                return replace(s, rate=float(self.rates.get(s.stream, 0.0)),
-                               latency_ms=self._latency(topo.server(s.src), topo.server(s.dst)),
-                               weight=weights.get(s.id, 0.0))
-
-            snap = topo.snapshot(self.kmin, self.theta, measured)
-            self._floor_dormant_entries(reports)
-            self._raise_holds(reports)
-            self.last_snapshot = snap
-            return snap
-
-    def _fed(self, label: str, port: int) -> bool:
-        """Whether ``label`` is live, running and fed on input ``port`` by a live stream replica
-        from a running replica."""
-        topo = self.topology
-        if label not in topo or not topo.replica(label).live or not topo.is_running(label):
-            return False
-        return any(s.port == port and topo.is_running(s.src) for s in topo.streams(live=True, dst=label))
-
-    def _raise_holds(self, reports: dict) -> None:
-        """Move on the holds discarded stream replicas left on their senders' logs (decision 7;
-        :meth:`~.channels.Outbox.remove_link`): to the receiver's acknowledgement on that port
-        while another sender feeds it, released once nothing does (a dormant replica is brought
-        up to date by a hand-over, not by this log). Derived from the topology each period, so a
-        coordinator that took over moves on its predecessor's holds too; a receiver that did not
-        report this period keeps its hold where it was."""
-        topo = self.topology
-        points: dict[str, dict] = {}
-        for s in topo.streams(live=False):
-            if not topo.is_running(s.src):
-                continue
-            key = gone_key(s.dst, s.port)
-            if not self._fed(s.dst, s.port):
-                points.setdefault(s.src, {})[key] = None
-                continue
-            acks = (reports.get(s.dst) or {}).get("acks") or []
-            if s.port < len(acks):
-                points.setdefault(s.src, {})[key] = int(acks[s.port])
-        for src, pts in points.items():  # advisory: a lost call leaves a hold lower, never higher
-            topo.handle(src).raise_holds.remote(pts)
-
-    def _measure_rates(self, reports: dict) -> None:
-        """Stream rates (tuples/s) over the rate window: per stream, its busiest producer's.
-
-        Each producer is measured from its own start (``age_s`` of its report), so a
-        replacement does not restart the stream's rate from zero; a stream none of whose
-        producers has two samples yet keeps its previous rate."""
-        now = self.now()
-        window = self.cfg.rate_window()
-        best: dict[str, float] = {}
-        for label, rep in reports.items():
-            for stream, n in rep.get("emitted", {}).items():
-                key = (label, stream)
-                hist = self.flushed.get(key)
-                if hist is None:
-                    born = max(0.0, now - float(rep.get("age_s", now)))
-                    hist = self.flushed[key] = deque([(born, 0)])
-                hist.append((now, int(n)))
-                while len(hist) > 2 and now - hist[1][0] >= window:
-                    hist.popleft()
-                (t_a, n_a), (t_b, n_b) = hist[0], hist[-1]
-                if t_b - t_a > 1e-3:
-                    best[stream] = max(best.get(stream, 0.0), (n_b - n_a) / (t_b - t_a))
-        self.rates.update(best)
-
-    def _floor_dormant_entries(self, reports: dict) -> None:
-        """A dormant entry replica (still fed, no links) trims its retention to what the live entry
-        replicas' consumers acknowledged."""
-        topo = self.topology
-        entries = topo.replicas(ENTRY)
-        live = [reports[r.label] for r in entries if r.live and r.label in reports]
-        dormant = [r.label for r in entries if r.state == "dormant" and topo.is_running(r.label)]
-        if not live or not dormant:
-            return
-        acks = [a for rep in live for a in rep.get("min_ack", {}).values()]
-        if acks:
-            floor = min(acks)
-            for l in dormant:
-                topo.handle(l).set_floor.remote(floor)
-
-    def _measure_loads(self, reports: dict) -> None:
-        """Each reporting replica's load over the last period, as a share of one core: ``work_s``
-        (processing, plus what a slowed server's emulation stretched it by) and ``busy_s`` (its
-        own processing) per wall second since its previous report."""
-        now = time.time()
-        for label, rep in reports.items():
-            if "work_s" not in rep:
-                continue
-            prev = self._work_prev.get(label)
-            self._work_prev[label] = (now, float(rep["busy_s"]), float(rep["work_s"]))
-            if prev is not None and now > prev[0]:
-                dt = now - prev[0]
-                self.loads[label] = max(0.0, (float(rep["work_s"]) - prev[2]) / dt)
-                self.own_loads[label] = max(0.0, (float(rep["busy_s"]) - prev[1]) / dt)
-
-    def server_loads(self) -> dict[str, float]:
-        """``{server: load}``: the measured loads of the replicas running there (shares of a core).
-
-        >>> dep.control_loop().server_loads()   # doctest: +SKIP
-        {'boston': 0.93, 'london': 0.12, 'tokyo': 0.08}
-        """
-        out = {s: 0.0 for s in self.dep.servers}
-        for label, _ in self.topology.running():
-            out[self.topology.server(label)] = out.get(self.topology.server(label), 0.0) + self.loads.get(label, 0.0)
-        return out
-
     def rebalance(self, snap: Snapshot) -> dict | None:
         """Move one operator replica off a server whose measured load passes ``alpha`` x its
         capacity (Algorithm 5's load bound, Hwang §V-A, with loads measured at run time), live,
@@ -493,7 +311,7 @@ class ReplicaManager:
         now = self.now()
         if now < self.next_move or not self.loads:
             return None
-        loads = self.server_loads()
+        loads = self.meter.server_loads()
         cap = {s: float(self.dep.servers[s].capacity) for s in loads}
         over = sorted((s for s in loads if loads[s] > self.cfg.alpha * cap[s]), key=lambda s: -loads[s] / cap[s])
         if not over:
@@ -517,7 +335,7 @@ class ReplicaManager:
                                  f"bound with it ({loads[target]:.2f} + {own:.2f})"})
             self.overloaded = set(over)  # a peer elsewhere hands the state over
             try:
-                ev = self.replace_replica(label, server=target, strategy=self.cfg.move_strategy)
+                ev = self.handover.replace_replica(label, server=target, strategy=self.cfg.move_strategy)
             finally:
                 self.overloaded = set()
             self._work_prev.clear()  # measure again from here
@@ -538,7 +356,7 @@ class ReplicaManager:
         """One utility period: measure, record the cost, maybe collect garbage, maybe revive."""
         with self.lock:
             self.ticks += 1
-            snap = self.measure()
+            snap = self.meter.measure()
             cost = snap.total_cost()
             if math.isinf(self.theta) and self.cfg.theta_fraction is not None and cost > 0:
                 self.theta = self.cfg.theta_fraction * cost
@@ -566,7 +384,7 @@ class ReplicaManager:
         result = collect_garbage(snap, self.cfg.max_steps)
         for d in result.decisions:
             started = time.time()
-            self._apply_discard(d.streams, d.replicas)
+            self.handover._apply_discard(d.streams, d.replicas)
             self.record({"kind": "gc", **d.to_dict(), "text": d.describe(),
                          "apply_seconds": round(time.time() - started, 3), "live_after": self.live_counts()})
         return result.snapshot
@@ -590,7 +408,7 @@ class ReplicaManager:
                     self._none_once(h, f"{why}; no server without a live {snap.replica(h).operator!r} replica "
                                     f"has every input and output link under the threshold")
                     continue
-                e = self._replacement(h, server, False, "delay", f"{why}: replaced at once on {server} "
+                e = self.handover._replacement(h, server, False, "delay", f"{why}: replaced at once on {server} "
                                       f"(Algorithm 5)", delay_s=float(delays[h]), threshold_s=self.cfg.threshold_s,
                                       theta=self.theta)
                 if not self._apply_and_record(e):
@@ -617,7 +435,7 @@ class ReplicaManager:
             self._last_none.pop(e.replica, None)
         started = time.time()
         try:
-            info = self._apply_revival(e)
+            info = self.handover._apply_revival(e)
             applied, err = True, None
         except Exception as exc:
             info, applied, err = {}, False, f"{type(exc).__name__}: {exc}"
@@ -674,9 +492,9 @@ class ReplicaManager:
         limit = 1000.0 * self.cfg.threshold_s
         for p in snap.ports(label):
             up = snap.upstream_operator(op, p)
-            if any(self._latency(u.server, server) > limit for u in snap.replicas_of(up, "live")):
+            if any(self.meter._latency(u.server, server) > limit for u in snap.replicas_of(up, "live")):
                 return True
-        return any(self._latency(server, snap.replica(s.dst).server) > limit for s in snap.out_streams(label))
+        return any(self.meter._latency(server, snap.replica(s.dst).server) > limit for s in snap.out_streams(label))
 
     def live_counts(self) -> dict[str, int]:
         """Live replicas per operator (entry points as ``"entry"``), as the loop last left them."""
@@ -715,7 +533,7 @@ class ReplicaManager:
         >>> dep.manager.congest_surviving_path(3000)   # doctest: +SKIP
         ['correlate#1->hot#0:0']
         """
-        snap = self.last_snapshot or self.measure()
+        snap = self.last_snapshot or self.meter.measure()
         todo = list(self.dep.query.sinks)
         app_servers = {snap.replica(a).server for a in todo}
 
@@ -752,104 +570,12 @@ class ReplicaManager:
 
     def _congest(self, snap: Snapshot, streams: list, extra_ms: float, duration_s, note: str) -> list[str]:
         for s in streams:
-            self.dep.delay_link(snap.replica(s.src).server, snap.replica(s.dst).server, extra_ms, duration_s,
+            self.dep.faults.delay_link(snap.replica(s.src).server, snap.replica(s.dst).server, extra_ms, duration_s,
                                 both_directions=False)
         self.record({"kind": "congestion", "action": "delay_link", "streams": [s.id for s in streams],
                      "extra_ms": extra_ms, "text": f"{extra_ms:g} ms added on {', '.join(s.id for s in streams)}"
                                                    f"{note}"})
         return [s.id for s in streams]
-
-    # -- by request ------------------------------------------------------------------------------
-    def replace_replica(self, label: str, add: bool = False, checkpoint: bool = True, server: str | None = None,
-                        strategy: str | None = None, bins_per_step: int | None = None,
-                        bits: int | None = None, pause_ms: float = 20.0, lag_ms: float | None = None) -> dict:
-        """Start a new replica of ``label``'s operator on its server by hand-over from a live peer,
-        fed by every live upstream replica and feeding every live downstream replica; unless
-        ``add``, then discard ``label`` (kill it if it still runs). Returns the logged event.
-        ``checkpoint=False`` starts it from a fresh state instead (a negative control for
-        tests: a stateful replica then misses what its window held).
-
-        ``server`` places the new replica there (default: ``label``'s server, or Algorithm 5's
-        choice with ``add``); with ``label`` still running that is a *move*. ``strategy``
-        (``"all-at-once"``, ``"batched"`` with ``bins_per_step``, ``"fluid"``; Megaphone §3.3)
-        moves the checkpoint in steps of ``2**bits`` bins (default 8 bits), each taken at a
-        punctuation of the sending peer while it keeps serving, as many at one punctuation as keep
-        its pause within ``pause_ms`` beyond a step's fixed cost, and paced by the live path: the
-        receiver's answers, and the peer's output lag (at most ``lag_ms`` above its recent minimum,
-        default ``max(pause_ms, 10)``) (:func:`replistream.engines.ray.transfer.staged_install`);
-        progress is in :attr:`transfers`. When the state splits into bins the new replica's upstream
-        links do not replay their retained output: the steps cover it.
-        ``strategy=None`` is the single-step hand-over of docs/handover.md.
-
-        What ``Deployment.revive_replica``/``add_replica``/``move_replica`` (and the
-        :class:`~replistream.sources.Revive` sentinel) run.
-
-        >>> dep.control_loop().replace_replica("join#0", checkpoint=False)["action"]   # doctest: +SKIP
-        'replace-replica'
-        """
-        topo = self.topology
-        with self.lock:
-            if label not in topo:
-                raise ValueError(f"no replica {label!r}; replicas: {sorted(r.label for r in topo.replicas())}")
-            old = topo.replica(label)
-            if old.kind != "operator":
-                raise ValueError(f"{label!r} is {'an entry point' if old.kind == 'entry' else 'an application'}: "
-                                 f"only operator replicas can be revived or added (an entry point's input "
-                                 f"cannot be replayed; an application has one replica)")
-            if old.state == "failed":
-                self.notice_failures()
-            if server is not None and server not in self.dep.servers:
-                raise ValueError(f"no server {server!r}; servers: {sorted(self.dep.servers)}")
-            if strategy is not None and strategy not in STRATEGIES:
-                raise ValueError(f"unknown transfer strategy {strategy!r}; choose one of {STRATEGIES}")
-            if not pause_ms >= 0:
-                raise ValueError(f"pause_ms must be >= 0 (0: one transfer step per punctuation), got {pause_ms}")
-            given = server
-            server = old.server if given is None else given
-            if add and given is None:
-                snap = self.last_snapshot or topo.snapshot(self.kmin)
-                server = self._place(old.operator, snap, label) or old.server
-            e = self._replacement(label, server, add, "request",
-                                  f"requested: {'add a replica of' if add else 'replace'} {label} by hand-over")
-            started = time.time()
-            how = {"checkpoint": checkpoint,
-                   "staged": None if strategy is None else {"strategy": strategy, "bins_per_step": bins_per_step,
-                                                            "bits": 8 if bits is None else int(bits),
-                                                            "pause_ms": float(pause_ms), "lag_ms": lag_ms}}
-            info = self._apply_revival(e, how)
-            rec = {"kind": "revival", **e.to_dict(), "text": e.describe(), "applied": True,
-                   "apply_seconds": round(time.time() - started, 3), **info}
-            self.record(rec)
-            return rec
-
-    def discard(self, label: str, text: str) -> None:
-        """Discard the running replica ``label`` and its live stream replicas (as Algorithm 6 does), and
-        log it as a reconfiguration with ``text``."""
-        with self.lock:
-            self._apply_discard([s.id for s in self.topology.streams(live=True, touching=label)], [label])
-            self.record({"kind": "reconfiguration", "action": "discard", "replica": label, "text": text})
-
-    def _replacement(self, label: str, server: str, add: bool, trigger: str, reason: str, **kw) -> RevivalEvent:
-        """The RevivalEvent that starts a new replica of ``label``'s operator on ``server``, fed by
-        every live upstream replica and feeding every live downstream replica (and, unless
-        ``add``, discards ``label`` and its stream replicas)."""
-        topo = self.topology
-        old = topo.replica(label)
-        new_label = topo.next_label(old.operator)
-        new = OperatorReplica(new_label, old.operator, server, "operator", "live", old.stateful)
-        q = self.dep.query
-        streams = []
-        for p, up in enumerate(q.inputs_of(old.operator)):
-            for r in topo.replicas(group_of(q, up), state="live"):
-                streams.append(StreamReplica(r.label, new_label, p, 0.0, 0.0, 0.0, True, up))
-        for v, p in q.outputs_of(old.operator):
-            for r in topo.replicas(v, state="live"):
-                streams.append(StreamReplica(new_label, r.label, p, 0.0, 0.0, 0.0, True, old.operator))
-        drop = [] if add or not old.live else [s.id for s in topo.streams(live=True, touching=label)]
-        return RevivalEvent("create-replica" if add else "replace-replica", trigger, label, reason,
-                            new_replicas=(new,), new_streams=tuple(streams), discard_streams=tuple(drop),
-                            discard_replicas=() if add or not old.live else (label,),
-                            handover=(new_label,) if new.stateful else (), **kw)
 
     # -- Algorithm 5 for a new replica -------------------------------------------------------
     def _place(self, operator: str, snap: Snapshot, hindered: str, among=None) -> str | None:
@@ -863,7 +589,7 @@ class ReplicaManager:
         live = snap.replicas_of(operator, "live")
         taken = {r.server for r in live}
         cands = [s for s in (self.dep.servers if among is None else among) if s not in taken]
-        far = [s for s in cands if all(min(self._latency(s, r.server), self._latency(r.server, s)) > self.cfg.d_min_ms
+        far = [s for s in cands if all(min(self.meter._latency(s, r.server), self.meter._latency(r.server, s)) > self.cfg.d_min_ms
                                        for r in live)]
         cands = far or cands
         if not cands:
@@ -884,244 +610,10 @@ class ReplicaManager:
                 downs[d.label] = (rate, d.server)
 
         def cost(srv):
-            return (math.fsum(rate * self._latency(a, srv) for rate, a in ins)
-                    + math.fsum(rate * self._latency(srv, b) for rate, b in downs.values()))
+            return (math.fsum(rate * self.meter._latency(a, srv) for rate, a in ins)
+                    + math.fsum(rate * self.meter._latency(srv, b) for rate, b in downs.values()))
 
         return min(cands, key=lambda s: (cost(s), list(self.dep.servers).index(s)))
-
-    # -- applying decisions to the actors -----------------------------------------------------
-    def _apply_discard(self, streams, replicas) -> None:
-        """Stop the discarded stream replicas at their sources; retire the replicas left dormant."""
-        topo = self.topology
-        calls = {}
-        gone = [topo.stream(sid) for sid in streams]
-        for s in gone:
-            topo.disconnect(s.id)
-        if self.dep._persister is not None:  # kept before any sender hears of it: a restored host finishes it
-            self.dep._persister.persist_now()
-        retiring = set(replicas)
-        for s in gone:
-            if topo.is_running(s.src):
-                # a receiver another sender still feeds may lag this sender's other receivers: the
-                # sender's log holds what it has not acknowledged, for a replay if s is revived
-                hold = s.dst not in retiring and self._fed(s.dst, s.port)
-                calls[f"{s.src}|{s.id}"] = topo.handle(s.src).disconnect.remote(s.dst, s.port, hold)
-        self.dep.tell({key: ref for key, ref in calls.items()}, timeout=60)
-        for label in replicas:
-            self.dep.retire(label)
-
-    def _stream_name(self, s: StreamReplica) -> str:
-        return s.stream or self.topology.replica(s.src).operator
-
-    def _apply_revival(self, e: RevivalEvent, how: dict | None = None) -> dict:
-        """Apply a revival decision: start its replicas (pending, subscribed with replay), hand
-        state over to them, connect their outputs and the revived stream replicas, then discard
-        what the event replaces. ``how``: ``{"checkpoint": False}`` starts them fresh;
-        ``{"staged": {...}}`` moves the state in steps (:func:`.transfer.staged_install`)."""
-        topo = self.topology
-        how = {"checkpoint": True, "staged": None, **(how or {})}
-        info: dict[str, Any] = {}
-        new_labels = [r.label for r in e.new_replicas]
-        for r in e.new_replicas:
-            topo.add_replica(r)
-        wanted = {sid: topo.stream(sid) for sid in e.revive_streams}
-        for s in e.new_streams:
-            topo.put_stream(replace(s, live=False))
-            wanted[s.id] = s
-        to_start = [lab for lab in list(e.revive_replicas) + new_labels if topo.replica(lab).kind == "operator"]
-        for lab in e.revive_replicas:
-            topo.set_state(lab, "live")
-        started: dict[str, Any] = {}
-        try:
-            # 1. start pending actors, 2. subscribe them to their upstream replicas (with replay;
-            # without for a staged transfer of state that splits, whose steps cover what a replay
-            # would: engines/ray/transfer.py)
-            for lab in to_start:
-                ins = [s for s in wanted.values() if s.dst == lab and s.src not in to_start]
-                replay = not self._staged_without_replay(lab, set(to_start), how)
-                started[lab] = self._start(topo.replica(lab), ins, replay=replay)
-            # 3. hand-over: a checkpoint from a live peer, taken after the subscription
-            handover = {}
-            for lab in to_start:
-                handover[lab] = self._install(lab, started[lab], set(started), how)
-            info["handover"] = handover
-            # 4. their outputs, 5. revived stream replicas between running replicas
-            for s in wanted.values():
-                if topo.stream(s.id).live:
-                    continue  # connected in _start
-                self._connect(s)
-        except Exception:
-            for lab in to_start:
-                self.connect_marks.pop(lab, None)
-            for lab in started:  # a half-started replica must not linger
-                topo.set_state(lab, "dormant")
-                self._apply_discard([s.id for s in topo.streams(live=True, touching=lab)], [lab])
-            raise
-        # 6. what a replacement discards
-        if e.discard_streams or e.discard_replicas:
-            self._apply_discard(e.discard_streams, e.discard_replicas)
-        return info
-
-    def _connect(self, s: StreamReplica) -> int:
-        """Connect ``s`` (both ends running) on a new filter channel, replaying the source's log."""
-        topo = self.topology
-        dst = topo.handle(s.dst)
-        try:
-            ch = ray.get(dst.add_channel.remote(s.port), timeout=60)
-        except Exception as e:
-            if not is_actor_death(e):
-                raise
-            # the downstream replica died meanwhile, unannounced (within the fault model): its peers
-            # get this stream; the death is recorded as such
-            self.dep.mark_failed(s.dst, f"died while {s.src} was connected to it: {type(e).__name__}")
-            return 0
-        try:
-            n = ray.get(topo.handle(s.src).connect.remote(self._stream_name(s), s.dst, topo.server(s.dst), dst,
-                                                         s.port, ch, True), timeout=60)
-        except Exception as e:
-            if not is_actor_death(e):
-                raise
-            # the upstream replica died meanwhile (a crash within the fault model): its peers feed on
-            self.dep.mark_failed(s.src, f"died while connecting to {s.dst}: {type(e).__name__}")
-            return 0
-        topo.put_stream(replace(s, live=True), ch)
-        return n
-
-    def _staged_without_replay(self, label: str, pending: set, how: dict) -> bool:
-        """Whether ``label`` (about to start) will get its state by a staged transfer whose steps
-        make a replay from its upstream replicas unnecessary: a strategy was asked, the operator's
-        state splits into bins, and a live peer can send the steps (otherwise a dormant checkpoint
-        or a fresh state is installed, which needs the replay)."""
-        if not how.get("checkpoint", True) or how.get("staged") is None:
-            return False
-        op = self.topology.replica(label).operator
-        return splittable(self.dep.query, op) and bool(self.peers(label, pending))
-
-    def resubscribe_with_replay(self, label: str) -> list[str]:
-        """Connect ``label`` once more to each of its live upstream replicas, on new channels, this
-        time replaying their retained output (the links without replay stay; duplicate filters
-        drop what comes twice): a staged transfer's fallback when it cannot go without the
-        replay (:func:`.transfer.staged_install`). Returns the stream ids reconnected.
-
-        >>> mgr.resubscribe_with_replay("join#2")   # doctest: +SKIP
-        ['entry#0->join#2:0', 'entry#0->join#2:1']
-        """
-        done = []
-        for s in self.topology.streams(live=True, dst=label):
-            if self.topology.is_running(s.src):
-                self._connect(s)
-                done.append(s.id)
-        self.connect_marks.pop(label, None)
-        return done
-
-    def _start(self, rep: OperatorReplica, ins: list[StreamReplica], replay: bool = True):
-        """Create the actor of ``rep`` pending, fed by ``ins`` (each replaying its log). With
-        ``replay=False`` (a staged transfer, :meth:`_staged_without_replay`) the links carry only
-        what their senders flush from now on; each sender's connect mark (``connect_for_transfer``)
-        goes, per input port the largest, to :attr:`connect_marks` for the transfer's gate."""
-        topo = self.topology
-        n_ports = len(self.dep.query.inputs_of(rep.operator))
-        channels = [0] * n_ports
-        chan_of = {}
-        for s in ins:
-            chan_of[s.id] = channels[s.port]
-            channels[s.port] += 1
-        for p in range(n_ports):
-            if channels[p] == 0:
-                raise RuntimeError(f"cannot start {rep.label}: no live upstream replica feeds its port {p}")
-        h = self.dep.start_replica(rep.label, channels, pending=True)
-        calls = []
-        for s in ins:
-            src = topo.handle(s.src)
-            if replay:
-                call = src.connect.remote(self._stream_name(s), rep.label, rep.server, h, s.port, chan_of[s.id], True)
-            else:
-                call = src.connect_for_transfer.remote(self._stream_name(s), rep.label, rep.server, h, s.port,
-                                                       chan_of[s.id])
-            calls.append((s, call))
-            topo.put_stream(replace(s, live=True), chan_of[s.id])
-        fed = [0] * n_ports
-        marks = [NO_ACK] * n_ports
-        for s, call in calls:
-            try:
-                got = ray.get(call, timeout=60)
-                fed[s.port] += 1
-                if not replay:
-                    marks[s.port] = max(marks[s.port], int(got))
-            except Exception as e:
-                if not is_actor_death(e):
-                    raise
-                # an upstream replica died meanwhile (within the fault model): its peers feed the new one
-                self.dep.mark_failed(s.src, f"died while connecting to {rep.label}: {type(e).__name__}")
-        for p in range(n_ports):
-            if fed[p] == 0:
-                raise RuntimeError(f"cannot start {rep.label}: every upstream replica feeding its port {p} died")
-        if not replay:
-            self.connect_marks[rep.label] = marks
-        return h
-
-    # -- hand-over: the peer and its feeders (replistream.replica.handover) ---------------------
-    def peers(self, label: str, pending: set) -> list[str]:
-        """Running live peers of ``label``'s operator that can give it a checkpoint (not in
-        ``pending``), those whose inputs share a feeder with ``label`` on every port first, those on
-        a server over the load bound (:meth:`rebalance`) last."""
-        topo = self.topology
-        op = topo.replica(label).operator
-        candidates = [r.label for r in topo.replicas(op, state="live") if r.label != label
-                      and topo.is_running(r.label) and r.label not in pending]
-        ranked = rank_peers(label, candidates, topo.streams())
-        return sorted(ranked, key=lambda p: topo.server(p) in self.overloaded)  # stable: overloaded ones last
-
-    def cover_peer(self, label: str, peer: str) -> list[str]:
-        """Unless ``label`` shares a feeder with ``peer`` on every port, subscribe it to the peer's
-        feeders it lacks (with replay), so the replay covers everything above the peer's ``p``;
-        returns the stream ids added."""
-        streams = self.topology.streams()
-        if shares_feeders(streams, label, peer):
-            return []
-        added = []
-        for s in missing_feeders(streams, label, peer):
-            self._connect(s)
-            added.append(s.id)
-        return added
-
-    def _install(self, label: str, handle, pending: set, how: dict) -> dict:
-        """Hand-over (docs/design.md, decision 7): install a checkpoint from a live peer whose inputs share
-        a feeder with ``label`` on every port; subscribe ``label`` to more feeders if needed.
-        With a transfer strategy (``how["staged"]``), the checkpoint moves in steps of bins
-        instead (Megaphone §3.3, :mod:`.transfer`)."""
-        rep = self.topology.replica(label)
-        if not how["checkpoint"]:
-            ray.get(handle.install.remote(None), timeout=120)
-            return {"peer": None, "checkpoint": None}
-        peers = self.peers(label, pending)
-        if label in self.connect_marks and (not peers or how["staged"] is None):
-            self.resubscribe_with_replay(label)  # subscribed without replay, but no staged transfer now
-        if not peers:
-            dormant = self.dep.ask_coordinator("dormant_checkpoint", rep.operator, timeout=60)
-            if dormant is not None:  # every replica was lost: the last one's dormant checkpoint
-                p, source, ck = dormant
-                got = ray.get(handle.install.remote(ck), timeout=300)
-                return {"peer": None, "dormant": {"from": source, "punctuation": int(p)}, **got}
-            if rep.stateful:
-                raise RuntimeError(f"no live peer of {rep.operator!r} can hand its state over to {label}")
-            ray.get(handle.install.remote(None), timeout=120)
-            return {"peer": None}
-        if how["staged"] is not None:
-            return staged_install(self, label, handle, pending, **how["staged"])
-        for peer in peers:
-            added = self.cover_peer(label, peer)
-            try:
-                ck = ray.get(self.topology.handle(peer).checkpoint.remote(), timeout=120)
-            except Exception as e:
-                if not is_actor_death(e):
-                    raise
-                # the peer died unannounced (within the fault model): the next live peer hands over
-                self.dep.mark_failed(peer, f"died while handing its state over to {label}: {type(e).__name__}")
-                continue
-            got = ray.get(handle.install.remote(ck), timeout=300)
-            return {"peer": peer, "extra_streams": added, **got}
-        raise RuntimeError(f"every live peer of {rep.operator!r} died while handing its state over to {label}")
 
     # -- events ------------------------------------------------------------------------------
     def record(self, rec: dict) -> None:

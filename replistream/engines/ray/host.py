@@ -5,11 +5,11 @@ thin client talks to it from any driver (issue #29, points 1 and 2).
 actor named ``monitor`` in the namespace :data:`NAMESPACE`, and the host deploys the query
 itself: every replica, the coordinator and the deployment's threads (feeder, failure monitor,
 repairs, control loop) are created by the host and live as long as it does, not as long as the
-script that asked for them. What ``deploy`` returns is a :class:`DeploymentClient` with the
-deployment's API (``feed``, ``wait``, ``run``, ``metrics``, ``kill_replica``,
-``move_replica``, ...): each call is forwarded to the host. A driver that exits (or is killed)
-without :meth:`DeploymentClient.stop` leaves the deployment running; :func:`attach` returns a
-client from another driver on the cluster, and ``replistream status`` lists what runs.
+script that asked for them. What ``deploy`` returns is the same thin client as for a deployment
+of the script (:class:`~.client.Deployment`, with a :class:`~.client.Hosted` backend): each call
+is forwarded to the host. A driver that exits (or is killed) without ``stop()`` leaves the
+deployment running; :func:`attach` returns a client from another driver on the cluster, and
+``replistream status`` lists what runs.
 
 What a detached deployment needs: a Ray cluster that outlives the script (``replistream up``, or
 one named by ``RAY_ADDRESS``, e.g. ``RAY_ADDRESS=auto`` for one started with ``ray start --head``), inputs the host can hold (``FileSource``, lists
@@ -29,7 +29,8 @@ import time
 
 import ray
 
-from ...schema import END
+from .client import Deployment, Hosted
+from .plane import resolve
 
 __all__ = ["NAMESPACE", "DeploymentHost", "DeploymentClient", "attach", "list_deployments", "cluster_address"]
 
@@ -60,8 +61,8 @@ def cluster_address() -> str | None:
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=32)
 class DeploymentHost:
     """A detached deployment's home in the cluster: it runs :func:`~.deployment.deploy` and holds
-    the :class:`~.deployment.Deployment`; its methods run the deployment's (several at once: a
-    ``wait`` does not hold a ``metrics``).
+    the deployment's :class:`~.plane.ControlPlane` (``self.dep``); its methods run the control
+    plane's (several at once: a ``wait`` does not hold a ``metrics``).
 
     Ray restarts it when its process dies (``max_restarts=-1``), and the new process takes the
     deployment up from what it kept in Ray's key-value store (:mod:`.lifecycle`): the replicas,
@@ -110,7 +111,9 @@ class DeploymentHost:
         """Deploy ``query`` with ``deploy``'s ``options`` here (its errors reach the caller). A start
         cut short by the loss of this host's process is started again from scratch: the actors it had
         started are stopped first (:func:`~.lifecycle.discard`)."""
-        from .deployment import DETACHED_AS, deploy
+        from .client import plane_of
+        from .deployment import deploy
+        from .plane import DETACHED_AS
         from .lifecycle import discard
 
         with self.lock:
@@ -118,7 +121,7 @@ class DeploymentHost:
                 discard(self.name)
                 token = DETACHED_AS.set(self.name)
                 try:
-                    dep = deploy(query, **options)
+                    dep = plane_of(deploy(query, **options))
                 finally:
                     DETACHED_AS.reset(token)
                 dep._persister.options(query, options)
@@ -139,24 +142,24 @@ class DeploymentHost:
                 return None
             put_value(key, feed_id)
             self.fed = True
-        return self.dep.feed(*args, **(kwargs or {}))
+        return self.dep.ingest.feed(*args, **(kwargs or {}))
 
     def call(self, method: str, args: tuple = (), kwargs: dict | None = None):
-        """Run ``dep.<method>(*args, **kwargs)`` and return its answer."""
+        """Run the control plane's ``method`` (:func:`~.plane.resolve`) and return its answer."""
         if method.startswith("_"):
             raise AttributeError(f"{method!r} is not part of the deployment's API")
         self._check()
         if method == "feed":
             with self.lock:
                 self.fed = True
-        return getattr(self.dep, method)(*args, **(kwargs or {}))
+        return resolve(self.dep, method)(*args, **(kwargs or {}))
 
     def get(self, name: str):
         """The deployment's attribute ``name`` (``events``, ``plan``, ``topology``, ...)."""
         if name.startswith("_"):
             raise AttributeError(f"{name!r} is not part of the deployment's API")
         self._check()
-        return getattr(self.dep, name)
+        return resolve(self.dep, name)
 
     def process(self) -> dict:
         """This host's process: ``{"pid", "node", "restored"}`` (``restored``: the deployment was taken
@@ -169,43 +172,14 @@ class DeploymentHost:
                 "restored": self.dep is not None and any(e.get("event") == "control_restored"
                                                          for e in self.dep.events)}
 
-    def kinds(self) -> dict[str, str]:
-        """``{public name: "method" | "value"}`` of the deployment."""
-        from .deployment import Deployment
-
-        out = {}
-        for n in dir(Deployment):
-            if not n.startswith("_"):
-                out[n] = "method" if callable(getattr(Deployment, n)) else "value"
-        for n in vars(self.dep) if self.dep is not None else ():
-            if not n.startswith("_"):
-                out.setdefault(n, "value")
-        return out
-
     def status(self, since: int = 0) -> dict:
-        """What ``replistream status`` shows: the query, how long it runs, per application the
-        tuples delivered and whether the end of the stream came, and the fault tolerance; merged
-        with :func:`.view.describe` (replicas and their states, rates, latencies, dead letters, the
-        timeline after ``since``): the dashboard's data. ``failure``: the run's failure, if it has
-        one (a detached deployment checks it whether or not a client waits)."""
-        from .view import describe
+        """:func:`~.view.status` of the deployment, with this host's name, how long it runs and
+        whether it was fed."""
+        from .view import status
 
         self._check()
-        d = self.dep
-        poll_error = None
-        try:
-            d.poll(0.5)
-        except Exception as e:  # said in the status; the deployment's own waits raise it
-            poll_error = f"{type(e).__name__}: {e}"
-        apps = {a: {"delivered": d.delivered.count(a), "complete": d.delivered.punctuation.get(a) == END}
-                for a in d.query.sinks}
-        view = describe(d, since)
-        for a, v in view.pop("applications").items():
-            apps.setdefault(a, {}).update(v)
-        return {**view, "name": self.name, "query": d.query.name, "running_s": round(time.time() - self.started, 1),
-                "fed": self.fed, "complete": all(a["complete"] for a in apps.values()), "applications": apps,
-                "poll_error": poll_error, "failure": d.failure,
-                **d.fault_tolerance()}
+        return {**status(self.dep, since), "name": self.name, "running_s": round(time.time() - self.started, 1),
+                "fed": self.fed}
 
     def stop(self) -> bool:
         """Shut the deployment down: every actor it started, and what it kept in Ray's key-value
@@ -218,110 +192,11 @@ class DeploymentHost:
         return True
 
 
-class DeploymentClient:
-    """A driver's handle on a detached deployment (see the module doc): the deployment's methods
-    and attributes, forwarded to its host actor. ``wait(timeout)`` waits in the host; no call
-    waits on the host without a deadline (``call_timeout_s``, or the call's own timeout plus that).
-
-    >>> dep = attach("monitor")        # doctest: +SKIP
-    >>> dep.wait(60), dep.fault_tolerance()["fault_tolerance"]   # doctest: +SKIP
-    (True, 1)
-    """
-
-    #: Seconds a forwarded call may take beyond its own ``timeout`` argument (if any).
-    call_timeout_s = 120.0
-
-    def __init__(self, host, name: str):
-        self._host, self.name = host, name
-        self._kinds = ray.get(host.kinds.remote(), timeout=self.call_timeout_s)
-
-    def _call(self, method: str, *args, timeout: float | None = None, **kwargs):
-        limit = self.call_timeout_s + (float(kwargs.get("timeout", 0) or 0) if timeout is None else timeout)
-        try:
-            return ray.get(self._host.call.remote(method, args, kwargs), timeout=limit)
-        except ray.exceptions.GetTimeoutError as e:
-            from ...errors import RunFailed
-
-            raise RunFailed(f"the host of detached deployment {self.name!r} did not answer {method!r} within "
-                            f"{limit:g} s", operator="host") from e
-        except ray.exceptions.RayActorError as e:
-            from ...errors import RunFailed
-
-            raise RunFailed(f"the host of detached deployment {self.name!r} is gone ({type(e).__name__}): the "
-                            f"deployment ended with it", operator="host") from e
-
-    def __getattr__(self, name: str):
-        kinds = self.__dict__.get("_kinds", {})
-        if name.startswith("_") or name not in kinds:
-            raise AttributeError(f"a deployment has no attribute {name!r}")
-        if kinds[name] == "method":
-            return lambda *args, **kwargs: self._call(name, *args, **kwargs)
-        return ray.get(self._host.get.remote(name), timeout=self.call_timeout_s)
-
-    def __dir__(self):
-        return sorted(set(self._kinds) | {"stop", "status", "run", "name"})
-
-    def run(self, inputs, pace: float | None = None, timeout: float = 600.0, **kwargs):
-        """Feed ``inputs`` and wait for the end of the stream, in the host (see ``Deployment.run``)."""
-        if kwargs.get("scenario") is not None or kwargs.get("progress") is not None:
-            return self._call("run", inputs, pace, timeout, **kwargs)
-        feed_kw = {k: v for k, v in kwargs.items() if k in ("chunk_size", "idle_timeout", "chunk_ms")}
-        self.feed(inputs, pace, **feed_kw)
-        ok = self._call("wait", timeout=timeout)
-        res = self._call("collect")
-        if not ok:
-            from ...errors import RunFailed
-
-            raise RunFailed(f"detached deployment {self.name!r} did not complete within {timeout:g} s", result=res)
-        return res
-
-    def feed(self, inputs, pace: float | None = None, **kwargs) -> None:
-        """Hand ``inputs`` to the host, which feeds them (``Deployment.feed``). Only inputs the host
-        can keep and read again: a Python generator or iterator of this script is refused in one line
-        (it would end with this script)."""
-        import uuid
-        from collections.abc import Iterator
-
-        for src, data in dict(inputs).items():
-            if isinstance(data, Iterator):
-                raise ValueError(f"source {src!r} is fed from a Python iterator of this script, which a detached "
-                                 f"deployment outlives: give a list, an array or a FileSource")
-        limit = self.call_timeout_s
-        try:
-            return ray.get(self._host.feed.remote(uuid.uuid4().hex, (inputs, pace), kwargs), timeout=limit)
-        except ray.exceptions.GetTimeoutError as e:
-            from ...errors import RunFailed
-
-            raise RunFailed(f"the host of detached deployment {self.name!r} did not answer 'feed' within "
-                            f"{limit:g} s", operator="host") from e
-
-    def status(self, since: int = 0) -> dict:
-        """The host's :meth:`DeploymentHost.status` (timeline entries after ``since``)."""
-        return ray.get(self._host.status.remote(since), timeout=self.call_timeout_s)
-
-    def stop(self) -> None:
-        """Stop the deployment: every actor it started, then its host."""
-        try:
-            ray.get(self._host.stop.remote(), timeout=self.call_timeout_s)
-        finally:
-            ray.kill(self._host, no_restart=True)
-
-    def shutdown(self) -> None:
-        """Same as :meth:`stop`."""
-        self.stop()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        """Leaving a ``with`` block does not stop a detached deployment (it outlives its script):
-        call :meth:`stop` for that."""
-
-    def __repr__(self) -> str:
-        return f"DeploymentClient({self.name!r}, detached)"
+#: The client of a detached deployment is the same class as any deployment's (kept under this name).
+DeploymentClient = Deployment
 
 
-def attach(name: str, address: str | None = None) -> DeploymentClient:
+def attach(name: str, address: str | None = None) -> Deployment:
     """A client for the detached deployment ``name`` running on the cluster (``address``: the
     cluster's; default: the one this process is connected to, ``RAY_ADDRESS``, or the one
     started on this machine). Raises ``LookupError`` naming the deployments that run.
@@ -346,7 +221,7 @@ def attach(name: str, address: str | None = None) -> DeploymentClient:
         running = list_deployments()
         raise LookupError(f"no detached deployment named {name!r} on this cluster; running: "
                           f"{running or 'none'}") from None
-    return DeploymentClient(host, name)
+    return Deployment(Hosted(host, name))
 
 
 def list_deployments() -> list[str]:

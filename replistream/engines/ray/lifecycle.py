@@ -231,28 +231,28 @@ class Persister:
             "channel_opts": d.channel_opts, "strict": d.strict, "on_malformed": d.on_malformed,
             "file_sinks": d.file_sinks, "suspect_after_s": d.detector.suspect_after_s,
             "fail_after_s": d.detector.fail_after_s, "t0": d.t0, "ts0": d.ts0, "speed": d.speed,
-            "events": list(d.events), "changes": list(d.changes), "repairs": list(d.repairs), "repair": d.repair,
-            "spares": d.spares, "retired_letters": list(d._retired_letters), "dormant_of": dict(d._dormant_of),
-            "lost_servers": set(d._lost_servers), "coordinator": d.coordinator, "coordinator_key": d.coordinator_key,
-            "coordinator_pid": d._coordinator_pid, "coordinator_start": getattr(d, "_coordinator_start", None),
-            "standby": d._standby, "placement": d.placement,
+            "events": list(d.events), "changes": list(d.changes), "repairs": list(d.repairer.repairs), "repair": d.repairer.repair,
+            "spares": d.repairer.spares, "retired_letters": list(d._retired_letters), "dormant_of": dict(d.monitor._dormant_of),
+            "lost_servers": set(d.repairer._lost_servers), "coordinator": d.coordinator, "coordinator_key": d.coordinator_key,
+            "coordinator_pid": d.coord._coordinator_pid, "coordinator_start": getattr(d.coord, "_coordinator_start", None),
+            "standby": d.coord._standby, "placement": d.placement,
             "show_progress": d.show_progress,
             "gc": None if mgr is None else {"cfg": mgr.cfg, "running": mgr._thread is not None,
                                             "events": list(mgr.events), "history": list(mgr.history),
                                             "transfers": [dict(t) for t in mgr.transfers]},
             "fed": d.feeder.started, "sentinels": dict(d.feeder.sentinels_run),
             "markers_in_flight": list(getattr(d, "_markers_in_flight", [])), "failure": d.failure,
-            "reports_seen": d._reports_seen, "dropped_links": set(d._dropped_links),
-            "link_drops": {k: {f: v for f, v in drop.items() if f != "busy"} for k, drop in d._link_drops.items()},
+            "reports_seen": d.monitor._reports_seen, "dropped_links": set(d.monitor._dropped_links),
+            "link_drops": {k: {f: v for f, v in drop.items() if f != "busy"} for k, drop in d.monitor._link_drops.items()},
             "written": time.time(),
         }
 
     def _fingerprint(self) -> tuple:
         d = self.dep
         mgr = d.manager
-        return (d.topology.version, len(d.events), len(d.changes), len(d.repairs), len(d._retired_letters),
-                d._reports_seen, d.failure,
-                id(d.coordinator), id(d._standby), d.t0, d.ts0, d.feeder.started,
+        return (d.topology.version, len(d.events), len(d.changes), len(d.repairer.repairs), len(d._retired_letters),
+                d.monitor._reports_seen, d.failure,
+                id(d.coordinator), id(d.coord._standby), d.t0, d.ts0, d.feeder.started,
                 tuple(sorted(d.feeder.sentinels_run.items())),
                 None if mgr is None else (len(mgr.events), len(mgr.transfers), mgr._thread is not None))
 
@@ -293,16 +293,20 @@ def restore(name: str):
     >>> dep = restore("monitor")   # doctest: +SKIP
     """
     from .control import ReplicaManager
-    from .deployment import Deployment
+    from .plane import ControlPlane
 
     st = get_value(Persister.key(name, "state"))
     if st is None:
         return None
     started = time.time()
     gc = st["gc"]
-    dep = Deployment(st["query"], st["servers"], st["k"], st["plan"], st["conditions"], st["seed"], st["channel_opts"],
-                     st["strict"], st["on_malformed"], None, None, gc=None, suspect_after_s=st["suspect_after_s"],
-                     fail_after_s=st["fail_after_s"], file_sinks=st["file_sinks"], restored=st)
+    dep = ControlPlane(st["query"], st["servers"], st["k"], st["plan"], st["conditions"], st["seed"], st["channel_opts"],
+                       st["strict"], st["on_malformed"], None, None, gc=None, suspect_after_s=st["suspect_after_s"],
+                       fail_after_s=st["fail_after_s"], file_sinks=st["file_sinks"], restored=st)
+    parts = {"repairs": dep.repairer, "repair": dep.repairer, "spares": dep.repairer, "_lost_servers": dep.repairer,
+             "_dormant_of": dep.monitor, "_reports_seen": dep.monitor, "_dropped_links": dep.monitor,
+             "_link_drops": dep.monitor, "_coordinator_pid": dep.coord, "_coordinator_start": dep.coord,
+             "_standby": dep.coord}  # (the rest is the state the plane's parts share: the plane's own)
     for attr, key in [("t0", "t0"), ("ts0", "ts0"), ("speed", "speed"), ("events", "events"), ("changes", "changes"),
                       ("repairs", "repairs"), ("repair", "repair"), ("spares", "spares"),
                       ("_retired_letters", "retired_letters"), ("_dormant_of", "dormant_of"),
@@ -313,7 +317,7 @@ def restore(name: str):
                       ("_reports_seen", "reports_seen"), ("_dropped_links", "dropped_links"),
                       ("_link_drops", "link_drops"), ("_markers_in_flight", "markers_in_flight"), ("failure", "failure")]:
         if key in st:  # (a state kept by an earlier version may lack the newer fields: their defaults stand)
-            setattr(dep, attr, st[key])
+            setattr(parts.get(attr, dep), attr, st[key])
     dep._registry.update(registry(name))
     if gc is not None:
         dep.manager = ReplicaManager(dep, gc["cfg"])
@@ -325,12 +329,12 @@ def restore(name: str):
     resumed = None
     if st["fed"]:
         feed = get_value(Persister.key(name, "feed"))
-        resumed = dep.resume_feed(feed)
+        resumed = dep.ingest.resume_feed(feed)
     # (the control loop starts again when the resumed feeder knows its clock: Deployment._feed_started)
     dep.events.append({"t": dep.now(), "event": "control_restored", "seconds": round(time.time() - started, 3),
                        "state_age_s": round(started - st["written"], 3), "resumed": resumed, **info})
     dep._persister.start()  # (writes the state at once: the restore's event included)
-    dep.start_monitor()
+    dep.monitor.start_monitor()
     return dep
 
 
@@ -342,7 +346,7 @@ def _settle_replicas(dep) -> dict:
 
     topo = dep.topology
     known = {h._actor_id.hex() for h in topo.handles().values() if h is not None}
-    known |= {h._actor_id.hex() for h in (dep.coordinator, dep._standby) if h is not None}
+    known |= {h._actor_id.hex() for h in (dep.coordinator, dep.coord._standby) if h is not None}
     orphans = [h for aid, h in dep._registry.items() if aid not in known]
     labels = [h.stats.remote() for h in orphans]
     ready = set(ray.wait(labels, num_returns=len(labels), timeout=2.0)[0]) if labels else set()
@@ -387,22 +391,22 @@ def _settle_replicas(dep) -> dict:
         except Exception as e:  # noqa: BLE001 - a death, or a process Ray cannot reach
             dead.append((label, f"lost while the control plane was restored: {type(e).__name__}"))
             continue
-        dep._pids[label] = (int(ans["pid"]), ans.get("node"), ans.get("start"), ans.get("actor"))
+        dep.monitor._pids[label] = (int(ans["pid"]), ans.get("node"), ans.get("start"), ans.get("actor"))
         if ans.get("pending"):
             pending.append(label)
-    repair, dep.repair = dep.repair, False  # repairs are scheduled below, once, for what is missing
+    repair, dep.repairer.repair = dep.repairer.repair, False  # repairs are scheduled below, once, for what is missing
     try:
         for label, why in dead:
-            dep.mark_failed(label, why)
+            dep.repairer.mark_failed(label, why)
         for label in pending:
-            dep.declare_failed(label, "its hand-over was cut short by the loss of the control plane")
+            dep.monitor.declare_failed(label, "its hand-over was cut short by the loss of the control plane")
     finally:
-        dep.repair = repair
+        dep.repairer.repair = repair
     repairing = _repairs_cut_short(dep) if repair else []
     try:
         ray.get(dep.coordinator.ping.remote(), timeout=dep.detector.fail_after_s)
     except Exception as e:  # noqa: BLE001 - replaced from the state it kept
-        dep.replace_coordinator(dep.coordinator, f"lost with the control plane: {type(e).__name__}", fence=True)
+        dep.coord.replace_coordinator(dep.coordinator, f"lost with the control plane: {type(e).__name__}", fence=True)
     return {"rolled_back": burned, "orphans_stopped": len(orphans), "orphans_unnamed": unnamed,
             "dead": [d for d, _ in dead],
             "pending": pending, "repairing": repairing, "discards_finished": finished,
@@ -427,13 +431,13 @@ def _repairs_cut_short(dep) -> list[str]:
     from ...plan import ENTRY
 
     topo = dep.topology
-    done = {r["replica"] for r in dep.repairs}
+    done = {r["replica"] for r in dep.repairer.repairs}
     again = []
     for node in [ENTRY, *dep.query.operators]:
         reps = topo.replicas(node)
         live = sum(r.state == "live" and topo.is_running(r.label) for r in reps)
         lacking = [r.label for r in reps if r.state == "failed" and r.label not in done]
         for label in lacking[:max(0, dep.k - live)]:
-            dep._schedule_repair(label, "a repair cut short by the loss of the control plane")
+            dep.repairer._schedule_repair(label, "a repair cut short by the loss of the control plane")
             again.append(label)
     return again

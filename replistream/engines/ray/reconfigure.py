@@ -226,13 +226,13 @@ def set_replication(dep, operator: str, k: int) -> dict:
     topo = dep.topology
     added, discarded = [], []
     with mgr.lock:
-        mgr.notice_failures()
+        mgr.meter.notice_failures()
         live = sorted(r.label for r in topo.replicas(operator, state="live") if topo.is_running(r.label))
         for _ in range(max(0, k - len(live))):
-            ev = dep.add_replica(operator)
+            ev = dep.reconfig.add_replica(operator)
             added.extend(r["label"] for r in ev.get("new_replicas", []))
         for label in live[k:][::-1] if len(live) > k else []:
-            mgr.discard(label, f"set_replication({operator!r}, {k}): {label} discarded")
+            mgr.handover.discard(label, f"set_replication({operator!r}, {k}): {label} discarded")
             discarded.append(label)
     return dep.record_change({"change": "set_replication", "operator": operator, "k": k, "added": added,
                               "discarded": discarded, "p": None,

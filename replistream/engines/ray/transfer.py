@@ -176,12 +176,12 @@ def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, 
     lag_s = None if lag_ms is None else lag_ms / 1e3
 
     def pick_peer() -> str:
-        peers = mgr.peers(label, pending)
+        peers = mgr.handover.peers(label, pending)
         if not peers:
             progress["state"] = "failed"
             raise RuntimeError(f"transfer to {label}: no live peer of {op!r} left")
         peer = peers[0]
-        progress["added_streams"] += mgr.cover_peer(label, peer)
+        progress["added_streams"] += mgr.handover.cover_peer(label, peer)
         progress["peer"] = peer
         return peer
 
@@ -194,7 +194,7 @@ def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, 
     while True:
         if not topo.is_running(peer):
             dead = peer
-            mgr.notice_failures()
+            mgr.meter.notice_failures()
             # the peer may have died after its last step reached the receiver (a sender retiring, or
             # declared failed once the receiver had taken over): nothing is left to restart then
             status = ray.get(handle.transfer_status.remote(0.0, len(seen)), timeout=60)
@@ -224,7 +224,7 @@ def _staged_install(mgr, label, handle, pending, strategy, bins_per_step, bits, 
                 if not is_actor_death(e):
                     raise  # anything else fails the transfer loudly (staged_install records it)
                 if topo.is_running(peer):
-                    mgr.dep.mark_failed(peer, "died during a state transfer")
+                    mgr.dep.repairer.mark_failed(peer, "died during a state transfer")
                 continue
             requested, last_progress, forced = True, time.time(), 0.0
             gs = {"t0": time.time()}
@@ -329,7 +329,7 @@ def _check_gate(mgr, label, handle, peer, progress, gs: dict, replay_after_s, ga
         return
     why = ("the sender's input paused before its punctuations reached the connect marks" if paused else
            f"the gate stayed closed for {gate_timeout_s:g} s")
-    streams = mgr.resubscribe_with_replay(label)
+    streams = mgr.handover.resubscribe_with_replay(label)
     progress["replay_fallback"] = {"why": why, "streams": streams, "sender_punct": list(punct),
                                    "gate": list(pacing["gate"])}
     mgr.record({"kind": "transfer", "action": "replay_fallback", "replica": label, "why": why,

@@ -1,11 +1,10 @@
 """What a running deployment looks like, as one JSON-ready dict: the dashboard's data (issue #43).
 
-:func:`describe` reads a :class:`~.deployment.Deployment` through its public attributes only (the
-topology's replicas, the failure detector's ``is_suspected``, ``events``, ``gc_events()``,
-``repairs``, ``transfers()``, ``fault_tolerance()``, ``delivered``, ``latencies_ms``, the actor
-handles' ``dead_letters``), so whatever process holds the deployment (a script, a detached
-deployment's host actor, a control plane) can serve it. ``DeploymentHost.status()`` returns it
-merged with its own keys, so ``replistream status --json``, ``DeploymentClient.status()`` and the
+:func:`describe` reads a deployment's :class:`~.plane.ControlPlane` (the topology's replicas, the
+failure detector's ``is_suspected``, ``events``, the control loop's decisions, repairs, transfers,
+the fault tolerance, what was delivered, the actor handles' ``dead_letters``) in the process that
+runs it (a script, a detached deployment's host actor). :func:`status` merges it with what
+``replistream status`` shows, so ``replistream status --json``, ``Deployment.status()`` and the
 dashboard's ``/api/deployments/<name>`` carry the same data.
 
 The timeline numbers every fault and control action once (``seq``, from 1, in the order this
@@ -29,7 +28,7 @@ from collections import deque
 import numpy as np
 import ray
 
-__all__ = ["describe", "STATES", "SCHEMA_VERSION", "event_kind", "event_text"]
+__all__ = ["describe", "status", "STATES", "SCHEMA_VERSION", "event_kind", "event_text"]
 
 #: Version of :func:`describe`'s output schema (raised when a key changes meaning or goes away).
 SCHEMA_VERSION = 1
@@ -150,7 +149,7 @@ def _jsonable(v):
 
 def _update_timeline(dep, st: _State) -> None:
     events = list(dep.events)
-    gcs = list(dep.gc_events())
+    gcs = list(dep.reconfig.gc_events())
     fresh = [("deployment", e) for e in events[st.seen_events:]] + [("control", e) for e in gcs[st.seen_gc:]]
     st.seen_events, st.seen_gc = len(events), len(gcs)
     fresh = [(src, e) for src, e in fresh if e.get("action") != "none"]  # a control period that did nothing
@@ -167,7 +166,7 @@ def _update_timeline(dep, st: _State) -> None:
 
 def _replicas(dep) -> list[dict]:
     topo = dep.topology
-    moving = {t.get("replica") for t in dep.transfers() if t.get("state") == "running"}
+    moving = {t.get("replica") for t in dep.reconfig.transfers() if t.get("state") == "running"}
     out = []
     for r in topo.replicas():
         running = topo.is_running(r.label)
@@ -187,7 +186,7 @@ def _replicas(dep) -> list[dict]:
     if getattr(dep, "spares", 0):
         from .pool import pooled
 
-        spares = min(int(dep.spares), pooled().get("ReplicaActor", 0))
+        spares = min(int(dep.repairer.spares), pooled().get("ReplicaActor", 0))
     out += [{"label": f"spare#{i}", "operator": None, "server": None, "state": "spare", "kind": "spare",
              "running": True} for i in range(spares)]
     return out
@@ -197,7 +196,7 @@ def _graph(dep) -> tuple[list[dict], list[list[str]]]:
     from ...plan import ENTRY
 
     q = dep.query
-    ft = dep.fault_tolerance()["fault_tolerance_per_node"]
+    ft = dep.output.fault_tolerance()["fault_tolerance_per_node"]
     nodes = [{"name": ENTRY, "kind": "entry", "sources": list(q.sources), "survives": ft.get(ENTRY)}]
     nodes += [{"name": n, "kind": "operator", "survives": ft.get(n)} for n in q.operators]
     nodes += [{"name": n, "kind": "application", "survives": ft.get(n)} for n in q.sinks]
@@ -293,7 +292,7 @@ def _applications(dep, st: _State, letters: list) -> dict:
         elif not dep.speed:
             note = "not paced: latency is measured on paced runs only (feed(..., pace=))"
         elif count:
-            t_rel, lat_all = dep.latencies_ms(app)  # (it may fetch more: both from the same fetch)
+            t_rel, lat_all = dep.output.latencies_ms(app)  # (it may fetch more: both from the same fetch)
             arrivals = t_rel + dep.t0
             p50, p99 = np.percentile(lat_all, [50, 99])
             latency = {"count": int(len(lat_all)), "p50": round(float(p50), 3), "p99": round(float(p99), 3)}
@@ -376,5 +375,32 @@ def describe(dep, since: int = 0) -> dict:
             "dead_letters": {"total": int(sum(d.count for d in letters)), "by_reason": by_reason,
                              "by_operator": by_op, "unanswered": silent},
             "timeline": timeline, "seq": seq, "timeline_dropped": dropped,
-            "repairs": _jsonable(list(dep.repairs)), "transfers": _jsonable(dep.transfers()),
-            **dep.fault_tolerance()}
+            "repairs": _jsonable(list(dep.repairer.repairs)), "transfers": _jsonable(dep.reconfig.transfers()),
+            **dep.output.fault_tolerance()}
+
+
+def status(plane, since: int = 0) -> dict:
+    """What ``replistream status`` and ``Deployment.status()`` show: the query, per application the
+    tuples delivered and whether the end of the stream came, the fault tolerance and the run's
+    ``failure`` (a detached deployment checks it whether or not a client waits), merged with
+    :func:`describe` of ``plane`` (timeline entries after ``since``): the dashboard's data.
+    ``poll_error``: why fetching the results failed, if it did (the deployment's waits raise it).
+
+    >>> status(plane)["complete"]     # doctest: +SKIP
+    False
+    """
+    from ...schema import END
+
+    poll_error = None
+    try:
+        plane.output.poll(0.5)
+    except Exception as e:  # said in the status; the deployment's own waits raise it
+        poll_error = f"{type(e).__name__}: {e}"
+    d = plane.delivered
+    apps = {a: {"delivered": d.count(a), "complete": d.punctuation.get(a) == END} for a in plane.query.sinks}
+    view = describe(plane, since)
+    for a, v in view.pop("applications").items():
+        apps.setdefault(a, {}).update(v)
+    return {**view, "name": plane.detached_as, "query": plane.query.name,
+            "complete": all(a["complete"] for a in apps.values()), "applications": apps,
+            "poll_error": poll_error, "failure": plane.failure, **plane.output.fault_tolerance()}

@@ -148,6 +148,11 @@ def _kv_items(prefix: str) -> list[tuple[str, object]]:
     return [(key[len(KV_PREFIX) + len(prefix):], get_value(key)) for key in keys(KV_PREFIX + prefix)]
 
 
+#: Seconds a restarted pool waits, all at once, for its idle actors to answer; one silent by then is
+#: forgotten and stopped (a loaded machine: idle processes answer in well under a second otherwise).
+RESTORE_ASK_S = 15.0
+
+
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=4)
 class WarmPool:
     """The cluster's pool of idle actors (see the module doc). ``size`` idle actors are kept,
@@ -178,7 +183,7 @@ class WarmPool:
 
         idle = [(key, cls_name, h) for key, (cls_name, h) in _kv_items("idle/")]
         asked = [h.settled.remote() for _, _, h in idle]
-        ready = set(ray.wait(asked, num_returns=len(asked), timeout=5)[0]) if asked else set()  # one deadline
+        ready = set(ray.wait(asked, num_returns=len(asked), timeout=RESTORE_ASK_S)[0]) if asked else set()
         lost = []
         for (key, cls_name, h), ref in zip(idle, asked):
             try:

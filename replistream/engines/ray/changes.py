@@ -1,0 +1,141 @@
+"""Requests that change a running deployment: replicas revived, added, moved
+(the control loop, :class:`~.control.ReplicaManager`), and changes to the running query
+(:mod:`.reconfigure`, Bartnik §3).
+
+>>> plane.reconfig.move_replica("counts", 0, "s3", strategy="fluid")   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+
+from . import reconfigure
+
+__all__ = ["Changes"]
+
+
+class Changes:
+    """Requests that change a running deployment: replicas revived, added, moved
+
+    >>> plane.reconfig.move_replica("counts", 0, "s3", strategy="fluid")   # doctest: +SKIP
+    """
+
+    def __init__(self, plane):
+        self.plane = plane  # the :class:`~.plane.ControlPlane` this part belongs to
+
+    def revive_replica(self, operator: str, replica: int, strategy: str | None = None,
+                       bins_per_step: int | None = None, bits: int | None = None,
+                       pause_ms: float = 20.0, lag_ms: float | None = None) -> dict:
+        """Replace replica ``replica`` of ``operator`` (running or crashed) by a new replica on the same
+        server, built by hand-over from a live peer (docs/design.md, decision 7, Hwang §V-C); returns the event.
+
+        ``strategy`` (``"all-at-once"``, ``"batched"``, ``"fluid"``) moves the checkpoint in steps of
+        ``2**bits`` bins at the peer's punctuations (Megaphone §3.3; docs/migration.md); at one
+        punctuation the peer takes the next step, and more while its pause stays within
+        ``pause_ms`` beyond a step's fixed cost (0: one step per punctuation), holding a step back
+        while its output lags more than ``lag_ms`` above its recent minimum (see :meth:`move_replica`).
+
+        >>> dep.revive_replica("correlate", 0)["new_replicas"][0]["label"]   # doctest: +SKIP
+        'correlate#2'
+        """
+        return self.plane.control_loop().handover.replace_replica(f"{operator}#{replica}", strategy=strategy,
+                                                         bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms,
+                                                         lag_ms=lag_ms)
+
+    def add_replica(self, operator: str, strategy: str | None = None, bins_per_step: int | None = None,
+                    bits: int | None = None, pause_ms: float = 20.0, lag_ms: float | None = None) -> dict:
+        """Add a replica of ``operator`` (on the server Algorithm 5 picks) by hand-over from a live peer
+        (``strategy`` as for :meth:`revive_replica`).
+
+        >>> dep.add_replica("correlate")["action"]   # doctest: +SKIP
+        'create-replica'
+        """
+        first = next((r.label for r in self.plane.topology.replicas(operator)), None)
+        if first is None:
+            raise ValueError(f"{operator!r} is not an operator of query {self.plane.query.name!r}")
+        return self.plane.control_loop().handover.replace_replica(first, add=True, strategy=strategy, bins_per_step=bins_per_step,
+                                                         bits=bits, pause_ms=pause_ms, lag_ms=lag_ms)
+
+    def move_replica(self, operator: str, replica: int, server: str, strategy: str = "all-at-once",
+                     bins_per_step: int | None = None, bits: int | None = None, pause_ms: float = 20.0,
+                     lag_ms: float | None = None) -> dict:
+        """Move replica ``replica`` of ``operator`` to ``server`` while the query runs: a new replica
+        there takes the state in steps (Megaphone §3.3: ``"all-at-once"``, ``"batched"`` with
+        ``bins_per_step``, ``"fluid"``; ``2**bits`` bins, default 256) from a live peer (the
+        replica itself if it is the only one) that keeps serving between steps, taking at one
+        punctuation as many steps as keep its pause within ``pause_ms`` beyond a step's fixed
+        cost (0: one step per punctuation), and holding a step back while its output lags more than
+        ``lag_ms`` (default ``max(pause_ms, 10)``) above its recent minimum (pacing by the live path,
+        docs/migration.md); then the old replica retires. Returns the logged event (``handover`` has
+        the transfer's figures).
+
+        >>> ev = dep.move_replica("counts", 0, "s3", strategy="fluid", bits=6)   # doctest: +SKIP
+        >>> ev["new_replicas"][0]["server"], ev["handover"]["counts#1"]["steps"]   # doctest: +SKIP
+        ('s3', 64)
+        """
+        label = f"{operator}#{replica}"
+        if self.plane.topology.handle(label) is None:
+            raise ValueError(f"no replica {label!r}")
+        if not self.plane.topology.is_running(label):
+            raise ValueError(f"{label} is not running; revive it with revive_replica")
+        return self.plane.control_loop().handover.replace_replica(label, server=server, strategy=strategy or "all-at-once",
+                                                         bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms,
+                                                         lag_ms=lag_ms)
+
+    def transfers(self) -> list[dict]:
+        """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""
+        return [] if self.plane.manager is None else [dict(t) for t in self.plane.manager.transfers]
+
+    def gc_events(self) -> list[dict]:
+        """Every garbage-collection and revival decision so far, with reason and figures (JSON-ready)."""
+        return [] if self.plane.manager is None else list(self.plane.manager.events)
+
+    def network_cost_history(self) -> list[dict]:
+        """Network cost (and theta, live stream replicas, worst input delay) per utility period."""
+        return [] if self.plane.manager is None else list(self.plane.manager.history)
+
+    # -- changing the running query (Bartnik §3; replistream.replica.changes) -----------------------
+    def replace_function(self, operator: str, fn: Callable) -> dict:
+        """Give Filter/Map/FlatMap ``operator`` a new function for every tuple with ``ts > p``,
+        where ``p`` is the largest timestamp fed so far; returns the change's record (with ``p``).
+
+        A marker carries the change through the running replicas (Bartnik §3); the
+        output equals a reference run of ``dep.query``, which now holds both
+        functions (:class:`~replistream.replica.changes.TimeSwitch`).
+
+        >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
+        15000000
+        """
+        return reconfigure.replace_function(self.plane, operator, fn)
+
+    def add_operator(self, upstream: str, build: Callable, servers=None) -> dict:
+        """Add operators and their application(s) reading stream ``upstream``; they see its
+        tuples with ``ts > p`` (``p``: the largest timestamp fed so far). ``build(stream)``
+        adds them with the usual :class:`~replistream.query.Stream` methods. Each new
+        operator gets ``k`` replicas on distinct servers, by default those of ``upstream``'s
+        running replicas (then other servers, in order, if they are fewer than ``k``).
+
+        >>> dep.add_operator("load", lambda s: s.filter(lambda b: b["cpu"] > 0.9, name="very_hot")
+        ...                  .sink("very_hot_alerts"))["added"]                      # doctest: +SKIP
+        ['very_hot', 'very_hot_alerts']
+        """
+        return reconfigure.add_operator(self.plane, upstream, build, servers)
+
+    def remove_operator(self, operator: str) -> dict:
+        """Remove ``operator`` and the part of the query only it feeds: it sees its input up to
+        ``p`` (the largest timestamp fed so far), then its inputs close, its windows flush and
+        its applications complete; its replicas are then stopped (``changes[-1]["retired"]``).
+
+        >>> dep.remove_operator("load_per_minute")["removed"]      # doctest: +SKIP
+        ['load_per_minute', 'load_stats']
+        """
+        return reconfigure.remove_operator(self.plane, operator)
+
+    def set_replication(self, operator: str, k: int) -> dict:
+        """Run ``k`` live replicas of ``operator``: new ones by hand-over from a live peer,
+        surplus ones discarded (their stream replicas first).
+
+        >>> dep.set_replication("correlate", 3)["added"]      # doctest: +SKIP
+        ['correlate#2']
+        """
+        return reconfigure.set_replication(self.plane, operator, k)

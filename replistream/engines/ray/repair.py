@@ -1,0 +1,157 @@
+"""Crashes and their repair, in a deployment's control plane.
+
+:meth:`Repairer.mark_failed` turns a death into the topology's ``failed`` state (every running
+actor drops its links to it); with ``deploy(repair=True)`` the replica is then rebuilt on its
+server by hand-over from a live peer (Hwang §V-C), an entry replica from a peer's input state.
+
+>>> plane.repairer.mark_failed("join#0", "killed")     # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+import warnings
+
+import ray
+
+from ...placement.nodes import ray_options
+from ...plan import ENTRY, replica_index
+from .actors import EntryActor
+from .lifecycle import kill_actors
+
+__all__ = ["Repairer"]
+
+
+class Repairer:
+    """Crashes and their repair, in a deployment's control plane.
+
+    >>> plane.repairer.mark_failed("join#0", "killed")     # doctest: +SKIP
+    """
+
+    def __init__(self, plane):
+        self.plane = plane  # the :class:`~.plane.ControlPlane` this part belongs to
+        self.repair = False  # deploy(repair=True): a crashed operator replica is replaced (_repair_loop)
+        self.spares = 0
+        self.repairs: list[dict] = []  # one record per repair tried (see _repair_loop)
+        self._repair_queue: queue.Queue = queue.Queue()
+        self._repair_thread: threading.Thread | None = None
+        self._lost_servers: set[str] = set()
+
+    def mark_failed(self, label: str, reason: str) -> None:
+        """``label``'s actor died (``reason``): the topology marks it failed, the event is logged
+        (``"dead"``), and every running actor drops its links to it."""
+        h = self.plane.topology.handle(label) if label in self.plane.topology else None
+        if not self.plane.topology.mark_failed(label):
+            return
+        if h is not None:  # a replica counted failed never runs on (one Ray only could not reach, too)
+            kill_actors([h])
+        self.plane.events.append({"t": self.plane.now(), "event": "dead", "actor": label, "reason": reason})
+        for other, h in self.plane.topology.running():
+            if other != label:
+                h.drop_link.remote(label, reason)
+        if self.repair:
+            self._schedule_repair(label, reason)
+
+    # -- automatic repair ----------------------------------------------------------------------
+    def _schedule_repair(self, label: str, reason: str) -> None:
+        """Queue the repair of crashed ``label`` (``deploy(repair=True)``): an operator or entry
+        replica whose server is not lost (an entry replica from a live peer's input state,
+        :meth:`repair_entry`); applications are not rebuilt (they hold delivered results)."""
+        rep = self.plane.topology.replica(label)
+        why = None
+        if rep.kind == "application":
+            why = "an application is not rebuilt"
+        elif rep.server in self._lost_servers:
+            why = f"its server {rep.server} is lost"
+        elif self.plane.shut_down:
+            return
+        if why is not None:
+            self.repairs.append({"replica": label, "repaired": False, "why": why})
+            self.plane.events.append({"t": self.plane.now(), "event": "not_repaired", "actor": label, "why": why})
+            return
+        self._repair_queue.put((label, time.time()))
+        if self._repair_thread is None or not self._repair_thread.is_alive():
+            self._repair_thread = threading.Thread(target=self._repair_loop, daemon=True, name="replistream-repair")
+            self._repair_thread.start()
+
+    def _repair_loop(self) -> None:
+        """Replace each queued crashed replica by a new one on its server, built by hand-over from a
+        live peer (:meth:`revive_replica`, Hwang §V-C; a warm spare's process if one is kept), then
+        start a spare in place of the one taken. A repair that fails leaves the operator with fewer
+        replicas, never with wrong output: it is logged (``repair_failed``), kept in
+        :attr:`repairs` and warned about."""
+        while not self.plane.shut_down:
+            try:
+                label, detected = self._repair_queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if self.plane.shut_down:
+                return
+            if self.plane.delivered.complete():  # nothing is left to compute
+                self.repairs.append({"replica": label, "repaired": False, "why": "the run had completed"})
+                continue
+            op = self.plane.topology.replica(label).operator
+            if not any(r.state == "live" and self.plane.topology.is_running(r.label) for r in self.plane.topology.replicas(op)):
+                continue  # nothing to hand over from: the run fails naming the operator (check_failures)
+            rec = {"replica": label, "detected_wall": detected}
+            try:
+                if op == ENTRY:
+                    new = self.repair_entry(label)
+                    rec.update(repaired=True, new=new, installed_wall=time.time())
+                else:
+                    ev = self.plane.control_loop().handover.replace_replica(label)
+                    rec.update(repaired=True, new=ev["new_replicas"][0]["label"], installed_wall=time.time())
+                self.plane.events.append({"t": self.plane.now(), "event": "repaired", "actor": label, "new": rec["new"],
+                                          "seconds": round(rec["installed_wall"] - detected, 4)})
+                if self.spares:
+                    self.plane.start_spares(1)
+            except Exception as e:  # the run stays exact with the replicas left; said loudly
+                if self.plane.shut_down:
+                    return
+                rec.update(repaired=False, why=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=12))
+                self.plane.events.append({"t": self.plane.now(), "event": "repair_failed", "actor": label, "error": rec["why"]})
+                warnings.warn(f"replistream: could not repair {label} ({rec['why']}); {op!r} runs on with the "
+                              f"replicas left", RuntimeWarning, stacklevel=1)
+            self.repairs.append(rec)
+
+    def repair_entry(self, label: str) -> str:
+        """Replace the crashed entry replica ``label`` by a new one on its server, from a live
+        peer's :meth:`~.actors.EntryActor.entry_checkpoint` (Hwang §III: entry points hold their
+        input for their peers): while no chunk is fed and no control action runs
+        (:meth:`quiet`), the peer's entry logic and retained output go to the new replica, which
+        is connected to every live downstream replica (replaying what it retained; the duplicate
+        filters drop what they had) and fed every chunk from then on. Returns its label.
+
+        >>> dep.repair_entry("entry#0")    # doctest: +SKIP
+        'entry#2'
+        """
+        from ...gc import OperatorReplica, StreamReplica
+
+        topo, q = self.plane.topology, self.plane.query
+        old = topo.replica(label)
+        with self.plane.quiet():
+            peers = [r.label for r in topo.replicas(ENTRY) if r.state == "live" and topo.is_running(r.label)
+                     and not self.plane.detector.is_suspected(r.label)]  # never wait on a silent one with the feed held
+            if not peers:
+                raise RuntimeError(f"no live entry replica that answers can hand its input over to a replacement "
+                                   f"of {label}")
+            ck = ray.get(topo.handle(peers[0]).entry_checkpoint.remote(), timeout=120)
+            new_label = topo.next_label(ENTRY)
+            index = replica_index(new_label)
+            h = self.plane._settle(*self.plane._start(EntryActor, ray_options(self.plane.servers[old.server]), q, index, old.server,
+                                                      self.plane.conditions, self.plane.t0, self.plane.channel_opts, self.plane.coordinator,
+                                                      self.plane.strict, self.plane.on_malformed))
+            ray.get(h.install_entry.remote(ck), timeout=120)
+            topo.add_replica(OperatorReplica(new_label, ENTRY, old.server, "entry", "live", False))
+            topo.attach(new_label, h)
+            mgr = self.plane.control_loop()
+            for src in q.sources:
+                for v, port in q.outputs_of(src):
+                    for r in topo.replicas(v, state="live"):
+                        if topo.is_running(r.label):
+                            mgr.handover._connect(StreamReplica(new_label, r.label, port, 0.0, 0.0, 0.0, False, src))
+        self.plane.events.append({"t": self.plane.now(), "event": "entry_repaired", "actor": label, "new": new_label,
+                                  "from": peers[0], "expected": ck["expected"]})
+        return new_label
