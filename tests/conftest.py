@@ -8,6 +8,9 @@ import pytest
 # A script that joins the session's Ray (RAY_ADDRESS, as the detached-deployment tests' drivers do)
 # starts the cluster's warm pool of actor processes (engines/ray/warm.py): a small one in the suite.
 os.environ.setdefault("REPLISTREAM_CLUSTER_POOL", "4")
+# Every process of the suite (this one, and every actor: set before Ray starts) records the order it
+# takes its locks in (engines/ray/lockorder.py); tests/ray/test_lock_order.py checks the records.
+os.environ.setdefault("REPLISTREAM_LOCK_ORDER", "1")
 
 
 @pytest.fixture(scope="session")

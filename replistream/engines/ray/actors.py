@@ -54,7 +54,7 @@ import ray
 from ...replica import ReplicaCore, StagedReplica
 from ...schema import END, TS, Marker, Punctuation
 from ...sinks import SinkWriter
-from . import metrics_export
+from . import lockorder, metrics_export
 from .channels import NO_ACK, Link, Outbox, Sender
 from .common import failure_record
 
@@ -101,6 +101,16 @@ class _Base:
         self.created = time.time()
         self.fresh: dict[int, int] = {}
         self.call_started: float | None = None  # when the data-path call running now began (probe)
+
+    @ray.method(concurrency_group="probe")
+    def lock_order(self) -> dict:
+        """This process's record of the order it took its locks in (:func:`.lockorder.report`; on
+        when the process has ``REPLISTREAM_LOCK_ORDER=1``).
+
+        >>> ray.get(replica.lock_order.remote())["violations"]   # doctest: +SKIP
+        []
+        """
+        return lockorder.report()
 
     # -- the failure detector's probe (detector.py): answered on a thread of its own ---------------
     @ray.method(concurrency_group="probe")
@@ -542,9 +552,9 @@ class ReplicaActor(_Base):
         self.steps_taken: list[dict] = []
         self.steps_sent: set[tuple[str, int]] = set()  # (receiver, step) already taken: a re-request is ignored
         self.out = self._outbox(node)
-        self.lock = threading.Lock()
+        self.lock = lockorder.lock("ReplicaActor.lock", 1)
         # a receiver's installed steps changed (install_step and transfer_status wait on it)
-        self.installed_cv = threading.Condition(self.lock)
+        self.installed_cv = lockorder.condition(self.lock)
         self.last_punct_wall = 0.0  # when this replica last emitted a punctuation (a sender's pacing)
         metrics_export.start(self, node)  # Ray metrics of its counters, every few seconds (metrics_export.py)
 
@@ -682,10 +692,10 @@ class ReplicaActor(_Base):
             raise RuntimeError(f"{self.label} is not waiting for a checkpoint")
         with self.lock:
             self.staged = StagedReplica(self.query, self.node, self.channels, bits, self.strict)
-            self.staged_lock = threading.Lock()
+            self.staged_lock = lockorder.lock("ReplicaActor.staged_lock", 2)
             self.started_transfer = time.time()
             self.inbox = deque(("push", p, c, pk) for p, c, pk in self.buffered)
-            self.inbox_cv = threading.Condition(self.lock)
+            self.inbox_cv = lockorder.condition(self.lock)
             self.steps_queued: set[int] = set()
             n = len(self.buffered)
             self.buffered = []
@@ -1072,9 +1082,9 @@ class EntryActor(_Base):
         self.expected = {name: 0 for name in sources}
         for name in sources:
             self._outbox(name)
-        self.lock = threading.Lock()
+        self.lock = lockorder.lock("EntryActor.lock", 1)
         self.input_log: dict[str, dict[int, Any]] = {name: {} for name in sources}  # seq -> raw chunk
-        self.log_lock = threading.Lock()
+        self.log_lock = lockorder.lock("EntryActor.log_lock", 2)
         self.recovered = 0  # chunks taken from a peer
         metrics_export.start(self, "entry")  # Ray metrics of its counters, every few seconds (metrics_export.py)
 
@@ -1262,7 +1272,7 @@ class SinkActor(_Base):
         self.parquet_dir = parquet_dir
         self.parquet_files: list[str] = []
         self.time_origin = t0 if time_origin is None else time_origin
-        self.lock = threading.Lock()
+        self.lock = lockorder.lock("SinkActor.lock", 1)
         self.done = threading.Event()
         metrics_export.start(self, node)  # Ray metrics of its counters and latencies (metrics_export.py)
 

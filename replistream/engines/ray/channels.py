@@ -53,6 +53,7 @@ import ray
 from ...network import delivery_time
 from ...replica import ReplayLog
 from ...schema import Marker, Punctuation
+from . import lockorder
 from .common import is_actor_death, is_unavailable
 
 __all__ = ["CONTROL", "NO_ACK", "Link", "Outbox", "Sender", "coalesce", "gone_key"]
@@ -161,7 +162,7 @@ class Outbox:
         self.pending: list = []
         self.pending_tuples = 0
         self.pending_since: float | None = None
-        self.lock = threading.Condition()
+        self.lock = lockorder.condition(lockorder.rlock("Outbox.lock", 3))  # (one outbox's at a time)
         self.closed = False
         self.wake: threading.Event | None = None  # set by emit so an idle sender thread wakes up
         self.first_emit: float | None = None  # wall time of the first output emitted (repair timing)

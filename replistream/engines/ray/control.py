@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
+from . import lockorder
 from ...gc import ENTRY, RevivalPolicy, Snapshot, collect_garbage
 from .common import json_default
 from .handover import HandOver
@@ -256,7 +257,7 @@ class ReplicaManager:
         # per replica started for a staged transfer without replay: per input port, the largest
         # connect mark of its upstream links (_start), the gate of its steps (transfer.py)
         self.connect_marks: dict[str, list[int]] = {}
-        self.lock = threading.RLock()
+        self.lock = lockorder.rlock("ReplicaManager.lock", 1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.next_gc = None

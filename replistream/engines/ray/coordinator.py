@@ -21,7 +21,6 @@ replicas send their reports again to a new coordinator.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ import ray
 from ray import cloudpickle
 from ray.experimental import internal_kv
 
+from . import lockorder
 from .common import is_actor_death
 
 # The placement library (scipy) is imported where a placement is computed, not here: every replica
@@ -63,7 +63,7 @@ class CoordinatorActor:
     def __init__(self, t0: float, key: str | None = None):
         self.t0 = t0
         self.key = key
-        self._log_lock = threading.Lock()  # the log (its one lock: the host watcher's thread logs too)
+        self._log_lock = lockorder.lock("CoordinatorActor._log_lock", 1)  # the log (its one lock: the host watcher's thread logs too)
         self.events: list[dict] = []
         self._rids: set = set()  # ids of the reports logged (a report sent twice is logged once)
         self.dormant: dict[str, tuple] = {}  # operator -> (punctuation, replica, checkpoint): keep_dormant
@@ -134,6 +134,14 @@ class CoordinatorActor:
         if self.key is None:
             return 0
         return int(internal_kv._internal_kv_del(self.key + "/", del_by_prefix=True, namespace=KV_NAMESPACE))
+
+    def lock_order(self) -> dict:
+        """This process's record of the order it took its locks in (:func:`.lockorder.report`).
+
+        >>> ray.get(coordinator.lock_order.remote())["violations"]   # doctest: +SKIP
+        []
+        """
+        return lockorder.report()
 
     def ping(self) -> dict:
         """Answers once the coordinator runs: its ``pid``, when that process started (``start``, for a

@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import ray
 
+from . import lockorder
 from ...operators.base import NO_PUNCTUATION
 from ...plan import ENTRY
 from ...schema import END
@@ -152,7 +153,7 @@ class Feeder:
         self.on_start = on_start
         self.on_sentinel = on_sentinel
         self.on_entry_failed = on_entry_failed
-        self.lock = threading.RLock()
+        self.lock = lockorder.rlock("Feeder.lock", 2)
         self.sources: list[str] = []
         self.seqs: dict[str, int] = {}
         self.open_sources: set[str] = set()

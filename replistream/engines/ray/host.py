@@ -24,11 +24,11 @@ True
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import ray
 
+from . import lockorder
 from .client import Deployment, Hosted
 from .plane import resolve
 
@@ -80,7 +80,7 @@ class DeploymentHost:
         warm.use_cluster(True)  # it runs in the cluster: its deployment takes warm actors from the cluster's pool
         self.started = time.time()
         self.name = ray.get_runtime_context().get_actor_name()
-        self.lock = threading.Lock()
+        self.lock = lockorder.lock("DeploymentHost.lock", 0)
         self.restore_error: str | None = None
         try:
             self.dep = restore(self.name)  # None unless an earlier process of this host deployed

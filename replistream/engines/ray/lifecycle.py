@@ -49,6 +49,7 @@ import ray
 from ray import cloudpickle
 from ray.experimental import internal_kv
 
+from . import lockorder
 from .common import is_actor_death
 from .coordinator import KV_NAMESPACE
 
@@ -180,7 +181,7 @@ class Persister:
     def __init__(self, dep):
         self.dep = dep
         self.name = dep.detached_as
-        self.lock = threading.Lock()  # one write of the state at a time (innermost: nothing else is taken)
+        self.lock = lockorder.lock("Persister.lock", 4)  # one write of the state at a time (then only the topology's)
         self._mark = None
         self._thread: threading.Thread | None = None
         self.writes = 0

@@ -9,7 +9,6 @@ waits for the end of the stream, and builds the run's :class:`~..result.RunResul
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
@@ -17,6 +16,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import ray
 
+from . import lockorder
 from ...errors import merge_dead_letters
 from ...operators.base import NO_PUNCTUATION
 from ...plan import ENTRY
@@ -47,7 +47,7 @@ class Delivered:
     """
 
     def __init__(self, apps: Iterable[str]):
-        self.lock = threading.RLock()
+        self.lock = lockorder.rlock("Delivered.lock", 3)
         self.fetched: dict[str, int] = {}
         self.batches: dict[str, list] = {}
         self.arrival_times: dict[str, list] = {}

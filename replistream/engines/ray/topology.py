@@ -51,6 +51,7 @@ import threading
 from dataclasses import replace
 from typing import Any, Callable
 
+from . import lockorder
 from ...gc import OperatorReplica, Snapshot, StreamReplica
 from ...plan import ENTRY, PhysicalPlan, replica_index
 
@@ -88,7 +89,7 @@ class Topology:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.lock = threading.RLock()
+        self.lock = lockorder.rlock("Topology.lock", 5)
         self.changed = threading.Event()
         self.__dict__.setdefault("version", 0)
         self.__dict__.setdefault("_burned", set())
@@ -107,7 +108,7 @@ class Topology:
             self._bump()
 
     def __init__(self, plan: PhysicalPlan):
-        self.lock = threading.RLock()
+        self.lock = lockorder.rlock("Topology.lock", 5)
         self.changed = threading.Event()  # set by every change (see _bump)
         self.version = 0
         self._burned: set[str] = set()

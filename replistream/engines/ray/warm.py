@@ -37,6 +37,8 @@ from typing import Any
 
 import ray
 
+from . import lockorder
+
 __all__ = ["WarmPool", "warm_size", "use_cluster", "take", "start", "NAME"]
 
 NAME = "replistream-warm"
@@ -170,7 +172,7 @@ class WarmPool:
         self.leases: dict[str, tuple[str, Any]] = {}  # actor id -> (owner, handle)
         self.taken = 0
         self.reaped = 0
-        self.lock = threading.Lock()
+        self.lock = lockorder.lock("WarmPool.lock", 1)
         self.query = _blank_query()
         self.stop = threading.Event()
         self.restored = self._restore()
