@@ -405,3 +405,42 @@ def test_the_host_killed_in_a_garbage_collection_finishes_it(tmp_path):
     assert not (discarded & sending), (discarded & sending)
     assert gcs, "no garbage collection happened"
     assert_same_output(ref.outputs["alerts"], ParquetSink(out_dir).read())
+
+
+def test_an_added_operator_outlives_the_host_and_the_call_sent_again_is_made_once(tmp_path):
+    """Issue #40, point 1: a change to the running query is written whole at its commit point (the
+    marker about to leave, ``Persister.held``), so a host lost after ``add_operator`` restores the
+    changed query and its replicas, and the same call sent again to the new host process (as Ray
+    retries a call in flight when its actor dies) returns the change made, not a second one."""
+    name = "cp-add"
+    in_dir = detached.write_inputs(tmp_path / "in", files=4, rows=1500)
+    out_dir = str(tmp_path / "out")
+    q = driver.build(in_dir)
+
+    def build(s):
+        return s.filter(lambda b: b["n"] > 1, name="busy").sink("busy_out")
+
+    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, sinks={"out": ParquetSink(out_dir, every=seconds(2))})
+    try:
+        dep.feed({"s": FileSource(in_dir, time="t")}, pace=3.0)
+        deadline = time.time() + 120
+        while not dep.fed and time.time() < deadline:  # a change goes after something fed
+            time.sleep(0.1)
+        rec = dep.add_operator("per_k", build)
+        _kill_host(name)
+        assert rec.get("call"), rec  # the client's id of the call: Ray sends a call again with its id
+        again = ray.get(_host(name).call.remote("add_operator", ("per_k", build), {}, rec["call"]), timeout=120)
+        assert again["marker"] == rec["marker"] and again["added"] == ["busy", "busy_out"], (rec, again)
+        assert [c["change"] for c in dep.changes] == ["add_operator"]
+        assert dep.wait(180)
+        changed = dep.query
+        busy = dep.results("busy_out")
+        events = dep.events
+    finally:
+        dep.stop()
+    assert any(e.get("event") == "control_restored" for e in events)
+    ref = run_reference(changed, {"s": FileSource(in_dir, time="t")})
+    assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
+    assert len(ref.outputs["busy_out"]) > 0
+    assert_same_output(ref.outputs["busy_out"], busy)
+    assert _left_behind(name) == ([], [])

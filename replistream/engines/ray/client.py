@@ -94,7 +94,7 @@ class Hosted:
 
     def call(self, method: str, args: tuple, kwargs: dict):
         limit = self.call_timeout_s + float(kwargs.get("timeout", 0) or 0)
-        return self._ask(method, self.host.call.remote(method, args, kwargs), limit)
+        return self._ask(method, self.host.call.remote(method, args, kwargs, uuid.uuid4().hex), limit)
 
     def get(self, name: str):
         if name.startswith("_"):

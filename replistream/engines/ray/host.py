@@ -144,15 +144,23 @@ class DeploymentHost:
             self.fed = True
         return self.dep.ingest.feed(*args, **(kwargs or {}))
 
-    def call(self, method: str, args: tuple = (), kwargs: dict | None = None):
-        """Run the control plane's ``method`` (:func:`~.plane.resolve`) and return its answer."""
+    def call(self, method: str, args: tuple = (), kwargs: dict | None = None, call_id: str | None = None):
+        """Run the control plane's ``method`` (:func:`~.plane.resolve`) and return its answer.
+        ``call_id`` (the client's): a change to the running query made by a call with this id already
+        (a call Ray sends again after the process running it was lost) is returned, not made again."""
         if method.startswith("_"):
             raise AttributeError(f"{method!r} is not part of the deployment's API")
         self._check()
         if method == "feed":
             with self.lock:
                 self.fed = True
-        return resolve(self.dep, method)(*args, **(kwargs or {}))
+        from .plane import CALL_ID  # (a local name: the actor's class is pickled with its globals)
+
+        token = CALL_ID.set(call_id)
+        try:
+            return resolve(self.dep, method)(*args, **(kwargs or {}))
+        finally:
+            CALL_ID.reset(token)
 
     def get(self, name: str):
         """The deployment's attribute ``name`` (``events``, ``plan``, ``topology``, ...)."""

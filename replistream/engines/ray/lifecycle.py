@@ -41,6 +41,7 @@ the cluster's control service (a head node's loss ends a deployment either way).
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 import time
 import warnings
 from typing import Any
@@ -183,6 +184,7 @@ class Persister:
         self.name = dep.detached_as
         self.lock = lockorder.lock("Persister.lock", 4)  # one write of the state at a time (then only the topology's)
         self._mark = None
+        self._holds = 0  # blocks during which the thread writes nothing (held())
         self._thread: threading.Thread | None = None
         self.writes = 0
         self.error: str | None = None
@@ -257,13 +259,34 @@ class Persister:
                 tuple(sorted(d.feeder.sentinels_run.items())),
                 None if mgr is None else (len(mgr.events), len(mgr.transfers), mgr._thread is not None))
 
-    def persist_now(self) -> None:
-        """Write the state (whatever changed)."""
+    def persist_now(self, unless_held: bool = False) -> None:
+        """Write the state (whatever changed); ``unless_held``: not while a change is being made
+        (:meth:`held`; the thread's writes)."""
         with self.lock:
+            if unless_held and self._holds:
+                return
             mark = self._fingerprint()
             put_value(self.key(self.name, "state"), self.snapshot())
             self._mark = mark
             self.writes += 1
+
+    @contextmanager
+    def held(self):
+        """While the block runs the thread writes nothing: a change being made (new actors, the
+        topology, the query) is written whole by its own explicit write (:meth:`change_begins`,
+        its commit point) or not at all, so a host lost meanwhile is restored from before it (the
+        actors it started are then stopped, as never recorded). Re-entrant.
+
+        >>> with dep._persister.held(): ...        # doctest: +SKIP
+        """
+        with self.lock:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._holds -= 1
+            self.dep.topology.changed.set()  # what changed meanwhile is written next
 
     def start(self) -> None:
         """Write the state now, then whenever it changes, in a thread of its own."""
@@ -280,7 +303,7 @@ class Persister:
                 return
             try:
                 if self._fingerprint() != self._mark:
-                    self.persist_now()
+                    self.persist_now(unless_held=True)
             except Exception as e:  # said in the events and in status(); the next change tries again
                 self.error = f"{type(e).__name__}: {e}"
                 d.events.append({"t": d.now(), "event": "persist_failed", "error": self.error})

@@ -89,6 +89,11 @@ def resolve(plane: "ControlPlane", name: str):
     return getattr(owner_of(plane, name), name)
 
 
+#: The id of the client's call the host runs now (:meth:`~.host.DeploymentHost.call`; None: a call of
+#: this process): a change records it, so the same call sent again is made once.
+CALL_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("replistream_call_id", default=None)
+
+
 class ControlPlane:
     """A deployment's control plane (see the module doc); built by :func:`~.deployment.deploy`, or by
     :func:`~.lifecycle.restore` from the state a lost host kept (``restored``)."""
@@ -379,11 +384,25 @@ class ControlPlane:
 
     def record_change(self, rec: dict) -> dict:
         """Log a change to the running query (in :attr:`changes` and :attr:`events`); returns the record
-        with ``t`` (seconds since the start)."""
+        with ``t`` (seconds since the start) and, for a client's call to a detached deployment, the
+        call's id (``call``: :data:`CALL_ID`, see :meth:`change_made`)."""
         rec = {"t": round(self.now(), 3), **rec}
+        if CALL_ID.get() is not None:
+            rec["call"] = CALL_ID.get()
         self.changes.append(rec)
         self.events.append({"event": "change", **rec})
         return rec
+
+    def change_made(self) -> dict | None:
+        """The change the client's call running now made already (:data:`CALL_ID`): the call was sent
+        again to a new host process after the one running it was lost (Ray retries a call in flight),
+        and the change had been written whole before (:meth:`~.lifecycle.Persister.held`). None: make it.
+
+        >>> plane.change_made() is None     # doctest: +SKIP
+        True
+        """
+        call = CALL_ID.get()
+        return None if call is None else next((c for c in self.changes if c.get("call") == call), None)
 
     def tell(self, calls: Mapping[str, Any], timeout: float = 30.0) -> list[BaseException]:
         """Wait for calls whose failure is noticed elsewhere (``{label: ObjectRef}``: settings sent

@@ -30,6 +30,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import replace
+from typing import Callable
 
 import ray
 
@@ -43,13 +44,16 @@ from .topology import kind_of
 __all__ = ["add_operator", "remove_operator", "replace_function", "set_replication"]
 
 
-def _send_marker(dep, p: int, change) -> int:
-    """Put the marker of ``change`` at ``p`` after everything sent so far; returns its id. A
-    detached deployment first keeps the changed query and the marker with the chunk number it takes
-    on each source (:meth:`~.lifecycle.Persister.change_begins`): a host lost while the marker is on
-    its way finishes the change when it is restored (the marker is sent to the entry replicas that
-    lack it, :meth:`~.deployment.Deployment.resume_feed`)."""
+def _send_marker(dep, p: int, change, record: Callable[[int], None] | None = None) -> int:
+    """Put the marker of ``change`` at ``p`` after everything sent so far; returns its id
+    (``record(id)`` is called first: the change's record, kept with it). A detached deployment
+    first keeps the changed query and the marker with the chunk number it takes on each source
+    (:meth:`~.lifecycle.Persister.change_begins`): a host lost while the marker is on its way
+    finishes the change when it is restored (the marker is sent to the entry replicas that lack
+    it, :meth:`~.ingest.Ingest.resume_feed`)."""
     marker = new_marker(p, change)
+    if record is not None:
+        record(marker.id)
     persister = dep._persister
     if persister is not None:
         with dep.feeder.held():
@@ -61,16 +65,27 @@ def _send_marker(dep, p: int, change) -> int:
     return marker.id
 
 
+def _written_whole(dep):
+    """While a change is made, a detached deployment writes nothing of it until its marker is about
+    to leave (:meth:`~.lifecycle.Persister.held`; :func:`_send_marker` writes it then): a host lost
+    before rolls the change back whole, one lost after is restored with it and finishes it."""
+    return dep._persister.held() if dep._persister is not None else nullcontext()
+
+
 def replace_function(dep, operator: str, fn) -> dict:
     """See :meth:`Deployment.replace_function <replistream.engines.ray.deployment.Deployment.replace_function>`."""
+    if dep.change_made() is not None:  # the same call sent again after its host was lost: made once
+        return dep.change_made()
     ReplaceFunction(operator, fn).check(dep.query)
-    with dep.quiet():
+    rec: dict = {}
+    with dep.quiet(), _written_whole(dep):
         p = dep.feeder.marker_time()
         change = ReplaceFunction(operator, fn).resolve(dep.query, p)
         dep.query = change.apply_query(dep.query, p)
-        mid = _send_marker(dep, p, change)
-    return dep.record_change({"change": "replace_function", "operator": operator, "p": p, "marker": mid,
-                              "text": f"{change.describe()} for tuples with ts > {as_seconds(p)}"})
+        _send_marker(dep, p, change, record=lambda mid: rec.update(dep.record_change(
+            {"change": "replace_function", "operator": operator, "p": p, "marker": mid,
+             "text": f"{change.describe()} for tuples with ts > {as_seconds(p)}"})))
+    return rec
 
 
 def remove_operator(dep, operator: str, wait: float = 600.0) -> dict:
@@ -79,19 +94,22 @@ def remove_operator(dep, operator: str, wait: float = 600.0) -> dict:
     Once the removed part's applications got ``END`` (a background thread polls them), its
     operator replicas are disconnected from their upstream replicas, stopped and removed from
     the topology (``rec["retired"]``: when)."""
+    if dep.change_made() is not None:  # the same call sent again after its host was lost: made once
+        return dep.change_made()
     gone = RemoveOperator(operator).check(dep.query)
-    with dep.quiet():
+    topo = dep.topology
+    rec: dict = {}
+    with dep.quiet(), _written_whole(dep):
         p = dep.feeder.marker_time()
         change = RemoveOperator(operator)
         dep.query = change.apply_query(dep.query, p)
-        mid = _send_marker(dep, p, change)
-    topo = dep.topology
-    apps = [n for n in gone if dep.query.spec(n).kind == "sink"]
-    labels = [r.label for n in gone if n not in apps for r in topo.replicas(n)]
-    rec = dep.record_change({"change": "remove_operator", "operator": operator, "p": p, "marker": mid,
-                             "removed": gone, "applications": apps, "retired": None,
-                             "text": f"remove {gone}: they see their input up to ts {as_seconds(p)}, "
-                                     f"then their inputs close"})
+        apps = [n for n in gone if dep.query.spec(n).kind == "sink"]
+        labels = [r.label for n in gone if n not in apps for r in topo.replicas(n)]
+        _send_marker(dep, p, change, record=lambda mid: rec.update(dep.record_change(
+            {"change": "remove_operator", "operator": operator, "p": p, "marker": mid, "removed": gone,
+             "applications": apps, "retired": None,
+             "text": f"remove {gone}: they see their input up to ts {as_seconds(p)}, then their inputs close"})))
+    rec = next(c for c in dep.changes if c.get("marker") == rec["marker"])  # (the record kept: retired is set on it)
 
     def retire():
         # once the removed part's applications got END, nothing flows through it any more
@@ -132,7 +150,9 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
     positions); links among the new replicas open now, links from ``upstream``'s
     replicas when the marker passes each of them (:class:`~replistream.replica.changes.AddOperator`)."""
     topo = dep.topology
-    with dep.quiet():
+    with dep.quiet(), _written_whole(dep):
+        if dep.change_made() is not None:  # the same call sent again after its host was lost: made once
+            return dep.change_made()
         p = dep.feeder.marker_time()  # raises before anything starts if no change can be placed
         q2, add = AddOperator(upstream, build).extend(dep.query, PENDING)
         group = group_of(q2, upstream)
@@ -182,11 +202,13 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
                 set_spec(q2, n, CutSpec(spec.inner, p, spec.upper))
         dep.query = q2
         dep.plan = {**dep.plan, **new_placement}
-        mid = _send_marker(dep, p, change)
         _enter_streams(dep, plan, add.added, upstream, [label for label, _ in ups])
-    return dep.record_change({"change": "add_operator", "upstream": upstream, "added": list(add.added), "p": p,
-                              "marker": mid, "placement": new_placement,
-                              "text": f"{change.describe()}: they see its tuples with ts > {as_seconds(p)}"})
+        rec: dict = {}
+        text = f"{change.describe()}: they see its tuples with ts > {as_seconds(p)}"
+        _send_marker(dep, p, change, record=lambda mid: rec.update(dep.record_change(
+            {"change": "add_operator", "upstream": upstream, "added": list(add.added), "p": p, "marker": mid,
+             "placement": new_placement, "text": text})))
+    return rec
 
 
 def _enter_streams(dep, plan: PhysicalPlan, added, upstream: str, connected: list[str]) -> None:
