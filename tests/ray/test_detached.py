@@ -75,6 +75,10 @@ def test_a_detached_deployment_outlives_its_killed_driver_and_is_attached(tmp_pa
         assert not dep.status()["complete"]  # killed before the end of the stream
         with pytest.raises(ValueError, match="on_output runs callbacks in this script"):
             dep.on_output("out", print)  # a callback cannot run in the host: refused in one line
+        with pytest.raises(ValueError, match="'s' is fed from a Python iterator of this script"):
+            dep.feed({"s": iter([])})  # it would end with this script: refused here, in one line
+        with pytest.raises(ValueError, match="source 's': a detached deployment keeps its input"):
+            dep.feed({"s": [{"lock": threading.Lock()}]})  # what the host cannot keep to read again
         assert dep.wait(120)
         status = dep.status()
         assert status["complete"] and status["applications"]["out"]["delivered"] == len(ref.outputs["out"])

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 
 import ray
+from ray import cloudpickle
 
 from ...errors import RunFailed
 from .changes import Changes
@@ -117,6 +118,24 @@ class Hosted:
         return self._ask("status", self.host.status.remote(since), self.call_timeout_s)
 
 
+def _keepable(src: str, data) -> None:
+    """Refuse in one line an input a detached deployment cannot keep to read again after its host is
+    lost (a Python iterator of this script, a Spark DataFrame of its session, anything unpicklable)."""
+    if isinstance(data, Iterator):
+        raise ValueError(f"source {src!r} is fed from a Python iterator of this script, which a detached "
+                         f"deployment outlives: give a list, an array or a FileSource")
+    if type(data).__module__.startswith("replistream.spark"):
+        raise ValueError(f"source {src!r} reads a Spark DataFrame of this script's Spark session, which a detached "
+                         f"deployment outlives: write it to files (Parquet) and feed a FileSource, or deploy "
+                         f"without detached=True")
+    try:
+        cloudpickle.dumps(data)
+    except Exception as e:  # noqa: BLE001 - said in the error
+        raise ValueError(f"source {src!r}: a detached deployment keeps its input to resume after its host is lost, "
+                         f"and this one cannot be kept ({type(e).__name__}): give a list, an array or a "
+                         f"FileSource") from None
+
+
 def plane_of(dep: Deployment) -> ControlPlane:
     """The control plane behind ``dep``, which must run in this process (a detached deployment's host
     holds its own this way).
@@ -183,9 +202,7 @@ class Deployment:
     def feed(self, inputs, pace: float | None = None, **kwargs) -> None:
         if self.detached:  # only inputs the host can keep and read again
             for src, data in dict(inputs).items():
-                if isinstance(data, Iterator):
-                    raise ValueError(f"source {src!r} is fed from a Python iterator of this script, which a "
-                                     f"detached deployment outlives: give a list, an array or a FileSource")
+                _keepable(src, data)
             return self._backend.feed((inputs, pace), kwargs)
         return self._backend.call("feed", (inputs, pace), kwargs)
 
