@@ -46,7 +46,8 @@ class DeadHandle:
 
 class FakeManager:
     def __init__(self, query, running: set[str]):
-        self.dep = types.SimpleNamespace(query=query, mark_failed=lambda *a: None)
+        self.dep = types.SimpleNamespace(query=query, repairer=types.SimpleNamespace(mark_failed=lambda *a: None))
+        self.handover = self.meter = self  # (the manager's parts: peers and cover_peer, notice_failures)
         self.transfers, self.connect_marks, self.records, self.running = [], {}, [], running
         self.topology = types.SimpleNamespace(
             replica=lambda label: types.SimpleNamespace(operator=label.rpartition("#")[0]),
