@@ -82,7 +82,7 @@ def test_the_coordinator_moves_holds_on_and_releases_them():
     nothing does; a receiver that did not report keeps its hold where it was."""
     from types import SimpleNamespace
 
-    from replistream.engines.ray.control import ReplicaManager
+    from replistream.engines.ray.meter import Meter
     from replistream.gc import StreamReplica
 
     sent: dict[str, list] = {}
@@ -111,13 +111,12 @@ def test_the_coordinator_moves_holds_on_and_releases_them():
                StreamReplica("c#0", "h#2", 0, live=False)]  # h#2: fed by nothing (dormant)
     running = {"c#0": True, "c#1": True, "h#0": True, "h#1": True, "h#2": True}
     topo = Topo(streams, running, {"h#0": True, "h#1": True, "h#2": True})
-    mgr = SimpleNamespace(topology=topo)
-    mgr.meter._fed = lambda label, port: ReplicaManager._fed(mgr, label, port)
-    ReplicaManager._raise_holds(mgr, {"h#0": {"acks": [41]}})  # h#1 did not report
+    meter = Meter(SimpleNamespace(topology=topo))  # what a utility period measures (the control loop's part)
+    meter._raise_holds({"h#0": {"acks": [41]}})  # h#1 did not report
     assert sent == {"c#0": [{gone_key("h#0", 0): 41, gone_key("h#2", 0): None}]}
     sent.clear()
     running["c#1"] = False  # h#0's only live feeder is gone: nothing feeds it now
-    ReplicaManager._raise_holds(mgr, {"h#0": {"acks": [50]}, "h#1": {"acks": [60]}})
+    meter._raise_holds({"h#0": {"acks": [50]}, "h#1": {"acks": [60]}})
     assert sent == {"c#0": [{gone_key("h#0", 0): None, gone_key("h#2", 0): None}]}
 
 
