@@ -444,3 +444,33 @@ def test_an_added_operator_outlives_the_host_and_the_call_sent_again_is_made_onc
     assert len(ref.outputs["busy_out"]) > 0
     assert_same_output(ref.outputs["busy_out"], busy)
     assert _left_behind(name) == ([], [])
+
+
+def test_a_host_stopped_before_its_watcher_ever_heard_from_it_is_fenced(tmp_path):
+    """The coordinator fences a silent host by the process it last answered from; a host stopped
+    (SIGSTOP) at once after deploy() returned, before the coordinator's first look, was never
+    fenced (the deployment then hung). The host now says who it is when it asks to be watched."""
+    name = "cp-stop-early"
+    in_dir = detached.write_inputs(tmp_path / "in", files=2, rows=600)
+    out_dir = str(tmp_path / "out")
+    q = driver.build(in_dir)
+    ref = run_reference(q, {"s": FileSource(in_dir, time="t")})
+    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, fail_after_s=3.0,
+                    sinks={"out": ParquetSink(out_dir, every=seconds(2))})
+    host = _host(name)
+    pid = ray.get(host.process.remote(), timeout=60)["pid"]
+    os.kill(pid, signal.SIGSTOP)  # at once: the coordinator's watcher has not asked it anything yet
+    try:
+        dep.feed({"s": FileSource(in_dir, time="t")}, pace=3.0)  # sent again by Ray to the new process
+        assert dep.wait(180)
+        events = dep.events
+        assert ray.get(host.process.remote(), timeout=60)["pid"] != pid
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)  # (fenced already; in case it was not)
+        except ProcessLookupError:
+            pass
+        dep.stop()
+    assert any(e.get("event") == "control_restored" for e in events)
+    assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
+    assert _left_behind(name) == ([], [])

@@ -154,21 +154,22 @@ class CoordinatorActor:
     #: Seconds between two looks at the host.
     WATCH_EVERY_S = 0.5
 
-    def watch_host(self, host, name: str, fail_after_s: float) -> bool:
+    def watch_host(self, host, name: str, fail_after_s: float, process: tuple | None = None) -> bool:
         """Watch detached deployment ``name``'s host actor (slow is dead, docs/reliability.md): a
         thread asks it for its process every :attr:`WATCH_EVERY_S`; a host that does not answer
         within ``fail_after_s`` (a stopped process, a frozen host) is fenced (SIGKILL of the process
         it last answered from, checked by pid and start time, on its node), so Ray restarts it and
         the new process restores the deployment (:mod:`.lifecycle`). A host Ray is restarting is
         left to Ray. Called by the host after it deployed or restored (again by each new host or
-        coordinator). Logged as ``host_fenced`` reports.
+        coordinator), with its own ``process`` ``(pid, start, node)``: a host that stops before it
+        ever answered the watcher is fenced too. Logged as ``host_fenced`` reports.
 
         >>> ray.get(coordinator.watch_host.remote(host, "monitor", 4.0))   # doctest: +SKIP
         True
         """
         import threading
 
-        self._watch = (host, name, float(fail_after_s))
+        self._watch = (host, name, float(fail_after_s), None if process is None else tuple(process))
         if getattr(self, "_watcher", None) is None or not self._watcher.is_alive():
             self._watch_stop = threading.Event()
             self._watcher = threading.Thread(target=self._watch_loop, daemon=True, name="replistream-watch-host")
@@ -179,18 +180,27 @@ class CoordinatorActor:
         from .common import fence_process
 
         seen = None  # (pid, start, node) of the host process that last answered
+        last_error, watched = None, None
         while not self._watch_stop.wait(self.WATCH_EVERY_S):
-            host, name, fail_after = self._watch
+            if self._watch is not watched:  # a new host process to watch: it said who it is
+                watched = self._watch
+                seen = watched[3] or seen
+            host, name, fail_after, _ = watched
             try:
                 info = ray.get(host.process.remote(), timeout=fail_after)
                 seen = (info["pid"], info.get("start"), info.get("node"))
+                self.host_seen = (time.time(), seen)  # (what a status or a test reads)
             except ray.exceptions.GetTimeoutError:
                 if seen is not None:
                     fence_process(*seen)
                     self._log({"kind": "host_fenced", "t": time.time() - self.t0, "deployment": name,
                                "pid": seen[0], "reason": f"no answer within {fail_after:g} s"})
                 seen = None
-            except Exception:  # noqa: BLE001 - dead for good (stopped) or restarting: Ray's, not ours
+            except Exception as e:  # noqa: BLE001 - dead for good (stopped) or restarting: Ray's, not ours
+                if repr(e) != last_error:  # (said once per kind of error: a restart raises several alike)
+                    self._log({"kind": "host_probe_error", "t": time.time() - self.t0, "deployment": name,
+                               "error": repr(e)[:300]})
+                    last_error = repr(e)
                 seen = None
 
     def _unwatch(self) -> None:

@@ -102,7 +102,8 @@ class CoordinatorLink:
             for _, h in self.plane.topology.running():  # sent, not awaited: a replica that does not answer is the detector's
                 h.set_coordinator.remote(new)
             if getattr(self.plane, "_host_actor", None) is not None:  # a detached deployment's host: watched by it from now on
-                new.watch_host.remote(self.plane._host_actor, self.plane.detached_as, self.plane.detector.fail_after_s)
+                new.watch_host.remote(self.plane._host_actor, self.plane.detached_as, self.plane.detector.fail_after_s,
+                                      getattr(self.plane, "_host_process", None))
             self.plane.events.append({"t": self.plane.now(), "event": "coordinator_replaced", "reason": reason,
                                       "restored": restored, "seconds": round(time.time() - started, 3)})
 

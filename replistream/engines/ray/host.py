@@ -96,8 +96,14 @@ class DeploymentHost:
     def _watched(self) -> None:
         """Ask the deployment's coordinator to watch this host (a stopped host is fenced, then
         restarted by Ray); a coordinator that replaces a lost one is asked again by the deployment."""
+        import os
+
+        from .common import process_start
+
         self.dep._host_actor = ray.get_runtime_context().current_actor
-        self.dep.coordinator.watch_host.remote(self.dep._host_actor, self.name, self.dep.detector.fail_after_s)
+        self.dep._host_process = (os.getpid(), process_start(os.getpid()), ray.get_runtime_context().get_node_id())
+        self.dep.coordinator.watch_host.remote(self.dep._host_actor, self.name, self.dep.detector.fail_after_s,
+                                               self.dep._host_process)
 
     def _check(self) -> None:
         if self.restore_error is not None:
