@@ -72,3 +72,17 @@ def test_subpackages_stay_attributes_in_a_fresh_process():
                  " callable(rs.network.default_servers), rs.replica.ReplicaCore is rs.ReplicaCore,"
                  " 'engines' in dir(rs)]))")
     assert got == [True, True, True, True, True]
+
+
+def test_the_placement_parts_the_ray_engine_imports_need_no_scipy_nor_networkx():
+    """The Ray engine imports ``placement.nodes``, ``placement.policy`` and ``placement.servers`` as it loads
+    (in the driver and in actor processes); SciPy (``coords``, ``spring``) and networkx (``model``'s check
+    of the flows) are imported where they compute, and the package itself loads its names on first use."""
+    loaded = _fresh("import json, sys\n"
+                    "import replistream.placement as pl\n"
+                    "import replistream.placement.nodes, replistream.placement.policy, replistream.placement.servers\n"
+                    "assert pl.PlacementPolicy and pl.servers_from_rows and pl.ray_options\n"
+                    "print(json.dumps(sorted(sys.modules)))")
+    assert "replistream.placement.policy" in loaded
+    late = [m for m in ("scipy", "networkx", "replistream.placement.spring") if m in loaded]
+    assert not late, f"the placement parts the Ray engine imports pull in {late}"
