@@ -13,33 +13,41 @@ Build a query, run it, compare with the ideal run:
 
 See README.md for the replicated engines and the CLI.
 """
+import importlib
+
 from .errors import DeadLetter, PunctuationViolation, QueryError, ReplistreamError, RunFailed, SchemaError, UserFunctionError
 from .operators.aggregate import Summary
 from .schema import END, Punctuation, Schema, millis, seconds
 from .query import Query, Stream
-from .replica import ReplicaCore
-from .engines import RunResult, run_reference
-from .network import Server, default_servers
-from .scenario import Event, Scenario
 from .progress import quiet
 
 __version__ = "0.1.0"
 
 
+# Names loaded on first use (PEP 562), so that ``import replistream`` stays light (issue #42, point 4:
+# under 0.5 s; ``tests/core/test_import_budget.py`` checks what it imports): the name -> the module
+# that defines it. The Ray engine pulls in Ray, ``FileSource`` and ``ParquetSink`` pyarrow; the
+# engines, the replica, the network model and the scenario are this package's own, but together
+# they were a third of the import that a script which only builds a query does not need.
+_LAZY = {
+    "deploy": ".engines.ray", "Deployment": ".engines.ray", "GCConfig": ".engines.ray", "attach": ".engines.ray",
+    "FileSource": ".files", "ParquetSink": ".sinks",
+    "RunResult": ".engines", "run_reference": ".engines",
+    "ReplicaCore": ".replica",
+    "Server": ".network", "default_servers": ".network",
+    "Event": ".scenario", "Scenario": ".scenario",
+}
+# Subpackages that ``import replistream`` used to import (so ``rs.engines`` worked without importing it):
+# still attributes, imported on first use.
+_SUBMODULES = ("engines", "network", "replica", "scenario")
+
+
 def __getattr__(name):
-    # The Ray engine is imported on first use, so the core stays light to import.
-    if name in ("deploy", "Deployment", "GCConfig", "attach"):
-        from .engines import ray
-
-        return getattr(ray, name)
-    if name == "FileSource":  # pyarrow is imported on first use too
-        from .files import FileSource
-
-        return FileSource
-    if name == "ParquetSink":
-        from .sinks import ParquetSink
-
-        return ParquetSink
+    where = _LAZY.get(name)
+    if where is not None:
+        return getattr(importlib.import_module(where, __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'replistream' has no attribute {name!r}")
 
 
@@ -48,10 +56,10 @@ def __dir__() -> list[str]:
     completion and ``help()`` find them.
 
     >>> import replistream as rs
-    >>> {"deploy", "FileSource", "Deployment", "GCConfig"} <= set(dir(rs))
+    >>> {"deploy", "FileSource", "Deployment", "GCConfig", "run_reference", "engines"} <= set(dir(rs))
     True
     """
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
 
 __all__ = [
     "DeadLetter", "PunctuationViolation", "QueryError", "ReplistreamError", "RunFailed", "SchemaError",

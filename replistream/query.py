@@ -26,8 +26,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-import networkx as nx
-
 from .errors import QueryError, SchemaError
 from .operators import FilterLogic, FlatMapLogic, MapLogic, OperatorLogic, UnionLogic
 from .operators.aggregate import CountWindowAggregateLogic, TimeWindowAggregateLogic
@@ -294,6 +292,8 @@ class Query:
     def __init__(self, name: str = "query", on_error: str = "dead_letter"):
         self.name = name
         self.on_error = check_on_error(on_error, f"query {name!r}")
+        import networkx as nx  # on first use, not at `import replistream` (issue #42: ~0.2 s of the import)
+
         self.graph = nx.MultiDiGraph()
         self._counter = 0
         self._built = False
@@ -424,6 +424,8 @@ class Query:
         return [n for n in self.topological() if self.spec(n).kind == "operator"]
 
     def topological(self) -> list[str]:
+        import networkx as nx
+
         return list(nx.lexicographical_topological_sort(self.graph))
 
     def schema_of(self, node: str) -> Schema:
@@ -467,6 +469,8 @@ class Query:
         >>> q.build().window_grid("s")
         2
         """
+        import networkx as nx
+
         grid = None
         for n in nx.descendants(self.graph, source):
             spec = self.spec(n)
@@ -527,6 +531,8 @@ class Query:
     # -- validation ------------------------------------------------------------
     def build(self) -> "Query":
         """Validate the query; returns it. Raises :class:`QueryError` (or ``ValueError``) naming the problem."""
+        import networkx as nx
+
         g = self.graph
         if not nx.is_directed_acyclic_graph(g):
             cycle = nx.find_cycle(g)

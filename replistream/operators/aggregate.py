@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from numpy.lib.recfunctions import repack_fields
 
 from ..errors import QueryError
 from ..exact import LIMBS, ExactSums, exact_row_sums
@@ -586,7 +585,7 @@ class TimeWindowAggregateLogic(_GroupedWindows):
         if whole:
             return schema.empty()
         cols = [TS, ID] + sorted({a.field for a in self.aggs if isinstance(a.how, Summary) and a.field != "*"})
-        return repack_fields(schema.empty()[cols])
+        return _repack_fields(schema.empty()[cols])
 
     def _restore_tables(self, tables):
         self._install_tables(tables)
@@ -825,12 +824,20 @@ class CountWindowAggregateLogic(_GroupedWindows):
         return out
 
 
+def _repack_fields(a: np.ndarray) -> np.ndarray:
+    """``numpy.lib.recfunctions.repack_fields``, imported on first use: that module pulls in ``numpy.ma``,
+    which ``import replistream`` does not need (issue #42, point 4)."""
+    from numpy.lib.recfunctions import repack_fields as repack
+
+    return repack(a)
+
+
 def _join_parts(parts: list[np.ndarray]) -> np.ndarray:
     """Concatenate many small row blocks of one dtype quickly, packed (no padding of unused fields)."""
     dt = parts[0].dtype
     if any(p.dtype != dt for p in parts):
-        return repack_fields(np.concatenate(parts))
-    return repack_fields(np.frombuffer(b"".join(np.ascontiguousarray(p).tobytes() for p in parts), dtype=dt))
+        return _repack_fields(np.concatenate(parts))
+    return _repack_fields(np.frombuffer(b"".join(np.ascontiguousarray(p).tobytes() for p in parts), dtype=dt))
 
 
 def _pack_limbs(limbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

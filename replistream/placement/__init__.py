@@ -17,6 +17,7 @@ simulator:
 * :class:`PlacementPolicy`: what ``replistream.deploy(..., placement=...)`` calls.
 
 >>> from replistream.network import default_servers
+>>> from replistream.placement import fig1_sources, place, problem_from_query
 >>> from replistream.workloads import fig1_query
 >>> servers = default_servers(30)
 >>> problem = problem_from_query(fig1_query(30), servers, sources=fig1_sources(fig1_query(30), servers))
@@ -25,15 +26,41 @@ simulator:
 >>> best.network_cost < rand.network_cost
 True
 """
-from .baselines import non_replicated, random_placement
-from .coords import coordinate_latency, embedding_error, network_coordinates
-from .mincost import ALPHA, D_MIN, Placer, min_cost
-from .model import ENTRY, Flow, PlacementError, PlacementProblem, QueryStats, latency_matrix, problem_from_query, with_stats
-from .nodes import cluster_servers, ray_options, servers_on_nodes
-from .policy import STRATEGIES, PlacementPolicy, fig1_sources, place
-from .result import Alternative, Decision, Placement
-from .servers import ServerSet, load_servers, servers_from_rows
-from .spring import relaxed_positions, spring_relaxation
+import importlib
+
+# Every name is loaded on first use (PEP 562), from the module that defines it, so that importing one
+# part (the Ray engine imports ``placement.nodes`` and ``placement.policy``) does not import SciPy
+# (``coords``, ``spring``) nor the rest (issue #42, point 4: start-up).
+_LAZY = {
+    **dict.fromkeys(["non_replicated", "random_placement"], ".baselines"),
+    **dict.fromkeys(["coordinate_latency", "embedding_error", "network_coordinates"], ".coords"),
+    **dict.fromkeys(["ALPHA", "D_MIN", "Placer", "min_cost"], ".mincost"),
+    **dict.fromkeys(["ENTRY", "Flow", "PlacementError", "PlacementProblem", "QueryStats", "latency_matrix",
+                     "problem_from_query", "with_stats"], ".model"),
+    **dict.fromkeys(["cluster_servers", "ray_options", "servers_on_nodes"], ".nodes"),
+    **dict.fromkeys(["STRATEGIES", "PlacementPolicy", "fig1_sources", "place"], ".policy"),
+    **dict.fromkeys(["Alternative", "Decision", "Placement"], ".result"),
+    **dict.fromkeys(["ServerSet", "load_servers", "servers_from_rows"], ".servers"),
+    **dict.fromkeys(["relaxed_positions", "spring_relaxation"], ".spring"),
+}
+
+
+def __getattr__(name):
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'replistream.placement' has no attribute {name!r}")
+    return getattr(importlib.import_module(where, __name__), name)
+
+
+def __dir__() -> list[str]:
+    """The package's names, those loaded on first use included (tab completion, ``help()``).
+
+    >>> import replistream.placement as pl
+    >>> {"place", "PlacementPolicy", "network_coordinates"} <= set(dir(pl))
+    True
+    """
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ENTRY", "Flow", "PlacementError", "PlacementProblem", "QueryStats", "latency_matrix", "problem_from_query", "with_stats",

@@ -16,7 +16,6 @@ True
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 
 __all__ = ["network_coordinates", "embedding_error", "coordinate_latency"]
 
@@ -43,6 +42,8 @@ def network_coordinates(latency, dim: int = 3) -> np.ndarray:
     row = D2.mean(axis=1)
     B = -0.5 * (D2 - row[:, None] - row[None, :] + row.mean())  # double centring, J D2 J, without matmuls
     m = min(dim, n)
+    import scipy.linalg  # on first use: placement.servers (the Ray engine's start) needs only coordinate_latency
+
     vals, vecs = scipy.linalg.eigh(B, subset_by_index=[n - m, n - 1], driver="evr")  # the largest m eigenpairs
     order = np.argsort(-vals, kind="stable")
     vals, vecs = vals[order], vecs[:, order]

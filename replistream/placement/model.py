@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-import networkx as nx
 import numpy as np
 
 from ..errors import ReplistreamError
@@ -152,6 +151,8 @@ class PlacementProblem:
         unknown = [x for x in endpoints if x not in self.fixed and x not in set(given)]
         if unknown:
             raise ValueError(f"flows name {unknown}, which are neither nodes to place nor fixed endpoints")
+        import networkx as nx  # on first use: the Ray engine imports this module at start (issue #42)
+
         g = nx.DiGraph()
         g.add_nodes_from(given)
         g.add_edges_from((f.src, f.dst) for f in self.flows if f.src in g and f.dst in g)
