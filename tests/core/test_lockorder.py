@@ -19,7 +19,7 @@ with outer, inner, box1:   # in order
 def waiter():
     with cv:
         cv.wait(0.05)      # a wait releases the lock whole and takes it back
-t = threading.Thread(target=waiter, name="waiter"); t.start(); t.join()
+t = threading.Thread(target=waiter, name="waiter"); t.start(); t.join(30)
 first = lo.report()
 with inner:
     with outer:            # taken after a later lock: a violation

@@ -169,3 +169,8 @@ def inside(folder: str, name: str) -> str:
     if os.path.commonpath([base, path]) != base or path == base:
         raise ValueError(f"output path for {name!r} would lie outside {folder!r}")
     return path
+
+
+#: Seconds to fetch the value of a call ``ray.wait`` already found ready (it may still have to
+#: travel from another node's object store): a deadline all the same.
+READY_S = 30.0

@@ -22,6 +22,7 @@ from ...plan import ENTRY
 from ...schema import END
 from ...sources import Handed, Sentinel
 from ..result import RunResult
+from .common import READY_S
 
 __all__ = ["Ingest"]
 
@@ -138,7 +139,7 @@ class Ingest:
             if ref not in ready:
                 continue  # silent: it catches up from a peer once it answers, or is declared failed
             try:
-                positions[label] = ray.get(ref)
+                positions[label] = ray.get(ref, timeout=READY_S)
             except Exception as e:  # noqa: BLE001 - a death: noticed by the monitor
                 self.plane.events.append({"t": self.plane.now(), "event": "no_answer", "actor": label, "call": "entry_position",
                                           "error": repr(e)})

@@ -15,6 +15,7 @@ import ray
 
 from ...gc import ENTRY, Snapshot, StreamReplica
 from .channels import gone_key
+from .common import READY_S
 
 
 __all__ = ["Meter", "CUT_MS"]
@@ -61,7 +62,7 @@ class Meter:
                 continue
             del self.mgr._asked[label]
             try:
-                out[label] = ray.get(ref)
+                out[label] = ray.get(ref, timeout=READY_S)
             except Exception:  # no report from it this period; see the docstring
                 continue
         return out

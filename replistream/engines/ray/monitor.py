@@ -24,7 +24,7 @@ import ray
 from ...errors import RunFailed, UserFunctionError
 from ...operators.base import NO_PUNCTUATION
 from ...plan import ENTRY
-from .common import fence_process, is_actor_death, is_unavailable
+from .common import READY_S, fence_process, is_actor_death, is_unavailable
 
 __all__ = ["Monitor"]
 
@@ -131,7 +131,7 @@ class Monitor:
                     continue
                 del self._probes[label]
                 try:
-                    ans = ray.get(ref)
+                    ans = ray.get(ref, timeout=READY_S)
                 except Exception as e:
                     if is_unavailable(e):  # unreachable for now: no answer (suspected, then declared failed and fenced)
                         continue
@@ -235,7 +235,7 @@ class Monitor:
             acks = []
             if not gone and asked.get(dst) in ready:
                 try:
-                    acks = ray.get(asked[dst]).get("acks") or []
+                    acks = ray.get(asked[dst], timeout=READY_S).get("acks") or []
                 except Exception:  # noqa: BLE001 - a death: noticed by the probes; the hold stays
                     acks = []
             for port in pset:

@@ -38,7 +38,7 @@ from ...plan import ENTRY, PhysicalPlan, ReplicaId, replica_index
 from ...query import Query
 from . import pool
 from .actors import EntryActor, ReplicaActor, SinkActor
-from .common import inside, is_actor_death, wait_quietly
+from .common import READY_S, inside, is_actor_death, wait_quietly
 from .control import GCConfig, ReplicaManager
 from .coordinator import CoordinatorActor
 from .detector import DEFAULT_FAIL_AFTER_S, DEFAULT_SUSPECT_AFTER_S, FailureDetector
@@ -194,7 +194,7 @@ class ControlPlane:
         pending, deadline = list(calls), time.time() + self.CONNECT_TIMEOUT_S
         while pending:  # the bar advances as each connection is made (issue #44: it sat at 0% until all were)
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.1)
-            ray.get(done)
+            ray.get(done, timeout=READY_S)
             rep.advance(len(done))
             if pending and time.time() > deadline:
                 late = sorted(f"{calls[r].src.label}->{calls[r].dst.label}" for r in pending)

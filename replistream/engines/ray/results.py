@@ -23,7 +23,7 @@ from ...plan import ENTRY
 from ...summary import WaitSummary  # (#44) what wait() returns
 from ...schema import END, TS
 from ..result import RunResult
-from .common import is_actor_death, is_unavailable, json_default
+from .common import READY_S, is_actor_death, is_unavailable, json_default
 
 __all__ = ["Delivered", "Results", "furthest_key"]
 
@@ -213,7 +213,7 @@ class Results:
                     label = refs[ref]
                     _, start = self._fetches.pop(label)
                     try:
-                        data, arr, count, punct = ray.get(ref)
+                        data, arr, count, punct = ray.get(ref, timeout=READY_S)
                     except Exception as e:
                         if is_unavailable(e):  # unreachable for now: asked again next time (the detector decides)
                             continue
@@ -293,7 +293,7 @@ class Results:
                 where.setdefault(rep.operator, []).append((label, None, f"busy in a call (no answer in {wait_s:g} s)"))
                 continue
             try:
-                st = ray.get(ref)
+                st = ray.get(ref, timeout=READY_S)
             except Exception as e:  # noqa: BLE001 - said in the text
                 where.setdefault(rep.operator, []).append((label, None, f"unreachable ({type(e).__name__})"))
                 continue
@@ -351,11 +351,11 @@ class Results:
                                           "suspected": self.plane.detector.is_suspected(label)})
                 continue
             try:
-                letters = ray.get(ref)
+                letters = ray.get(ref, timeout=READY_S)
                 if not is_entry:
                     dead.extend(letters)
                     continue
-                pos = ray.get(entries[label]) if entries[label] in ready else None
+                pos = ray.get(entries[label], timeout=READY_S) if entries[label] in ready else None
             except Exception as e:
                 if not is_actor_death(e):
                     raise
@@ -400,7 +400,7 @@ class Results:
                                  else f"no answer within {self.ASK_TIMEOUT_S:g} s"}
                 continue
             try:
-                s = ray.get(asked[label])
+                s = ray.get(asked[label], timeout=READY_S)
                 s["alive"] = True
                 actors[label] = s
             except Exception as e:  # reported in the metrics

@@ -33,11 +33,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from typing import Any
 
 import ray
 
 from . import lockorder
+from .common import is_actor_death
 
 __all__ = ["WarmPool", "warm_size", "use_cluster", "take", "start", "NAME"]
 
@@ -186,17 +188,21 @@ class WarmPool:
         idle = [(key, cls_name, h) for key, (cls_name, h) in _kv_items("idle/")]
         asked = [h.settled.remote() for _, _, h in idle]
         ready = set(ray.wait(asked, num_returns=len(asked), timeout=RESTORE_ASK_S)[0]) if asked else set()
-        lost = []
+        lost, broken = [], []
         for (key, cls_name, h), ref in zip(idle, asked):
             try:
                 if ref in ready:
                     ray.get(ref, timeout=0)
                     self.idle.setdefault(cls_name, []).append(h)
                     continue
-            except Exception:  # noqa: BLE001 - gone or broken: forgotten below, like a silent one
-                pass
+            except Exception as e:  # noqa: BLE001 - gone or broken: forgotten below, like a silent one
+                if not is_actor_death(e):
+                    broken.append(f"{cls_name}: {e!r}"[:200])
             _kv_del("idle/" + key)  # gone, or not answering: forgotten (killed in case it only hangs)
             lost.append(h)
+        if broken:
+            warnings.warn(f"replistream: the warm pool forgot {len(broken)} idle actor(s) that answered with an error: "
+                          f"{broken[:3]}", RuntimeWarning, stacklevel=1)
         kill_actors(lost)
         for key, (owner, h) in _kv_items("lease/"):
             self.leases[key] = (owner, h)
