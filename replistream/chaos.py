@@ -565,13 +565,14 @@ def _driver_trial_faults(rng: np.random.Generator, query: Query, k: int, t0: int
 
 
 def _lose_host(name: str, how: str) -> int:
-    """Lose detached deployment ``name``'s host process: ``crashed`` (SIGKILL) or ``stopped``
-    (SIGSTOP, never resumed: its coordinator fences it). Returns the pid."""
+    """Lose detached deployment ``name``'s serving host process: ``crashed`` (SIGKILL) or ``stopped``
+    (SIGSTOP, never resumed: the host standing by, or the coordinator, fences it). Returns the pid."""
     import ray
 
     from .engines.ray.host import NAMESPACE
+    from .engines.ray.standby import serving_host
 
-    pid = ray.get(ray.get_actor(name, namespace=NAMESPACE).process.remote(), timeout=60)["pid"]
+    pid = ray.get(serving_host(name, NAMESPACE).process.remote(), timeout=60)["pid"]
     os.kill(pid, signal.SIGKILL if how == "crashed" else signal.SIGSTOP)
     return pid
 

@@ -23,6 +23,7 @@ from replistream import FileSource, ParquetSink, seconds
 from replistream.engines.ray import lifecycle
 from replistream.engines.ray.coordinator import KV_NAMESPACE
 from replistream.engines.ray.host import NAMESPACE, list_deployments
+from replistream.engines.ray.standby import pair, serving_host
 from replistream.testing import assert_same_output, run_reference
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
@@ -45,21 +46,23 @@ def _keyed_chunks(seed: int, n: int, keys: int, span_s: float = 20.0) -> list[di
 
 
 def _host(name: str):
-    return ray.get_actor(name, namespace=NAMESPACE)
+    """The host that serves deployment ``name`` now (of its two: standby.py)."""
+    return serving_host(name, NAMESPACE)
 
 
 def _kill_host(name: str) -> int:
-    """SIGKILL the host's process; returns its pid once a new process answers (restored)."""
-    host = _host(name)
-    pid = ray.get(host.process.remote(), timeout=60)["pid"]
+    """SIGKILL the serving host's process; returns the pid of the one that serves next, once it
+    answers (restored: the host that stood by, or the lost one restarted by Ray)."""
+    pid = ray.get(_host(name).process.remote(), timeout=60)["pid"]
     os.kill(pid, signal.SIGKILL)
     deadline = time.time() + 60
     while time.time() < deadline:
-        info = ray.get(host.process.remote(), timeout=60)  # retried by Ray until the new process answers
-        if info["pid"] != pid:
+        info = ray.get(_host(name).process.remote(), timeout=60)  # (a lost host's call is retried by Ray)
+        if info["pid"] != pid and info["role"] == "serving":
             assert info["restored"], info
             return info["pid"]
-    raise AssertionError(f"the host of {name!r} was not restarted within 60 s")
+        time.sleep(0.05)
+    raise AssertionError(f"no host of {name!r} served again within 60 s")
 
 
 def _run(tmp_path, name: str, losses, files: int = 4, rows: int = 1500, pace: float = 3.0):
@@ -90,9 +93,11 @@ _epochs: dict[str, str] = {}
 
 
 def _left_behind(name: str) -> tuple[list, list]:
-    """What a stopped deployment left: actors it registered, and key-value entries (its own and its
-    coordinator's)."""
+    """What a stopped deployment left: actors it registered or its two hosts, and key-value entries
+    (its own and its coordinator's)."""
     alive = [aid for aid, h in lifecycle.registry(name).items()]
+    named = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a.get("namespace") == NAMESPACE}
+    alive += [host for host in pair(name) if host in named]
     keys = internal_kv._internal_kv_list(lifecycle.PREFIX + name + "/", namespace=KV_NAMESPACE)
     if name in _epochs:
         keys += internal_kv._internal_kv_list(f"replistream/coordinator/{_epochs[name]}/", namespace=KV_NAMESPACE)

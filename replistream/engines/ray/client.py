@@ -17,6 +17,7 @@ The methods' docstrings are those of the parts that implement them.
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -83,39 +84,60 @@ class Hosted:
     def __init__(self, host, name: str):
         self.host, self.name = host, name
 
-    def _ask(self, what: str, ref, limit: float):
-        try:
-            return ray.get(ref, timeout=limit)
-        except ray.exceptions.GetTimeoutError as e:
-            raise RunFailed(f"the host of detached deployment {self.name!r} did not answer {what!r} within "
-                            f"{limit:g} s", operator="host") from e
-        except ray.exceptions.RayActorError as e:
-            raise RunFailed(f"the host of detached deployment {self.name!r} is gone ({type(e).__name__}): the "
-                            f"deployment ended with it", operator="host") from e
+    def _ask(self, what: str, send, limit: float):
+        """``send(host)``'s answer from the host that serves: a call that reaches the host standing by
+        (:class:`~.standby.NotServing`), or a host gone for good, is sent again to the one the lease
+        names (:func:`~.standby.serving_host`), within ``limit`` seconds in all."""
+        from .host import NAMESPACE
+        from .standby import NotServing, serving_host
+
+        deadline = time.time() + limit
+        while True:
+            try:
+                return ray.get(send(self.host), timeout=max(0.0, deadline - time.time()))
+            except ray.exceptions.GetTimeoutError as e:
+                raise RunFailed(f"the host of detached deployment {self.name!r} did not answer {what!r} within "
+                                f"{limit:g} s", operator="host") from e
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+                if isinstance(e, ray.exceptions.RayTaskError) and not isinstance(e.cause, NotServing):
+                    raise
+                if time.time() > deadline:
+                    raise RunFailed(f"no host of detached deployment {self.name!r} serves {what!r} after "
+                                    f"{limit:g} s ({type(e).__name__})", operator="host") from e
+                try:
+                    host = serving_host(self.name, NAMESPACE)
+                except ValueError:
+                    raise RunFailed(f"the hosts of detached deployment {self.name!r} are gone "
+                                    f"({type(e).__name__}): the deployment ended with them", operator="host") from e
+                if host._actor_id == self.host._actor_id:
+                    time.sleep(0.05)  # (the lease is being taken over: asked again in a moment)
+                self.host = host
 
     def call(self, method: str, args: tuple, kwargs: dict):
         limit = self.call_timeout_s + float(kwargs.get("timeout", 0) or 0)
-        return self._ask(method, self.host.call.remote(method, args, kwargs, uuid.uuid4().hex), limit)
+        call_id = uuid.uuid4().hex  # (the same id each time the call is sent: it is made once)
+        return self._ask(method, lambda h: h.call.remote(method, args, kwargs, call_id), limit)
 
     def get(self, name: str):
         if name.startswith("_"):
             raise AttributeError(f"{name!r} is not part of a detached deployment's API")
-        return self._ask(name, self.host.get.remote(name), self.call_timeout_s)
+        return self._ask(name, lambda h: h.get.remote(name), self.call_timeout_s)
 
     def set(self, name: str, value) -> None:
         raise AttributeError(f"a detached deployment's {name!r} is set in its host, not through a client")
 
     def feed(self, args: tuple, kwargs: dict) -> None:
-        return self._ask("feed", self.host.feed.remote(uuid.uuid4().hex, args, kwargs), self.call_timeout_s)
+        feed_id = uuid.uuid4().hex
+        return self._ask("feed", lambda h: h.feed.remote(feed_id, args, kwargs), self.call_timeout_s)
 
     def stop(self) -> None:
         try:
-            self._ask("stop", self.host.stop.remote(), self.call_timeout_s)
+            self._ask("stop", lambda h: h.stop.remote(), self.call_timeout_s)
         finally:
             ray.kill(self.host, no_restart=True)
 
     def status(self, since: int = 0) -> dict:
-        return self._ask("status", self.host.status.remote(since), self.call_timeout_s)
+        return self._ask("status", lambda h: h.status.remote(since), self.call_timeout_s)
 
 
 def _keepable(src: str, data) -> None:

@@ -31,6 +31,7 @@ import ray
 from . import lockorder
 from .client import Deployment, Hosted
 from .plane import resolve
+from .standby import serving_host
 
 __all__ = ["NAMESPACE", "DeploymentHost", "DeploymentClient", "attach", "list_deployments", "cluster_address"]
 
@@ -64,34 +65,142 @@ class DeploymentHost:
     the deployment's :class:`~.plane.ControlPlane` (``self.dep``); its methods run the control
     plane's (several at once: a ``wait`` does not hold a ``metrics``).
 
-    Ray restarts it when its process dies (``max_restarts=-1``), and the new process takes the
-    deployment up from what it kept in Ray's key-value store (:mod:`.lifecycle`): the replicas,
-    the coordinator and the leased warm actors are detached and ran on meanwhile. A call in flight
-    when it died is sent again to the new process (``max_task_retries=-1``); ``feed`` carries an id
-    so that a feed sent again is not taken twice.
+    A deployment has two hosts (:mod:`.standby`): the one holding the lease serves, the other stands
+    by and takes the deployment up from what was kept in Ray's key-value store (:mod:`.lifecycle`)
+    the moment the serving one's process is gone (fencing it first if it stopped answering). Ray
+    restarts a lost host (``max_restarts=-1``); the new process serves if the lease is still its
+    own (no host stood by), and stands by otherwise. The replicas, the coordinator and the leased
+    warm actors are detached and run on meanwhile. A call in flight when the host died is sent
+    again by Ray (``max_task_retries=-1``); one that reaches the host standing by raises
+    :class:`~.standby.NotServing` and the client sends it to the serving host; ``feed`` and every
+    call carry an id, so a call sent again is not made twice.
 
     >>> host = DeploymentHost.options(name="m", namespace=NAMESPACE, lifetime="detached").remote()  # doctest: +SKIP
     """
 
-    def __init__(self):
+    def __init__(self, deployment: str | None = None):
+        import threading
+
         from . import warm
-        from .lifecycle import restore
+        from .standby import holder
 
         warm.use_cluster(True)  # it runs in the cluster: its deployment takes warm actors from the cluster's pool
         self.started = time.time()
-        self.name = ray.get_runtime_context().get_actor_name()
+        self.actor = ray.get_runtime_context().get_actor_name()
+        self.name = deployment or self.actor  # the deployment's name (this host's actor may be its second)
         self.lock = lockorder.lock("DeploymentHost.lock", 0)
         self.restore_error: str | None = None
-        try:
-            self.dep = restore(self.name)  # None unless an earlier process of this host deployed
-        except Exception as e:  # noqa: BLE001 - kept and raised by every call (stop() still works)
-            import traceback
+        self.dep = None
+        self.gen: int | None = None  # the lease's generation this host holds (None: it does not serve)
+        self.role = "new"  # "new" (start() deploys), "standby", "taking_over", "serving", "stopped"
+        self.serving = threading.Event()
+        self.stopping = threading.Event()
+        self.watch = None
+        self._seen: list[dict] = []  # what this host saw while it stood by (a fence), said once it serves
+        self.fed = False
+        lease = holder(self.name)
+        if lease is not None:
+            # this host served and its process was lost: it serves again unless the other took over first
+            mine = lease["actor"] == self.actor and self._take_over(lease["gen"])
+            if not mine and self._kept():
+                self._stand_by()
+            # (nothing kept: a start cut short, sent again by Ray to this process, or a deployment stopped)
 
-            self.dep = None
-            self.restore_error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
-        self.fed = self.dep is not None and self.dep.started
-        if self.dep is not None:
-            self._watched()
+    def _kept(self) -> bool:
+        from .lifecycle import Persister, get_value
+
+        return get_value(Persister.key(self.name, "state")) is not None
+
+    # -- serving or standing by (standby.py) ------------------------------------------------------
+    def _stand_by(self) -> None:
+        from .standby import Watch
+
+        self.role = "standby"
+        fail_after = 4.0
+        try:
+            from .lifecycle import Persister, get_value
+
+            st = get_value(Persister.key(self.name, "options"))
+            fail_after = float((st[1] if st else {}).get("fail_after_s", fail_after))
+        except Exception:  # noqa: BLE001 - the default deadline stands
+            pass
+        self.watch = Watch(self._take_over, self.name, self.actor, fail_after, NAMESPACE,
+                           log=self._seen.append).start()
+
+    def _take_over(self, gen: int) -> bool:
+        """Claim generation ``gen + 1`` and restore the deployment here; False if another host claimed
+        it first or nothing is kept (a deployment stopped, or whose start was cut short)."""
+        from .lifecycle import restore
+        from .standby import claim
+
+        if not self._kept() or not claim(self.name, gen + 1, self.actor):
+            return False
+        with self.lock:
+            self.role, self.gen = "taking_over", gen + 1
+            try:
+                self.dep = restore(self.name)
+            except Exception as e:  # noqa: BLE001 - kept and raised by every call (stop() still works)
+                import traceback
+
+                self.dep = None
+                self.restore_error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"
+            if self.dep is not None:
+                self.dep._persister.gen = self.gen
+                self.dep.events.extend({"t": self.dep.now(), **rec} for rec in self._seen)
+                self.dep.events.append({"t": self.dep.now(), "event": "host_serves", "host": self.actor,
+                                        "generation": self.gen, "at": time.time()})
+                self._watched()
+            self.fed = self.dep is not None and self.dep.started
+            self.role = "serving"
+            self.serving.set()
+        self._keep_pair()
+        return True
+
+    def _keep_pair(self) -> None:
+        """While this host serves, a thread sees that the other host exists (Ray restarts it when its
+        process dies; one killed for good is started again), so a host always stands by."""
+        import threading
+
+        def keep():
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            from .standby import other_of
+
+            other = other_of(self.actor, self.name)
+            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+            while not self.stopping.wait(self.KEEP_EVERY_S):
+                try:
+                    ray.get_actor(other, namespace=NAMESPACE)
+                except ValueError:
+                    try:
+                        DeploymentHost.options(name=other, namespace=NAMESPACE, lifetime="detached",
+                                               scheduling_strategy=here).remote(self.name)
+                    except ValueError:  # (started by another meanwhile)
+                        pass
+                except Exception as e:  # noqa: BLE001 - said, and tried again
+                    if self.dep is not None:
+                        self.dep.events.append({"t": self.dep.now(), "event": "standby_error", "error": repr(e)[:300]})
+
+        threading.Thread(target=keep, daemon=True, name="replistream-keep-pair").start()
+
+    #: Seconds between two looks at whether the other host exists.
+    KEEP_EVERY_S = 1.0
+
+    def _serve(self) -> None:
+        """Raise :class:`~.standby.NotServing` unless this host serves (a host taking over finishes first)."""
+        from .standby import NotServing, holder
+
+        if self.role == "taking_over":
+            self.serving.wait(120)
+        if self.role == "standby":
+            lease = holder(self.name)
+            raise NotServing(self.name, None if lease is None else lease["actor"])
+        if self.role == "stopped":
+            raise RuntimeError(f"detached deployment {self.name!r} was stopped")
+        self._check()
+        if self.dep is None:
+            raise RuntimeError(f"detached deployment {self.name!r} is not deployed (its start was cut short, "
+                               f"or it was stopped): deploy it again")
 
     def _watched(self) -> None:
         """Ask the deployment's coordinator to watch this host (a stopped host is fenced, then
@@ -114,26 +223,35 @@ class DeploymentHost:
                             operator="host")
 
     def start(self, query, options: dict) -> bool:
-        """Deploy ``query`` with ``deploy``'s ``options`` here (its errors reach the caller). A start
-        cut short by the loss of this host's process is started again from scratch: the actors it had
-        started are stopped first (:func:`~.lifecycle.discard`)."""
+        """Deploy ``query`` with ``deploy``'s ``options`` here (its errors reach the caller), holding the
+        lease's first generation; then the other host is started to stand by. A start cut short by
+        the loss of this host's process is started again from scratch: the actors it had started
+        are stopped first (:func:`~.lifecycle.discard`)."""
         from .client import plane_of
         from .deployment import deploy
         from .plane import DETACHED_AS
         from .lifecycle import discard
+        from .standby import claim
 
         with self.lock:
             if self.dep is None:
                 discard(self.name)
+                if not claim(self.name, 1, self.actor):
+                    raise RuntimeError(f"detached deployment {self.name!r} is being started by another host")
+                self.gen = 1
                 token = DETACHED_AS.set(self.name)
                 try:
                     dep = plane_of(deploy(query, **options))
                 finally:
                     DETACHED_AS.reset(token)
                 dep._persister.options(query, options)
+                dep._persister.gen = self.gen
                 dep._persister.start()
                 self.dep = dep
                 self._watched()
+                self.role = "serving"
+                self.serving.set()
+                self._keep_pair()
         return True
 
     def feed(self, feed_id: str, args: tuple = (), kwargs: dict | None = None) -> None:
@@ -141,7 +259,7 @@ class DeploymentHost:
         process was lost and restarted finds it fed already)."""
         from .lifecycle import Persister, get_value, put_value
 
-        self._check()
+        self._serve()
         with self.lock:
             key = Persister.key(self.name, "feed_id")
             if self.dep.started and get_value(key) == feed_id:
@@ -156,7 +274,7 @@ class DeploymentHost:
         (a call Ray sends again after the process running it was lost) is returned, not made again."""
         if method.startswith("_"):
             raise AttributeError(f"{method!r} is not part of the deployment's API")
-        self._check()
+        self._serve()
         if method == "feed":
             with self.lock:
                 self.fed = True
@@ -172,17 +290,19 @@ class DeploymentHost:
         """The deployment's attribute ``name`` (``events``, ``plan``, ``topology``, ...)."""
         if name.startswith("_"):
             raise AttributeError(f"{name!r} is not part of the deployment's API")
-        self._check()
+        self._serve()
         return resolve(self.dep, name)
 
     def process(self) -> dict:
-        """This host's process: ``{"pid", "node", "restored"}`` (``restored``: the deployment was taken
-        up from its kept state by this process, after an earlier one was lost)."""
+        """This host's process: ``{"pid", "start", "node", "role", "restored"}`` (``role``: serving or
+        standby; ``restored``: the deployment was taken up from its kept state by this process, after
+        an earlier one was lost). Answered in any role."""
         import os
 
         from .common import process_start
 
         return {"pid": os.getpid(), "start": process_start(os.getpid()), "node": ray.get_runtime_context().get_node_id(),
+                "role": self.role, "actor": self.actor,
                 "restored": self.dep is not None and any(e.get("event") == "control_restored"
                                                          for e in self.dep.events)}
 
@@ -191,17 +311,26 @@ class DeploymentHost:
         whether it was fed."""
         from .view import status
 
-        self._check()
-        return {**status(self.dep, since), "name": self.name, "running_s": round(time.time() - self.started, 1),
-                "fed": self.fed}
+        self._serve()
+        return {**status(self.dep, since), "name": self.name, "host": self.actor,
+                "running_s": round(time.time() - self.started, 1), "fed": self.fed}
 
     def stop(self) -> bool:
-        """Shut the deployment down: every actor it started, and what it kept in Ray's key-value
-        store (its own and its coordinator's); the caller then kills the host."""
+        """Shut the deployment down: every actor it started, the host standing by, and what it kept in
+        Ray's key-value store (its own and its coordinator's); the caller then kills this host."""
         from .lifecycle import discard
+        from .standby import other_of
 
+        self.stopping.set()
+        self.role = "stopped"
+        if self.watch is not None:
+            self.watch.stop.set()
         if self.dep is not None:
             self.dep.shutdown()
+        try:
+            ray.kill(ray.get_actor(other_of(self.actor, self.name), namespace=NAMESPACE), no_restart=True)
+        except ValueError:  # (none runs)
+            pass
         discard(self.name)
         return True
 
@@ -230,7 +359,7 @@ def attach(name: str, address: str | None = None) -> Deployment:
     try:
         if name == WARM_POOL:  # the cluster's warm pool of actors, not a deployment
             raise ValueError(name)
-        host = ray.get_actor(name, namespace=NAMESPACE)
+        host = serving_host(name, NAMESPACE)
     except ValueError:
         running = list_deployments()
         raise LookupError(f"no detached deployment named {name!r} on this cluster; running: "
@@ -246,5 +375,8 @@ def list_deployments() -> list[str]:
     """
     from .warm import NAME as WARM_POOL
 
+    from .standby import PAIR_SUFFIX
+
     return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a.get("namespace") == NAMESPACE and a["name"] != WARM_POOL)  # (the cluster's warm pool)
+                  if a.get("namespace") == NAMESPACE and a["name"] != WARM_POOL  # (the cluster's warm pool)
+                  and not a["name"].endswith(PAIR_SUFFIX))  # (a deployment's second host)

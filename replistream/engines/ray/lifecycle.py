@@ -188,6 +188,7 @@ class Persister:
         self._thread: threading.Thread | None = None
         self.writes = 0
         self.error: str | None = None
+        self.gen: int | None = None  # the lease generation its host holds (standby.py); None: not checked
 
     @staticmethod
     def key(name: str, what: str) -> str:
@@ -265,10 +266,30 @@ class Persister:
         with self.lock:
             if unless_held and self._holds:
                 return
+            if self.gen is not None and not self._still_serving():
+                return
             mark = self._fingerprint()
             put_value(self.key(self.name, "state"), self.snapshot())
             self._mark = mark
             self.writes += 1
+
+    def _still_serving(self) -> bool:
+        """Whether this host's lease generation is still the newest (standby.py). A host that was
+        superseded (another took the deployment up while this process was thought lost) writes
+        nothing and ends its process: Ray restarts it, and it stands by."""
+        import os
+
+        from .standby import holder
+
+        lease = holder(self.name)
+        if lease is None:
+            return False  # the deployment is being stopped
+        if lease["gen"] != self.gen:
+            warnings.warn(f"replistream: detached deployment {self.name!r}: this host (generation {self.gen}) was "
+                          f"superseded by {lease['actor']!r} (generation {lease['gen']}); its process ends",
+                          RuntimeWarning, stacklevel=2)
+            os._exit(1)
+        return True
 
     @contextmanager
     def held(self):
@@ -356,6 +377,7 @@ def restore(name: str):
         resumed = dep.ingest.resume_feed(feed)
     # (the control loop starts again when the resumed feeder knows its clock: Deployment._feed_started)
     dep.events.append({"t": dep.now(), "event": "control_restored", "seconds": round(time.time() - started, 3),
+                       "at": time.time(),
                        "state_age_s": round(started - st["written"], 3), "resumed": resumed, **info})
     dep._persister.start()  # (writes the state at once: the restore's event included)
     dep.monitor.start_monitor()
