@@ -33,8 +33,9 @@ attaches (:func:`replistream.attach`), kills the driver with SIGKILL at a seeded
 replay, waits for the end of the stream and reads the sinks' files. The faults of such a trial are
 the driver kill, replica kills the deployment's host performs (``kill_replica`` through the
 client, at most ``k - 1`` of each node, at seeded moments), and the loss of the host itself, the
-deployment's control plane (once, twice in a share of trials; SIGKILL or SIGSTOP: Ray restarts it
-and the new process restores the deployment, engines/ray/lifecycle.py); sentinel faults need the driver's
+deployment's control plane (once, twice in a share of trials; SIGKILL or SIGSTOP: the host standing
+by, or Ray's restart of the lost one, restores the deployment, engines/ray/standby.py and
+lifecycle.py), and in half the trials its coordinator too (SIGKILL or SIGSTOP); sentinel faults need the driver's
 ``Deployment`` in the feeder and are not used. The detached deployment is stopped at the end of
 the trial, whatever its outcome. No ``replistream up`` is needed: the driver joins the campaign's
 own Ray (which outlives the driver, as a cluster would).
@@ -243,7 +244,7 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
             factor = float(np.round(3 + 17 * rng.random()))
             faults.append((at(), f"slow server {a} x{factor:g} for {dur:g} s",
                            Call(lambda d, a=a, factor=factor, dur=dur: d.slow_server(a, factor, dur))))
-    if rng.random() < 0.4:  # the coordinator is lost: killed, crashed, or it stops answering
+    if rng.random() < 0.5:  # the coordinator is lost: killed, crashed, or it stops answering
         how = ["killed", "crashed", "stopped"][int(rng.integers(3))]
         faults.append((at(), f"coordinator {how}", Call(lambda d, how=how: _lose_coordinator(d, how))))
     return sorted(faults, key=lambda f: f[0])
@@ -561,6 +562,10 @@ def _driver_trial_faults(rng: np.random.Generator, query: Query, k: int, t0: int
         f = float(np.round(0.1 + 0.75 * rng.random(), 3))
         how = ["crashed", "stopped"][int(rng.integers(2))]
         faults.append((at(f), f"host {how} (the detached deployment's control plane)", (f, ("host", how))))
+    if rng.random() < 0.5:  # its coordinator lost too (crashed or stopped): the control plane replaces it
+        f = float(np.round(0.1 + 0.75 * rng.random(), 3))
+        how = ["crashed", "stopped"][int(rng.integers(2))]
+        faults.append((at(f), f"coordinator {how}", (f, ("coordinator", how))))
     return sorted(faults, key=lambda x: x[0])
 
 
@@ -585,6 +590,8 @@ def run_driver_trial(trial: Trial, k: int, servers: list[str], timeout: float = 
     compares them and the dead letters with the reference; the deployment is stopped at the end.
     Fills and returns ``trial.result``; a trial that raises or times out fails with its reason (its
     folder is then kept and named in ``kept``)."""
+    import ray
+
     from .engines.ray.host import attach, list_deployments
     from .engines.reference import run_reference
     from .sinks import ParquetSink
@@ -630,6 +637,9 @@ def run_driver_trial(trial: Trial, k: int, servers: list[str], timeout: float = 
                 res["driver_killed_mid_run"] = not client.status()["complete"]
             elif act[0] == "host":
                 _lose_host(name, act[1])
+            elif act[0] == "coordinator":
+                pid = ray.get(client.coordinator.ping.remote(), timeout=60)["pid"]
+                os.kill(pid, signal.SIGKILL if act[1] == "crashed" else signal.SIGSTOP)
             else:
                 client.kill_replica(*act)
         ok = client.wait(timeout)
@@ -775,6 +785,9 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float, driver_shar
                f"{'identical to the reference' if ok else 'compared with the reference'}, {total['lost']:,} lost, "
                f"{total['duplicated']:,} duplicated, {sum(received.values()):,} bad rows dead-lettered with a reason "
                f"({n_bad:,} expected); faults: " + ", ".join(f"{n} {kk}{'es' if kk.endswith('sh') else 's'}" for kk, n in sorted(kinds.items())))
+    lost_cp = sum(any(w.startswith(("coordinator", "host")) for _, w, _ in t.faults) for t in done)
+    verdict += (f"; a control-plane process (the detached host or the coordinator) lost in {lost_cp} of {len(done)} "
+                f"trials")
     repairs = [r for r in results if "repairs" in r]
     if repairs:
         errs = [e for r in repairs for e in r.get("repair_errors", [])]

@@ -21,6 +21,7 @@ def test_a_driver_trial_schedule_is_seeded_and_within_the_fault_model(kind):
     replay; the same seed gives the same schedule."""
     query, inputs, _, _ = trial_workload(kind, 5)
     t0, t1 = _time_span(inputs)
+    with_coordinator = 0  # trials whose coordinator is lost too
     for k in (1, 2, 3):
         for seed in range(50):
             faults = _driver_trial_faults(np.random.default_rng(seed), query, k, t0, t1)
@@ -33,10 +34,14 @@ def test_a_driver_trial_schedule_is_seeded_and_within_the_fault_model(kind):
                 assert t0 <= t <= t1 and 0 < frac < 1
                 if act != "driver" and act[0] == "host":
                     assert what.startswith("host ") and act[1] in ("crashed", "stopped")
+                elif act != "driver" and act[0] == "coordinator":
+                    assert what.startswith("coordinator ") and act[1] in ("crashed", "stopped")
                 elif act != "driver":
                     assert what.startswith("kill ") and act[0] in (ENTRY, *query.operators)
                     killed.setdefault(act[0], set()).add(act[1])
             assert all(len(v) <= k - 1 for v in killed.values())
+            with_coordinator += any(act != "driver" and act[0] == "coordinator" for _, _, (_, act) in faults)
+    assert 0.4 <= with_coordinator / 150 <= 0.6, with_coordinator  # about half (issue #40: at least 40% of trials)
 
 
 @pytest.mark.parametrize("share", [0.3, 0.5, 1.0])
