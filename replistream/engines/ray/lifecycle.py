@@ -1,10 +1,12 @@
 """A detached deployment's state, kept in Ray's key-value store, and its restore (issue #40).
 
-A detached deployment (``deploy(..., name=, detached=True)``) runs in its host actor
-(:mod:`.host`). The host is restarted by Ray when its process dies, for any reason (SIGKILL,
-an out-of-memory kill, a crash); its replicas, its coordinator and the warm actors it leased
-are *detached* actors that no process owns, so they go on running meanwhile. What the host
-knew is kept here, written as it changes, and the new host process resumes from it:
+A detached deployment (``deploy(..., name=, detached=True)``) runs in its serving host actor
+(:mod:`.host`). When that host's process dies, for any reason (SIGKILL, an out-of-memory kill, a
+crash, a fence after it stopped answering), the host standing by takes it up (:mod:`.standby`),
+or Ray's restart of the lost host does when none stands by; its replicas, its coordinator and
+the warm actors it leased are *detached* actors that no process owns, so they go on running
+meanwhile. What the host knew is kept here, written as it changes, and the next host resumes
+from it:
 
 * ``options``: the query and ``deploy()``'s options, written before any actor starts;
 * ``registry/<actor id>``: every actor the deployment started or took, written *before* the
