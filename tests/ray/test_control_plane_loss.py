@@ -451,6 +451,48 @@ def test_an_added_operator_outlives_the_host_and_the_call_sent_again_is_made_onc
     assert _left_behind(name) == ([], [])
 
 
+def test_a_removal_the_lost_host_had_not_retired_yet_is_retired_by_the_next_one(tmp_path):
+    """remove_operator retires the removed part's replicas once its applications got END; a host lost
+    before that (here: mid-run) left them running idle until stop(). The next host resumes the
+    retirement from the change's record: the replicas are stopped and removed, the output exact."""
+    from replistream import Query
+
+    name = "cp-remove"
+    in_dir = detached.write_inputs(tmp_path / "in", files=3, rows=1500)
+    out_dir = str(tmp_path / "out")
+    q = Query("removal")
+    s = FileSource(in_dir, time="t").declare(q, "s", punctuate_every=seconds(1))
+    s.window(size=seconds(2), by="k", aggs={"n": "count", "sv": ("v", "sum")}, name="per_k").sink("out")
+    s.filter(lambda b: b["v"] > 1.0, name="side").sink("side_out")
+    q.build()
+    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, sinks={"out": ParquetSink(out_dir, every=seconds(2))})
+    try:
+        dep.feed({"s": FileSource(in_dir, time="t")}, pace=3.0)
+        deadline = time.time() + 120
+        while not dep.fed and time.time() < deadline:  # a change goes after something fed
+            time.sleep(0.1)
+        rec = dep.remove_operator("side")
+        assert rec["replicas"] == ["side#0", "side#1"] and rec["retired"] is None, rec
+        _kill_host(name)
+        assert dep.wait(180)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            (rec,) = [c for c in dep.changes if c["change"] == "remove_operator"]
+            if rec["retired"] is not None:
+                break
+            time.sleep(0.1)
+        alive, removed, changed, events = dep.alive, dep.removed, dep.query, dep.events
+    finally:
+        dep.stop()
+    (restored,) = [e for e in events if e.get("event") == "control_restored"]
+    assert restored["retiring"] == ["side"], restored
+    assert rec["retired"] is not None and {"side#0", "side#1"} <= removed, (rec, removed)
+    assert not alive.get("side#0") and not alive.get("side#1"), alive
+    ref = run_reference(changed, {"s": FileSource(in_dir, time="t")})
+    assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
+    assert _left_behind(name) == ([], [])
+
+
 def test_a_host_stopped_before_its_watcher_ever_heard_from_it_is_fenced(tmp_path):
     """The coordinator fences a silent host by the process it last answered from; a host stopped
     (SIGSTOP) at once after deploy() returned, before the coordinator's first look, was never

@@ -168,7 +168,7 @@ class DeploymentHost:
 
             other = other_of(self.actor, self.name)
             here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
-            while not self.stopping.wait(self.KEEP_EVERY_S):
+            while True:  # (at once, then every KEEP_EVERY_S)
                 try:
                     ray.get_actor(other, namespace=NAMESPACE)
                 except ValueError:
@@ -180,6 +180,8 @@ class DeploymentHost:
                 except Exception as e:  # noqa: BLE001 - said, and tried again
                     if self.dep is not None:
                         self.dep.events.append({"t": self.dep.now(), "event": "standby_error", "error": repr(e)[:300]})
+                if self.stopping.wait(self.KEEP_EVERY_S):
+                    return
 
         threading.Thread(target=keep, daemon=True, name="replistream-keep-pair").start()
 

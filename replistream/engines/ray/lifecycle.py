@@ -378,6 +378,9 @@ def restore(name: str):
         feed = get_value(Persister.key(name, "feed"))
         resumed = dep.ingest.resume_feed(feed)
     # (the control loop starts again when the resumed feeder knows its clock: Deployment._feed_started)
+    from .reconfigure import resume_retiring
+
+    info["retiring"] = resume_retiring(dep)  # removals whose replicas the lost host had not retired yet
     dep.events.append({"t": dep.now(), "event": "control_restored", "seconds": round(time.time() - started, 3),
                        "at": time.time(),
                        "state_age_s": round(started - st["written"], 3), "resumed": resumed, **info})

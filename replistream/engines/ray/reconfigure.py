@@ -107,15 +107,23 @@ def remove_operator(dep, operator: str, wait: float = 600.0) -> dict:
         labels = [r.label for n in gone if n not in apps for r in topo.replicas(n)]
         _send_marker(dep, p, change, record=lambda mid: rec.update(dep.record_change(
             {"change": "remove_operator", "operator": operator, "p": p, "marker": mid, "removed": gone,
-             "applications": apps, "retired": None,
+             "applications": apps, "replicas": labels, "retired": None,
              "text": f"remove {gone}: they see their input up to ts {as_seconds(p)}, then their inputs close"})))
     rec = next(c for c in dep.changes if c.get("marker") == rec["marker"])  # (the record kept: retired is set on it)
+    _retire_when_ended(dep, rec, wait)
+    return rec
+
+
+def _retire_when_ended(dep, rec: dict, wait: float = 600.0) -> None:
+    """In a thread: once the removed part's applications (``rec["applications"]``) got ``END``, retire
+    its operator replicas (``rec["replicas"]``) and say when in ``rec["retired"]``."""
+    topo, apps, labels = dep.topology, rec["applications"], rec["replicas"]
 
     def retire():
         # once the removed part's applications got END, nothing flows through it any more
         # (an actor runs one call at a time: ask, never block it)
         deadline = time.time() + wait
-        left = list(apps)
+        left = [a for a in apps if topo.is_running(a)]
         while left and time.time() < deadline:
             try:
                 done = ray.get([topo.handle(a).stats.remote() for a in left], timeout=60)
@@ -125,11 +133,21 @@ def remove_operator(dep, operator: str, wait: float = 600.0) -> dict:
             left = [a for a, st in zip(left, done) if st["punctuation"] != END]
             if left:
                 time.sleep(0.1)
-        _retire(dep, labels)
+        _retire(dep, [label for label in labels if label in topo.handles()])
         rec["retired"] = round(dep.now(), 3)
 
-    threading.Thread(target=retire, daemon=True, name=f"replistream-remove-{operator}").start()
-    return rec
+    threading.Thread(target=retire, daemon=True, name=f"replistream-remove-{rec['operator']}").start()
+
+
+def resume_retiring(dep) -> list[str]:
+    """After a restore: the removals (``remove_operator``) whose replicas the lost host had not
+    retired yet are retired by this one, as they would have been (returns their operators)."""
+    again = []
+    for rec in dep.changes:
+        if rec.get("change") == "remove_operator" and rec.get("retired") is None and "replicas" in rec:
+            _retire_when_ended(dep, rec)
+            again.append(rec["operator"])
+    return again
 
 
 def _retire(dep, labels: list[str]) -> None:
