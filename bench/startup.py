@@ -45,7 +45,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 CHILD = r"""
 import json, sys, time
