@@ -266,6 +266,11 @@ class PhysicalPlan:
                 return [r for r in self._replicas[base] if r.partition == part]
         return list(self._replicas[self.group(node)])
 
+    def position(self, replica) -> int:
+        """A replica's position among its node's replicas (partition by partition): its channel
+        at every downstream duplicate filter (:attr:`StreamEdge.channel`)."""
+        return self._position[replica.label if isinstance(replica, ReplicaId) else replica]
+
     def partitions(self, node: str) -> int:
         """How many partitions ``node`` runs as (1: not partitioned).
 
@@ -334,7 +339,7 @@ class PhysicalPlan:
         """The stream replicas out of ``replica`` (for an entry replica: of every source)."""
         q = self.query
         streams = q.sources if replica.node == ENTRY else [replica.node]
-        ch = self._position.get(replica.label, replica.index)
+        ch = self._position.get(replica.label, replica.index)  # a replica added since: its index
         return [StreamEdge(replica, down, port, s, ch)
                 for s in streams for v, port in q.outputs_of(s) for down in self._replicas[v]]
 
