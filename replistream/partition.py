@@ -37,6 +37,7 @@ to every partition (:meth:`Router.route`). Replication transparency follows (doc
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Iterable
 
@@ -79,15 +80,19 @@ def parse_partition_label(name: str) -> tuple[str, int | None]:
 
 
 def assign_bins(n_bins: int, partitions: int) -> np.ndarray:
-    """The partition of each of ``n_bins`` bins when ``partitions`` share them evenly: contiguous
-    ranges, bin ``b`` to partition ``b * partitions // n_bins``. A pure function, so every replica
-    and every engine computes the same assignment; with powers of two, doubling the partitions
-    splits each range in two (a rescale from ``p`` to ``2p`` moves half of each partition's bins).
+    """The partition of each of ``n_bins`` bins when ``partitions`` share them: the map reached
+    from one partition by adding partitions one at a time, each new partition taking an equal
+    share from the end of every existing partition's bins. A pure function, so every replica and
+    every engine computes the same map. It is balanced (shares differ by at most one bin), and
+    going from ``p`` to ``p' > p`` partitions moves bins only into the new partitions: the fewest
+    moves a rescale can make (``1 -> 2`` moves half the bins, ``2 -> 4`` half again).
 
-    >>> assign_bins(8, 3).tolist()
-    [0, 0, 0, 1, 1, 1, 2, 2]
-    >>> assign_bins(4, 4).tolist()
-    [0, 1, 2, 3]
+    >>> assign_bins(8, 2).tolist()
+    [0, 0, 0, 0, 1, 1, 1, 1]
+    >>> assign_bins(8, 4).tolist()   # partitions 0 and 1 each gave two bins to 2 and 3
+    [0, 0, 3, 2, 1, 1, 3, 2]
+    >>> np.bincount(assign_bins(16, 3)).tolist()
+    [6, 5, 5]
     """
     n_bins, partitions = int(n_bins), int(partitions)
     if partitions < 1:
@@ -95,19 +100,37 @@ def assign_bins(n_bins: int, partitions: int) -> np.ndarray:
     if partitions > n_bins:
         raise ValueError(f"{partitions} partitions cannot share {n_bins} bins: each partition needs a bin "
                          f"(raise bits, or use fewer partitions)")
-    return (np.arange(n_bins, dtype=np.int64) * partitions) // n_bins
+    return _assignment(n_bins, partitions).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _assignment(n_bins: int, partitions: int) -> np.ndarray:
+    held = [np.arange(n_bins, dtype=np.int64)]  # per partition, its bins in the order it took them
+    for q in range(1, partitions):
+        share = [n_bins // (q + 1) + (1 if i < n_bins % (q + 1) else 0) for i in range(q + 1)]
+        taken = []
+        for i in range(q):
+            give = len(held[i]) - share[i]
+            if give > 0:
+                taken.append(held[i][len(held[i]) - give:])
+                held[i] = held[i][:len(held[i]) - give]
+        held.append(np.sort(np.concatenate(taken)) if taken else np.zeros(0, dtype=np.int64))
+    owner = np.empty(n_bins, dtype=np.int64)
+    for i, bins in enumerate(held):
+        owner[bins] = i
+    return owner
 
 
 class BinMap:
     """Which partition owns each of ``2**bits`` bins: ``owner[b]``. :meth:`even` is the
-    deterministic default (:func:`assign_bins`); a rescale (Megaphone §3.3) names the bins that
+    deterministic default (:func:`assign_bins`, balanced); a rescale (Megaphone §3.3) names the bins that
     move (:meth:`moves`) and builds the map after the move (:meth:`with_owner`).
 
     >>> m = BinMap.even(2, bits=3)
     >>> m.owner.tolist(), m.partitions, m.bins_of(1).tolist()
     ([0, 0, 0, 0, 1, 1, 1, 1], 2, [4, 5, 6, 7])
-    >>> [(b, a, c) for b, a, c in m.moves(BinMap.even(4, bits=3))]
-    [(2, 0, 1), (3, 0, 1), (4, 1, 2), (5, 1, 2), (6, 1, 3), (7, 1, 3)]
+    >>> m.moves(BinMap.even(4, bits=3))   # (bin, from, to): only into the new partitions
+    [(2, 0, 3), (3, 0, 2), (6, 1, 3), (7, 1, 2)]
     """
 
     def __init__(self, owner: Iterable[int], partitions: int | None = None):
@@ -245,6 +268,11 @@ def check_parallelism(query, parallelism: Mapping[str, int] | None, bits: int = 
         if int(p) > 1 << int(bits):
             raise ValueError(f"parallelism[{name!r}] = {int(p)} exceeds the {1 << int(bits)} bins (2**{bits}) a key "
                              f"space is cut into; use at most {1 << int(bits)} partitions")
+        if name == "entry":
+            raise QueryError("parallelism: the entry points are not partitioned (every entry replica reads every "
+                             "source); name the operators that read the sources")
+        if isinstance(name, str) and name in query.graph:
+            partition_key(query, name)  # a source or an application: says why not
         try:
             node = resolve_operator(query, name, also=())
         except QueryError as e:
