@@ -127,3 +127,36 @@ def test_routing_keys_apart_breaks_the_output(monkeypatch):
     got = run_replicated(q, data, k=2, seed=0, parallelism={"w": 2})
     with pytest.raises(AssertionError):
         assert_same_output(run_reference(q, data).outputs["out"], got.outputs["out"])
+
+
+def test_simulator_runs_partitions_over_a_wide_area_network():
+    """The simulator honours parallelism= (per-packet engine, replication mode): exact output with a
+    partition replica and then a server killed, over the geographic latency model."""
+    from replistream.network import GeoLatencyModel, default_servers
+    from replistream.sim import Simulator
+
+    q = fig1_query(n_servers=3, window_s=3.0, punctuate_s=1.0)
+    data = fig1_inputs(n_servers=3, duration_s=30, period_s=1.0, seed=1, chunk=5)
+    servers = [s.name for s in default_servers(4)]
+    plan = {n: servers[:2] for n in ["entry", *q.operators]} | {"alerts": [servers[3]],
+                                                                  "correlate.1": [servers[2], servers[1]]}
+    src = dict(data)
+    mid = len(src["load_0"]) // 2
+    src["load_0"] = src["load_0"][:mid] + [KillReplica("correlate.1", 0), KillServer(servers[0])] + src["load_0"][mid:]
+    sim = Simulator(q, plan, GeoLatencyModel(default_servers(4), seed=0),
+                    parallelism={"correlate": 2, "hot": 2, "loads": 2})
+    res = sim.run(src)
+    assert res.complete
+    assert_same_output(run_reference(q, data).outputs["alerts"], res.outputs["alerts"])
+    killed = {e["replica"] for e in res.events if e.get("event") == "killed"}
+    assert {"correlate.1#0", "correlate.0#0", "hot.0#0", "loads.1#0"} <= killed
+    assert [sim.physical.server(r) for r in sim.physical.replicas("correlate.1")] == [servers[2], servers[1]]
+    fed = {lk.receiver.label for lk in sim.links if lk.tuples}
+    assert {"correlate.0#1", "correlate.1#1", "hot.1#1"} <= fed
+    with pytest.raises(ValueError, match="mode 'replication' only"):
+        Simulator(q, plan, mode="deterministic", parallelism={"correlate": 2})
+    with pytest.raises(ValueError, match="per-packet engine only"):
+        Simulator(q, plan, batch_s=1.0, parallelism={"correlate": 2})
+    with pytest.raises(QueryError, match="'correlate' runs as 2 partitions; name one of them"):
+        Simulator(q, plan, parallelism={"correlate": 2}).run(
+            {**data, "load_0": [KillReplica("correlate", 0)] + data["load_0"]})
