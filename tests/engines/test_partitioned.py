@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from replistream import Query, QueryError, seconds
 from replistream.ids import fmix
@@ -160,3 +162,46 @@ def test_simulator_runs_partitions_over_a_wide_area_network():
     with pytest.raises(QueryError, match="'correlate' runs as 2 partitions; name one of them"):
         Simulator(q, plan, parallelism={"correlate": 2}).run(
             {**data, "load_0": [KillReplica("correlate", 0)] + data["load_0"]})
+
+
+PROPS = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+                 suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.slow
+@PROPS
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 3), n=st.integers(0, 60),
+       every=st.one_of(st.none(), st.integers(1, 200)), explicit=st.integers(1, 10), disorder=st.integers(0, 30),
+       crash=st.booleans(), parts=st.lists(st.integers(1, 4), min_size=5, max_size=5), window=st.integers(1, 200))
+def test_random_partitionings_of_a_two_level_query(seed, k, n, every, explicit, disorder, crash, parts, window):
+    """Unions into a keyed join into a filter and a keyed count window, each partitioned at random
+    (1..4), k replicas, crashes, out-of-order input and explicit punctuations; two applications
+    sorted by (ts, id), which only the merged punctuation (the minimum over upstream partitions)
+    can release in order: exactly the reference output."""
+    import random
+
+    from replistream.testing import with_punctuations
+
+    rng, prng = np.random.default_rng(seed), random.Random(seed)
+    q = Query("two_level")
+    loads = [q.source(f"load_{i}", {"server": "i8", "cpu": "f8"}, punctuate_every=every, max_disorder=disorder)
+             for i in range(2)]
+    pings = [q.source(f"ping_{i}", {"server": "i8", "rtt": "f8"}, punctuate_every=every, max_disorder=disorder)
+             for i in range(2)]
+    j = q.union(*loads, name="loads").join(q.union(*pings, name="pings"), window=window, on="server", name="j")
+    j.filter(lambda b: b["cpu"] > b["rtt"], name="hot").sink("alerts", ordered=True)
+    j.count_window(size=3, slide=2, by="server_l", aggs={"n": "count", "c": ("cpu", "sum")}, name="cw").sink(
+        "counts", ordered=True)
+    q.build()
+    inputs = {}
+    for name, field in (("load", "cpu"), ("ping", "rtt")):
+        for i in range(2):
+            ts = np.sort(rng.integers(0, 600, n)) + rng.integers(-disorder, disorder + 1, n)
+            recs = [{"ts": int(t), "server": int(rng.integers(0, 6)), field: float(rng.normal())} for t in ts]
+            inputs[f"{name}_{i}"] = with_punctuations(recs, explicit, prng, max_chunk=prng.randint(1, 12))
+    parallelism = dict(zip(["loads", "pings", "j", "hot", "cw"], parts))
+    ref = run_reference(q, inputs)
+    got = run_replicated(q, inputs, k=k, seed=seed, crash=crash, parallelism=parallelism)
+    assert ref.complete and got.complete
+    for app in q.sinks:
+        assert_same_output(ref.outputs[app], got.outputs[app], ordered=True)
