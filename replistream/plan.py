@@ -90,18 +90,32 @@ class ReplicaId:
     node: str
     index: int
     application: bool = False
+    #: the partition of a partitioned operator (``parallelism=``, issue #41), else None
+    partition: int | None = None
 
     @property
     def label(self) -> str:
         """``"node#index"``; an application's first replica is labelled by its name, its further
-        ones (``deploy(..., app_replicas=)``) ``"app#1"``, ``"app#2"``, ...
+        ones (``deploy(..., app_replicas=)``) ``"app#1"``, ``"app#2"``, ...; replica ``index`` of
+        partition ``P`` of a partitioned operator ``"node.P#index"``.
 
-        >>> ReplicaId("alerts", 1, application=True).label
-        'alerts#1'
+        >>> ReplicaId("alerts", 1, application=True).label, ReplicaId("agg", 0, partition=1).label
+        ('alerts#1', 'agg.1#0')
         """
         if self.application:
             return self.node if self.index == 0 else f"{self.node}#{self.index}"
+        if self.partition is not None:
+            return f"{self.node}.{self.partition}#{self.index}"
         return f"{self.node}#{self.index}"
+
+    @property
+    def group(self) -> str:
+        """The replicas that are copies of one another: ``node``, or ``"node.P"`` for a partition.
+
+        >>> ReplicaId("agg", 0, partition=1).group, ReplicaId("agg", 0).group
+        ('agg.1', 'agg')
+        """
+        return self.node if self.partition is None else f"{self.node}.{self.partition}"
 
     def __str__(self) -> str:
         return self.label
@@ -150,12 +164,25 @@ class PhysicalPlan:
     """
 
     def __init__(self, query, placement: Mapping[str, Sequence[str]], *, k: int | None = None,
-                 servers: Sequence[str] | None = None):
+                 servers: Sequence[str] | None = None, parallelism: Mapping[str, int] | None = None,
+                 bits: int | None = None):
+        from .partition import DEFAULT_BITS, check_parallelism, parse_partition_label
+
         self.query = query
+        self.bits = DEFAULT_BITS if bits is None else int(bits)
+        #: ``{operator: p}`` for the partitioned operators (p >= 2), checked (:func:`~replistream.partition.check_parallelism`)
+        self.parallelism: dict[str, int] = check_parallelism(query, parallelism, self.bits)
         nodes = [ENTRY, *query.operators, *query.sinks]
         known = set(nodes)
+        per_part: dict[str, dict[int, list[str]]] = {}
         for node, where in placement.items():
-            if node not in known:
+            base, part = parse_partition_label(node)
+            if part is not None and base in self.parallelism:
+                if part >= self.parallelism[base]:
+                    raise ValueError(f"placement names {node!r}, but {base!r} has {self.parallelism[base]} "
+                                     f"partitions (0..{self.parallelism[base] - 1})")
+                per_part.setdefault(base, {})[part] = where
+            elif node not in known:
                 raise ValueError(f"placement names {node!r}, which is not an operator, application or "
                                  f"{ENTRY!r} of query {query.name!r}")
             if isinstance(where, str):
@@ -169,19 +196,43 @@ class PhysicalPlan:
                                  f"(a node's replicas need distinct servers)")
         for node in [ENTRY, *query.operators]:
             where = placement.get(node)
+            if node in self.parallelism and where is None and len(per_part.get(node, {})) == self.parallelism[node]:
+                continue  # every partition placed on its own
             if not where or (k is not None and len(where) != k):
                 want = f"exactly k={k} distinct servers" if k is not None else "at least one server"
                 raise ValueError(f"placement must give {node!r} {want}, got {None if where is None else list(where)}")
+        for node, parts in per_part.items():
+            for part, where in parts.items():
+                if not where or (k is not None and len(where) != k):
+                    want = f"exactly k={k} distinct servers" if k is not None else "at least one server"
+                    raise ValueError(f"placement must give {node}.{part} {want}, got {list(where)}")
         for node in query.sinks:
             where = placement.get(node)
             if not where:
                 raise ValueError(f"placement must give application {node!r} at least one server, "
                                  f"got {None if where is None else list(where)}")
-        self.placement: dict[str, list[str]] = {n: list(placement[n]) for n in nodes}
+        self.placement: dict[str, list[str]] = {n: list(placement[n]) for n in nodes if n in placement}
+        #: per partitioned operator, the servers of each partition's replicas (``placement["op.P"]``,
+        #: else ``placement["op"]`` for every partition)
+        self.partition_placement: dict[str, list[list[str]]] = {
+            n: [list(per_part.get(n, {}).get(i, placement.get(n, ()))) for i in range(p)]
+            for n, p in self.parallelism.items()}
         self.nodes = nodes
-        self._replicas = {n: [ReplicaId(n, i, n in query.sinks) for i in range(len(self.placement[n]))]
-                          for n in nodes}
-        self._server = {r.label: self.placement[n][r.index] for n in nodes for r in self._replicas[n]}
+        self._replicas: dict[str, list[ReplicaId]] = {}
+        self._server: dict[str, str] = {}
+        for n in nodes:
+            if n in self.parallelism:
+                reps = [ReplicaId(n, i, False, part) for part, where in enumerate(self.partition_placement[n])
+                        for i in range(len(where))]
+                for r in reps:
+                    self._server[r.label] = self.partition_placement[n][r.partition][r.index]
+            else:
+                reps = [ReplicaId(n, i, n in query.sinks) for i in range(len(self.placement[n]))]
+                for r in reps:
+                    self._server[r.label] = self.placement[n][r.index]
+            self._replicas[n] = reps
+        #: each replica's position among its node's replicas: its channel at every receiver
+        self._position = {r.label: i for n in nodes for i, r in enumerate(self._replicas[n])}
 
     def require_one_replica_per_application(self, engine: str) -> None:
         """Raise ``ValueError`` if some application has several replicas (``engine`` runs one each;
@@ -202,10 +253,44 @@ class PhysicalPlan:
 
     # -- replicas ------------------------------------------------------------------------
     def replicas(self, node: str | None = None) -> list[ReplicaId]:
-        """The replicas of ``node`` (a group name; a source's name means :data:`ENTRY`), or of every node."""
+        """The replicas of ``node`` (a group name; a source's name means :data:`ENTRY`; ``"op.P"``
+        one partition of a partitioned operator; a partitioned operator's name every partition's,
+        partition by partition), or of every node."""
         if node is None:
             return [r for n in self.nodes for r in self._replicas[n]]
+        if node not in self._replicas and node not in self.query.graph:
+            from .partition import parse_partition_label
+
+            base, part = parse_partition_label(node)
+            if part is not None and base in self.parallelism and part < self.parallelism[base]:
+                return [r for r in self._replicas[base] if r.partition == part]
         return list(self._replicas[self.group(node)])
+
+    def position(self, replica) -> int:
+        """A replica's position among its node's replicas (partition by partition): its channel
+        at every downstream duplicate filter (:attr:`StreamEdge.channel`)."""
+        return self._position[replica.label if isinstance(replica, ReplicaId) else replica]
+
+    def partitions(self, node: str) -> int:
+        """How many partitions ``node`` runs as (1: not partitioned).
+
+        >>> from replistream import Query
+        >>> q = Query(); s = q.source("s", {"k": "i8"}); _ = s.window(10, by="k", name="w").sink("app")
+        >>> plan = PhysicalPlan(q.build(), {"entry": ["a", "b"], "w": ["a", "b"], "app": ["a"]}, parallelism={"w": 2})
+        >>> plan.partitions("w"), [r.label for r in plan.replicas("w")], plan.channel_groups("app")
+        (2, ['w.0#0', 'w.0#1', 'w.1#0', 'w.1#1'], [[0, 0, 1, 1]])
+        """
+        return self.parallelism.get(node, 1)
+
+    def channel_groups(self, node: str) -> list[list[int] | None]:
+        """Per input port of ``node``: None when its upstream is not partitioned, else the upstream
+        partition of each of its channels (a :class:`~replistream.operators.dupfilter.DuplicateFilter`'s
+        ``groups``)."""
+        out: list[list[int] | None] = []
+        for u in self.query.inputs_of(node):
+            g = self.group(u)
+            out.append([r.partition for r in self._replicas[g]] if g in self.parallelism else None)
+        return out
 
     def server(self, replica) -> str:
         """The server of a replica (a :class:`ReplicaId` or its label)."""
@@ -236,9 +321,9 @@ class PhysicalPlan:
                 continue
             ups = self._replicas[self.group(node)]
             for v, port in q.outputs_of(node):
-                for up in ups:
+                for ch, up in enumerate(ups):
                     for down in self._replicas[v]:
-                        out.append(StreamEdge(up, down, port, node, up.index))
+                        out.append(StreamEdge(up, down, port, node, ch))
         return out
 
     def in_streams(self, replica: ReplicaId) -> list[StreamEdge]:
@@ -246,15 +331,16 @@ class PhysicalPlan:
         q = self.query
         out = []
         for port, u in enumerate(q.inputs_of(replica.node)):
-            for up in self._replicas[self.group(u)]:
-                out.append(StreamEdge(up, replica, port, u, up.index))
+            for ch, up in enumerate(self._replicas[self.group(u)]):
+                out.append(StreamEdge(up, replica, port, u, ch))
         return out
 
     def out_streams(self, replica: ReplicaId) -> list[StreamEdge]:
         """The stream replicas out of ``replica`` (for an entry replica: of every source)."""
         q = self.query
         streams = q.sources if replica.node == ENTRY else [replica.node]
-        return [StreamEdge(replica, down, port, s, replica.index)
+        ch = self._position.get(replica.label, replica.index)  # a replica added since: its index
+        return [StreamEdge(replica, down, port, s, ch)
                 for s in streams for v, port in q.outputs_of(s) for down in self._replicas[v]]
 
     def __repr__(self) -> str:

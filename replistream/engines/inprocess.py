@@ -48,6 +48,7 @@ import numpy as np
 from ..errors import QueryError, merge_dead_letters
 from ..operators import Item
 from ..operators.base import NO_PUNCTUATION, OperatorState
+from ..partition import BinMap, Router, parse_partition_label
 from ..plan import ENTRY, PhysicalPlan
 from ..query import Query
 from ..replica.checkpoint import ReplicaCheckpoint
@@ -144,11 +145,18 @@ class _Replica:
     staged: StagedReplica | None = None
     transfer: "_Transfer | None" = None
     inherited: Counter | None = None  # audit: union of the peers' emissions at each step
+    partition: int | None = None  # the partition of a partitioned operator's replica
+
+    @property
+    def group(self) -> str:
+        """The replicas that are copies of this one: its node, or ``"node.P"`` for a partition."""
+        return self.node if self.partition is None else f"{self.node}.{self.partition}"
 
     @property
     def label(self) -> str:
-        """``"node#index"``, with a prime per generation of revival (``"w#0'"``)."""
-        return f"{self.node}#{self.index}" + "'" * self.generation
+        """``"node#index"`` (``"node.P#index"`` in partition ``P``), with a prime per generation of
+        revival (``"w#0'"``)."""
+        return f"{self.group}#{self.index}" + "'" * self.generation
 
     @property
     def ready(self) -> bool:
@@ -183,6 +191,7 @@ class _Channel:
     speed: float
     queue: deque = field(default_factory=deque)
     delivered: int = 0
+    partition: int | None = None  # the receiver's partition: the channel carries that share only
 
 
 @dataclass
@@ -257,7 +266,8 @@ class InProcessEngine:
     def __init__(self, query: Query, k: int = 2, seed: int = 0, *, crash: bool = False, split: bool = True,
                  resend_prob: float = 0.05, speed_spread: float = 1.0, strict: bool = False,
                  on_malformed: str = "dead_letter", audit: bool = False, checkpoint_bits: int = 0,
-                 placement: Mapping[str, Sequence[str]] | None = None):
+                 placement: Mapping[str, Sequence[str]] | None = None,
+                 parallelism: Mapping[str, int] | None = None, bits: int | None = None):
         if int(k) < 1:
             raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
         query.build()
@@ -272,9 +282,12 @@ class InProcessEngine:
         self.on_malformed = on_malformed
         self.audit = audit
         self.checkpoint_bits = checkpoint_bits
-        self.plan = PhysicalPlan(query, placement if placement is not None else default_placement(query, k), k=k)
+        self.plan = PhysicalPlan(query, placement if placement is not None else default_placement(query, k), k=k,
+                                 parallelism=parallelism, bits=bits)
         self.plan.require_one_replica_per_application("the in-process engine")
-        self.servers = sorted({s for where in self.plan.placement.values() for s in where})
+        self.servers = sorted({self.plan.server(r) for r in self.plan.replicas()})
+        #: ``{operator: p}`` of the partitioned operators, as checked by the plan
+        self.parallelism = dict(self.plan.parallelism)
 
     # -- a run -------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, Any]) -> RunResult:
@@ -302,21 +315,26 @@ class InProcessEngine:
             self.groups[src] = [_Replica(src, r.index, None, self.plan.server(r), items=self.streams[src],
                                          entry_log=ReplayLog()) for r in self.plan.replicas(ENTRY)]
         for node in q.operators:
-            chans = self.plan.channels(node)
-            self.groups[node] = [_Replica(node, r.index, ReplicaCore(q, node, chans, self.strict, retain=True),
-                                          self.plan.server(r), history=[] if self.audit else None)
+            chans, groups = self.plan.channels(node), self.plan.channel_groups(node)
+            self.groups[node] = [_Replica(node, r.index, ReplicaCore(q, node, chans, self.strict, retain=True,
+                                                                     groups=groups),
+                                          self.plan.server(r), history=[] if self.audit else None,
+                                          partition=r.partition)
                                  for r in self.plan.replicas(node)]
         self.collectors: dict[str, Collector] = {}
         for node in q.sinks:
-            self.groups[node] = [_Replica(node, r.index, ReplicaCore(q, node, self.plan.channels(node), self.strict),
+            self.groups[node] = [_Replica(node, r.index, ReplicaCore(q, node, self.plan.channels(node), self.strict,
+                                                                     groups=self.plan.channel_groups(node)),
                                           self.plan.server(r)) for r in self.plan.replicas(node)]
             self.collectors[node] = Collector(q.schema_of(node))
         self.retired: list[_Replica] = []
         self.channels: list[_Channel] = []
+        #: per partitioned operator, the router every upstream replica sends its input through
+        self.routers = {node: Router(q, node, BinMap.even(p, self.plan.bits)) for node, p in self.parallelism.items()}
         for e in self.plan.streams():
-            sender = self.groups[e.stream][e.src.index]  # for an entry replica: that source's copy
-            ch = _Channel(sender, self.groups[e.dst.node][e.dst.index], e.port, e.channel,
-                          self.rng.lognormvariate(0.0, self.speed_spread))
+            sender = self.groups[e.stream][e.channel]  # for an entry replica: that source's copy
+            ch = _Channel(sender, self.groups[e.dst.node][self.plan.position(e.dst)], e.port, e.channel,
+                          self.rng.lognormvariate(0.0, self.speed_spread), partition=e.dst.partition)
             sender.out.append(ch)
             self.channels.append(ch)
         self.stats = HarnessStats()
@@ -335,9 +353,16 @@ class InProcessEngine:
         for ev in events:
             if isinstance(ev, (Revive, AddReplica)) and ev.operator not in q.operators:
                 raise QueryError(f"{type(ev).__name__}: {ev.operator!r} is not an operator of query {q.name!r}")
-            if isinstance(ev, StopReplica) and ev.operator != ENTRY and ev.operator not in q.operators + q.sinks:
-                raise QueryError(f"StopReplica: {ev.operator!r} is not an operator, application or {ENTRY!r} of "
-                                 f"query {q.name!r}")
+            if isinstance(ev, (Revive, AddReplica)) and self.parallelism:
+                near = [n for n in [ev.operator, *q.inputs_of(ev.operator), *(v for v, _ in q.outputs_of(ev.operator))]
+                        if n in self.parallelism]
+                if near:
+                    raise QueryError(f"{type(ev).__name__}: {ev.operator!r} is or neighbours the partitioned operator "
+                                     f"{near[0]!r}; the in-process engine hands over replicas of unpartitioned "
+                                     f"neighbourhoods only (yet): kill replicas instead, or drop parallelism")
+            if isinstance(ev, StopReplica) or (isinstance(ev, KillReplica) and (
+                    ev.operator in self.parallelism or parse_partition_label(ev.operator)[1] is not None)):
+                self._group_name(ev)
             if isinstance(ev, KillServer) and ev.server not in self.servers:
                 raise QueryError(f"KillServer: no server {ev.server!r} in the plan; servers: {self.servers}")
             if isinstance(ev, Call):
@@ -355,10 +380,41 @@ class InProcessEngine:
             q, rng = self.query, self.rng
             horizon = max(1, sum(len(s) for s in self.streams.values()) * self.k * max(1, len(q.operators)))
             for node in q.sources + q.operators:
-                victims = rng.sample(self.groups[node], rng.randint(0, self.k - 1))
-                crashes.extend((rng.randrange(horizon), v) for v in victims)
+                for peers in self._partitions_of(node):  # up to k - 1 per partition: each keeps one
+                    victims = rng.sample(peers, rng.randint(0, self.k - 1))
+                    crashes.extend((rng.randrange(horizon), v) for v in victims)
             crashes.sort(key=lambda c: c[0])
         return crashes
+
+    def _partitions_of(self, node: str) -> list[list[_Replica]]:
+        """The replicas of ``node``, one list per partition (one list when it is not partitioned)."""
+        group = self.groups[node]
+        if node not in self.parallelism:
+            return [group]
+        return [[r for r in group if r.partition == p] for p in range(self.parallelism[node])]
+
+    def _peers(self, r: _Replica) -> list[_Replica]:
+        """The replicas that are copies of ``r`` (its node's, or its partition's), ``r`` included."""
+        return [x for x in self.groups[r.node] if x.partition == r.partition]
+
+    def _group_name(self, ev) -> tuple[str, int | None]:
+        """``(node, partition)`` of the replicas a :class:`KillReplica` or :class:`StopReplica`
+        names: ``"op"``, one partition ``"op.P"`` of a partitioned operator, or ``"entry"``; a
+        ``QueryError`` says what to write instead."""
+        q, name = self.query, ev.operator
+        kind = type(ev).__name__
+        base, part = parse_partition_label(name)
+        if base in self.parallelism:
+            p = self.parallelism[base]
+            if part is None or part >= p:
+                raise QueryError(f"{kind}: {base!r} runs as {p} partitions; name one of them: "
+                                 f"{', '.join(f'{base}.{i}' for i in range(p))}")
+            return base, part
+        if part is not None and base in q.operators:
+            raise QueryError(f"{kind}: {base!r} is not partitioned; name it {base!r}")
+        if name != ENTRY and name not in q.operators + q.sinks:
+            raise QueryError(f"{kind}: {name!r} is not an operator, application or {ENTRY!r} of query {q.name!r}")
+        return name, None
 
     def _step(self) -> bool:
         """One scheduler step: run due crashes, install checkpoints that are due, restart
@@ -458,7 +514,7 @@ class InProcessEngine:
         )
         if self.audit:
             problems = _audit(q, self.streams, self.entries, self.strict,
-                              [i for i in everyone if i.history is not None])
+                              [i for i in everyone if i.history is not None], self.parallelism)
             result.stats["audit"] = problems
             if problems:
                 raise ReplicaDivergence("replicas diverge from the ideal run:\n  " + "\n  ".join(problems[:10]))
@@ -502,9 +558,19 @@ class InProcessEngine:
         """``sender`` emits ``items`` on every channel to a live receiver, records them (the
         audit's history, an entry copy's log), and trims its log at a punctuation."""
         for it in items:
+            shares: dict = {}  # (partitioned receiver's node, port) -> the batch cut by partition
             for ch in sender.out:
-                if ch.receiver.alive:
-                    self._push(ch, it)
+                if not ch.receiver.alive:
+                    continue
+                if ch.partition is None or not isinstance(it, np.ndarray):
+                    self._push(ch, it)  # an unpartitioned receiver, or a punctuation: every partition
+                    continue
+                key = (ch.receiver.node, ch.port)
+                parts = shares.get(key)
+                if parts is None:
+                    parts = shares[key] = self.routers[ch.receiver.node].split(ch.port, it)
+                if len(parts[ch.partition]):
+                    self._push(ch, parts[ch.partition])
         if sender.history is not None:
             sender.history.extend(it for it in items if not isinstance(it, Punctuation) and len(it))
         if sender.entry_log is not None:
@@ -551,7 +617,7 @@ class InProcessEngine:
         would leave its node without a working replica is skipped and listed in ``stats.spared``."""
         if not victim.alive:
             return
-        if not force and victim.ready and sum(r.ready for r in self.groups[victim.node]) <= 1:
+        if not force and victim.ready and sum(r.ready for r in self._peers(victim)) <= 1:
             self.stats.spared.append(victim.label)  # never leave an operator without a working replica
             return
         victim.alive = False
@@ -565,7 +631,7 @@ class InProcessEngine:
         node without a working replica is skipped and listed in ``stats.spared``."""
         if not victim.scheduled:
             return
-        if victim.ready and sum(r.ready for r in self.groups[victim.node]) <= 1:
+        if victim.ready and sum(r.ready for r in self._peers(victim)) <= 1:
             self.stats.spared.append(victim.label)
             return
         victim.stopped = True
@@ -588,12 +654,16 @@ class InProcessEngine:
         if isinstance(ev, (KillReplica, StopReplica)):
             nodes = q.sources if ev.operator == ENTRY else [ev.operator]
             for n in nodes:
-                if n not in self.groups or not 0 <= ev.replica < len(self.groups[n]):
+                group = self.groups.get(n, [])
+                if n not in q.sources and (n in self.parallelism or parse_partition_label(n)[1] is not None):
+                    base, part = self._group_name(ev)
+                    group = [r for r in self.groups[base] if r.partition == part]
+                if not 0 <= ev.replica < len(group):
                     raise QueryError(f"{type(ev).__name__}: no replica {ev.replica} of {n!r}")
                 if isinstance(ev, KillReplica):
-                    self._kill(self.groups[n][ev.replica])
+                    self._kill(group[ev.replica])
                 else:
-                    self._stop(self.groups[n][ev.replica])
+                    self._stop(group[ev.replica])
         elif isinstance(ev, KillServer):
             self._kill_server(ev.server)
         elif isinstance(ev, (Revive, AddReplica)):
@@ -779,7 +849,8 @@ class InProcessEngine:
 def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: int = 0, *, crash: bool = False,
                    split: bool = True, resend_prob: float = 0.05, speed_spread: float = 1.0,
                    strict: bool = False, on_malformed: str = "dead_letter", audit: bool = False,
-                   checkpoint_bits: int = 0, placement: Mapping[str, Sequence[str]] | None = None) -> RunResult:
+                   checkpoint_bits: int = 0, placement: Mapping[str, Sequence[str]] | None = None,
+                   parallelism: Mapping[str, int] | None = None) -> RunResult:
     """Run ``query`` with every operator and entry point replicated ``k`` times, in process
     (``InProcessEngine(query, k, seed, ...).run(inputs)``).
 
@@ -818,7 +889,8 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
     """
     return InProcessEngine(query, k, seed, crash=crash, split=split, resend_prob=resend_prob,
                            speed_spread=speed_spread, strict=strict, on_malformed=on_malformed, audit=audit,
-                           checkpoint_bits=checkpoint_bits, placement=placement).run(inputs)
+                           checkpoint_bits=checkpoint_bits, placement=placement,
+                           parallelism=parallelism).run(inputs)
 
 
 def _shuffled_bins(state: OperatorState, rng: random.Random) -> OperatorState:
@@ -844,19 +916,24 @@ def _letters_not_held(replicas: list[_Replica]) -> list[str]:
     held: dict[str, set] = {}
     for r in replicas:
         if r.ready:
-            held.setdefault(r.node, set()).update(_letter_keys(r.core.dead_letters()))
+            held.setdefault(r.group, set()).update(_letter_keys(r.core.dead_letters()))
     lost: Counter = Counter()
     for r in replicas:
         if r.core is not None and not r.ready:
-            for where, reason, _ in _letter_keys(r.core.dead_letters()) - held.get(r.node, set()):
+            for where, reason, _ in _letter_keys(r.core.dead_letters()) - held.get(r.group, set()):
                 lost[(r.label, where, reason)] += 1
     return [f"{label}: {n} tuple(s) at {where!r} ({reason})" for (label, where, reason), n in sorted(lost.items())]
 
 
-def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: list[_Replica]) -> list[str]:
-    """Each replica's emissions against the ideal run's output of its operator (as multisets of rows)."""
+def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: list[_Replica],
+           query_partitions: Mapping[str, int] | None = None) -> list[str]:
+    """Each replica's emissions against the ideal run's output of its operator (as multisets of rows).
+    A partition's replica emits its share of them: the replicas of one partition must emit the same,
+    and the partitions together all of them (``query_partitions``: ``{operator: p}``)."""
     ideal = run_reference_on_streams(query, streams, entries, strict, record_nodes=True).stats["node_outputs"]
     expected = {n: as_multiset(b) for n, b in ideal.items()}
+    query_partitions = dict(query_partitions or {})
+    shares: dict[str, dict[int, list]] = {}
     problems = []
     for i in instances:
         schema = query.schema_of(i.node)
@@ -868,9 +945,24 @@ def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: 
             problems.append(f"{i.label} emitted {sum(extra.values())} tuple(s) the ideal run does not "
                             f"(or more copies than it does)")
         complete = i.alive and i.core is not None and i.core.logic.watermark == END
-        if complete:
+        if complete and i.partition is not None:  # its share only: checked with its partitions' below
+            shares.setdefault(i.node, {}).setdefault(i.partition, []).append((i.label, got))
+        elif complete:
             missing = expected[i.node] - got
             if missing:
                 problems.append(f"{i.label} completed without emitting {sum(missing.values())} tuple(s) "
                                 f"of the ideal run")
+    for node, parts in shares.items():
+        for part, done in parts.items():  # the replicas of one partition emit one share
+            for label, got in done[1:]:
+                if got != done[0][1]:
+                    problems.append(f"{label} emitted other tuples than {done[0][0]}, a replica of its partition")
+        if len(parts) == query_partitions.get(node, 0):  # a completed replica of every partition
+            union = Counter()
+            for done in parts.values():
+                union += done[0][1]
+            missing = expected[node] - union
+            if missing:
+                problems.append(f"the partitions of {node!r} completed without emitting {sum(missing.values())} "
+                                f"tuple(s) of the ideal run")
     return problems

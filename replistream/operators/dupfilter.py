@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -215,9 +216,15 @@ class DuplicateFilter:
     [2.0, 1.0]
     """
 
-    def __init__(self, n_channels: int, schema: Schema | None = None, name: str = "filter", strict: bool = False):
+    def __init__(self, n_channels: int, schema: Schema | None = None, name: str = "filter", strict: bool = False,
+                 groups: Sequence[int] | None = None):
         if n_channels < 1:
             raise ValueError(f"duplicate filter {name!r} needs at least one input stream replica, got {n_channels}")
+        if groups is not None and len(groups) != n_channels:
+            raise ValueError(f"duplicate filter {name!r}: {len(groups)} groups given for {n_channels} channels")
+        #: per channel, the partition of the upstream operator it comes from (None: one unpartitioned
+        #: upstream); see :meth:`on_punctuation`
+        self.groups: list[int] | None = None if groups is None else [int(g) for g in groups]
         self.name = name
         self.schema = schema
         self.strict = strict
@@ -236,8 +243,14 @@ class DuplicateFilter:
     def n_channels(self) -> int:
         return len(self.chan_punct)
 
-    def add_channel(self) -> int:
-        """Add a stream replica (e.g. from a revived upstream replica); returns its index."""
+    def add_channel(self, group: int | None = None) -> int:
+        """Add a stream replica (e.g. from a revived upstream replica); returns its index. A filter
+        fed by a partitioned upstream needs the new channel's upstream partition (``group``)."""
+        if (group is None) != (self.groups is None):
+            raise ValueError(f"duplicate filter {self.name!r}: a new channel needs an upstream partition exactly "
+                             f"when the filter's upstream is partitioned (groups {self.groups}, got {group!r})")
+        if self.groups is not None:
+            self.groups.append(int(group))
         self.chan_punct.append(NO_PUNCTUATION)
         self.weights = np.append(self.weights, 0.0)
         self.copies = np.append(self.copies, 0)
@@ -470,9 +483,26 @@ class DuplicateFilter:
         return passed
 
     def on_punctuation(self, channel: int, p: int) -> list[Punctuation]:
+        """A punctuation ``p`` on ``channel``: returns ``[Punctuation(q)]`` when the filter's
+        punctuation rises to ``q``. Without :attr:`groups`, ``q = p`` when ``p`` is a new maximum
+        (Algorithm 1): every stream replica carries the whole stream. With :attr:`groups` (the
+        upstream is partitioned, issue #41) a channel carries one partition's share, and its
+        punctuation covers that share only: ``q`` is the minimum over partitions of the maximum
+        over each partition's channels.
+
+        >>> f = DuplicateFilter(4, groups=[0, 0, 1, 1])
+        >>> f.on_punctuation(0, 5), f.on_punctuation(2, 3), f.on_punctuation(3, 7), f.on_punctuation(1, 9)
+        ([], [Punctuation(3)], [Punctuation(5)], [Punctuation(7)])
+        """
         p = int(p)
         if p > self.chan_punct[channel]:
             self.chan_punct[channel] = p
+        if self.groups is not None:
+            top: dict[int, int] = {}
+            for g, cp in zip(self.groups, self.chan_punct):
+                if cp > top.get(g, NO_PUNCTUATION - 1):
+                    top[g] = cp
+            p = min(top.values())
         if p <= self.max_punct:
             return []
         self.max_punct = p  # Algorithm 1, lines 7-11

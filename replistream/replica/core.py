@@ -145,7 +145,9 @@ class ReplicaCore:
     """One replica of ``node``: duplicate filters -> optional sorters -> logic.
 
     ``channels`` gives the number of stream replicas feeding each input port;
-    ``None`` means "no duplicate filter" (the reference engine).
+    ``None`` means "no duplicate filter" (the reference engine). ``groups`` gives, per
+    port, None or (when the upstream operator is partitioned) each channel's upstream
+    partition (:class:`~replistream.operators.dupfilter.DuplicateFilter`, ``groups``).
 
     >>> from replistream import Query, Punctuation
     >>> q = Query(); s = q.source("s", {"x": "i8"})
@@ -161,7 +163,7 @@ class ReplicaCore:
     """
 
     def __init__(self, query: Query, node: str, channels: list[int] | None = None, strict: bool = False,
-                 retain: bool = False):
+                 retain: bool = False, groups: list | None = None):
         self.node = node
         self.output_log: ReplayLog | None = ReplayLog() if retain else None
         self.logic: OperatorLogic = query.build_logic(node, strict)
@@ -169,8 +171,11 @@ class ReplicaCore:
         if channels is not None and len(channels) != n:
             raise ValueError(f"{node!r} has {n} input(s); got channel counts for {len(channels)}")
         schemas = query.in_schemas(node)
+        if groups is not None and (channels is None or len(groups) != n):
+            raise ValueError(f"{node!r} has {n} input(s); got upstream partitions for {len(groups)}")
         self.filters = None if channels is None else [
-            DuplicateFilter(c, schemas[i], f"{node}.dupfilter[{i}]", strict) for i, c in enumerate(channels)]
+            DuplicateFilter(c, schemas[i], f"{node}.dupfilter[{i}]", strict, None if groups is None else groups[i])
+            for i, c in enumerate(channels)]
         self.sorters = [query.build_sorter(node, i, strict) for i in range(n)] if query.sorted_inputs(node) else None
         #: dead letters restored from a checkpoint (:meth:`from_checkpoint`): what the peers this
         #: replica was built from set aside; :meth:`dead_letters` reports them with its own
@@ -204,11 +209,12 @@ class ReplicaCore:
             self.output_log.append(out)
         return out
 
-    def add_channel(self, port: int) -> int:
-        """A new upstream replica feeds ``port``: returns the index of its stream replica."""
+    def add_channel(self, port: int, group: int | None = None) -> int:
+        """A new upstream replica feeds ``port`` (from upstream partition ``group`` when the
+        upstream is partitioned): returns the index of its stream replica."""
         if self.filters is None:
             raise ValueError(f"{self.node!r} has no duplicate filters (a reference core)")
-        return self.filters[port].add_channel()
+        return self.filters[port].add_channel(group)
 
     def trim_output(self, acked: int) -> None:
         """Every live downstream replica has acknowledged punctuation ``acked``: forget what it covers."""
@@ -241,7 +247,7 @@ class ReplicaCore:
 
     @classmethod
     def from_checkpoint(cls, query: Query, checkpoint: ReplicaCheckpoint, channels: list[int],
-                        strict: bool = False, retain: bool = True) -> "ReplicaCore":
+                        strict: bool = False, retain: bool = True, groups: list | None = None) -> "ReplicaCore":
         """A new replica of ``checkpoint.node`` in the state of the peer that took ``checkpoint``.
 
         ``channels`` counts its own input stream replicas per port (one per live
@@ -269,7 +275,7 @@ class ReplicaCore:
             raise CheckpointError(f"checkpoint version {checkpoint.version}, this replistream reads "
                                   f"version {CHECKPOINT_VERSION}")
         node = checkpoint.node
-        core = cls(query, node, channels, strict, retain)
+        core = cls(query, node, channels, strict, retain, groups)
         if len(checkpoint.filters) != len(core.filters):
             raise CheckpointError(f"{node!r}: checkpoint has {len(checkpoint.filters)} input(s), "
                                   f"the query gives {len(core.filters)}")

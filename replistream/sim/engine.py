@@ -82,6 +82,7 @@ from replistream.engines.result import RunResult, latency_s
 from replistream.errors import QueryError, merge_dead_letters
 from replistream.network import LatencyModel, NetworkConditions, ZeroLatency, delivery_time
 from replistream.operators.sorter import canonical_order
+from replistream.partition import BinMap, Router, partition_label
 from replistream.plan import ENTRY, PhysicalPlan, ReplicaId, StreamEdge
 from replistream.query import Query
 from replistream.replica import ReplayLog, ReplicaCore
@@ -102,10 +103,11 @@ _FEED, _ENTRY_IN, _ARRIVE, _EMIT, _KILL, _FAILOVER, _CALL = range(7)
 
 class _Replica:
     __slots__ = ("label", "node", "index", "server", "core", "kind", "alive", "out", "is_sink", "merger",
-                 "active", "buffers", "recorder", "sent_tuples", "cpu_s", "last_in", "lag")
+                 "active", "buffers", "recorder", "sent_tuples", "cpu_s", "last_in", "lag", "partition")
 
-    def __init__(self, label, node, index, server, core, kind, is_sink=False):
+    def __init__(self, label, node, index, server, core, kind, is_sink=False, partition=None):
         self.label, self.node, self.index, self.server = label, node, index, server
+        self.partition = partition  # the partition of a partitioned operator's replica (issue #41)
         self.core, self.kind, self.is_sink = core, kind, is_sink
         self.alive = True
         self.out: list[_Link] = []
@@ -120,10 +122,11 @@ class _Replica:
 
 
 class _Link:
-    __slots__ = ("sender", "receiver", "port", "channel", "last", "live", "tuples", "packets")
+    __slots__ = ("sender", "receiver", "port", "channel", "last", "live", "tuples", "packets", "partition")
 
     def __init__(self, sender, receiver, port, channel):
         self.sender, self.receiver, self.port, self.channel = sender, receiver, port, channel
+        self.partition = receiver.partition  # carries that partition's share of the stream only
         self.last = -math.inf
         self.live = True
         self.tuples = 0
@@ -351,7 +354,8 @@ class Simulator:
                  sources: Mapping[str, str] | None = None, mode: str = "replication", detect_s: float = 2.0,
                  coordinator: tuple[float, Callable] | None = None, strict: bool = False,
                  keep_outputs: bool = True, retain: bool = False, batch_s: float | None = None,
-                 on_malformed: str = "dead_letter"):
+                 on_malformed: str = "dead_letter", parallelism: Mapping[str, int] | None = None,
+                 bits: int | None = None):
         query.build()
         if on_malformed not in ("raise", "dead_letter"):
             raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
@@ -363,12 +367,21 @@ class Simulator:
                 raise ValueError(f"batch_s must be a number of seconds > 0, got {batch_s!r}")
             if mode != "replication":
                 raise ValueError(f"batch_s (batched execution) supports mode 'replication' only, got {mode!r}")
-        self.physical = PhysicalPlan(query, plan)  # checks the plan
+        self.physical = PhysicalPlan(query, plan, parallelism=parallelism, bits=bits)  # checks the plan
         self.physical.require_one_replica_per_application("the simulator")
+        #: ``{operator: p}`` of the partitioned operators (issue #41), as the plan checked it
+        self.parallelism = dict(self.physical.parallelism)
+        if self.parallelism and mode != "replication":
+            raise ValueError(f"partitioned operators (parallelism=) run in mode 'replication' only, got {mode!r}")
+        if self.parallelism and batch_s is not None:
+            raise ValueError("partitioned operators (parallelism=) run on the per-packet engine only: the batched "
+                             "engine (batch_s) does not route partitions yet; leave batch_s unset")
+        self.routers = {n: Router(query, n, BinMap.even(p, self.physical.bits)) for n, p in self.parallelism.items()}
         self.query = query
         self.plan = {n: list(v) for n, v in plan.items()}
+        used = sorted({self.physical.server(r) for r in self.physical.replicas()})
         if network is None:
-            network = ZeroLatency(sorted({s for v in plan.values() for s in v}))
+            network = ZeroLatency(used)
         if isinstance(network, NetworkConditions):
             net = NetworkConditions(network.base)
             for kind, a, b, s, e, x in network.overrides():
@@ -382,7 +395,7 @@ class Simulator:
             net = NetworkConditions(network)
         known = set(net.names)
         if known:
-            unknown = sorted({s for v in plan.values() for s in v} - known)
+            unknown = sorted(set(used) - known)
             if unknown:
                 raise ValueError(f"plan names servers the network does not know: {unknown}")
         self.net = net
@@ -410,7 +423,9 @@ class Simulator:
         self.events: list[dict] = []
         self.kills: list = []
         if scenario is not None:
-            ops = {n: len(self.plan[n]) for n in query.operators}
+            ops = {n: len(self.physical.replicas(n)) for n in query.operators if n not in self.parallelism}
+            ops.update({partition_label(n, i): len(self.physical.replicas(partition_label(n, i)))
+                        for n, p in self.parallelism.items() for i in range(p)})
             ops[ENTRY] = len(self.plan[ENTRY])
             scenario.validate(servers=sorted(known) or None, operators=ops)
             self.kills = scenario.apply_to(self.net, 0.0)
@@ -423,29 +438,31 @@ class Simulator:
     def _build(self) -> None:
         plan = self.physical
         self.groups: dict[str, list[_Replica]] = {
-            node: [self._new_replica(r, plan.server(r), plan.channels(node) if node != ENTRY else [])
+            node: [self._new_replica(r, plan.server(r), plan.channels(node) if node != ENTRY else [],
+                                     plan.channel_groups(node) if node != ENTRY else None)
                    for r in plan.replicas(node)] for node in plan.nodes}
         # stream replicas, created (so ordered on each sender and in ``links``) by receiving node, port,
         # sender, receiver: the order that breaks ties between packets arriving at one instant
         rank = {n: i for i, n in enumerate(plan.nodes)}
         by_label = {r.label: r for g in self.groups.values() for r in g}
         self.entry_links: dict[str, dict[int, list[_Link]]] = {s: {} for s in self.query.sources}
-        for e in sorted(plan.streams(), key=lambda e: (rank[e.dst.node], e.port, e.src.index, e.dst.index)):
+        for e in sorted(plan.streams(), key=lambda e: (rank[e.dst.node], e.port, e.channel, plan.position(e.dst))):
             self._connect(e, by_label)
         self.entry_logs = {(s, r.index): ReplayLog() for s in self.query.sources for r in self.groups[ENTRY]} \
             if self.retain else {}
         self.links = [lk for g in self.groups.values() for r in g for lk in r.out]
         self.links += [lk for d in self.entry_links.values() for ls in d.values() for lk in ls]
 
-    def _new_replica(self, rid: ReplicaId, server: str, channels: list[int]) -> _Replica:
-        """Replica ``rid`` of the plan on ``server``, fed by ``channels`` stream replicas per input port."""
+    def _new_replica(self, rid: ReplicaId, server: str, channels: list[int], groups: list | None = None) -> _Replica:
+        """Replica ``rid`` of the plan on ``server``, fed by ``channels`` stream replicas per input port
+        (``groups``: per port, each channel's upstream partition when the upstream is partitioned)."""
         q = self.query
         if rid.node == ENTRY:
             return _Replica(rid.label, ENTRY, rid.index, server, None, "entry")
         sink = rid.application
-        core = ReplicaCore(q, rid.node, channels, self.strict, retain=self.retain and not sink)
+        core = ReplicaCore(q, rid.node, channels, self.strict, retain=self.retain and not sink, groups=groups)
         r = _Replica(rid.label, rid.node, rid.index, server, core, "sink" if sink else operator_kind(q.spec(rid.node)),
-                     is_sink=sink)
+                     is_sink=sink, partition=rid.partition)
         if self.mode != "replication":
             r.active = [0] * len(channels)
             if self.mode == "deterministic" and not sink:
@@ -763,9 +780,20 @@ class Simulator:
         links = self.entry_links[src][r.index] if src is not None else r.out
         n = sum(len(it) for it in items if not isinstance(it, Punctuation))
         r.sent_tuples += n
+        shares: dict = {}  # (partitioned receiver's node, port) -> items per partition
         for lk in links:
             if lk.live and lk.receiver.alive:
-                self._send(lk, items, t, n)
+                if lk.partition is None:
+                    self._send(lk, items, t, n)
+                    continue
+                key = (lk.receiver.node, lk.port)
+                routed = shares.get(key)
+                if routed is None:  # the share of each partition, punctuations to all (issue #41)
+                    routed = shares[key] = [(x, sum(len(it) for it in x if not isinstance(it, Punctuation)))
+                                            for x in self.routers[lk.receiver.node].route(lk.port, items)]
+                share, m = routed[lk.partition]
+                if share:
+                    self._send(lk, share, t, m)
         if self.retain:
             log = self.entry_logs[(src, r.index)] if src is not None else r.core.output_log
             if src is not None:
@@ -832,6 +860,14 @@ class Simulator:
                 raise QueryError(f"kill_server: no server {ev.server!r} in this simulation")
             return [r for g in self.groups.values() for r in g if r.server == ev.server]
         g = self.groups.get(ev.operator)
+        if g is not None and ev.operator in self.parallelism:
+            p = self.parallelism[ev.operator]
+            raise QueryError(f"kill_replica: {ev.operator!r} runs as {p} partitions; name one of them: "
+                             f"{', '.join(partition_label(ev.operator, i) for i in range(p))}")
+        if g is None and "." in str(ev.operator):  # "op.P": one partition of a partitioned operator
+            base, _, part = str(ev.operator).rpartition(".")
+            if base in self.parallelism and part.isdigit():
+                g = [r for r in self.groups[base] if r.partition == int(part)] or None
         if g is None or not 0 <= ev.replica < len(g):
             raise QueryError(f"kill_replica: no replica {ev.replica} of {ev.operator!r}")
         return [g[ev.replica]]
@@ -935,6 +971,12 @@ class Simulator:
             raise ValueError(f"add_replica: {node!r} is not an operator or 'entry' of query {q.name!r}")
         if self.net.names and server not in self.net.names:
             raise ValueError(f"add_replica: server {server!r} is not known to the network")
+        near = [n for n in [node, *(q.inputs_of(node) if node != ENTRY else []),
+                            *(v for s in ([node] if node != ENTRY else q.sources) for v, _ in q.outputs_of(s))]
+                if n in self.parallelism]
+        if near:
+            raise ValueError(f"add_replica: {node!r} is or neighbours the partitioned operator {near[0]!r}; adding "
+                             f"replicas next to partitions is not supported yet (issue #41)")
         group = self.groups[node]
         if any(r.server == server and r.alive for r in group):
             raise ValueError(f"add_replica: {server!r} already runs a live replica of {node!r}")
@@ -971,7 +1013,7 @@ class Simulator:
         return r.label
 
     def _handover(self, r: _Replica) -> None:
-        peers = [p for p in self.groups[r.node] if p is not r and p.alive and p.label in
+        peers = [p for p in self.groups[r.node] if p is not r and p.alive and p.partition == r.partition and p.label in
                  {lk.receiver.label for lk in self.links if lk.live}]
         if not peers:
             return  # no live peer to copy: the replica goes on from its own state

@@ -30,6 +30,12 @@ adding one such fixture.
 
 * a user function that raises: a map raising on a seeded tenth of its rows; every engine dead-letters
   exactly those rows, once each, with the exception (docs/reliability.md), and nothing else is lost.
+
+Partitioned cases (issue #41, :data:`PARTITIONED`): the same queries with some operators run as
+``p`` partitions x k replicas (``parallelism=``, carried by the plan: :attr:`PhysicalPlan.parallelism`);
+a fault script that names a partitioned operator names one of its partitions (``"sliding.1"``). The
+reference engine ignores the partitions (it is the oracle); the in-process engine and the simulator
+honour them; the Ray engine does not take ``parallelism=`` yet and skips them, saying so.
 """
 from __future__ import annotations
 
@@ -146,13 +152,20 @@ def raised_rows(result: RunResult) -> Counter:
                    for i in d.batch["id"])
 
 
-def plan_for(query: Query) -> PhysicalPlan:
+def plan_for(query: Query, parallelism: dict | None = None) -> PhysicalPlan:
     """k = 2 over three servers: node ``j`` (the entry points first) on servers ``j`` and
-    ``j + 1`` (mod 3), the applications on ``SERVERS[0]``."""
+    ``j + 1`` (mod 3), the applications on ``SERVERS[0]``; a partitioned operator's partitions
+    (``parallelism``) each on its servers."""
     nodes = [ENTRY, *query.operators]
     placement = {n: [SERVERS[j % 3], SERVERS[(j + 1) % 3]] for j, n in enumerate(nodes)}
     placement.update({app: [SERVERS[0]] for app in query.sinks})
-    return PhysicalPlan(query, placement, k=K)
+    return PhysicalPlan(query, placement, k=K, parallelism=parallelism)
+
+
+def group_name(plan: PhysicalPlan, node: str, j: int) -> str:
+    """What a fault names for ``node``: the node, or partition ``j mod p`` of a partitioned one."""
+    p = plan.partitions(node) if node != ENTRY else 1
+    return node if p == 1 else f"{node}.{j % p}"
 
 
 def time_span(inputs: dict) -> tuple[int, int]:
@@ -162,22 +175,25 @@ def time_span(inputs: dict) -> tuple[int, int]:
     return min(times), max(times)
 
 
-def fault_script(name: str, case: Case, query: Query, inputs: dict) -> list[Fault]:
-    """The faults of script ``name``, at event times inside the inputs."""
+def fault_script(name: str, case: Case, query: Query, inputs: dict, plan: PhysicalPlan | None = None) -> list[Fault]:
+    """The faults of script ``name``, at event times inside the inputs (naming partitions of the
+    plan's partitioned operators)."""
     t0, t1 = time_span(inputs)
     mid = t0 + (t1 - t0) // 2
+    plan = plan if plan is not None else plan_for(query)
+    target = group_name(plan, case.target, 1)
     if name == "none":
         return []
     if name == "kill_replica":
-        return [Fault(mid, KillReplica(case.target, 0))]
+        return [Fault(mid, KillReplica(target, 0))]
     if name == "kill_one_of_each":
         groups = [ENTRY, *query.operators]
-        return [Fault(t0 + (t1 - t0) * (j + 1) // (len(groups) + 1), KillReplica(g, j % K))
+        return [Fault(t0 + (t1 - t0) * (j + 1) // (len(groups) + 1), KillReplica(group_name(plan, g, j), j % K))
                 for j, g in enumerate(groups)]
     if name == "kill_server":
         return [Fault(mid, KillServer(VICTIM))]
     if name == "stop_replica":
-        return [Fault(mid, StopReplica(case.target, 0))]
+        return [Fault(mid, StopReplica(target, 0))]
     raise ValueError(f"unknown fault script {name!r}")
 
 
@@ -256,7 +272,8 @@ class InProcessAdapter:
 
     def run(self, plan, inputs, faults):
         q = plan.query
-        res = run_replicated(q, with_sentinels(q, inputs, faults), k=K, seed=11, placement=plan.placement)
+        res = run_replicated(q, with_sentinels(q, inputs, faults), k=K, seed=11, placement=plan.placement,
+                             parallelism=plan.parallelism)
         h = res.stats["harness"]
 
         def labels(names):
@@ -277,6 +294,9 @@ class RayAdapter:
     def run(self, plan, inputs, faults):
         from replistream import deploy
 
+        if plan.parallelism:
+            pytest.skip("the Ray engine does not take parallelism= yet (issue #41: its partitions are wired "
+                        "into replistream/engines/ray/ separately)")
         q = plan.query
         with deploy(q, servers=SERVERS, k=K, placement=plan.placement, network="zero") as dep:
             res = dep.run(with_sentinels(q, inputs, faults), timeout=120)
@@ -299,7 +319,8 @@ class SimAdapter:
                         "and KillServer); sim/ is another area of work")
 
         q = plan.query
-        res = Simulator(q, plan.placement, ZeroLatency(SERVERS)).run(with_sentinels(q, inputs, faults))
+        res = Simulator(q, plan.placement, ZeroLatency(SERVERS),
+                        parallelism=plan.parallelism).run(with_sentinels(q, inputs, faults))
         res.events = [e for e in res.events if e.get("event") == "killed"]
         return res
 
@@ -356,6 +377,39 @@ def test_engine_matches_the_ideal_run(engine_under_test, case, script):
         assert expected_kills(plan, faults) <= killed <= expected_kills(plan, faults) | fenced
         stopped = {e["replica"] for e in got.events if e.get("event") == "stopped"}
         assert stopped == expected_stops(plan, faults)
+
+
+#: (case, parallelism): the cases with some operators partitioned (issue #41)
+PARTITIONED = [(CASES[1], {"sliding": 2}), (CASES[2], {"per_user": 3}), (CASES[0], {"correlate": 2, "hot": 2}),
+               (CASES[3], {"merged": 2, "positive": 3}), (CASES[4], {"double": 2, "per_key": 2})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", FAULT_SCRIPTS)
+@pytest.mark.parametrize("case, parallelism", PARTITIONED, ids=[f"{c.name}-{'+'.join(p)}" for c, p in PARTITIONED])
+@pytest.mark.parametrize("engine_name", [e for e in ENGINES if e != "ray"])
+def test_partitioned_engine_matches_the_ideal_run(request, engine_name, case, parallelism, script):
+    """The partitioned cases: the same comparison with the ideal run, kills naming partitions. Every
+    engine but Ray (which does not take ``parallelism=`` yet: not started for nothing); 75 cases,
+    about 45 s on the 2-core machine."""
+    engine_under_test = request.getfixturevalue(engine_name)
+    query, inputs = case.build()
+    plan = plan_for(query, parallelism)
+    assert plan.parallelism == parallelism
+    faults = fault_script(script, case, query, inputs, plan)
+    expected = run_reference(query, inputs)
+    got = engine_under_test.run(plan, inputs, faults)
+    assert got.complete, f"applications did not receive the end of stream: {got.punctuation}"
+    for app in query.sinks:
+        assert len(expected.outputs[app]) > 0
+        assert_same_output(expected.outputs[app], got.outputs[app])
+    assert raised_rows(got) == raised_rows(expected)
+    if engine_under_test.runs_faults:
+        killed = {e["replica"] for e in got.events if e.get("event") == "killed"}
+        assert killed == expected_kills(plan, faults)
+        assert {e["replica"] for e in got.events if e.get("event") == "stopped"} == expected_stops(plan, faults)
+        if script in ("kill_replica", "stop_replica") and case.target in parallelism:
+            assert all("." in label for label in killed | expected_stops(plan, faults)), "no partition was hit"
 
 
 def test_every_server_kill_leaves_each_operator_a_replica():
