@@ -9,7 +9,7 @@ actor that serves (the process that holds the topology, feeder, failure monitor 
 2 s in, once the second host stands by: SIGKILL of its process, or SIGSTOP (it stops answering;
 the host standing by, or the coordinator, fences it after ``fail_after_s``). Measured: the seconds
 from the loss to the deployment restored (its ``control_restored`` event, stamped by the host
-that took over), to a client's call answered by that host, the restore's own seconds, which host
+that took over), to the user's client's ``status()`` answered by that host, the restore's own seconds, which host
 took over, and whether the output equals the reference run. One Ray instance for every run.
 """
 from __future__ import annotations
@@ -60,15 +60,13 @@ def one(how: str, i: int, fail_after_s: float) -> dict:
         second = standing_by(name)
         dep.feed(data, pace=4.0)
         time.sleep(2.0)
-        pid = ray.get(serving_host(name, NAMESPACE).process.remote(), timeout=60)["pid"]
+        info = ray.get(serving_host(name, NAMESPACE).process.remote(), timeout=60)
+        pid = info["pid"]
         lost = time.time()
         os.kill(pid, signal.SIGKILL if how == "SIGKILL" else signal.SIGSTOP)
-        while True:
-            info = ray.get(serving_host(name, NAMESPACE).process.remote(), timeout=120)
-            if info["pid"] != pid and info["role"] == "serving":
-                answered = time.time() - lost
-                break
+        while dep.status()["host"] == info["actor"]:  # the user's client, as a user's script asks
             time.sleep(0.01)
+        answered = time.time() - lost
         ok = dep.wait(180)
         res = dep.collect()
         (ev,) = [e for e in res.events if e.get("event") == "control_restored"]

@@ -25,6 +25,7 @@ import ray
 from ray import cloudpickle
 
 from ...errors import RunFailed
+from .common import READY_S
 from .changes import Changes
 from .coordlink import CoordinatorLink
 from .faults import Faults
@@ -81,37 +82,61 @@ class Hosted:
     #: Seconds a forwarded call may take beyond its own ``timeout`` argument (if any).
     call_timeout_s = 120.0
 
-    def __init__(self, host, name: str):
+    #: Seconds between two looks at the lease while a call waits (a host taking over is seen then).
+    LOOK_EVERY_S = 0.2
+
+    def __init__(self, host, name: str, actor: str | None = None):
         self.host, self.name = host, name
+        self.actor = actor or name  # the host actor's name (of the deployment's two: standby.py)
+
+    def _switch(self) -> bool:
+        """Take the host the lease names, if another than this client's; True if it switched.
+        ``ValueError`` if it names none that runs."""
+        from .host import NAMESPACE
+        from .standby import holder
+
+        lease = holder(self.name)
+        actor = self.name if lease is None else lease["actor"]
+        if actor == self.actor:
+            return False
+        self.host, self.actor = ray.get_actor(actor, namespace=NAMESPACE), actor
+        return True
 
     def _ask(self, what: str, send, limit: float):
-        """``send(host)``'s answer from the host that serves: a call that reaches the host standing by
-        (:class:`~.standby.NotServing`), or a host gone for good, is sent again to the one the lease
-        names (:func:`~.standby.serving_host`), within ``limit`` seconds in all."""
-        from .host import NAMESPACE
-        from .standby import NotServing, serving_host
+        """``send(host)``'s answer from the host that serves, within ``limit`` seconds in all. While the
+        call waits, the lease is looked at every :attr:`LOOK_EVERY_S`: once another host serves (the
+        one this call went to was lost), the call is sent to it (a call carries its id, so it is made
+        once); one that reaches the host standing by (:class:`~.standby.NotServing`), or a host gone
+        for good, is sent again to the one the lease names."""
+        from .standby import NotServing
 
         deadline = time.time() + limit
+        ref = send(self.host)
         while True:
-            try:
-                return ray.get(send(self.host), timeout=max(0.0, deadline - time.time()))
-            except ray.exceptions.GetTimeoutError as e:
+            left = deadline - time.time()
+            if left <= 0:
                 raise RunFailed(f"the host of detached deployment {self.name!r} did not answer {what!r} within "
-                                f"{limit:g} s", operator="host") from e
+                                f"{limit:g} s", operator="host")
+            if not ray.wait([ref], timeout=min(self.LOOK_EVERY_S, left))[0]:
+                try:
+                    if self._switch():
+                        _settle(ref)
+                        ref = send(self.host)
+                except ValueError:
+                    pass  # (the host the lease names is being restarted: the call waits on)
+                continue
+            try:
+                return ray.get(ref, timeout=READY_S)
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
                 if isinstance(e, ray.exceptions.RayTaskError) and not isinstance(e.cause, NotServing):
                     raise
-                if time.time() > deadline:
-                    raise RunFailed(f"no host of detached deployment {self.name!r} serves {what!r} after "
-                                    f"{limit:g} s ({type(e).__name__})", operator="host") from e
                 try:
-                    host = serving_host(self.name, NAMESPACE)
+                    if not self._switch():
+                        time.sleep(0.05)  # (the lease is being taken over: asked again in a moment)
                 except ValueError:
                     raise RunFailed(f"the hosts of detached deployment {self.name!r} are gone "
                                     f"({type(e).__name__}): the deployment ended with them", operator="host") from e
-                if host._actor_id == self.host._actor_id:
-                    time.sleep(0.05)  # (the lease is being taken over: asked again in a moment)
-                self.host = host
+                ref = send(self.host)
 
     def call(self, method: str, args: tuple, kwargs: dict):
         limit = self.call_timeout_s + float(kwargs.get("timeout", 0) or 0)
@@ -138,6 +163,22 @@ class Hosted:
 
     def status(self, since: int = 0) -> dict:
         return self._ask("status", lambda h: h.status.remote(since), self.call_timeout_s)
+
+
+def _settle(ref) -> None:
+    """Take, in a thread, the answer of a call sent to a host that was lost, once Ray has sent it again
+    to that host's new process (which stands by: ``NotServing``): the call was sent to the serving
+    host meanwhile, and this answer only says so (left untaken, Ray would print it as an unhandled
+    error when the reference is dropped)."""
+    import threading
+
+    def take():
+        try:
+            ray.get(ref, timeout=120)
+        except Exception:  # noqa: BLE001 - the call's answer came from the serving host (above)
+            pass
+
+    threading.Thread(target=take, daemon=True, name="replistream-settle").start()
 
 
 def _keepable(src: str, data) -> None:

@@ -31,7 +31,7 @@ import ray
 from . import lockorder
 from .client import Deployment, Hosted
 from .plane import resolve
-from .standby import serving_host
+from .standby import holder
 
 __all__ = ["NAMESPACE", "DeploymentHost", "DeploymentClient", "attach", "list_deployments", "cluster_address"]
 
@@ -361,12 +361,14 @@ def attach(name: str, address: str | None = None) -> Deployment:
     try:
         if name == WARM_POOL:  # the cluster's warm pool of actors, not a deployment
             raise ValueError(name)
-        host = serving_host(name, NAMESPACE)
+        lease = holder(name)
+        actor = name if lease is None else lease["actor"]  # the host that serves (standby.py)
+        host = ray.get_actor(actor, namespace=NAMESPACE)
     except ValueError:
         running = list_deployments()
         raise LookupError(f"no detached deployment named {name!r} on this cluster; running: "
                           f"{running or 'none'}") from None
-    return Deployment(Hosted(host, name))
+    return Deployment(Hosted(host, name, actor))
 
 
 def list_deployments() -> list[str]:
