@@ -106,8 +106,9 @@ def _left_behind(name: str) -> tuple[list, list]:
 
 def test_the_host_killed_stopped_then_lost_with_the_coordinator_and_the_pool(tmp_path):
     """Three losses of the control plane in one run: the host SIGKILLed; then SIGSTOPped (slow is
-    dead for the control plane too: its coordinator fences it after fail_after_s and Ray restarts
-    it); then every control-plane process at once (host, coordinator, the cluster's warm pool)."""
+    dead for the control plane too: it is fenced after fail_after_s); then every control-plane
+    process at once (both hosts, the coordinator, the cluster's warm pool): Ray restarts the hosts
+    and one of them restores the deployment."""
     from replistream.engines.ray import warm
 
     stopped = []
@@ -128,12 +129,25 @@ def test_the_host_killed_stopped_then_lost_with_the_coordinator_and_the_pool(tmp
             os.kill(ray.get(keeper.__ray_call__.remote(lambda self: os.getpid()), timeout=30), signal.SIGKILL)
         except ValueError:
             pass  # no pool on this cluster
+        serving = ray.get(_host("cp-twice").process.remote(), timeout=30)["actor"]
+        (other,) = [h for h in pair("cp-twice") if h != serving]
+        standby = ray.get(ray.get_actor(other, namespace=NAMESPACE).process.remote(), timeout=60)
+        assert standby["role"] == "standby", standby
+        os.kill(standby["pid"], signal.SIGKILL)  # the host standing by too: Ray restarts both hosts
         _kill_host("cp-twice")
 
-    events, ref, got = _run(tmp_path, "cp-twice", [lambda dep: _kill_host("cp-twice"), stop_host, coordinator_too],
-                            pace=2.0)
+    def replace_coordinator(dep):  # killed for good: replaced; the lost one stays in the registry
+        before = sum(e.get("event") == "coordinator_replaced" for e in dep.events)
+        ray.kill(dep.coordinator, no_restart=True)
+        deadline = time.time() + 60
+        while sum(e.get("event") == "coordinator_replaced" for e in dep.events) == before:
+            assert time.time() < deadline, "the coordinator killed for good was not replaced"
+            time.sleep(0.2)
+
+    events, ref, got = _run(tmp_path, "cp-twice", [lambda dep: _kill_host("cp-twice"), stop_host, replace_coordinator,
+                                                   coordinator_too], pace=2.0)
     assert sum(e.get("event") == "control_restored" for e in events) == 3
-    assert any(e.get("event") == "coordinator_replaced" for e in events)
+    assert sum(e.get("event") == "coordinator_replaced" for e in events) >= 2
     assert_same_output(ref, got)
     assert _left_behind("cp-twice") == ([], [])
 

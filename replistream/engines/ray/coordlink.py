@@ -55,7 +55,8 @@ class CoordinatorLink:
                     raise
                 what = f"{type(e).__name__} on {method!r}" + (f" (no answer in {timeout:g} s)" if silent else "")
                 if attempt == 2:
-                    raise RunFailed(f"the deployment's coordinator was lost twice in a row ({what}): it holds the "
+                    raise RunFailed(f"the deployment's coordinator was lost three times during one call (it and the "
+                                    f"two that replaced it; the last: {what}): it holds the "
                                     f"plan and the failure reports, so the run cannot go on; nothing after the "
                                     f"last results fetched is known to be delivered", operator="coordinator") from e
                 self.replace_coordinator(h, what, fence=silent or is_unavailable(e))

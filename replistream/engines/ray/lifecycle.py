@@ -399,7 +399,9 @@ def _settle_replicas(dep) -> dict:
     known = {h._actor_id.hex() for h in topo.handles().values() if h is not None}
     known |= {h._actor_id.hex() for h in (dep.coordinator, dep.coord._standby) if h is not None}
     orphans = [h for aid, h in dep._registry.items() if aid not in known]
-    labels = [h.stats.remote() for h in orphans]
+    # a replica says its label; a coordinator (one replaced before the host was lost, or a standby of
+    # it) has none to burn: it is stopped all the same
+    labels = [h.stats.remote() for h in orphans if _class_of(h) != "CoordinatorActor"]
     ready = set(ray.wait(labels, num_returns=len(labels), timeout=2.0)[0]) if labels else set()
     burned, unnamed = [], 0
     for ref in labels:
@@ -462,6 +464,12 @@ def _settle_replicas(dep) -> dict:
             "dead": [d for d, _ in dead],
             "pending": pending, "repairing": repairing, "discards_finished": finished,
             "entries": [label for label, _ in topo.running(ENTRY)]}
+
+
+def _class_of(h) -> str | None:
+    """The class name of actor handle ``h`` (None if Ray does not say)."""
+    descriptor = getattr(h, "_ray_actor_creation_function_descriptor", None)
+    return getattr(descriptor, "class_name", None)
 
 
 def _answer(ref) -> int:
