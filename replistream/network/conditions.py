@@ -7,6 +7,7 @@ would; :func:`delivery_times` is the same for many messages on one link at once
 from __future__ import annotations
 
 import math
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -30,7 +31,10 @@ class NetworkConditions(LatencyModel):
     * :meth:`restore`: ends the overrides active at a time.
 
     ``end=None`` means "until restored". Overrides are plain tuples, so the
-    object pickles with its base model.
+    object pickles with its base model. Overrides may be added from one thread
+    while another pickles the object (a fault injected while a replica is
+    started with the conditions): a lock keeps each change whole, and what is
+    pickled is a copy taken under it.
 
     >>> net = NetworkConditions(ZeroLatency(["a", "b"]))
     >>> net.add_delay("a", "b", 5, 10, 40.0)
@@ -55,6 +59,18 @@ class NetworkConditions(LatencyModel):
         self._links: dict[tuple[str, str], list[list]] = {}
         # server -> list of [start, end, factor]
         self._slow: dict[str, list[list]] = {}
+        self._lock = threading.Lock()  # a leaf lock: held around one change or one copy, nothing inside
+
+    def __getstate__(self) -> dict:
+        with self._lock:
+            state = {k: v for k, v in self.__dict__.items() if k != "_lock"}
+            state["_links"] = {key: [list(ov) for ov in ovs] for key, ovs in self._links.items()}
+            state["_slow"] = {key: [list(ov) for ov in ovs] for key, ovs in self._slow.items()}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # -- installing overrides ----------------------------------------------
     @staticmethod
@@ -74,8 +90,9 @@ class NetworkConditions(LatencyModel):
             raise ValueError(f"a link needs two different servers, got {a!r} twice")
         self._known(a, b)
         s, e = self._interval(start, end)
-        for src, dst in ((a, b), (b, a)) if both else ((a, b),):
-            self._links.setdefault((src, dst), []).append([kind, s, e, extra])
+        with self._lock:
+            for src, dst in ((a, b), (b, a)) if both else ((a, b),):
+                self._links.setdefault((src, dst), []).append([kind, s, e, extra])
 
     def add_delay(self, a: str, b: str, start: float, end: float | None, extra_ms: float,
                   both_directions: bool = True) -> None:
@@ -96,7 +113,8 @@ class NetworkConditions(LatencyModel):
         if not (f >= 1.0 and math.isfinite(f)):
             raise ValueError(f"factor must be a finite number >= 1, got {factor!r}")
         s, e = self._interval(start, end)
-        self._slow.setdefault(name, []).append([s, e, f])
+        with self._lock:
+            self._slow.setdefault(name, []).append([s, e, f])
 
     def restore(self, a: str | None = None, b: str | None = None, server: str | None = None,
                 *, at: float) -> None:
@@ -120,23 +138,25 @@ class NetworkConditions(LatencyModel):
                 return server in (src, dst)
             return True
 
-        for (src, dst), ovs in self._links.items():
-            if links_match(src, dst):
-                for ov in ovs:
-                    if ov[1] <= t < ov[2]:
-                        ov[2] = t
-        if a is None:
-            for name, ovs in self._slow.items():
-                if server is None or name == server:
+        with self._lock:
+            for (src, dst), ovs in self._links.items():
+                if links_match(src, dst):
                     for ov in ovs:
-                        if ov[0] <= t < ov[1]:
-                            ov[1] = t
+                        if ov[1] <= t < ov[2]:
+                            ov[2] = t
+            if a is None:
+                for name, ovs in self._slow.items():
+                    if server is None or name == server:
+                        for ov in ovs:
+                            if ov[0] <= t < ov[1]:
+                                ov[1] = t
 
     # -- reading -----------------------------------------------------------
     def overrides(self) -> list[tuple]:
         """All overrides as plain tuples ``(kind, src_or_server, dst_or_None, start, end, value)``."""
-        out = [(k, src, dst, s, e, x) for (src, dst), ovs in self._links.items() for k, s, e, x in ovs]
-        out += [("slow", name, None, s, e, f) for name, ovs in self._slow.items() for s, e, f in ovs]
+        with self._lock:
+            out = [(k, src, dst, s, e, x) for (src, dst), ovs in self._links.items() for k, s, e, x in ovs]
+            out += [("slow", name, None, s, e, f) for name, ovs in self._slow.items() for s, e, f in ovs]
         return out
 
     def slowdown(self, name: str, t: float) -> float:
@@ -173,7 +193,9 @@ class NetworkConditions(LatencyModel):
         names = self.names if names is None else list(names)
         m = np.array(self.base.matrix(names, t), dtype=np.float64)
         pos = {n: i for i, n in enumerate(names)}
-        for (a, b) in self._links:
+        with self._lock:
+            links = list(self._links)
+        for (a, b) in links:
             if a in pos and b in pos:
                 m[pos[a], pos[b]] = self._adjust(a, b, t, float(m[pos[a], pos[b]]))
         return m

@@ -514,3 +514,25 @@ def test_delivery_time_is_never_before_send_or_inside_a_cut(t, cut_start, cut_le
         assert d <= cut_start + cut_len + 0.02 + 1e-3
     else:
         assert d == pytest.approx(t + 0.02)
+
+
+def test_conditions_pickle_a_copy_taken_under_their_lock():
+    """Faults are added to the conditions from one thread (a cut, a delay, a slow-down) while another
+    pickles them or reads their matrix (a replica started or told the network, a placement): the
+    state pickled is a copy taken under the conditions' lock, so a later change does not reach it,
+    and the copy pickles without the lock (a new one is made when it is read back)."""
+    from replistream.network.conditions import NetworkConditions
+    from replistream.network.latency import ZeroLatency
+
+    names = [f"s{i}" for i in range(6)]
+    net = NetworkConditions(ZeroLatency(names))
+    net.cut("s0", "s1", 0, None)
+    state = net.__getstate__()
+    net.cut("s2", "s3", 0, None)
+    net.restore("s0", "s1", at=5.0)
+    assert set(state["_links"]) == {("s0", "s1"), ("s1", "s0")} and "_lock" not in state
+    assert state["_links"][("s0", "s1")][0][2] == math.inf  # (the restore changed the live one only)
+    back = pickle.loads(pickle.dumps(net))
+    assert back.overrides() == net.overrides() and back.latency_ms("s2", "s3", 1.0) == math.inf
+    back.cut("s4", "s5", 0, 1)  # its lock is its own
+    assert back.matrix(["s4", "s5"], 0.5)[0, 1] == math.inf and len(net.overrides()) == 4
