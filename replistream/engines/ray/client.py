@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 
 import ray
@@ -173,10 +174,16 @@ def _settle(ref) -> None:
     import threading
 
     def take():
+        from .standby import NotServing
+
         try:
             ray.get(ref, timeout=120)
-        except Exception:  # noqa: BLE001 - the call's answer came from the serving host (above)
-            pass
+        except ray.exceptions.RayTaskError as e:  # the call's answer came from the serving host (above)
+            if not isinstance(e.cause, NotServing):
+                warnings.warn(f"replistream: a call sent again to another host had also failed on the lost one: "
+                              f"{e!r}"[:500], RuntimeWarning, stacklevel=2)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass  # (the lost host never answered it: the serving one did)
 
     threading.Thread(target=take, daemon=True, name="replistream-settle").start()
 

@@ -122,8 +122,11 @@ class DeploymentHost:
 
             st = get_value(Persister.key(self.name, "options"))
             fail_after = float((st[1] if st else {}).get("fail_after_s", fail_after))
-        except Exception:  # noqa: BLE001 - the default deadline stands
-            pass
+        except Exception as e:  # noqa: BLE001 - the default deadline stands, said
+            import warnings
+
+            warnings.warn(f"replistream: the host standing by for {self.name!r} could not read its options "
+                          f"({e!r}); it fences a silent host after {fail_after:g} s", RuntimeWarning, stacklevel=2)
         self.watch = Watch(self._take_over, self.name, self.actor, fail_after, NAMESPACE,
                            log=self._seen.append).start()
 

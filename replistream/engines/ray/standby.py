@@ -192,7 +192,7 @@ class Watch:
             host = ray.get_actor(lease["actor"], namespace=self.namespace)
         except ValueError:
             return True  # no such actor any more (killed for good)
-        last_answer, ask, fenced = time.time(), None, False
+        last_answer, ask, fenced, said = time.time(), None, False, None
         while not self.stop.is_set():
             if fd is not None and select.select([fd], [], [], self.ASK_EVERY_S)[0]:
                 return True  # the process exited
@@ -214,6 +214,9 @@ class Watch:
                 except Exception as e:  # noqa: BLE001 - a death is the holder's loss; anything else is asked again
                     if is_actor_death(e) and fd is None:
                         return True
+                    if not is_actor_death(e) and repr(e) != said:  # (said once per kind of error)
+                        said = repr(e)
+                        self.log({"event": "standby_probe_error", "host": lease["actor"], "error": said[:300]})
                 ask = None
             if not fenced and time.time() - last_answer > self.fail_after_s:
                 fence_process(lease.get("pid"), lease.get("start"), lease.get("node"))
