@@ -147,7 +147,10 @@ def test_the_host_killed_stopped_then_lost_with_the_coordinator_and_the_pool(tmp
     events, ref, got = _run(tmp_path, "cp-twice", [lambda dep: _kill_host("cp-twice"), stop_host, replace_coordinator,
                                                    coordinator_too], pace=2.0)
     assert sum(e.get("event") == "control_restored" for e in events) == 3
-    assert sum(e.get("event") == "coordinator_replaced" for e in events) >= 2
+    # the coordinator killed for good is replaced once (its event written before the hosts were lost);
+    # the one SIGKILLed with the hosts is replaced either by the old host, if it noticed first (then its
+    # event may go with the host's last unwritten events), or by the restore: so at least one is on record
+    assert sum(e.get("event") == "coordinator_replaced" for e in events) >= 1
     assert_same_output(ref, got)
     assert _left_behind("cp-twice") == ([], [])
 
