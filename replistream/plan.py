@@ -79,6 +79,29 @@ def replica_index(label: str) -> int | None:
     return int(tail) if sep and tail.isdigit() else None
 
 
+def label_group(label: str) -> str:
+    """The copies a replica label belongs to: ``"agg.1"`` for ``"agg.1#0"`` (partition 1 of a
+    partitioned operator), ``"join"`` for ``"join#2"``, an application's label itself. Replicas
+    of one group are copies of one another (each processes the same input); a node's name never
+    holds a dot or a ``#``.
+
+    >>> label_group("agg.1#0"), label_group("join#2"), label_group("alerts")
+    ('agg.1', 'join', 'alerts')
+    """
+    head, sep, tail = label.rpartition("#")
+    return head if sep and tail.isdigit() else label
+
+
+def replica_partition(label: str) -> int | None:
+    """The partition of a replica label (``"agg.1#0"``: 1), None for an unpartitioned operator's.
+
+    >>> replica_partition("agg.1#0"), replica_partition("join#2"), replica_partition("entry#0")
+    (1, None, None)
+    """
+    head, sep, tail = label_group(label).rpartition(".")
+    return int(tail) if sep and head and tail.isdigit() else None
+
+
 @dataclass(frozen=True, order=True)
 class ReplicaId:
     """One replica: its group (``node``: an operator, :data:`ENTRY`, or an application) and index.

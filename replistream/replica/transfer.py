@@ -156,9 +156,11 @@ class StagedReplica:
     """
 
     def __init__(self, query: Query, node: str, channels: list[int], bits: int, strict: bool = False,
-                 max_parts: int = 8):
+                 max_parts: int = 8, groups: list | None = None):
         self.query, self.node, self.bits, self.strict = query, node, int(bits), strict
         self.channels = list(channels)
+        #: per input port, the upstream partition of each channel (None: an unpartitioned upstream)
+        self.groups = None if groups is None else [None if g is None else list(g) for g in groups]
         self._probe = query.build_logic(node, strict)
         self.max_parts = int(max_parts)
         self.owner = np.full(1 << self.bits, -1, dtype=np.int64)  # bin -> index in parts (-1: not yet)
@@ -178,10 +180,12 @@ class StagedReplica:
         self.core: ReplicaCore | None = None
 
     # -- input -----------------------------------------------------------------------
-    def add_channel(self, port: int) -> int:
+    def add_channel(self, port: int, group: int | None = None) -> int:
         self.channels[port] += 1
+        if self.groups is not None and self.groups[port] is not None:
+            self.groups[port].append(int(group))
         for part in self._live():
-            part.core.add_channel(port)
+            part.core.add_channel(port, group)
         return self.channels[port] - 1
 
     def _live(self) -> list[_Part]:
@@ -237,7 +241,7 @@ class StagedReplica:
         ck = ReplicaCheckpoint(checkpoint.node, checkpoint.filters, checkpoint.sorters,
                                checkpoint.logic.select(bins), [], checkpoint.output_acked,
                                dead_letters=checkpoint.dead_letters)
-        core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False)
+        core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False, groups=self.groups)
         bound = [int(f.applied_ts.max()) if len(f.applied_ts) else NO_PUNCTUATION for f in checkpoint.filters]
         idx = len(self.parts)
         self.parts.append(_Part(core, bins, bound))
@@ -326,7 +330,7 @@ class StagedReplica:
             for m in members:
                 if m is not base:  # its core holds only its own bins: its whole state is theirs
                     logic.install_bins(m.core.logic.checkpoint(self.bits), m.bins)
-            core = ReplicaCore(self.query, self.node, self.channels, self.strict, retain=False)
+            core = ReplicaCore(self.query, self.node, self.channels, self.strict, retain=False, groups=self.groups)
             for f, st in zip(core.filters, filters):
                 f.restore(st)
             core.logic = logic
@@ -335,7 +339,8 @@ class StagedReplica:
         else:
             state = OperatorState.merge([m.core.logic.checkpoint(self.bits) for m in members])
             ck = ReplicaCheckpoint(self.node, tuple(filters), None, state, [], NO_PUNCTUATION, dead_letters=letters)
-            core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False)
+            core = ReplicaCore.from_checkpoint(self.query, ck, self.channels, self.strict, retain=False,
+                                               groups=self.groups)
         part = _Part(core, np.concatenate([m.bins for m in members]),
                      [max(m.bound[i] for m in members) for i in range(ports)], sum(m.steps for m in members))
         idx = len(self.parts)

@@ -51,6 +51,8 @@ from typing import Any
 import numpy as np
 import ray
 
+from ...partition import DEFAULT_BITS, BinMap, Router, parse_partition_label, partition_label
+from ...plan import label_group
 from ...replica import ReplicaCore, StagedReplica
 from ...schema import END, TS, Marker, Punctuation
 from ...sinks import SinkWriter
@@ -80,6 +82,11 @@ class _Base:
         self.network = network
         self.t0 = t0
         self.channel_opts = dict(channel_opts)
+        #: ``{operator: p}`` of the deployment's partitioned operators and the bits of their bins
+        #: (issue #41): a link to a partition's replica carries that partition's share only
+        self.partitions: dict[str, int] = dict(self.channel_opts.pop("partitions", None) or {})
+        self.bits: int = int(self.channel_opts.pop("bits", None) or DEFAULT_BITS)
+        self._routers: dict[str, Router] = {}
         #: The deployment this actor belongs to (``channel_opts["epoch"]``): a packet or report of
         #: another deployment (an old sender of a pooled actor's previous life) is rejected, named.
         self.epoch = self.channel_opts.get("epoch")
@@ -274,7 +281,18 @@ class _Base:
         since its downstream replicas' last common acknowledgement (a new or
         revived downstream replica, or a revived stream replica; Hwang §V-C).
         Returns the number of tuples replayed."""
-        return self._outbox(stream).add_link(Link(label, server, handle, port, channel), replay=replay)
+        return self._outbox(stream).add_link(self._link(label, server, handle, port, channel), replay=replay)
+
+    def _link(self, label: str, server: str, handle, port: int, channel: int) -> Link:
+        """A link to ``label``; to a replica of a partitioned operator (``"agg.1#0"``) it carries
+        the share of the stream its partition owns (:class:`~replistream.partition.Router`)."""
+        node, part = parse_partition_label(label_group(label))
+        if part is None or node not in self.partitions:
+            return Link(label, server, handle, port, channel)
+        router = self._routers.get(node)
+        if router is None:
+            router = self._routers[node] = Router(self.query, node, BinMap.even(self.partitions[node], self.bits))
+        return Link(label, server, handle, port, channel, router=router, partition=part)
 
     def connect_for_transfer(self, stream: str, label: str, server: str, handle, port: int, channel: int) -> int:
         """Add a stream replica to a staged transfer's receiver *without* replay, and return its
@@ -291,7 +309,7 @@ class _Base:
         ob = self._outbox(stream)
         with ob.lock:  # re-entrant: add_link takes it too; nothing is flushed between the two
             mark = ob.log.bound()
-            ob.add_link(Link(label, server, handle, port, channel), replay=False)
+            ob.add_link(self._link(label, server, handle, port, channel), replay=False)
         return int(mark)
 
     def _emit(self, outbox: Outbox, out: list) -> None:
@@ -532,8 +550,14 @@ class ReplicaActor(_Base):
     """
 
     def __init__(self, query, node: str, index: int, server: str, channels: list[int], network, t0: float,
-                 channel_opts: dict, coordinator=None, strict: bool = False, pending: bool = False):
-        self._setup(f"{node}#{index}", server, network, t0, channel_opts, coordinator)
+                 channel_opts: dict, coordinator=None, strict: bool = False, pending: bool = False,
+                 partition: int | None = None, groups: list | None = None):
+        group = node if partition is None else partition_label(node, partition)
+        self._setup(f"{group}#{index}", server, network, t0, channel_opts, coordinator)
+        #: the partition this replica is of (None: its operator is not partitioned), and per input
+        #: port the upstream partition of each channel (None: the upstream is not partitioned)
+        self.partition = partition
+        self.groups = None if groups is None else [None if g is None else list(g) for g in groups]
         self.dormant_every: float | None = None  # keep_dormant(): checkpoints to the coordinator
         self._dormant_last, self._dormant_ref = 0.0, None
         self.node = node
@@ -541,7 +565,7 @@ class ReplicaActor(_Base):
         self.strict = strict
         self.n_ports = len(channels)
         self.channels = list(channels)
-        self.core = None if pending else ReplicaCore(query, node, channels, strict)
+        self.core = None if pending else ReplicaCore(query, node, channels, strict, groups=self.groups)
         self.buffered: list[tuple[int, int, list]] = []  # (port, channel, packet) while pending
         self.installed: dict | None = None  # what install() put in place
         # staged transfer (Megaphone §3.3, engines/ray/transfer.py): as receiver, the StagedReplica
@@ -603,17 +627,27 @@ class ReplicaActor(_Base):
         return (self.failure is None and self.core is not None and self.staged is None and not self.buffered
                 and not self.steps_installed and not self.step_requests and not self.steps_taken)
 
-    def add_channel(self, port: int) -> int:
-        """A new upstream replica will feed ``port``: returns its channel index."""
+    def add_channel(self, port: int, group: int | None = None) -> int:
+        """A new upstream replica will feed ``port`` (from upstream partition ``group`` when the
+        upstream is partitioned): returns its channel index."""
         with self.lock:
             if self.core is None and self.staged is not None:
                 with self.staged_lock:
                     self.channels[port] += 1
-                    return self.staged.add_channel(port)
+                    self._add_group(port, group)
+                    return self.staged.add_channel(port, group)
             if self.core is None:
                 self.channels[port] += 1
+                self._add_group(port, group)
                 return self.channels[port] - 1
-            return self.core.filters[port].add_channel()
+            self._add_group(port, group)
+            return self.core.add_channel(port, group)
+
+    def _add_group(self, port: int, group: int | None) -> None:
+        if self.groups is not None and self.groups[port] is not None:
+            if group is None:
+                raise ValueError(f"{self.label}: a new channel on port {port} needs its upstream partition")
+            self.groups[port].append(int(group))
 
     def checkpoint(self):
         """This replica's hand-over checkpoint (docs/design.md, decision 7): its core's state, and as
@@ -660,10 +694,11 @@ class ReplicaActor(_Base):
         started = time.time()
         with self.lock:
             if checkpoint is None:
-                self.core = ReplicaCore(self.query, self.node, self.channels, self.strict)
+                self.core = ReplicaCore(self.query, self.node, self.channels, self.strict, groups=self.groups)
                 info = {"checkpoint": None}
             else:
-                self.core = ReplicaCore.from_checkpoint(self.query, checkpoint, self.channels, self.strict, retain=False)
+                self.core = ReplicaCore.from_checkpoint(self.query, checkpoint, self.channels, self.strict, retain=False,
+                                                        groups=self.groups)
                 info = {"checkpoint": checkpoint.summary()}
                 if checkpoint.output:
                     # the peer's retained output becomes ours: links added later replay it
@@ -691,7 +726,7 @@ class ReplicaActor(_Base):
         if self.core is not None or self.staged is not None:
             raise RuntimeError(f"{self.label} is not waiting for a checkpoint")
         with self.lock:
-            self.staged = StagedReplica(self.query, self.node, self.channels, bits, self.strict)
+            self.staged = StagedReplica(self.query, self.node, self.channels, bits, self.strict, groups=self.groups)
             self.staged_lock = lockorder.lock("ReplicaActor.staged_lock", 2)
             self.started_transfer = time.time()
             self.inbox = deque(("push", p, c, pk) for p, c, pk in self.buffered)
@@ -1077,6 +1112,7 @@ class EntryActor(_Base):
                  coordinator=None, strict: bool = False, on_malformed: str = "dead_letter"):
         sources = query.sources
         self._setup(f"entry#{index}", server, network, t0, channel_opts, coordinator)
+        self.query = query  # (a link to a partitioned operator routes by its key: _link)
         self.index = index
         self.entries = {name: query.build_entry(name, strict, on_malformed) for name in sources}
         self.expected = {name: 0 for name in sources}
@@ -1255,13 +1291,13 @@ class SinkActor(_Base):
 
     def __init__(self, query, node: str, server: str, channels: list[int], network, t0: float,
                  channel_opts: dict, coordinator=None, strict: bool = False, parquet_dir: str | None = None,
-                 time_origin: float | None = None, label: str | None = None, sink=None):
+                 time_origin: float | None = None, label: str | None = None, sink=None, groups: list | None = None):
         self._setup(label or node, server, network, t0, channel_opts, coordinator)
         # a ParquetSink (replistream.sinks): this replica writes the application's files itself
         self.writer = None if sink is None else SinkWriter(sink, node, self.label)
         self.keep = sink is None or sink.keep  # tuples also kept for the driver's fetches
         self.node = node
-        self.core = ReplicaCore(query, node, channels, strict)
+        self.core = ReplicaCore(query, node, channels, strict, groups=groups)
         self.schema = query.schema_of(node)
         self.batches: list[np.ndarray] = []
         self.arrivals: list[np.ndarray] = []
@@ -1369,10 +1405,11 @@ class SinkActor(_Base):
     def _reusable(self) -> bool:
         return self.failure is None and self.parquet_dir is None and self.writer is None
 
-    def add_channel(self, port: int) -> int:
-        """A new upstream replica will feed ``port``: returns its channel index."""
+    def add_channel(self, port: int, group: int | None = None) -> int:
+        """A new upstream replica will feed ``port`` (from upstream partition ``group`` when the
+        upstream is partitioned): returns its channel index."""
         with self.lock:
-            return self.core.filters[port].add_channel()
+            return self.core.add_channel(port, group)
 
     def _delay(self) -> float:
         if self.done.is_set():

@@ -82,6 +82,15 @@ class Changes:
                                                          bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms,
                                                          lag_ms=lag_ms)
 
+    def _unpartitioned(self, what: str) -> None:
+        """Changes of the running query are not yet made to a deployment with partitioned operators:
+        said in one line before anything changes."""
+        parts = self.plane.channel_opts.get("partitions") or {}
+        if parts:
+            raise ValueError(f"{what}() does not yet run on a deployment with partitioned operators "
+                             f"({', '.join(f'{n}: {p}' for n, p in sorted(parts.items()))}); deploy without "
+                             f"parallelism= to change the running query")
+
     def transfers(self) -> list[dict]:
         """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""
         return [] if self.plane.manager is None else [dict(t) for t in self.plane.manager.transfers]
@@ -106,6 +115,7 @@ class Changes:
         >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
         15000000
         """
+        self._unpartitioned("replace_function")
         return reconfigure.replace_function(self.plane, operator, fn)
 
     def add_operator(self, upstream: str, build: Callable, servers=None) -> dict:
@@ -119,6 +129,7 @@ class Changes:
         ...                  .sink("very_hot_alerts"))["added"]                      # doctest: +SKIP
         ['very_hot', 'very_hot_alerts']
         """
+        self._unpartitioned("add_operator")
         return reconfigure.add_operator(self.plane, upstream, build, servers)
 
     def remove_operator(self, operator: str) -> dict:
@@ -129,6 +140,7 @@ class Changes:
         >>> dep.remove_operator("load_per_minute")["removed"]      # doctest: +SKIP
         ['load_per_minute', 'load_stats']
         """
+        self._unpartitioned("remove_operator")
         return reconfigure.remove_operator(self.plane, operator)
 
     def set_replication(self, operator: str, k: int) -> dict:
@@ -138,4 +150,5 @@ class Changes:
         >>> dep.set_replication("correlate", 3)["added"]      # doctest: +SKIP
         ['correlate#2']
         """
+        self._unpartitioned("set_replication")
         return reconfigure.set_replication(self.plane, operator, k)

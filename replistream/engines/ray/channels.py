@@ -89,6 +89,29 @@ class Link:
     blocked_since: float | None = None
     drop_reason: str | None = None
     replayed: int = 0  # tuples replayed from the retention log when the link was added
+    #: to a replica of a partitioned operator: the router of that operator's input and the
+    #: receiver's partition; the link carries that partition's share of each batch (issue #41)
+    router: Any = None
+    partition: int | None = None
+
+    def share(self, packet: list, cache: dict | None = None) -> tuple[list, int]:
+        """``(items, tuples)`` this link carries of ``packet``: all of it, or for a partition's
+        replica its tuples' share and every punctuation and marker (``cache``: the packet's
+        split per (router, port), shared by the links of one flush).
+
+        >>> Link("g#0", "b", None, 0, 0).share([Punctuation(3)])
+        ([Punctuation(3)], 0)
+        """
+        if self.router is None:
+            return packet, sum(len(it) for it in packet if not isinstance(it, CONTROL))
+        key = (id(self.router), self.port)
+        parts = None if cache is None else cache.get(key)
+        if parts is None:
+            parts = self.router.route(self.port, packet)
+            if cache is not None:
+                cache[key] = parts
+        mine = parts[self.partition]
+        return mine, sum(len(it) for it in mine if not isinstance(it, CONTROL))
 
 
 def gone_key(label: str, port: int) -> str:
@@ -189,12 +212,12 @@ class Outbox:
         with self.lock:
             n = 0
             if replay and len(self.log):
-                packet = coalesce(self.log.items())
-                n = self.log.tuples
-                now = time.time()
-                due = self._due(link, now)
-                link.last_due = due
-                link.queue.append((due, packet, now, n))
+                packet, n = link.share(coalesce(self.log.items()))
+                if packet:
+                    now = time.time()
+                    due = self._due(link, now)
+                    link.last_due = due
+                    link.queue.append((due, packet, now, n))
                 link.replayed = n
             self.links.append(link)
             # a hold left by this stream replica's discard (remove_link(..., hold=True)) is no
@@ -336,9 +359,13 @@ class Outbox:
         # the object store is owned by this actor, and a receiver that still has
         # calls carrying objects of a dead owner stalls about a second per object
         # (measured on Ray 2.60). Inlined arguments (see RAY_SYSTEM_CONFIG) do not.
+        split: dict = {}  # a partition's share, cut once per (router, port) for every link of this flush
         for link, due in zip(live, dues):
+            mine, n = link.share(packet, split)
+            if not mine:
+                continue  # nothing of this packet is its partition's (punctuations go to every one)
             link.last_due = due
-            link.queue.append((due, packet, now, tuples))
+            link.queue.append((due, mine, now, n))
             if len(link.queue) > self.max_queued:
                 self._drop_locked(link, f"network queue over {self.max_queued} packets (link cut or far too slow)",
                                   hold=True)

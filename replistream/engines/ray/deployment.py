@@ -28,6 +28,7 @@ import numpy as np
 import ray
 
 from ...placement.nodes import ray_options
+from ...partition import DEFAULT_BITS, check_parallelism
 from ...plan import PhysicalPlan
 from ...query import Query, check_on_error
 from ...keywords import checked_keywords  # (#44) deploy(..., paralelism=2): "did you mean", every keyword
@@ -271,7 +272,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
            app_replicas: int = 1, spares: int = 0, repair: bool = False,
            suspect_after_s: float = DEFAULT_SUSPECT_AFTER_S, fail_after_s: float = DEFAULT_FAIL_AFTER_S,
            progress: bool | None = None, sinks: Mapping[str, Any] | None = None, name: str | None = None,
-           detached: bool = False) -> Deployment:
+           detached: bool = False, parallelism: Mapping[str, int] | None = None, bits: int | None = None) -> Deployment:
     """Deploy ``query`` with ``k`` replicas of every operator on distinct servers.
 
     ``servers``: a count, city names, :class:`~replistream.network.Server`
@@ -319,8 +320,12 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     ``progress``: a phase line on stderr while the call runs, when stderr is a
     terminal and only after 2 s (None: unless :func:`replistream.quiet`;
     False: never; True: also after ``quiet()``); the deployment's ``run()``
-    uses the same setting. Every error in the request is raised before any
-    actor starts.
+    uses the same setting. ``parallelism``: ``{operator: p}`` runs each named
+    operator as ``p`` key partitions, each with ``k`` replicas (labelled
+    ``"op.P#R"``); every upstream replica sends each tuple to the replicas of
+    the partition that owns its key's bin, one of ``2**bits`` (default 2^12;
+    docs/design.md, "Partitions"). Every error in the request is raised before
+    any actor starts.
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
@@ -337,6 +342,13 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     conditions = resolve_network(network, servers, seed)
     placement_net = placement_network(conditions, given_servers)
     plan, placed = resolve_placement_with_cost(query, servers, k, placement, placement_net)
+    bits = DEFAULT_BITS if bits is None else bits
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 0 <= int(bits) <= 20:
+        raise ValueError(f"bits must be an integer from 0 to 20 (2**bits bins of keys), got {bits!r}")
+    parallelism = check_parallelism(query, parallelism, int(bits))
+    if parallelism and gc is not None:
+        raise ValueError(f"gc= (garbage collection and revival) does not yet run with partitioned operators "
+                         f"({sorted(parallelism)}); deploy without gc=, or without parallelism=")
     if isinstance(app_replicas, bool) or not isinstance(app_replicas, (int, np.integer)) or \
             not 1 <= app_replicas <= len(servers):
         raise ValueError(f"app_replicas must be an integer between 1 and {len(servers)} (the servers), "
@@ -402,7 +414,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         init_ray(address, **(ray_init or {}))
         ship_user_code(query)
         channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
-                        "drop_after_s": drop_after_s,
+                        "drop_after_s": drop_after_s, "partitions": dict(parallelism), "bits": int(bits),
                         "epoch": uuid.uuid4().hex}  # this deployment's: in every packet and report
         plane = ControlPlane(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
                              parquet_dir, cluster, gc, suspect_after_s=suspect_after_s, fail_after_s=fail_after_s,

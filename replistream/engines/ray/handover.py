@@ -13,7 +13,7 @@ from typing import Any
 import ray
 
 from ...gc import OperatorReplica, RevivalEvent, StreamReplica
-from ...plan import group_of
+from ...plan import group_of, label_group, replica_partition
 from ...replica.handover import missing_feeders, rank_peers, shares_feeders
 from ...replica.transfer import STRATEGIES, splittable
 from .channels import NO_ACK
@@ -109,7 +109,7 @@ class HandOver:
         ``add``, discards ``label`` and its stream replicas)."""
         topo = self.mgr.topology
         old = topo.replica(label)
-        new_label = topo.next_label(old.operator)
+        new_label = topo.next_label(label_group(label))  # of its partition, for a partitioned operator
         new = OperatorReplica(new_label, old.operator, server, "operator", "live", old.stateful)
         q = self.mgr.dep.query
         streams = []
@@ -203,7 +203,7 @@ class HandOver:
         topo = self.mgr.topology
         dst = topo.handle(s.dst)
         try:
-            ch = ray.get(dst.add_channel.remote(s.port), timeout=60)
+            ch = ray.get(dst.add_channel.remote(s.port, replica_partition(s.src)), timeout=60)
         except Exception as e:
             if not is_actor_death(e):
                 raise
@@ -258,14 +258,20 @@ class HandOver:
         topo = self.mgr.topology
         n_ports = len(self.mgr.dep.query.inputs_of(rep.operator))
         channels = [0] * n_ports
+        groups: list = [None] * n_ports  # per port, each channel's upstream partition (a partitioned upstream)
         chan_of = {}
         for s in ins:
             chan_of[s.id] = channels[s.port]
             channels[s.port] += 1
+            part = replica_partition(s.src)
+            if part is not None:
+                groups[s.port] = (groups[s.port] or []) + [part]
         for p in range(n_ports):
             if channels[p] == 0:
                 raise RuntimeError(f"cannot start {rep.label}: no live upstream replica feeds its port {p}")
-        h = self.mgr.dep.start_replica(rep.label, channels, pending=True)
+        if any(g is not None and len(g) != c for g, c in zip(groups, channels)):
+            raise RuntimeError(f"cannot start {rep.label}: a port is fed by partitioned and unpartitioned replicas")
+        h = self.mgr.dep.start_replica(rep.label, channels, pending=True, groups=groups)
         calls = []
         for s in ins:
             src = topo.handle(s.src)
@@ -302,8 +308,7 @@ class HandOver:
         ``pending``), those whose inputs share a feeder with ``label`` on every port first, those on
         a server over the load bound (:meth:`rebalance`) last."""
         topo = self.mgr.topology
-        op = topo.replica(label).operator
-        candidates = [r.label for r in topo.replicas(op, state="live") if r.label != label
+        candidates = [r.label for r in topo.copies(label, state="live") if r.label != label
                       and topo.is_running(r.label) and r.label not in pending]
         ranked = rank_peers(label, candidates, topo.streams())
         return sorted(ranked, key=lambda p: topo.server(p) in self.mgr.overloaded)  # stable: overloaded ones last

@@ -23,7 +23,7 @@ import ray
 
 from ...errors import RunFailed, UserFunctionError
 from ...operators.base import NO_PUNCTUATION
-from ...plan import ENTRY
+from ...plan import ENTRY, label_group
 from .common import READY_S, fence_process, is_actor_death, is_unavailable
 
 __all__ = ["Monitor"]
@@ -303,6 +303,15 @@ class Monitor:
             self.plane.events.append({"t": self.plane.now(), "event": "dormant_on", "operator": op, "replica": live[0],
                                       "every_s": every})
 
+    def _groups(self) -> list[str]:
+        """Every group of copies: the entry points, each operator (each partition ``"op.P"`` of a
+        partitioned one) and each application."""
+        q, topo = self.plane.query, self.plane.topology
+        out = [ENTRY]
+        for node in [*q.operators, *q.sinks]:
+            out += list(dict.fromkeys(label_group(r.label) for r in topo.replicas(node))) or [node]
+        return out
+
     def _revive_dormant(self, node: str) -> bool:
         """Every replica of operator ``node`` is lost: revive one from its dormant checkpoint and
         the upstream output kept since (:meth:`protect_last_replicas`). False if it has none."""
@@ -364,7 +373,7 @@ class Monitor:
             # starved (or stuck) has nothing to mask with, and the run's timeout names it
             covered = node is not None and any(
                 r.label != label and self.plane.topology.is_running(r.label) and self._starved_port(r.label) is None
-                and not self.plane.detector.is_suspected(r.label) for r in self.plane.topology.replicas(node))
+                and not self.plane.detector.is_suspected(r.label) for r in self.plane.topology.copies(label))
             if port is not None and covered:
                 self.declare_failed(label, f"no live upstream replica feeds its input {port} any more (links "
                                     f"dropped: {sorted(a for a, b in self._dropped_links if b == label)})")
@@ -437,7 +446,7 @@ class Monitor:
             raise RunFailed(f"{f['operator']!r} failed ({where}): {f['error']}: {f['message']}{at}; the run cannot "
                             f"complete exactly", operator=f["operator"], replica=f["replica"], logical_time=t,
                             result=self.plane.output.collect())
-        for node in [ENTRY, *self.plane.query.operators, *self.plane.query.sinks]:
+        for node in self._groups():
             replicas = self.plane.topology.replicas(node)
             if not replicas or any(r.state == "live" for r in replicas):
                 continue

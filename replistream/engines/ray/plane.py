@@ -34,7 +34,8 @@ from typing import Any, Iterable
 import ray
 
 from ...placement.nodes import ray_options
-from ...plan import ENTRY, PhysicalPlan, ReplicaId, replica_index
+from ...partition import parse_partition_label
+from ...plan import ENTRY, PhysicalPlan, ReplicaId, label_group, replica_index
 from ...query import Query
 from . import pool
 from .actors import EntryActor, ReplicaActor, SinkActor
@@ -146,7 +147,8 @@ class ControlPlane:
         self.ts0 = 0.0  # timestamp replayed at t0 when paced
         self.events: list[dict] = []
         self.changes: list[dict] = []  # every change made to the running query (replistream.replica.changes)
-        physical = PhysicalPlan(query, plan) if restored is None else restored["physical"]
+        physical = PhysicalPlan(query, plan, parallelism=self.channel_opts.get("partitions"),
+                                bits=self.channel_opts.get("bits")) if restored is None else restored["physical"]
         self._physical = physical  # the plan it started with (a warm spare's arguments)
         self.topology = Topology(physical) if restored is None else restored["topology"]
         if restored is None:
@@ -180,7 +182,8 @@ class ControlPlane:
             else:
                 parquet = None if parquet_dir is None or not r.application else inside(parquet_dir, r.node)
                 started.append((r.label, self._new_actor(query, r.node, r.index, server, physical.channels(r.node),
-                                                         parquet_dir=parquet)))
+                                                         parquet_dir=parquet, partition=r.partition,
+                                                         groups=physical.channel_groups(r.node))))
         rep.phase("starting replicas", total=len(started))
         for label, begun in started:
             self.topology.attach(label, self._settle(*begun))
@@ -256,21 +259,29 @@ class ControlPlane:
 
     # -- actors -----------------------------------------------------------------------------------
     def new_actor(self, query: Query, node: str, index: int, server: str, channels: list[int],
-                  pending: bool = False, parquet_dir: str | None = None):
+                  pending: bool = False, parquet_dir: str | None = None, partition: int | None = None,
+                  groups: list | None = None):
         """Start an actor for replica ``index`` of operator or application ``node`` of ``query`` on
         ``server`` (``channels``: stream replicas per input port); not registered in the topology.
-        ``pending``: it waits for a hand-over before processing (:class:`~.actors.ReplicaActor`)."""
-        return self._settle(*self._new_actor(query, node, index, server, channels, pending, parquet_dir))
+        ``pending``: it waits for a hand-over before processing (:class:`~.actors.ReplicaActor`).
+        ``partition``: of a partitioned operator; ``groups``: per input port, the upstream
+        partition of each channel (None for an unpartitioned upstream)."""
+        return self._settle(*self._new_actor(query, node, index, server, channels, pending, parquet_dir,
+                                             partition, groups))
 
     def _new_actor(self, query: Query, node: str, index: int, server: str, channels: list[int],
-                   pending: bool = False, parquet_dir: str | None = None) -> tuple:
+                   pending: bool = False, parquet_dir: str | None = None, partition: int | None = None,
+                   groups: list | None = None) -> tuple:
         opts = ray_options(self.servers[server])
+        if groups is not None and all(g is None for g in groups):
+            groups = None
         if query.spec(node).kind == "sink":
             return self._start(SinkActor, opts, query, node, server, channels, self.conditions, self.t0,
                                self.channel_opts, self.coordinator, self.strict, parquet_dir,
-                               label=ReplicaId(node, index, application=True).label, sink=self.file_sinks.get(node))
+                               label=ReplicaId(node, index, application=True).label, sink=self.file_sinks.get(node),
+                               groups=groups)
         return self._start(ReplicaActor, opts, query, node, index, server, channels, self.conditions, self.t0,
-                           self.channel_opts, self.coordinator, self.strict, pending)
+                           self.channel_opts, self.coordinator, self.strict, pending, partition, groups)
 
     def _start(self, cls, opts: dict, *args, local: bool = False, **kwargs) -> tuple:
         """Begin starting an actor of ``cls``: one kept by an earlier deployment (:mod:`.pool`),
@@ -332,12 +343,15 @@ class ControlPlane:
         """Give the actors ``handles`` the feeder's clock (``t0``, ``ts0``, pace) and wait for them."""
         ray.get([h.set_clock.remote(self.t0, self.ts0, self.speed) for h in handles], timeout=timeout)
 
-    def start_replica(self, label: str, channels: list[int], pending: bool = True):
-        """Start the actor of the topology's replica ``label`` (a revived or new one) with the
-        current query and clock and attach it; returns its handle."""
+    def start_replica(self, label: str, channels: list[int], pending: bool = True, groups: list | None = None):
+        """Start the actor of the topology's replica ``label`` (a revived or new one; ``"agg.1#2"`` of
+        a partition) with the current query and clock and attach it; returns its handle.
+        ``groups``: per input port, the upstream partition of each channel (None: unpartitioned)."""
         rep = self.topology.replica(label)
         idx = replica_index(label)
-        h = self.new_actor(self.query, rep.operator, idx if idx is not None else 0, rep.server, channels, pending)
+        _, part = parse_partition_label(label_group(label))
+        h = self.new_actor(self.query, rep.operator, idx if idx is not None else 0, rep.server, channels, pending,
+                           partition=part, groups=groups)
         self.set_clock([h])
         self.topology.attach(label, h)
         return h

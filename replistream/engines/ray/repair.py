@@ -93,7 +93,8 @@ class Repairer:
                 self.repairs.append({"replica": label, "repaired": False, "why": "the run had completed"})
                 continue
             op = self.plane.topology.replica(label).operator
-            if not any(r.state == "live" and self.plane.topology.is_running(r.label) for r in self.plane.topology.replicas(op)):
+            if not any(r.state == "live" and self.plane.topology.is_running(r.label)
+                       for r in self.plane.topology.copies(label)):  # (of its partition, when partitioned)
                 continue  # nothing to hand over from: the run fails naming the operator (check_failures)
             rec = {"replica": label, "detected_wall": detected}
             try:

@@ -19,7 +19,7 @@ import ray
 from . import lockorder
 from ...errors import merge_dead_letters
 from ...operators.base import NO_PUNCTUATION
-from ...plan import ENTRY
+from ...plan import ENTRY, label_group
 from ...summary import WaitSummary  # (#44) what wait() returns
 from ...schema import END, TS
 from ..result import RunResult
@@ -433,7 +433,10 @@ class Results:
         """
         per = {}
         for node in [ENTRY, *self.plane.query.operators, *self.plane.query.sinks]:
-            per[node] = sum(r.state == "live" for r in self.plane.topology.replicas(node)) - 1
+            live: dict[str, int] = {}  # per group of copies (each partition of a partitioned operator)
+            for r in self.plane.topology.replicas(node):
+                live[label_group(r.label)] = live.get(label_group(r.label), 0) + (r.state == "live")
+            per[node] = min(live.values(), default=0) - 1
         ops = [v for n, v in per.items() if n not in self.plane.query.sinks]
         return {"fault_tolerance": min(ops, default=0), "fault_tolerance_per_node": per}
 

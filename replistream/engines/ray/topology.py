@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 from . import lockorder
 from ...gc import OperatorReplica, Snapshot, StreamReplica
-from ...plan import ENTRY, PhysicalPlan, replica_index
+from ...plan import ENTRY, PhysicalPlan, label_group, replica_index
 
 __all__ = ["Topology", "kind_of"]
 
@@ -139,10 +139,25 @@ class Topology:
             return label in self._reps and label not in self._removed
 
     def replicas(self, node: str | None = None, state: str | None = None) -> list[OperatorReplica]:
-        """Replicas not removed (of group ``node``, in ``state``), in the order they were added."""
+        """Replicas not removed (of group ``node``, in ``state``), in the order they were added.
+        ``node`` is an operator (every partition's replicas, for a partitioned one) or one
+        partition ``"op.P"`` (its copies only)."""
         with self.lock:
             return [r for r in self._reps.values() if r.label not in self._removed
-                    and (node is None or r.operator == node) and (state is None or r.state == state)]
+                    and (node is None or r.operator == node or label_group(r.label) == node)
+                    and (state is None or r.state == state)]
+
+    def copies(self, label: str, state: str | None = None) -> list[OperatorReplica]:
+        """The replicas that are copies of ``label`` (its operator's, or its partition's), ``label``
+        included (in ``state`` if given).
+
+        >>> from replistream import Query
+        >>> q = Query(); s = q.source("s", {"k": "i8"}); _ = s.window(10, by="k", name="w").sink("app")
+        >>> topo = Topology(PhysicalPlan(q.build(), {"entry": ["a"], "w": ["a", "b"], "app": ["a"]}, parallelism={"w": 2}))
+        >>> [r.label for r in topo.copies("w.1#0")], len(topo.replicas("w"))
+        (['w.1#0', 'w.1#1'], 4)
+        """
+        return self.replicas(label_group(label), state)
 
     def handle(self, label: str):
         """The actor handle of ``label`` (None before an actor was attached)."""
@@ -186,10 +201,11 @@ class Topology:
             return set(self._removed)
 
     def next_label(self, node: str) -> str:
-        """The label a new replica of operator ``node`` gets: one past the highest index so far."""
+        """The label a new replica of operator ``node`` (or of partition ``"op.P"``) gets: one past
+        the highest index so far."""
         with self.lock:
-            idx = [replica_index(label) for label, r in self._reps.items() if r.operator == node]
-            idx += [replica_index(label) for label in self._burned if label.rpartition("#")[0] == node]
+            idx = [replica_index(label) for label in self._reps if label_group(label) == node]
+            idx += [replica_index(label) for label in self._burned if label_group(label) == node]
         idx = [i for i in idx if i is not None]
         return f"{node}#{max(idx) + 1 if idx else 0}"
 
