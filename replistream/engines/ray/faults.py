@@ -12,6 +12,7 @@ import time
 
 import ray
 
+from ...partition import parse_partition_label, partition_label
 from ...plan import ENTRY
 from ...query import resolve_operator  # (#44) kill_replica("join", 0) for join_1
 from .common import signal_process
@@ -47,9 +48,8 @@ class Faults:
         return self._signal(operator, replica, 18)
 
     def _signal(self, operator: str, replica, sig: int) -> int:
-        if f"{operator}#{replica}" not in self.plane.topology and str(operator) not in self.plane.topology:
-            operator = resolve_operator(self.plane.query, operator)  # "join" for join_1, or what to write
-        label = f"{operator}#{replica}" if f"{operator}#{replica}" in self.plane.topology else str(operator)
+        label = str(operator) if str(operator) in self.plane.topology and f"{operator}#{replica}" \
+            not in self.plane.topology else self.label_of(operator, replica)  # (an application's name itself)
         if label not in self.plane.topology or self.plane.topology.handle(label) is None:
             raise ValueError(f"no replica {label!r}; actors: {sorted(self.plane.handles)}")
         if not self.plane.topology.is_running(label):  # dead, retired or declared failed: nothing to signal
@@ -78,13 +78,34 @@ class Faults:
         self.plane.repairer.mark_failed(label, reason)
 
     def kill_replica(self, operator: str, replica: int) -> None:
-        """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point)."""
-        label = f"{operator}#{replica}"
-        if self.plane.topology.handle(label) is None:  # "join" for join_1, or a QueryError saying what to write
-            label = f"{resolve_operator(self.plane.query, operator)}#{replica}"
+        """Kill replica ``replica`` of ``operator`` (``"entry"`` for an entry point; ``"agg.1"`` for
+        partition 1 of a partitioned operator)."""
+        label = self.label_of(operator, replica)
         if self.plane.topology.handle(label) is None:
             raise ValueError(f"{operator!r} has no replica {replica}; actors: {sorted(self.plane.handles)}")
         self.kill(label, "replica killed")
+
+    def label_of(self, operator: str, replica) -> str:
+        """The label of replica ``replica`` of ``operator``: ``"join#1"``; ``operator`` may be a
+        name the query resolves (``"join"`` for ``join_1``) and, for a partitioned operator, must
+        name a partition (``"agg.1"``, ``"window.1"`` for ``window_3.1``): a ``ValueError`` names
+        the partitions otherwise.
+
+        >>> plane.faults.label_of("window.1", 0)     # doctest: +SKIP
+        'window_3.1#0'
+        """
+        label = f"{operator}#{replica}"
+        if label in self.plane.topology:
+            return label
+        base, part = parse_partition_label(str(operator))
+        node = resolve_operator(self.plane.query, base)  # "join" for join_1, or a QueryError saying what to write
+        parts = (self.plane.channel_opts.get("partitions") or {}).get(node)
+        if parts and part is None:
+            raise ValueError(f"{node!r} runs as {parts} partitions; name one of them: "
+                             f"{', '.join(partition_label(node, i) for i in range(parts))}")
+        if part is not None and not parts:
+            raise ValueError(f"{node!r} is not partitioned; name it {node!r}")
+        return f"{node if part is None else partition_label(node, part)}#{replica}"
 
     def kill_server(self, server: str) -> list[str]:
         """Kill every actor on ``server``; on a cluster with ``Server.node`` set, remove the Ray node."""
