@@ -46,9 +46,9 @@ import numpy as np
 from .errors import QueryError
 from .ids import fmix
 from .operators.base import bin_of
-from .schema import ID, Punctuation  # noqa: F401 (Punctuation: the doctests)
+from .schema import ID, TS, Punctuation  # noqa: F401 (Punctuation: the doctests)
 
-__all__ = ["DEFAULT_BITS", "BinMap", "Router", "assign_bins", "check_parallelism", "partition_key",
+__all__ = ["DEFAULT_BITS", "BinMap", "Router", "Switch", "assign_bins", "check_parallelism", "partition_key",
            "partition_label", "parse_partition_label"]
 
 #: Bits of the bin of a tuple by default: ``2**12`` bins (Megaphone's experiments use 2^8..2^12).
@@ -231,12 +231,14 @@ def partition_key(query, node: str) -> str:
                      f"leave it out of parallelism")
 
 
-def check_parallelism(query, parallelism: Mapping[str, int] | None, bits: int = DEFAULT_BITS) -> dict[str, int]:
+def check_parallelism(query, parallelism: Mapping[str, int] | None, bits: int = DEFAULT_BITS,
+                      keep_single: bool = False) -> dict[str, int]:
     """``parallelism`` checked against ``query``: ``{operator: p}`` with every name an operator of
     the query (an operator's name, or the method that made the query's only operator of its kind:
     ``"window"``), every ``p`` an integer from 1 to ``2**bits``, every operator one that can be
     partitioned (:func:`partition_key`). Returns it with operators' own names and without the
-    entries ``p == 1`` (one partition: the operator as it is). Any mistake: a one-line
+    entries ``p == 1`` (one partition: the operator as it is), unless ``keep_single`` (a deployment
+    keeps them: the operator runs as one partition ``op.0``, which it can rescale). Any mistake: a one-line
     ``QueryError`` (or ``ValueError`` for a wrong ``p``) naming it and the fix.
 
     >>> from replistream import Query
@@ -280,9 +282,45 @@ def check_parallelism(query, parallelism: Mapping[str, int] | None, bits: int = 
         partition_key(query, node)
         if node in out:
             raise QueryError(f"parallelism names {node!r} twice (as {name!r} too); name each operator once")
-        if int(p) > 1:
+        if int(p) > 1 or keep_single:
             out[node] = int(p)
     return out
+
+
+class Switch:
+    """One rescale's routing change (Megaphone §3.3): per bin, the logical time ``at[bin]`` after
+    which its tuples go to partition ``owner[bin]`` (bins that do not move: ``at`` the largest
+    time, never). Every sender holds the same switches before any tuple later than their times
+    exists, so every replica routes a tuple alike, by its content and timestamp.
+
+    >>> m = BinMap.even(1, bits=2)
+    >>> sw = Switch.between(m, BinMap.even(2, bits=2), [(2, 10), (3, 20)])
+    >>> sw.at.tolist()[:2], sw.at.tolist()[2:], sw.owner.tolist(), sw.partitions
+    ([9223372036854775807, 9223372036854775807], [10, 20], [0, 0, 1, 1], 2)
+    """
+
+    NEVER = int(np.iinfo(np.int64).max)
+
+    def __init__(self, at: np.ndarray, owner: np.ndarray, partitions: int):
+        self.at = np.asarray(at, dtype=np.int64)
+        self.owner = np.asarray(owner, dtype=np.int64)
+        self.partitions = int(partitions)
+
+    @classmethod
+    def between(cls, old: BinMap, new: BinMap, times: Iterable[tuple[int, int]]) -> "Switch":
+        """The switch from ``old`` to ``new``, bin ``b`` switching at time ``t`` for each
+        ``(b, t)`` of ``times`` (every bin whose owner changes must be given)."""
+        at = np.full(len(old.owner), cls.NEVER, dtype=np.int64)
+        for b, t in times:
+            at[int(b)] = int(t)
+        moving = np.flatnonzero(old.owner != new.owner)
+        if (at[moving] == cls.NEVER).any():
+            raise ValueError(f"bins {moving[at[moving] == cls.NEVER][:5].tolist()} change owner with no time")
+        return cls(at, new.owner.copy(), new.partitions)
+
+    def __repr__(self) -> str:
+        moving = self.at != self.NEVER
+        return f"Switch({int(moving.sum())} bins to {self.partitions} partitions)"
 
 
 class Router:
@@ -304,15 +342,25 @@ class Router:
     [2, 1, 2]
     """
 
-    def __init__(self, query, node: str, binmap: BinMap):
+    def __init__(self, query, node: str, binmap: BinMap, moves: Iterable["Switch"] = ()):
         self.node = node
         self.by = partition_key(query, node)
         self.binmap = binmap
+        #: the rescales so far, in order (:class:`Switch`): from each one's time on, per bin, the
+        #: tuples go to that rescale's owner
+        self.moves: tuple[Switch, ...] = tuple(moves)
+        for m in self.moves:
+            if len(m.owner) != len(binmap.owner):
+                raise ValueError(f"a switch of {len(m.owner)} bins on a map of {len(binmap.owner)}")
         self._logic = query.build_logic(node) if self.by == "key" else None
 
     @property
     def partitions(self) -> int:
-        return self.binmap.partitions
+        return max([self.binmap.partitions, *(m.partitions for m in self.moves)])
+
+    def final(self) -> BinMap:
+        """The bin map for tuples later than every switch (the owners after the last rescale)."""
+        return self.binmap if not self.moves else BinMap(self.moves[-1].owner, self.moves[-1].partitions)
 
     def key_hash(self, port: int, batch: np.ndarray) -> np.ndarray:
         """The 64-bit hash whose top bits are each tuple's bin: the operator's key hash (the
@@ -326,12 +374,19 @@ class Router:
         return bin_of(self.key_hash(port, batch), self.binmap.bits)
 
     def partition_of(self, port: int, batch: np.ndarray) -> np.ndarray:
-        """Each tuple's partition (int64)."""
-        return self.binmap.owner[self.bins(port, batch)]
+        """Each tuple's partition (int64): its bin's owner, or after a rescale's switch time for
+        its bin (``ts > at[bin]``), that rescale's owner."""
+        bins = self.bins(port, batch)
+        owner = self.binmap.owner[bins]
+        if self.moves:
+            ts = batch[TS]
+            for m in self.moves:
+                owner = np.where(ts > m.at[bins], m.owner[bins], owner)
+        return owner
 
     def split(self, port: int, batch: np.ndarray) -> list[np.ndarray]:
         """``batch`` cut into one batch per partition (some empty), each keeping ``batch``'s order."""
-        p = self.binmap.partitions
+        p = self.partitions
         if not len(batch):
             return [batch[:0]] * p
         part = self.partition_of(port, batch)
@@ -345,7 +400,7 @@ class Router:
     def route(self, port: int, items: Iterable) -> list[list]:
         """Per partition, the items it receives: each batch's share of tuples (empty shares left
         out), and every punctuation and marker."""
-        p = self.binmap.partitions
+        p = self.partitions
         out: list[list] = [[] for _ in range(p)]
         for it in items:
             if isinstance(it, np.ndarray):

@@ -165,7 +165,10 @@ class ReplicaCore:
     def __init__(self, query: Query, node: str, channels: list[int] | None = None, strict: bool = False,
                  retain: bool = False, groups: list | None = None):
         self.node = node
+        self.query, self.strict = query, strict  # (a rescale's step builds the logic again: replica/rescale.py)
         self.output_log: ReplayLog | None = ReplayLog() if retain else None
+        #: the steps of rescales this replica gives or takes bins in (:class:`~.rescale.Moves`), or None
+        self.moves = None
         self.logic: OperatorLogic = query.build_logic(node, strict)
         n = self.logic.n_inputs
         if channels is not None and len(channels) != n:
@@ -203,8 +206,12 @@ class ReplicaCore:
                 sorted_items.extend(self.sorters[port].process(0, it))
             items = sorted_items
         out: list[Item] = []
-        for it in items:
-            out.extend(self.logic.process(port, it))
+        if self.moves is not None:  # bins moving between partitions (a rescale): replica/rescale.py
+            for it in items:
+                out.extend(self.moves.feed(self, port, it))
+        else:
+            for it in items:
+                out.extend(self.logic.process(port, it))
         if self.output_log is not None and out:
             self.output_log.append(out)
         return out

@@ -1,0 +1,210 @@
+"""Bins that move between the partitions of a running operator (a rescale, issue #41; Megaphone,
+Hoffmann et al. 2019, §3.3), at one replica.
+
+A rescale changes which partition owns some bins from logical time ``at`` on: every sender routes
+a tuple of a moving bin with ``ts > at`` to the new owner, and one with ``ts <= at`` to the old
+one (:class:`~replistream.partition.Switch`). Each replica of either partition holds the
+:class:`Move` steps that concern it in a :class:`Moves`, which its core consults for every item
+after the duplicate filter (:meth:`~replistream.replica.ReplicaCore.process`):
+
+* **giving** (the old owner): when the logic's watermark is about to pass ``at`` (a punctuation
+  that takes it past), the logic first takes the punctuation ``at`` alone (closing every window
+  that ends by ``at``, with every tuple of the moving bins it will ever get: all of them have
+  ``ts <= at``), then the state of the moving bins is taken out of it and kept in
+  :attr:`Moves.shipped` for the replica to send, then the punctuation goes on. The old owner
+  never again holds those bins.
+* **taking** (the new owner): the tuples of the moving bins (all with ``ts > at``) wait, in the
+  order they came, until the state arrives; if the logic's watermark reaches ``at`` first, the
+  logic takes the punctuation ``at`` and then everything waits (no punctuation past ``at`` may
+  leave before the bins' windows are there). :meth:`Moves.install` adds the state (the first
+  copy from any replica of the old owner: they are identical, decision 1) and lets the waiting
+  items through in order.
+
+Why the output stays exact: a moving bin's tuples up to ``at`` are processed by the old owner,
+those after by the new owner starting from the old owner's state at ``at``; so the bin's state
+evolves through exactly the tuples, in the same per-port order, as in one partition. A window
+ending by ``at`` is emitted by the old owner only (the new owner gets its state after it closed);
+one ending after ``at`` by the new owner only (the old owner gave it away before closing it). Ids
+of outputs are functions of content (decision 1), so the downstream duplicate filters are
+unchanged.
+
+>>> from replistream import Query
+>>> from replistream.replica import ReplicaCore
+>>> from replistream.schema import Punctuation
+>>> q = Query(); s = q.source("s", {"k": "i8"})
+>>> _ = s.window(10, by="k", name="w").sink("out"); q = q.build()
+>>> old, new = ReplicaCore(q, "w", channels=[1]), ReplicaCore(q, "w", channels=[1])
+>>> step = Move("r1/0", "w", at=5, bins=(0, 1), bits=1, src=0, dst=1)
+>>> old.moves, new.moves = Moves([step], partition=0), Moves([step], partition=1)
+>>> b = q.schema_of("s").from_columns({"ts": [1, 2], "k": [1, 2]}, ids=[1, 2])
+>>> _ = old.process(0, 0, b); _ = old.process(0, 0, Punctuation(6))
+>>> [m.id for m, _ in old.moves.shipped]        # the bins' state, taken at watermark 5
+['r1/0']
+>>> late = q.schema_of("s").from_columns({"ts": [7], "k": [1]}, ids=[3])
+>>> new.process(0, 0, late), new.moves.waiting   # bin of k=1 not there yet: the tuple waits
+([], 1)
+>>> out = new.moves.install(new, "r1/0", old.moves.shipped[0][1]) + new.process(0, 0, Punctuation(10))
+>>> sorted(int(r["count"]) for it in out if hasattr(it, "dtype") for r in it)   # k=1: 1 + 1, k=2: 1
+[1, 2]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+import numpy as np
+
+from ..operators.base import NO_PUNCTUATION, Item, OperatorState, bin_of
+from ..schema import Punctuation
+
+__all__ = ["Move", "Moves"]
+
+
+@dataclass(frozen=True)
+class Move:
+    """One step of a rescale: ``bins`` (of ``2**bits``) of operator ``node`` pass from partition
+    ``src`` to partition ``dst`` at logical time ``at`` (tuples with ``ts > at`` go to ``dst``)."""
+
+    id: str
+    node: str
+    at: int
+    bins: tuple
+    bits: int
+    src: int
+    dst: int
+
+
+class Moves:
+    """The steps of rescales that concern one replica of partition ``partition`` (see the module
+    doc): it gives the bins of steps with ``src == partition`` and takes those with ``dst ==
+    partition``."""
+
+    def __init__(self, steps: Iterable[Move] = (), partition: int | None = None):
+        self.partition = partition
+        self.give: list[Move] = []  # by time
+        self.take: dict[str, Move] = {}  # not installed yet
+        self.shipped: list[tuple[Move, OperatorState]] = []  # taken out, for the replica to send
+        self.installed: set[str] = set()
+        self.given: set[str] = set()
+        self._held_rows: list[tuple[int, np.ndarray]] = []  # tuples of bins not installed yet
+        self._held: list[tuple[int, Item]] = []  # everything, once blocked at a step's time
+        self.blocked_at: int | None = None
+        self.add(steps)
+
+    def add(self, steps: Iterable[Move]) -> None:
+        """Take more steps (those of this replica's partition; the others are ignored)."""
+        for m in steps:
+            if m.src == self.partition and m.id not in self.given:
+                self.give.append(m)
+            elif m.dst == self.partition and m.id not in self.installed:
+                self.take[m.id] = m
+        self.give.sort(key=lambda m: m.at)
+
+    @property
+    def waiting(self) -> int:
+        """Items held back (tuples of bins not installed, and everything once blocked)."""
+        return len(self._held_rows) + len(self._held)
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is left to give or take."""
+        return not self.give and not self.take and not self._held and not self._held_rows
+
+    # -- the core's data path -------------------------------------------------------------------
+    def feed(self, core, port: int, item: Item) -> list[Item]:
+        """Process ``item`` (past the duplicate filter and sorter) through ``core.logic``, giving,
+        holding or blocking as the steps say."""
+        if self.blocked_at is not None:
+            self._held.append((port, item))
+            return []
+        if isinstance(item, Punctuation):
+            out: list[Item] = []
+            after = _watermark_after(core.logic, port, int(item.p))
+            for at in sorted({m.at for m in self.give} | {m.at for m in self.take.values()}):
+                if at > after:
+                    break
+                if core.logic.watermark < at:  # (then this port is the one behind: the others are past at)
+                    out.extend(core.logic.process(port, Punctuation(at)))  # the watermark is now at
+                giving = [m for m in self.give if m.at == at]
+                if giving:
+                    self._give(core, giving)
+                if any(m.at == at for m in self.take.values()):
+                    self.blocked_at = at  # the bins' windows are not there yet: nothing passes at
+                    self._held.append((port, item))
+                    return out
+            return out + core.logic.process(port, item)
+        if self.take and len(item):
+            bins = _bins(core.logic, port, item, self.take.values())
+            if bins is not None:
+                wait = np.isin(bins, np.concatenate([np.asarray(m.bins) for m in self.take.values()]))
+                if wait.any():
+                    self._held_rows.append((port, item[wait]))
+                    item = item[~wait]
+                    if not len(item):
+                        return []
+        return core.logic.process(port, item)
+
+    def _give(self, core, steps: list[Move]) -> None:
+        """Take the bins of ``steps`` (all at one time, the logic's watermark) out of ``core.logic``
+        into :attr:`shipped`: one pass over the state for them all."""
+        logic = core.logic
+        bits = steps[0].bits
+        whole = logic.checkpoint(bits)
+        keep = np.ones(whole.n_bins, dtype=bool)
+        for m in steps:
+            keep[np.asarray(m.bins, dtype=np.int64)] = False
+        rest = core.query.build_logic(core.node, core.strict).restore(whole.select(np.flatnonzero(keep)))
+        rest.dead_letters = logic.dead_letters  # (what the logic set aside stays with this replica)
+        core.logic = rest
+        for m in steps:
+            self.give.remove(m)
+            self.given.add(m.id)
+            self.shipped.append((m, whole.select(m.bins)))
+
+    def install(self, core, move_id: str, state: OperatorState) -> list[Item]:
+        """Add the bins of step ``move_id`` from ``state`` (the old owner's, taken at the step's
+        time) to ``core.logic`` and process what waited for them; the outputs. A second copy (from
+        another replica of the old owner) is ignored."""
+        m = self.take.pop(move_id, None)
+        if m is None:
+            return []
+        self.installed.add(move_id)
+        logic = core.logic
+        if logic.live_bins:
+            logic._install_tables(state.tables)  # the bins are not in it: added as they are
+        else:
+            mine = logic.checkpoint(state.bits)
+            merged = OperatorState.merge([mine, replace(state, in_punct=mine.in_punct, watermark=mine.watermark)])
+            fresh = core.query.build_logic(core.node, core.strict).restore(merged)
+            fresh.dead_letters = logic.dead_letters
+            core.logic = fresh
+        out: list[Item] = []
+        # the tuples held for the bins came before anything held at the block (all with ts > at):
+        # they go first, then the rest in order (each through feed again: another step's bins or
+        # time may hold them anew)
+        if self.blocked_at is not None and any(t.at == self.blocked_at for t in self.take.values()):
+            return out  # another step of this time is still on its way: everything waits for it
+        held, self._held, self.blocked_at = self._held, [], None
+        rows, self._held_rows = self._held_rows, []
+        for port, batch in rows:
+            out.extend(self.feed(core, port, batch))
+        for port, item in held:
+            out.extend(self.feed(core, port, item))
+        return out
+
+
+def _watermark_after(logic, port: int, p: int) -> int:
+    """The logic's watermark once input ``port`` has punctuation ``p``."""
+    punct = list(logic.in_punct)
+    punct[port] = max(int(punct[port]), p)
+    return min(punct) if punct else NO_PUNCTUATION
+
+
+def _bins(logic, port: int, batch: np.ndarray, steps) -> np.ndarray | None:
+    keys = logic.bin_keys(port, batch)
+    if keys is None:
+        return None
+    bits = {m.bits for m in steps}
+    if len(bits) != 1:
+        raise ValueError(f"steps of one replica at different bits: {sorted(bits)}")
+    return bin_of(keys, bits.pop())
