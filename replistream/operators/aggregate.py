@@ -549,6 +549,30 @@ class TimeWindowAggregateLogic(_GroupedWindows):
     def _state_tables(self, keyed):
         return self._tables_of(np.flatnonzero(self._alive[: self._n]), keyed)
 
+    def drop_bins(self, bits: int, bins) -> int:
+        """Forget the open windows of ``bins`` (at ``2**bits`` bins): a rescale gave them to
+        another partition (replistream/replica/rescale.py). Costs their rows, as closing them
+        would. Returns how many windows were dropped.
+
+        >>> s = Schema({"k": "i8"})
+        >>> a = TimeWindowAggregateLogic("a", [s], size=10, by="k")
+        >>> _ = a.process(0, s.from_columns({"ts": [1, 2, 3], "k": [1, 2, 3]}, ids=[1, 2, 3]))
+        >>> gone = a.checkpoint(1).nonempty_bins()[:1]
+        >>> a.drop_bins(1, gone) > 0, a.checkpoint(1).select(gone).rows()
+        (True, 0)
+        """
+        rows = np.unique(self._bins.rows(int(bits), np.asarray(list(bins), dtype=np.int64), self._live_row))
+        if not len(rows):
+            return 0
+        self._alive[rows] = False
+        self._index.delete(self._key[rows])
+        self._bins.forget(len(rows), self._live_row)
+        self._free = np.r_[self._free, rows.astype(np.int64)]
+        for store in self._udf.values():
+            for r in rows.tolist():
+                store.pop(r, None)
+        return int(len(rows))
+
     def _tables_of(self, rows: np.ndarray, keyed: bool) -> dict:
         """``{table: (columns, group hash or None)}`` of the open windows in slots ``rows``."""
         cols: dict[str, np.ndarray] = {"key": self._key[rows], "start": self._start[rows],

@@ -149,17 +149,22 @@ class Moves:
         into :attr:`shipped`: one pass over the state for them all."""
         logic = core.logic
         bits = steps[0].bits
-        whole = logic.checkpoint(bits)
-        keep = np.ones(whole.n_bins, dtype=bool)
-        for m in steps:
-            keep[np.asarray(m.bins, dtype=np.int64)] = False
-        rest = core.query.build_logic(core.node, core.strict).restore(whole.select(np.flatnonzero(keep)))
-        rest.dead_letters = logic.dead_letters  # (what the logic set aside stays with this replica)
-        core.logic = rest
+        bins = np.unique(np.concatenate([np.asarray(m.bins, dtype=np.int64) for m in steps]))
+        drop = getattr(logic, "drop_bins", None)
+        if logic.live_bins and drop is not None:  # the bins' rows only (a time window's aggregate)
+            moving = logic.checkpoint(bits, bins)
+            drop(bits, bins)
+        else:  # any other logic: the rest of its state into a new logic (one pass over the state)
+            moving = logic.checkpoint(bits)
+            keep = np.ones(moving.n_bins, dtype=bool)
+            keep[bins] = False
+            rest = core.query.build_logic(core.node, core.strict).restore(moving.select(np.flatnonzero(keep)))
+            rest.dead_letters = logic.dead_letters  # (what the logic set aside stays with this replica)
+            core.logic = rest
         for m in steps:
             self.give.remove(m)
             self.given.add(m.id)
-            self.shipped.append((m, whole.select(m.bins)))
+            self.shipped.append((m, moving.select(m.bins)))
 
     def install(self, core, move_id: str, state: OperatorState) -> list[Item]:
         """Add the bins of step ``move_id`` from ``state`` (the old owner's, taken at the step's
