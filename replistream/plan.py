@@ -188,13 +188,13 @@ class PhysicalPlan:
 
     def __init__(self, query, placement: Mapping[str, Sequence[str]], *, k: int | None = None,
                  servers: Sequence[str] | None = None, parallelism: Mapping[str, int] | None = None,
-                 bits: int | None = None):
+                 bits: int | None = None, keep_single: bool = False):
         from .partition import DEFAULT_BITS, check_parallelism, parse_partition_label
 
         self.query = query
         self.bits = DEFAULT_BITS if bits is None else int(bits)
         #: ``{operator: p}`` for the partitioned operators (p >= 2), checked (:func:`~replistream.partition.check_parallelism`)
-        self.parallelism: dict[str, int] = check_parallelism(query, parallelism, self.bits)
+        self.parallelism: dict[str, int] = check_parallelism(query, parallelism, self.bits, keep_single)
         nodes = [ENTRY, *query.operators, *query.sinks]
         known = set(nodes)
         per_part: dict[str, dict[int, list[str]]] = {}

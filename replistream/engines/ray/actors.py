@@ -58,6 +58,7 @@ from ...schema import END, TS, Marker, Punctuation
 from ...sinks import SinkWriter
 from . import lockorder, metrics_export
 from .channels import NO_ACK, Link, Outbox, Sender
+from .moving import MovingBins
 from .common import failure_record
 
 __all__ = ["EntryActor", "ReplicaActor", "SinkActor"]
@@ -86,6 +87,8 @@ class _Base:
         #: (issue #41): a link to a partition's replica carries that partition's share only
         self.partitions: dict[str, int] = dict(self.channel_opts.pop("partitions", None) or {})
         self.bits: int = int(self.channel_opts.pop("bits", None) or DEFAULT_BITS)
+        #: per partitioned operator, ``(partitions at deployment, [Switch of each rescale since])``
+        self.routing: dict[str, tuple] = dict(self.channel_opts.pop("routing", None) or {})
         self._routers: dict[str, Router] = {}
         #: The deployment this actor belongs to (``channel_opts["epoch"]``): a packet or report of
         #: another deployment (an old sender of a pooled actor's previous life) is rejected, named.
@@ -291,8 +294,29 @@ class _Base:
             return Link(label, server, handle, port, channel)
         router = self._routers.get(node)
         if router is None:
-            router = self._routers[node] = Router(self.query, node, BinMap.even(self.partitions[node], self.bits))
+            router = self._routers[node] = self._router(node)
         return Link(label, server, handle, port, channel, router=router, partition=part)
+
+    def _router(self, node: str) -> Router:
+        p0, switches = self.routing.get(node, (self.partitions[node], ()))
+        return Router(self.query, node, BinMap.even(p0, self.bits), switches)
+
+    def set_routing(self, node: str, partitions: int, p0: int, switches: list) -> int:
+        """A rescale of partitioned ``node`` (:mod:`.rescale`): it has ``partitions`` partitions,
+        ``p0`` at deployment, and these switches (:class:`~replistream.partition.Switch`) since;
+        every link to it routes by them from now on (a switch concerns only tuples later than the
+        largest timestamp fed, none of which exists yet). Returns the links changed."""
+        self.partitions[node] = int(partitions)
+        self.routing[node] = (int(p0), list(switches))
+        router = self._routers[node] = self._router(node)
+        n = 0
+        for ob in list(self.outboxes.values()):
+            with ob.lock:
+                for link in ob.links:
+                    if link.router is not None and link.router.node == node:
+                        link.router = router
+                        n += 1
+        return n
 
     def connect_for_transfer(self, stream: str, label: str, server: str, handle, port: int, channel: int) -> int:
         """Add a stream replica to a staged transfer's receiver *without* replay, and return its
@@ -540,7 +564,7 @@ class _Base:
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1, "transfer": 4})
-class ReplicaActor(_Base):
+class ReplicaActor(_Base, MovingBins):
     """One replica of one operator: duplicate filters, optional sorters, the operator logic.
 
     Started with ``pending=True`` (a revived or new replica, Hwang §V-C), it
@@ -602,6 +626,8 @@ class ReplicaActor(_Base):
             out = self._process(port, channel, packet)
             self.busy_s += time.time() - started
             self._emit(self.out, out)  # queued under the lock: a checkpoint sees it in the log
+            if self.core.moves is not None and self.core.moves.shipped:
+                self._ship_moves()  # a rescale's step given at this punctuation (moving.py)
             if self.step_requests and any(isinstance(it, Punctuation) for it in out):
                 self.last_punct_wall = time.time()
                 self._take_steps()  # a transfer step at this logical time (our punctuation)

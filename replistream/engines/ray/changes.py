@@ -82,6 +82,38 @@ class Changes:
                                                          bins_per_step=bins_per_step, bits=bits, pause_ms=pause_ms,
                                                          lag_ms=lag_ms)
 
+    def rescale(self, operator: str, p: int, strategy: str = "fluid", bins_per_step: int | None = None,
+                timeout: float = 300.0) -> dict:
+        """Run partitioned ``operator`` as ``p`` partitions from now on, moving bins of its key space
+        from the old partitions to the new ones while the query runs (Megaphone §3.3): each bin's
+        tuples after a logical time go to its new owner, which starts from the old owner's state
+        of that bin at that time; every replica of the old owner sends it, the new owner's
+        replicas install the first copy. ``strategy``: ``"fluid"`` (one bin per step, the steps
+        1 ms of event time apart), ``"batched"`` (``bins_per_step`` bins per step) or
+        ``"all-at-once"`` (every bin at one time). Returns the change's record once every step
+        is installed (``steps``, ``bins_moved``, ``new_replicas``, ``seconds``); the operator
+        must have been deployed partitioned (``parallelism={op: 1}`` or more); fewer partitions
+        are not supported yet (:mod:`.rescale`).
+
+        >>> dep.rescale("per_key", 2, strategy="fluid")["bins_moved"]   # doctest: +SKIP
+        2048
+        >>> dep.partitions("per_key")                                    # doctest: +SKIP
+        2
+        """
+        from . import rescale
+
+        return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, timeout=timeout)
+
+    def partitions(self, operator: str) -> int:
+        """How many partitions ``operator`` runs as now (1: not partitioned).
+
+        >>> dep.partitions("per_key")   # doctest: +SKIP
+        4
+        """
+        from . import rescale
+
+        return rescale.partitions(self.plane, operator)
+
     def _unpartitioned(self, what: str) -> None:
         """Changes of the running query are not yet made to a deployment with partitioned operators:
         said in one line before anything changes."""

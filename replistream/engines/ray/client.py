@@ -355,7 +355,7 @@ API_METHODS = {
              "cut_link", "restore", "install_scenario"],
     Ingest: ["heartbeats"],
     Changes: ["revive_replica", "add_replica", "move_replica", "transfers", "gc_events", "network_cost_history",
-              "replace_function", "add_operator", "remove_operator", "set_replication"],
+              "replace_function", "add_operator", "remove_operator", "set_replication", "rescale", "partitions"],
     CoordinatorLink: ["ask_coordinator"],
     Monitor: ["check_failures", "declare_failed"],
     Repairer: ["mark_failed", "repair_entry"],

@@ -345,7 +345,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     bits = DEFAULT_BITS if bits is None else bits
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 0 <= int(bits) <= 20:
         raise ValueError(f"bits must be an integer from 0 to 20 (2**bits bins of keys), got {bits!r}")
-    parallelism = check_parallelism(query, parallelism, int(bits))
+    parallelism = check_parallelism(query, parallelism, int(bits), keep_single=True)
     if parallelism and gc is not None:
         raise ValueError(f"gc= (garbage collection and revival) does not yet run with partitioned operators "
                          f"({sorted(parallelism)}); deploy without gc=, or without parallelism=")

@@ -25,6 +25,7 @@ a thin client that forwards each public name to the part that answers it (:data:
 from __future__ import annotations
 
 import contextvars
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -147,8 +148,11 @@ class ControlPlane:
         self.ts0 = 0.0  # timestamp replayed at t0 when paced
         self.events: list[dict] = []
         self.changes: list[dict] = []  # every change made to the running query (replistream.replica.changes)
+        self.rescaling = threading.Event()  # set while a rescale runs (rescale.py): repairs wait for it
+        self.rescale_done = threading.Event()  # set as a rescale ends
         physical = PhysicalPlan(query, plan, parallelism=self.channel_opts.get("partitions"),
-                                bits=self.channel_opts.get("bits")) if restored is None else restored["physical"]
+                                bits=self.channel_opts.get("bits"), keep_single=True) \
+            if restored is None else restored["physical"]
         self._physical = physical  # the plan it started with (a warm spare's arguments)
         self.topology = Topology(physical) if restored is None else restored["topology"]
         if restored is None:

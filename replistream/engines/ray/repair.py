@@ -89,6 +89,8 @@ class Repairer:
                 continue
             if self.plane.shut_down:
                 return
+            while self.plane.rescaling.is_set() and not self.plane.shut_down:  # after the rescale (rescale.py)
+                self.plane.rescale_done.wait(0.2)
             if self.plane.delivered.complete():  # nothing is left to compute
                 self.repairs.append({"replica": label, "repaired": False, "why": "the run had completed"})
                 continue

@@ -175,10 +175,11 @@ class Topology:
             return self._running.get(label, False)
 
     def running(self, node: str | None = None) -> list[tuple[str, Any]]:
-        """``(label, handle)`` of every running replica (of group ``node``), in the order added."""
+        """``(label, handle)`` of every running replica (of ``node``: an operator, or one partition
+        ``"op.P"``), in the order added."""
         with self.lock:
             return [(label, self._handles[label]) for label, r in self._reps.items()
-                    if self._running[label] and (node is None or r.operator == node)]
+                    if self._running[label] and (node is None or r.operator == node or label_group(label) == node)]
 
     def alive(self) -> dict[str, bool]:
         """``{label: running}`` of every replica an actor was ever attached to."""

@@ -1,0 +1,81 @@
+"""A replica's side of a rescale (issue #41; Megaphone §3.3): the steps it gives or takes bins in,
+the state it sends, the state it installs. The protocol and why it is exact:
+:mod:`replistream.replica.rescale`; the control plane's side: :mod:`.rescale`.
+
+>>> ray.get(replica.add_moves.remote(steps, {1: [("agg.1#0", handle)]}))   # doctest: +SKIP
+True
+"""
+from __future__ import annotations
+
+import ray
+
+from ...replica.rescale import Moves
+
+__all__ = ["MovingBins"]
+
+
+class MovingBins:
+    """Mixed into :class:`~.actors.ReplicaActor`: the methods of a rescale's steps (under the
+    actor's ``lock``, like its data path)."""
+
+    def add_moves(self, steps, targets: dict) -> bool:
+        """Take part in rescale steps ``steps`` (:class:`~replistream.replica.rescale.Move`): give
+        the bins of those whose ``src`` is this replica's partition, take those whose ``dst`` is.
+        ``targets``: ``{partition: [(label, handle), ...]}``, where a given step's state goes (every
+        replica of the taking partition: each installs the first copy it gets)."""
+        with self.lock:
+            if self.core is None:
+                raise RuntimeError(f"{self.label} is waiting for its own state; it cannot take part in a rescale")
+            if self.core.moves is None:
+                self.core.moves = Moves(partition=self.partition)
+            self.core.moves.add(steps)
+            self._move_targets = {**getattr(self, "_move_targets", {}), **{int(p): list(t) for p, t in targets.items()}}
+            self._move_refs = getattr(self, "_move_refs", [])
+            self._ship_moves()
+        return True
+
+    def move_in(self, move_id: str, state) -> int:
+        """Install the state of step ``move_id`` (from a replica of the giving partition; a second
+        copy is ignored) and process what waited for it. Returns the tuples emitted."""
+        with self.lock:
+            if self.core is None or self.core.moves is None:
+                raise RuntimeError(f"{self.label} takes part in no rescale (step {move_id})")
+            out = self.core.moves.install(self.core, move_id, state)
+            self._emit(self.out, out)
+            self._ship_moves()
+        self.out.wait_for_room()
+        return sum(len(it) for it in out if hasattr(it, "dtype"))
+
+    def moves_status(self) -> dict:
+        """``{"given": [...], "installed": [...], "give": [...], "take": [...], "waiting": n,
+        "blocked_at": t or None, "send_errors": [...]}``: the steps done and to do here."""
+        with self.lock:
+            m = None if self.core is None else self.core.moves
+            errors = []
+            for ref in list(getattr(self, "_move_refs", [])):
+                done, _ = ray.wait([ref], timeout=0)
+                if done:
+                    self._move_refs.remove(ref)
+                    try:
+                        ray.get(ref)
+                    except Exception as e:  # the taking replica died: its peers took the copy too
+                        errors.append(f"{type(e).__name__}: {e}"[:200])
+            if m is None:
+                return {"given": [], "installed": [], "give": [], "take": [], "waiting": 0, "blocked_at": None,
+                        "send_errors": errors}
+            return {"given": sorted(m.given), "installed": sorted(m.installed), "give": [s.id for s in m.give],
+                    "take": sorted(m.take), "waiting": m.waiting, "blocked_at": m.blocked_at, "send_errors": errors}
+
+    def _ship_moves(self) -> None:
+        """Send the state of every step given since the last call to every replica of its taking
+        partition (under ``lock``; not awaited: :meth:`moves_status` reports a send that failed)."""
+        moves = self.core.moves if self.core is not None else None
+        if moves is None or not moves.shipped:
+            return
+        for m, state in moves.shipped:
+            for label, h in self._move_targets.get(int(m.dst), []):
+                try:
+                    self._move_refs.append(h.move_in.remote(m.id, state))
+                except Exception as e:  # a handle of a dead actor: its peers get the copy
+                    self.dropped.append({"from": self.label, "to": label, "reason": f"move {m.id}: {e!r}"[:200]})
+        moves.shipped.clear()

@@ -1,0 +1,256 @@
+"""Live rescaling of a partitioned operator (issue #41; Megaphone, Hoffmann et al. 2019, §3.3):
+the control plane's side. The protocol at the replicas and why the output stays exact are in
+:mod:`replistream.replica.rescale`; a replica's calls in :mod:`.moving`.
+
+:func:`rescale` changes the number of partitions of ``operator`` from ``p`` to ``p' > p``:
+
+1. while the deployment is quiet (no chunk fed, no control action), it takes ``T0``, the largest
+   timestamp fed so far, and the bins that change owner between the balanced maps of ``p`` and
+   ``p'`` partitions (:func:`~replistream.partition.assign_bins`: only into the new partitions);
+   it cuts them into *steps* (``"all-at-once"``: one step per pair of partitions at ``T0``;
+   ``"batched"``: ``bins_per_step`` bins per step; ``"fluid"``: one bin per step), step ``i``
+   switching at ``T0 + i * gap`` (``gap``: 1 ms of event time by default);
+2. every upstream replica of the operator gets the switch (:class:`~replistream.partition.Switch`):
+   from its time on, a moved bin's tuples go to its new owner; none later than ``T0`` exists yet,
+   so every replica routes every tuple alike;
+3. the new partitions' replicas start (``k`` each, on the servers of partition 0's replicas), fed
+   by every upstream replica and feeding every downstream replica (new duplicate-filter channels,
+   in the new partitions' groups);
+4. each replica of a giving or taking partition gets its steps (:meth:`~.moving.MovingBins.add_moves`);
+5. the feed goes on; each step happens at the punctuation that takes the giving partition's
+   watermark past its time: every replica of the giving partition sends the bins' state to every
+   replica of the taking partition, which installs the first copy.
+
+:func:`rescale` returns once every live replica of the taking partitions installed every step
+(or raises :class:`~replistream.errors.RunFailed` naming the steps not done after ``timeout``).
+Repairs wait until then. Not yet: fewer partitions, a host lost in the middle of a rescale.
+
+>>> dep.rescale("per_key", 4, strategy="fluid")["steps"]     # doctest: +SKIP
+2048
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import ray
+
+from ...errors import RunFailed
+from ...gc import OperatorReplica, StreamReplica
+from ...partition import BinMap, Router, Switch, partition_label
+from ...plan import group_of, is_stateful, replica_partition
+from ...query import resolve_operator
+from ...replica.rescale import Move
+from ...schema import as_seconds
+
+__all__ = ["STRATEGIES", "partitions", "rescale"]
+
+#: How the moving bins are cut into steps.
+STRATEGIES = ("fluid", "batched", "all-at-once")
+
+#: Event time between two steps of a fluid or batched rescale (1 ms).
+GAP_US = 1_000
+
+
+def _node(dep, operator: str) -> str:
+    node = resolve_operator(dep.query, operator)
+    parts = dep.channel_opts.get("partitions") or {}
+    if node not in parts:
+        raise ValueError(f"{node!r} is not partitioned; deploy with parallelism={{{node!r}: 1}} (or more) to "
+                         f"rescale it while it runs")
+    return node
+
+
+def partitions(dep, operator: str) -> int:
+    """How many partitions ``operator`` runs as now (1 for an operator not partitioned)."""
+    node = resolve_operator(dep.query, operator)
+    return int((dep.channel_opts.get("partitions") or {}).get(node, 1))
+
+
+def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: int | None = None,
+            gap_us: int = GAP_US, timeout: float = 300.0) -> dict:
+    """See :meth:`Deployment.rescale <replistream.engines.ray.changes.Changes.rescale>`."""
+    node = _node(dep, operator)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown rescale strategy {strategy!r}; choose one of {STRATEGIES}")
+    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
+        raise ValueError(f"p (the number of partitions) must be an integer >= 1, got {p!r}")
+    bits = int(dep.channel_opts["bits"])
+    old_p = int(dep.channel_opts["partitions"][node])
+    if p < old_p:
+        raise ValueError(f"rescale to fewer partitions ({old_p} -> {p}) is not supported yet; {node!r} keeps {old_p}")
+    if p > 1 << bits:
+        raise ValueError(f"{p} partitions cannot share 2**{bits} bins; use at most {1 << bits}")
+    if strategy == "batched" and (bins_per_step is None or int(bins_per_step) < 1):
+        raise ValueError("strategy='batched' needs bins_per_step >= 1 (bins moved per step)")
+    if p == old_p:
+        return {"change": "rescale", "operator": node, "from": old_p, "to": p, "steps": 0}
+    if not is_stateful(dep.query, node) and strategy != "all-at-once":
+        strategy = "all-at-once"  # no state to move: one switch
+    if dep.rescaling.is_set():
+        raise RuntimeError("a rescale is in progress; wait for it to finish")
+    dep.rescale_done.clear()
+    dep.rescaling.set()
+    started = time.time()
+    try:
+        p0, switches = (dep.channel_opts.get("routing") or {}).get(node, (old_p, []))
+        current = Router(dep.query, node, BinMap.even(p0, bits), switches).final()
+        # the new partitions first, while the query runs: every sender knows them (a switch that
+        # moves nothing yet), they start and are connected; nothing is routed to them until the switch
+        idle = Switch(np.full(len(current.owner), Switch.NEVER, dtype=np.int64), current.owner.copy(), p)
+        _set_routing(dep, node, p, p0, [*switches, idle])
+        routed = time.time()
+        new_labels = _start_partitions(dep, node, old_p, p)
+        begun = time.time()
+        with dep.quiet():  # no chunk fed meanwhile: no tuple later than t0 exists anywhere
+            t0 = dep.feeder.marker_time()
+            new = BinMap.even(p, bits)
+            steps, times = _steps(node, current, new, bits, t0, strategy, bins_per_step, gap_us)
+            switch = Switch.between(current, new, times)
+            routing = {**(dep.channel_opts.get("routing") or {}), node: (p0, [*switches, switch])}
+            dep.channel_opts = {**dep.channel_opts, "routing": routing,
+                                "partitions": {**dep.channel_opts["partitions"], node: p}}
+            _set_routing(dep, node, p, p0, [*switches, switch])
+            targets = {q: [(r.label, dep.topology.handle(r.label)) for r in dep.topology.replicas(partition_label(node, q))
+                           if dep.topology.is_running(r.label)] for q in range(p)}
+            involved = {m.src for m in steps} | {m.dst for m in steps}
+            _all_or_fenced(dep, {label: h.add_moves.remote(steps, targets) for q in sorted(involved)
+                                 for label, h in targets[q]}, "its rescale steps")
+        held = time.time()
+        rec = {"change": "rescale", "operator": node, "from": old_p, "to": p, "strategy": strategy, "at": t0,
+               "steps": len(steps), "bins_moved": len(times), "new_replicas": new_labels,
+               "text": f"{node}: {old_p} -> {p} partitions, {len(times)} of {1 << bits} bins in {len(steps)} "
+                       f"step(s) from ts {as_seconds(t0)}"}
+        _wait(dep, node, steps, timeout)
+        rec["seconds"] = round(time.time() - started, 3)
+        # where the time went: telling the senders of the new partitions, starting them (the query
+        # runs meanwhile), switching and handing out the steps (the feed held), then the steps
+        # themselves as the event time passes theirs
+        rec["phases_s"] = {"routing": round(routed - started, 3), "new_partitions": round(begun - routed, 3),
+                           "feed_held": round(held - begun, 3), "steps": round(time.time() - held, 3)}
+        dep.events.append({"t": dep.now(), "event": "rescaled", **{k: v for k, v in rec.items() if k != "text"}})
+        return dep.record_change(rec)
+    finally:
+        dep.rescaling.clear()
+        dep.rescale_done.set()
+
+
+def _steps(node, current: BinMap, new: BinMap, bits: int, t0: int, strategy: str, bins_per_step, gap_us: int):
+    """The steps of a rescale from ``current`` to ``new`` and ``(bin, time)`` of each moving bin."""
+    by_pair: dict[tuple[int, int], list[int]] = {}
+    for b, src, dst in current.moves(new):
+        by_pair.setdefault((src, dst), []).append(b)
+    size = {"fluid": 1, "batched": int(bins_per_step or 1), "all-at-once": None}[strategy]
+    stamp = f"{node}@{t0}"
+    steps, times, i = [], [], 0
+    for (src, dst), bins in sorted(by_pair.items()):
+        cuts = [bins] if size is None else [bins[a:a + size] for a in range(0, len(bins), size)]
+        for chunk in cuts:
+            at = t0 if size is None else t0 + i * int(gap_us)
+            steps.append(Move(f"{stamp}/{i}", node, int(at), tuple(int(b) for b in chunk), bits, int(src), int(dst)))
+            times += [(b, at) for b in chunk]
+            i += 1
+    return steps, times
+
+
+def _set_routing(dep, node: str, p: int, p0: int, switches: list) -> None:
+    """Every running replica that sends to ``node`` routes by the new switches (awaited)."""
+    q = dep.query
+    senders = []
+    for up in q.inputs_of(node):
+        senders += [(label, h) for label, h in dep.topology.running(group_of(q, up))]
+    _all_or_fenced(dep, {label: h.set_routing.remote(node, p, p0, switches) for label, h in senders},
+                   "the rescale's routing")
+
+
+def _all_or_fenced(dep, calls: dict, what: str) -> None:
+    """Wait for ``calls`` (``{label: ObjectRef}``); a replica that does not answer (a stopped one:
+    not waited on past the failure detector's suspicion) or fails is declared failed, so that
+    nothing it sends without ``what`` arrives anywhere (its peers carry on)."""
+    ready = dep._ask_all(calls, 60)
+    for label, ref in calls.items():
+        why = None
+        if ref not in ready:
+            why = f"did not take {what} in time"
+        else:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as e:  # noqa: BLE001 - a death or an error: either way it cannot take part
+                why = f"could not take {what}: {type(e).__name__}"
+        if why is not None:
+            dep.monitor.declare_failed(label, why)
+
+
+def _start_partitions(dep, node: str, old_p: int, p: int) -> list[str]:
+    """Start ``k`` replicas of each new partition of ``node`` (on the servers of partition 0's
+    replicas; every actor begun at once, then waited for), fed by every running upstream replica
+    and feeding every running downstream one."""
+    topo, q = dep.topology, dep.query
+    servers = [r.server for r in topo.replicas(partition_label(node, 0)) if r.state == "live"] or \
+              [r.server for r in topo.replicas(partition_label(node, 0))]
+    n_ports = len(q.inputs_of(node))
+    begun = []
+    for part in range(old_p, p):
+        for i, server in enumerate(servers):
+            label = f"{partition_label(node, part)}#{i}"
+            ins = []
+            for port, up in enumerate(q.inputs_of(node)):
+                ins += [StreamReplica(r, label, port, 0.0, 0.0, 0.0, True, up) for r, _ in topo.running(group_of(q, up))]
+            channels = [sum(1 for s in ins if s.port == port) for port in range(n_ports)]
+            groups = []
+            for port in range(n_ports):
+                parts = [replica_partition(s.src) for s in ins if s.port == port]
+                groups.append(None if all(x is None for x in parts) else parts)
+            topo.add_replica(OperatorReplica(label, node, server, "operator", "live", is_stateful(q, node)))
+            begun.append((label, server, ins, dep._new_actor(q, node, i, server, channels, False, None, part, groups)))
+    calls = []
+    for label, server, ins, start in begun:
+        h = dep._settle(*start)
+        dep.set_clock([h])
+        topo.attach(label, h)
+        chan = [0] * n_ports
+        for s in ins:
+            calls.append(topo.handle(s.src).connect.remote(s.stream, label, server, h, s.port, chan[s.port], False))
+            topo.put_stream(s, chan[s.port])
+            chan[s.port] += 1
+    ray.get(calls, timeout=60)
+    handover = dep.control_loop().handover
+    for label, _, _, _ in begun:
+        for v, port in q.outputs_of(node):
+            for r, _ in topo.running(v):
+                handover._connect(StreamReplica(label, r, port, 0.0, 0.0, 0.0, False, node))
+    return [label for label, _, _, _ in begun]
+
+
+def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
+    """Until every live replica of each taking partition installed its steps (and every giving
+    one gave them); a replica lost meanwhile is left to its peers. Raises RunFailed naming the
+    steps not done after ``timeout`` s."""
+    take: dict[int, set[str]] = {}
+    give: dict[int, set[str]] = {}
+    for m in steps:
+        take.setdefault(m.dst, set()).add(m.id)
+        give.setdefault(m.src, set()).add(m.id)
+    deadline = time.time() + timeout
+    wake = threading.Event()
+    while True:
+        missing = []
+        for part, ids in [*(("take", x) for x in take.items()), *(("give", x) for x in give.items())]:
+            role, (q, want) = part, ids
+            for label, h in dep.topology.running(partition_label(node, q)):
+                try:
+                    st = ray.get(h.moves_status.remote(), timeout=30)
+                except Exception:  # noqa: BLE001 - a replica lost meanwhile: its peers carry the steps
+                    continue
+                done = set(st["installed"] if role == "take" else st["given"])
+                if not want <= done:
+                    missing.append((label, role, sorted(want - done)[:3], len(want - done)))
+        if not missing:
+            return
+        dep.monitor.check_failures()
+        if time.time() > deadline:
+            raise RunFailed(f"rescale of {node!r}: steps not done after {timeout:g} s: "
+                            + "; ".join(f"{lab} to {role} {n} step(s), e.g. {ids}" for lab, role, ids, n in missing[:4]),
+                            operator=node)
+        wake.wait(0.05)
