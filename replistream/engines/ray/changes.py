@@ -83,13 +83,13 @@ class Changes:
                                                          lag_ms=lag_ms)
 
     def rescale(self, operator: str, p: int, strategy: str = "fluid", bins_per_step: int | None = None,
-                timeout: float = 300.0) -> dict:
+                gap_ms: float = 10.0, timeout: float = 300.0) -> dict:
         """Run partitioned ``operator`` as ``p`` partitions from now on, moving bins of its key space
         from the old partitions to the new ones while the query runs (Megaphone §3.3): each bin's
         tuples after a logical time go to its new owner, which starts from the old owner's state
         of that bin at that time; every replica of the old owner sends it, the new owner's
         replicas install the first copy. ``strategy``: ``"fluid"`` (one bin per step, the steps
-        1 ms of event time apart), ``"batched"`` (``bins_per_step`` bins per step) or
+        ``gap_ms`` of event time apart), ``"batched"`` (``bins_per_step`` bins per step) or
         ``"all-at-once"`` (every bin at one time). Returns the change's record once every step
         is installed (``steps``, ``bins_moved``, ``new_replicas``, ``seconds``); the operator
         must have been deployed partitioned (``parallelism={op: 1}`` or more); fewer partitions
@@ -102,7 +102,8 @@ class Changes:
         """
         from . import rescale
 
-        return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, timeout=timeout)
+        return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, gap_us=int(gap_ms * 1000),
+                               timeout=timeout)
 
     def partitions(self, operator: str) -> int:
         """How many partitions ``operator`` runs as now (1: not partitioned).

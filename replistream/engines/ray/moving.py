@@ -34,13 +34,16 @@ class MovingBins:
             self._ship_moves()
         return True
 
-    def move_in(self, move_id: str, state) -> int:
-        """Install the state of step ``move_id`` (from a replica of the giving partition; a second
-        copy is ignored) and process what waited for it. Returns the tuples emitted."""
+    def move_in(self, steps: list) -> int:
+        """Install the state of each ``(step id, state)`` of ``steps`` (from a replica of the giving
+        partition; a second copy is ignored) and process what waited for it. Returns the tuples
+        emitted."""
         with self.lock:
             if self.core is None or self.core.moves is None:
-                raise RuntimeError(f"{self.label} takes part in no rescale (step {move_id})")
-            out = self.core.moves.install(self.core, move_id, state)
+                raise RuntimeError(f"{self.label} takes part in no rescale (steps {[i for i, _ in steps][:3]})")
+            out = []
+            for move_id, state in steps:
+                out.extend(self.core.moves.install(self.core, move_id, state))
             self._emit(self.out, out)
             self._ship_moves()
         self.out.wait_for_room()
@@ -72,10 +75,13 @@ class MovingBins:
         moves = self.core.moves if self.core is not None else None
         if moves is None or not moves.shipped:
             return
+        per_dst: dict[int, list] = {}  # one call per taking replica for every step given at once
         for m, state in moves.shipped:
-            for label, h in self._move_targets.get(int(m.dst), []):
+            per_dst.setdefault(int(m.dst), []).append((m.id, state))
+        for dst, batch in per_dst.items():
+            for label, h in self._move_targets.get(dst, []):
                 try:
-                    self._move_refs.append(h.move_in.remote(m.id, state))
+                    self._move_refs.append(h.move_in.remote(batch))
                 except Exception as e:  # a handle of a dead actor: its peers get the copy
-                    self.dropped.append({"from": self.label, "to": label, "reason": f"move {m.id}: {e!r}"[:200]})
+                    self.dropped.append({"from": self.label, "to": label, "reason": f"moves to {dst}: {e!r}"[:200]})
         moves.shipped.clear()

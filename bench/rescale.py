@@ -1,0 +1,133 @@
+"""Live rescaling under load (issue #41; Megaphone §5 style): a benchmark, not a test.
+
+    python bench/rescale.py                           # fluid and all-at-once, 1 -> 2 -> 4, 2^12 bins
+    python bench/rescale.py --out docs/experiments/rescale.json
+
+A keyed tumbling count (``--window`` s, ``--keys`` keys, so about that many open windows: the state
+a rescale moves) is fed paced at ``--rate`` events per second of wall time (k = 2, deployed with
+``parallelism={"per_key": 1}``, 2^``--bits`` bins). Once the feed has run ``--warm`` s, the
+operator is rescaled 1 -> 2, then 2 -> 4, with one strategy; each strategy runs in a fresh
+deployment of its own (one process, one after the other). Per strategy: the end-to-end latency of
+every output tuple (arrival minus its timestamp's wall time), its maximum and 99th percentile
+while each rescale runs (from the call to its return, plus one window) against the same before
+the first one; the rescale's phases (``phases_s``: the feed is held only during ``feed_held``);
+and whether the output equals the reference run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+
+def _query(window_s: float):
+    from replistream import Query, seconds
+
+    q = Query("rescale")
+    s = q.source("s", {"k": "i8"}, punctuate_every=seconds(0.1))
+    s.window(size=seconds(window_s), by="k", aggs={"n": "count"}, name="per_key").sink("out")
+    return q.build()
+
+
+def _inputs(events: int, rate: float, keys: int, seed: int = 5, chunk: int = 2_000):
+    rng = np.random.default_rng(seed)
+    ts = (np.arange(events, dtype=np.int64) * (1e6 / rate)).astype(np.int64)
+    k = rng.integers(0, keys, events)
+    return {"s": [{"ts": ts[a:a + chunk], "k": k[a:a + chunk]} for a in range(0, events, chunk)]}
+
+
+def _one(strategy: str, args, data, ref) -> dict:
+    import ray
+
+    from replistream import deploy
+    from replistream.testing import assert_same_output
+
+    with deploy(_query(args.window), servers=3, k=2, parallelism={"per_key": 1}, bits=args.bits,
+                progress=False) as dep:
+        t_feed = time.time()
+        dep.feed(data, pace=1.0)
+        tick = __import__("threading").Event()
+        while time.time() - t_feed < args.warm:
+            tick.wait(0.05)
+        spans, recs = [], []
+        for p in (2, 4):
+            a = time.time() - dep.t0
+            rec = dep.rescale("per_key", p, strategy=strategy, bins_per_step=args.bins_per_step)
+            b = time.time() - dep.t0
+            spans.append((a, b + args.window))
+            recs.append({k: rec[k] for k in ("from", "to", "steps", "bins_moved", "seconds", "phases_s")})
+            print(f"  {strategy} {rec['from']} -> {rec['to']}: {rec['steps']} steps, {rec['seconds']:.2f} s "
+                  f"{rec['phases_s']}", file=sys.stderr)
+        dep.wait(timeout=3600)
+        arr, lat = dep.latencies_ms("out")
+        res = dep.collect()
+    try:
+        assert_same_output(ref, res.outputs["out"])
+        exact = True
+    except AssertionError as e:
+        print(f"  {strategy}: NOT EXACT: {str(e)[:300]}", file=sys.stderr)
+        exact = False
+    before = lat[(arr > args.warm / 2) & (arr < spans[0][0])]
+    out = {"strategy": strategy, "exact": exact, "rescales": recs,
+           "before": {"max_ms": round(float(before.max()), 1) if len(before) else None,
+                      "p99_ms": round(float(np.percentile(before, 99)), 1) if len(before) else None}}
+    for (a, b), r in zip(spans, recs):
+        during = lat[(arr >= a) & (arr <= b)]
+        out[f"{r['from']}->{r['to']}"] = {"max_ms": round(float(during.max()), 1) if len(during) else None,
+                                         "p99_ms": round(float(np.percentile(during, 99)), 1) if len(during) else None,
+                                         "tuples": int(len(during))}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=int, default=200_000)
+    ap.add_argument("--rate", type=float, default=40_000.0, help="events per second (wall time, paced)")
+    ap.add_argument("--seconds", type=float, default=70.0, help="event time fed")
+    ap.add_argument("--window", type=float, default=5.0)
+    ap.add_argument("--bits", type=int, default=12)
+    ap.add_argument("--warm", type=float, default=8.0)
+    ap.add_argument("--bins-per-step", type=int, default=64, help="for --strategies batched")
+    ap.add_argument("--strategies", default="fluid,all-at-once")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    strategies = [s.strip() for s in args.strategies.split(",")]
+    bad = [s for s in strategies if s not in ("fluid", "batched", "all-at-once")]
+    if bad:
+        ap.error(f"unknown strategy {bad[0]!r}; choose from fluid, batched, all-at-once")
+    from replistream.testing import run_reference
+
+    events = int(args.rate * args.seconds)
+    data = _inputs(events, args.rate, args.keys)
+    print(f"reference run of {events:,} events ...", file=sys.stderr)
+    ref = run_reference(_query(args.window), data).outputs["out"]
+    load = os.getloadavg()[0]
+    runs = [_one(s, args, data, ref) for s in strategies]
+    figures = {}
+    for r in runs:
+        for step in ("1->2", "2->4"):
+            figures[f"{r['strategy']} {step}: max latency during"] = f"{r[step]['max_ms']} ms"
+        figures[f"{r['strategy']}: max latency before"] = f"{r['before']['max_ms']} ms"
+    by = {r["strategy"]: r for r in runs}
+    if "fluid" in by and "all-at-once" in by:
+        for step in ("1->2", "2->4"):
+            f, a = by["fluid"][step]["max_ms"], by["all-at-once"][step]["max_ms"]
+            if f and a:
+                figures[f"fluid / all-at-once max latency {step}"] = f"{f / a:.2f}"
+    rec = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} ({os.cpu_count()} cores)",
+           "load": round(load, 2), "command": "python " + " ".join(sys.argv), "figures": figures, "runs": runs,
+           "all_exact": all(r["exact"] for r in runs)}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rec, f, indent=1)
+    print("\n".join(f"{k}: {v}" for k, v in figures.items()))
+    return 0 if rec["all_exact"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
