@@ -17,3 +17,13 @@ def test_multinode_cluster_node_removed_mid_run(multinode_results):
     assert result["lost"] == 0 and result["extra"] == 0
     assert result["matches_reference"] and result["complete"]
     assert code == 0, stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_multinode_partitions_run_on_distinct_nodes(multinode_results):
+    """Issue #41: a partitioned operator's partitions spread over the cluster's nodes."""
+    results, code, stderr = multinode_results
+    assert "partitions_on_nodes" in results, f"no result; stderr:\n{stderr[-3000:]}"
+    result = results["partitions_on_nodes"]
+    assert result["partitions"] == 4 and result["distinct_nodes"] == 4, result["partition_nodes"]
+    assert result["matches_reference"] and result["complete"]

@@ -119,7 +119,8 @@ def resolve_placement(query: Query, servers: list, k: int, placement, network=No
     return resolve_placement_with_cost(query, servers, k, placement, network)[0]
 
 
-def resolve_placement_with_cost(query: Query, servers: list, k: int, placement, network=None):
+def resolve_placement_with_cost(query: Query, servers: list, k: int, placement, network=None,
+                                parallelism: Mapping[str, int] | None = None):
     """(validated plan, the :class:`~replistream.placement.Placement` when a placement policy made it).
 
     >>> from replistream.network import default_servers
@@ -147,9 +148,33 @@ def resolve_placement_with_cost(query: Query, servers: list, k: int, placement, 
         raise ValueError(f"placement must be a strategy name, a mapping or a callable, got {type(placement).__name__}")
     if not isinstance(plan, Mapping):
         raise ValueError("a placement strategy must return a mapping {node: [server, ...]}")
+    plan = {n: list(v) for n, v in plan.items()}
+    if parallelism and not isinstance(placement, Mapping):
+        plan.update(spread_partitions(plan, [s.name for s in servers], k, parallelism))
     # the one plan checks it (every node placed, k distinct known servers, one per application)
-    PhysicalPlan(query, plan, k=k, servers=[s.name for s in servers])
-    return {n: list(v) for n, v in plan.items()}, placed
+    PhysicalPlan(query, plan, k=k, servers=[s.name for s in servers], parallelism=parallelism, keep_single=True)
+    return plan, placed
+
+
+def spread_partitions(plan: Mapping[str, list], servers: list[str], k: int,
+                      parallelism: Mapping[str, int]) -> dict[str, list[str]]:
+    """Where each partition of a partitioned operator runs when a placement strategy placed the
+    operator: partition 0 on the operator's servers, partition ``P`` on the ``k`` servers ``P * k``
+    further in ``servers`` (in order, wrapping), so that with at least ``p * k`` servers the
+    partitions run on distinct servers (distinct Ray nodes when servers are pinned to nodes).
+
+    >>> spread_partitions({"w": ["a", "b"]}, ["a", "b", "c", "d"], 2, {"w": 2})
+    {'w.0': ['a', 'b'], 'w.1': ['c', 'd']}
+    """
+    out = {}
+    n = len(servers)
+    for node, p in parallelism.items():
+        base = list(plan[node])
+        start = servers.index(base[0])
+        out[f"{node}.0"] = base
+        for i in range(1, int(p)):
+            out[f"{node}.{i}"] = [servers[(start + i * k + j) % n] for j in range(k)]
+    return out
 
 
 def resolve_network(network, servers: list, seed: int) -> NetworkConditions:

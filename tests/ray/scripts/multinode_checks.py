@@ -10,7 +10,11 @@ Checks that the deployed plan is the pure function's placement, that every
 actor runs on its server's Ray node, that the coordinator reports the plan's
 network cost, and that the output equals the ideal run.
 
-``node_removed``: then a fourth node joins; one server per node, the Fig. 1
+``partitions_on_nodes``: then a fourth node joins; a keyed window run as 4 partitions (k=1), one
+server per node: each partition on its own Ray node (the default placement spreads partitions),
+the output equal to the reference.
+
+``node_removed``: on the same four nodes, one server per node, the Fig. 1
 query with k=2, and the Ray node of one join replica's server is removed
 mid-run; the application output must equal the reference exactly.
 
@@ -121,6 +125,33 @@ def node_removed(cluster, nodes, seed: int) -> tuple[dict, bool]:
     return out, ok
 
 
+def partitions_on_nodes(cluster, nodes, seed: int) -> tuple[dict, bool]:
+    """A keyed window run as 4 partitions (k=1) on four servers, one per Ray node: the default
+    placement puts each partition on its own server, so on its own node (issue #41)."""
+    import numpy as np
+
+    from replistream import Query, seconds
+
+    names = ["boston", "london", "tokyo", "sydney"]
+    servers = [Server(name, city(name).lat, city(name).lon, node=node.node_id) for name, node in zip(names, nodes)]
+    q = Query("parts")
+    s = q.source("s", {"k": "i8"}, punctuate_every=seconds(1))
+    s.window(size=seconds(2), by="k", aggs={"n": "count"}, name="per_k").sink("out")
+    q = q.build()
+    rng = np.random.default_rng(seed)
+    ts = np.sort(rng.integers(0, seconds(30), 20_000))
+    data = {"s": [{"ts": ts[a:a + 500], "k": rng.integers(0, 300, 500)} for a in range(0, len(ts), 500)]}
+    dep = deploy(q, servers=servers, k=1, parallelism={"per_k": 4}, cluster=cluster)
+    where = {label: ray.get(h.node_id.remote(), timeout=60) for label, h in dep.handles.items() if label.startswith("per_k.")}
+    res = dep.run(data, timeout=180)
+    dep.shutdown()
+    ref = run_reference(q, data)
+    e, g = as_multiset(ref.outputs["out"]), as_multiset(res.outputs["out"])
+    out = {"partition_nodes": where, "distinct_nodes": len(set(where.values())), "partitions": len(where),
+           "matches_reference": e == g, "complete": res.complete, "outputs": len(res.outputs["out"])}
+    return out, out["distinct_nodes"] == 4 and e == g and res.complete
+
+
 def main(seed: int = 0) -> int:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": RAY_SYSTEM_CONFIG})
     labelled = cluster.add_node(num_cpus=1, labels={"replistream.node": "europe"})
@@ -134,13 +165,16 @@ def main(seed: int = 0) -> int:
         oks.append(ok)
         extra = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
+        out, ok = partitions_on_nodes(cluster, [cluster.head_node, labelled, resourced, extra], seed + 2)
+        print(json.dumps({"check": "partitions_on_nodes", **out}), flush=True)
+        oks.append(ok)
         out, ok = node_removed(cluster, [cluster.head_node, labelled, resourced, extra], seed + 1)
         print(json.dumps({"check": "node_removed", **out}), flush=True)
         oks.append(ok)
     finally:
         ray.shutdown()
         cluster.shutdown()
-    return 0 if len(oks) == 2 and all(oks) else 1
+    return 0 if len(oks) == 3 and all(oks) else 1
 
 
 if __name__ == "__main__":
