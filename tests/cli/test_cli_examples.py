@@ -1,5 +1,6 @@
 """The CLI and the examples, run as a user would run them."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +10,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*args, timeout=300):
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run(*args, timeout=300, env=None):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.fixture
+def joined(ray_session):
+    """The environment of a script that joins the test session's Ray (``RAY_ADDRESS``, as a script joins
+    a cluster that ``replistream up`` started) instead of starting a Ray of its own: the examples' Ray
+    start-ups cost 5-15 s each. Starting a Ray of its own is what test_ray_demo_json_survives_a_server_kill
+    runs, as the README's `replistream demo` does."""
+    port = ray_session.get_runtime_context().gcs_address.rpartition(":")[2]  # the session's Ray: loopback only
+    return {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}
 
 
 def test_help_lists_commands():
@@ -58,18 +69,18 @@ def test_demo_rejects_bad_k():
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")
                                            if p.name not in ("failure_injection.py", "spark_pipeline.py")))
 @pytest.mark.slow
-def test_example_runs(script):
-    out = run(sys.executable, str(ROOT / "examples" / script))
+def test_example_runs(script, joined):
+    out = run(sys.executable, str(ROOT / "examples" / script), env=joined)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip()
     assert "identical to the ideal run" in out.stdout
 
 
 @pytest.mark.slow
-def test_failure_injection_example_writes_a_plot(tmp_path):
+def test_failure_injection_example_writes_a_plot(tmp_path, joined):
     png = tmp_path / "latency.png"
     out = run(sys.executable, str(ROOT / "examples" / "failure_injection.py"),
-              str(ROOT / "examples" / "scenario.toml"), str(png), "--duration", "11")
+              str(ROOT / "examples" / "scenario.toml"), str(png), "--duration", "11", env=joined)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "identical to the ideal run" in out.stdout
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
