@@ -79,14 +79,16 @@ dep = deploy(q, servers=3, k=1, sinks=sinks, progress=False, parallelism=par)
 t_deploy = time.time()
 res = dep.run(inputs, timeout=3600)
 t_run = time.time()
-cpu = 0.0
+cpu, by_actor = 0.0, {}
 for label, h in dep.handles.items():
+    c = ray.get(h.stats.remote(), timeout=60)["cpu_seconds"]
+    by_actor[label] = round(c, 2)
     if label.split(".")[0].split("#")[0] in par:
-        cpu += ray.get(h.stats.remote(), timeout=60)["cpu_seconds"]
+        cpu += c
 dep.shutdown()
 t_end = time.time()
 print(json.dumps({"deploy_s": t_deploy - t_ready, "run_s": t_run - t_deploy, "whole_s": t_end - t0,
-                  "partitioned_cpu_s": cpu, "complete": res.complete}))
+                  "partitioned_cpu_s": cpu, "cpu_s_by_actor": by_actor, "complete": res.complete}))
 """
 
 
@@ -123,7 +125,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="cpu,w2", help="workloads, comma-separated: cpu, w2")
     ap.add_argument("--cpu-events", type=int, default=400_000)
-    ap.add_argument("--rounds", type=int, default=40, help="passes of the heavy map per tuple")
+    ap.add_argument("--rounds", type=int, default=300, help="passes of the heavy map per tuple")
     ap.add_argument("--w2-events", type=int, default=2_000_000)
     ap.add_argument("--ps", default="1,2")
     ap.add_argument("--out", default=None, help="write the record (date, machine, load, command, figures) here")
@@ -162,6 +164,7 @@ def main() -> int:
                      run_events_per_s=round(events / r["run_s"]),
                      cpu_s_per_million=round(r["partitioned_cpu_s"] / events * 1e6, 3))
             rows.append(r)
+            print(f"  CPU s by actor: {r['cpu_s_by_actor']}", file=sys.stderr)
             print(f"{work} p={p}: run {r['run_s']:.2f} s ({r['run_events_per_s']:,} events/s), whole {r['whole_s']:.2f} s, "
                   f"partitioned operators' CPU {r['cpu_s_per_million']:.2f} s per million events, exact {r['exact']}",
                   file=sys.stderr)

@@ -480,11 +480,11 @@ class Outbox:
                     delay = now - sent
                     link.delay_sum += delay
                     link.delay_max = max(link.delay_max, delay)
-                if link.queue:
-                    wait = max(0.0, link.queue[0][0] - now) if len(link.inflight) < self.max_inflight else 0.002
+                if link.queue and len(link.inflight) < self.max_inflight:
+                    wait = max(0.0, link.queue[0][0] - now)
                     next_due = wait if next_due is None else min(next_due, wait)
-            if any(l.inflight for l in self.links if l.alive):
-                next_due = 0.002 if next_due is None else min(next_due, 0.002)
+                # (a link at max_inflight waits for an acknowledgement: the Sender wakes when a call
+                # completes, see Sender._watch; no polling)
         return next_due
 
     def inflight_refs(self) -> list:
@@ -598,6 +598,11 @@ class Sender(threading.Thread):
         self.outboxes = outboxes
         self.wake = threading.Event()
         self.stopped = False
+        # calls in flight whose completion wakes this thread (their futures' callbacks), and those
+        # completed since the last round: no polling of calls in flight
+        self._watched: set = set()
+        self._done: set = set()
+        self._done_lock = threading.Lock()
         for ob in outboxes:
             ob.wake = self.wake
 
@@ -625,12 +630,11 @@ class Sender(threading.Thread):
                 w = 0.01
             if w is not None:
                 wait = w if wait is None else min(wait, w)
-        # one ray.wait per tick across every output stream of the actor
+        # the calls completed since the last round (each one's completion woke this thread)
         refs = [r for ob in outboxes for r in ob.inflight_refs()]
-        if refs:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if refs or self._watched:
+            ready = self._watch(refs)
             if ready:
-                ready = set(ready)
                 for ob in outboxes:
                     try:
                         ob.collect(ready)
@@ -640,6 +644,24 @@ class Sender(threading.Thread):
         # (bounded too: a cut link's packets are due at infinity until restore() re-times them)
         self.wake.wait(0.25 if wait is None else min(0.25, max(0.0005, wait)))
         self.wake.clear()
+
+    def _watch(self, refs: list) -> set:
+        """Have each call of ``refs`` wake this thread when it completes (once per call); returns
+        those completed so far. Calls no longer in flight (collected, or of a dropped link) are
+        forgotten."""
+        current = set(refs)
+        for r in current - self._watched:
+            r.future().add_done_callback(lambda _f, r=r: self._completed(r))
+        self._watched = current
+        with self._done_lock:
+            ready = self._done & current
+            self._done = ready  # (a completion of a call already forgotten is dropped)
+        return ready
+
+    def _completed(self, ref) -> None:
+        with self._done_lock:
+            self._done.add(ref)
+        self.wake.set()
 
     def _failed(self, e: BaseException) -> None:
         """An error in this thread is a bug that may have left a link without a packet: the replica
