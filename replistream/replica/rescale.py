@@ -89,6 +89,7 @@ class Moves:
         self._held_rows: list[tuple[int, np.ndarray]] = []  # tuples of bins not installed yet
         self._held: list[tuple[int, Item]] = []  # everything, once blocked at a step's time
         self.blocked_at: int | None = None
+        self._mask: np.ndarray | None = None  # bins of steps to take not installed yet (2**bits)
         self.add(steps)
 
     def add(self, steps: Iterable[Move]) -> None:
@@ -98,6 +99,11 @@ class Moves:
                 self.give.append(m)
             elif m.dst == self.partition and m.id not in self.installed:
                 self.take[m.id] = m
+                if self._mask is None:
+                    self._mask = np.zeros(1 << m.bits, dtype=bool)
+                if len(self._mask) != 1 << m.bits:
+                    raise ValueError(f"steps of one replica at different bits: {m.bits} and {len(self._mask).bit_length() - 1}")
+                self._mask[np.asarray(m.bins, dtype=np.int64)] = True
         self.give.sort(key=lambda m: m.at)
 
     @property
@@ -134,9 +140,9 @@ class Moves:
                     return out
             return out + core.logic.process(port, item)
         if self.take and len(item):
-            bins = _bins(core.logic, port, item, self.take.values())
-            if bins is not None:
-                wait = np.isin(bins, np.concatenate([np.asarray(m.bins) for m in self.take.values()]))
+            keys = core.logic.bin_keys(port, item)
+            if keys is not None:
+                wait = self._mask[bin_of(keys, len(self._mask).bit_length() - 1)]
                 if wait.any():
                     self._held_rows.append((port, item[wait]))
                     item = item[~wait]
@@ -174,6 +180,7 @@ class Moves:
         if m is None:
             return []
         self.installed.add(move_id)
+        self._mask[np.asarray(m.bins, dtype=np.int64)] = False
         logic = core.logic
         if logic.live_bins:
             logic._install_tables(state.tables)  # the bins are not in it: added as they are
@@ -203,13 +210,3 @@ def _watermark_after(logic, port: int, p: int) -> int:
     punct = list(logic.in_punct)
     punct[port] = max(int(punct[port]), p)
     return min(punct) if punct else NO_PUNCTUATION
-
-
-def _bins(logic, port: int, batch: np.ndarray, steps) -> np.ndarray | None:
-    keys = logic.bin_keys(port, batch)
-    if keys is None:
-        return None
-    bits = {m.bits for m in steps}
-    if len(bits) != 1:
-        raise ValueError(f"steps of one replica at different bits: {sorted(bits)}")
-    return bin_of(keys, bits.pop())

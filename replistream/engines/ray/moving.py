@@ -50,23 +50,27 @@ class MovingBins:
         return sum(len(it) for it in out if hasattr(it, "dtype"))
 
     def moves_status(self) -> dict:
-        """``{"given": [...], "installed": [...], "give": [...], "take": [...], "waiting": n,
-        "blocked_at": t or None, "send_errors": [...]}``: the steps done and to do here."""
+        """``{"given": n, "installed": n, "give": [ids left], "take": [ids left], "waiting": n,
+        "blocked_at": t or None, "send_errors": [...]}``: the steps done here and those left. The
+        sends checked in one ``ray.wait``, outside the lock (the data path never waits on this)."""
+        refs = list(getattr(self, "_move_refs", []))
+        errors = []
+        if refs:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except Exception as e:  # the taking replica died: its peers took the copy too
+                    errors.append(f"{type(e).__name__}: {e}"[:200])
+            gone = set(done)
+            with self.lock:
+                self._move_refs = [r for r in self._move_refs if r not in gone]
         with self.lock:
             m = None if self.core is None else self.core.moves
-            errors = []
-            for ref in list(getattr(self, "_move_refs", [])):
-                done, _ = ray.wait([ref], timeout=0)
-                if done:
-                    self._move_refs.remove(ref)
-                    try:
-                        ray.get(ref)
-                    except Exception as e:  # the taking replica died: its peers took the copy too
-                        errors.append(f"{type(e).__name__}: {e}"[:200])
             if m is None:
-                return {"given": [], "installed": [], "give": [], "take": [], "waiting": 0, "blocked_at": None,
+                return {"given": 0, "installed": 0, "give": [], "take": [], "waiting": 0, "blocked_at": None,
                         "send_errors": errors}
-            return {"given": sorted(m.given), "installed": sorted(m.installed), "give": [s.id for s in m.give],
+            return {"given": len(m.given), "installed": len(m.installed), "give": [s.id for s in m.give],
                     "take": sorted(m.take), "waiting": m.waiting, "blocked_at": m.blocked_at, "send_errors": errors}
 
     def _ship_moves(self) -> None:

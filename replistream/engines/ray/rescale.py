@@ -238,16 +238,17 @@ def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
     wake = threading.Event()
     while True:
         missing = []
-        for part, ids in [*(("take", x) for x in take.items()), *(("give", x) for x in give.items())]:
-            role, (q, want) = part, ids
-            for label, h in dep.topology.running(partition_label(node, q)):
-                try:
-                    st = ray.get(h.moves_status.remote(), timeout=30)
-                except Exception:  # noqa: BLE001 - a replica lost meanwhile: its peers carry the steps
-                    continue
-                done = set(st["installed"] if role == "take" else st["given"])
-                if not want <= done:
-                    missing.append((label, role, sorted(want - done)[:3], len(want - done)))
+        for role, parts in (("take", take), ("give", give)):
+            for q, want in parts.items():
+                asked = {label: h.moves_status.remote() for label, h in dep.topology.running(partition_label(node, q))}
+                for label, ref in asked.items():
+                    try:
+                        st = ray.get(ref, timeout=30)
+                    except Exception:  # noqa: BLE001 - a replica lost meanwhile: its peers carry the steps
+                        continue
+                    left = want & set(st[role])
+                    if left:
+                        missing.append((label, role, sorted(left)[:3], len(left)))
         if not missing:
             return
         dep.monitor.check_failures()
@@ -255,4 +256,4 @@ def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
             raise RunFailed(f"rescale of {node!r}: steps not done after {timeout:g} s: "
                             + "; ".join(f"{lab} to {role} {n} step(s), e.g. {ids}" for lab, role, ids, n in missing[:4]),
                             operator=node)
-        wake.wait(0.05)
+        wake.wait(0.2)
