@@ -116,7 +116,8 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
             _set_routing(dep, node, p, p0, [*switches, switch])
             targets = {q: [(r.label, dep.topology.handle(r.label)) for r in dep.topology.replicas(partition_label(node, q))
                            if dep.topology.is_running(r.label)] for q in range(p)}
-            involved = {m.src for m in steps} | {m.dst for m in steps}
+            # a stateless operator has no state to move: the switch alone moves its bins
+            involved = {m.src for m in steps} | {m.dst for m in steps} if is_stateful(dep.query, node) else set()
             _all_or_fenced(dep, {label: h.add_moves.remote(steps, targets) for q in sorted(involved)
                                  for label, h in targets[q]}, "its rescale steps")
         held = time.time()
@@ -124,7 +125,8 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
                "steps": len(steps), "bins_moved": len(times), "new_replicas": new_labels,
                "text": f"{node}: {old_p} -> {p} partitions, {len(times)} of {1 << bits} bins in {len(steps)} "
                        f"step(s) from ts {as_seconds(t0)}"}
-        _wait(dep, node, steps, timeout)
+        if involved:
+            _wait(dep, node, steps, timeout)
         rec["seconds"] = round(time.time() - started, 3)
         # where the time went: telling the senders of the new partitions, starting them (the query
         # runs meanwhile), switching and handing out the steps (the feed held), then the steps
