@@ -73,7 +73,7 @@ def test_a_partition_replica_is_repaired_from_its_own_partition_and_its_peer_may
         assert dep.fault_tolerance()["fault_tolerance_per_node"]["per_k"] >= 0
         # each partition of m took its share of the stream, and the shares make the whole (no tuple
         # twice, none lost): m.0#0 and m.1#0 ran from start to end
-        passed = [ray.get(dep.topology.handle(f"m.{p}#0").stats.remote())["core"]["filters"][0]["passed"]
+        passed = [ray.get(dep.topology.handle(f"m.{p}#0").stats.remote(), timeout=60)["core"]["filters"][0]["passed"]
                   for p in (0, 1)]
         assert min(passed) > 0 and sum(passed) == sum(len(c["ts"]) for c in data["s"]), passed
     assert res.complete

@@ -59,7 +59,7 @@ class MovingBins:
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in done:
                 try:
-                    ray.get(ref)
+                    ray.get(ref, timeout=0)  # (ready: returned by the wait above)
                 except Exception as e:  # the taking replica died: its peers took the copy too
                     errors.append(f"{type(e).__name__}: {e}"[:200])
             gone = set(done)

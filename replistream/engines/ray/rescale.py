@@ -43,6 +43,7 @@ from ...plan import group_of, is_stateful, replica_partition
 from ...query import resolve_operator
 from ...replica.rescale import Move
 from ...schema import as_seconds
+from .common import is_actor_death
 
 __all__ = ["STRATEGIES", "partitions", "rescale"]
 
@@ -246,8 +247,13 @@ def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
                 for label, ref in asked.items():
                     try:
                         st = ray.get(ref, timeout=30)
-                    except Exception:  # noqa: BLE001 - a replica lost meanwhile: its peers carry the steps
-                        continue
+                    except Exception as e:
+                        if is_actor_death(e):
+                            continue  # a replica lost meanwhile: its peers carry the steps
+                        if isinstance(e, ray.exceptions.GetTimeoutError):  # silent: the detector decides;
+                            missing.append((label, role, ["(no answer in 30 s)"], len(want)))  # named if it lasts
+                            continue
+                        raise
                     left = want & set(st[role])
                     if left:
                         missing.append((label, role, sorted(left)[:3], len(left)))
