@@ -152,6 +152,10 @@ class DeploymentHost:
                 self.dep.events.extend({"t": self.dep.now(), **rec} for rec in self._seen)
                 self.dep.events.append({"t": self.dep.now(), "event": "host_serves", "host": self.actor,
                                         "generation": self.gen, "at": time.time()})
+                try:  # the generation's claim kept with the state at once: lost only with a write in flight
+                    self.dep._persister.persist_now()
+                except Exception as e:  # noqa: BLE001 - said; the persister's thread writes it on its next look
+                    self.dep.events.append({"t": self.dep.now(), "event": "persist_failed", "error": repr(e)[:300]})
                 self._watched()
             self.fed = self.dep is not None and self.dep.started
             self.role = "serving"
