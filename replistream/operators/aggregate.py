@@ -478,6 +478,17 @@ class TimeWindowAggregateLogic(_GroupedWindows):
                     store.setdefault(r, []).append(part[bounds[i]:bounds[i + 1]])
         return []
 
+    def quiet_until(self, at: int) -> int:
+        """The last timestamp before the end of the first window still open at watermark ``at``:
+        no window closes until the watermark passes it (the windows start at multiples of the
+        slide), so a rescale's new owner takes punctuations up to it without its moving bins.
+
+        >>> TimeWindowAggregateLogic("a", [Schema({"k": "i8"})], size=10, by="k").quiet_until(5)
+        8
+        """
+        first = (np.floor_divide(int(at) - self.size + 1, self.slide) + 1) * self.slide
+        return int(first + self.size - 2)
+
     def _on_watermark(self, wm):
         closing = np.flatnonzero(self._alive[: self._n] & (self._start[: self._n] <= wm - self.size + 1))
         if not len(closing):

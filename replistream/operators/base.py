@@ -400,10 +400,20 @@ class OperatorLogic:
             return self.on_punctuation(port, item.p)
         return self.on_batch(port, item)
 
-    def on_batch(self, port: int, batch: np.ndarray) -> list[Item]:
+    def on_batch(self, port: int, batch: np.ndarray, late_at: int | None = None) -> list[Item]:
+        """Feed one batch on ``port``; what to emit. A tuple with ``ts`` at or below the port's
+        punctuation is late (counted and dead-lettered); ``late_at`` judges it against that
+        punctuation instead: the port's when the batch came, for a batch held back meanwhile (a
+        rescale's bins, replistream/replica/rescale.py).
+
+        >>> from replistream.operators import UnionLogic
+        >>> u = UnionLogic("u", [Schema({"x": "i8"})]); b = u.in_schemas[0].from_columns({"ts": [3], "x": [1]}, ids=[1])
+        >>> _ = u.process(0, Punctuation(5)); len(u.on_batch(0, b, late_at=2)[0]), u.late_count
+        (1, 0)
+        """
         self._check_port(port)
         batch = self.in_schemas[port].check(batch, f"{self.name} input {port}")
-        batch = self._drop_late(port, batch)
+        batch = self._drop_late(port, batch, late_at)
         if not len(batch):
             return []
         self.tuples_in += len(batch)
@@ -476,6 +486,19 @@ class OperatorLogic:
                 self.dead_letters.append(DeadLetter(self.name, reason, bad if emit is None else emit(bad)))
                 self.failed_count += len(idx)
         return kept
+
+    def quiet_until(self, at: int) -> int:
+        """The highest watermark up to which this logic, at watermark ``at`` or above, emits nothing
+        whatever tuples with ``ts > at`` it gets meanwhile: a rescale's new owner goes on taking
+        punctuations up to it while the state of its bins moved at ``at`` is on its way
+        (replistream/replica/rescale.py). ``at`` itself here (no such promise); a time window's
+        aggregate promises up to the last timestamp before its next window's end.
+
+        >>> from replistream.operators import UnionLogic
+        >>> UnionLogic("u", [Schema({"x": "i8"})]).quiet_until(7)
+        7
+        """
+        return int(at)
 
     def forward_punctuation(self, wm):
         """The punctuation this logic forwards once its watermark is ``wm`` (an int or an array of
@@ -664,8 +687,8 @@ class OperatorLogic:
         if not 0 <= port < len(self.in_schemas):
             raise ValueError(f"operator {self.name!r} has {len(self.in_schemas)} input(s); got input {port}")
 
-    def _drop_late(self, port: int, batch: np.ndarray) -> np.ndarray:
-        p = self.in_punct[port]
+    def _drop_late(self, port: int, batch: np.ndarray, p: int | None = None) -> np.ndarray:
+        p = self.in_punct[port] if p is None else p
         if p == NO_PUNCTUATION:
             return batch
         late = batch[TS] <= p

@@ -14,9 +14,12 @@ after the duplicate filter (:meth:`~replistream.replica.ReplicaCore.process`):
   :attr:`Moves.shipped` for the replica to send, then the punctuation goes on. The old owner
   never again holds those bins.
 * **taking** (the new owner): the tuples of the moving bins (all with ``ts > at``) wait, in the
-  order they came, until the state arrives; if the logic's watermark reaches ``at`` first, the
-  logic takes the punctuation ``at`` and then everything waits (no punctuation past ``at`` may
-  leave before the bins' windows are there). :meth:`Moves.install` adds the state (the first
+  order they came, until the state arrives, each with its port's punctuation when it came (it is
+  judged late against that one, as it would have been then). Punctuations go on as long as the
+  logic promises to emit nothing up to them (:meth:`~replistream.operators.base.OperatorLogic.quiet_until`:
+  a time window's aggregate until its next window's end; any other logic ``at``); the first past
+  the promise, the logic takes the punctuation ``at`` and then everything waits (no output that
+  the bins' windows may change leaves before they are there). :meth:`Moves.install` adds the state (the first
   copy from any replica of the old owner: they are identical, decision 1) and lets the waiting
   items through in order.
 
@@ -117,9 +120,10 @@ class Moves:
         return not self.give and not self.take and not self._held and not self._held_rows
 
     # -- the core's data path -------------------------------------------------------------------
-    def feed(self, core, port: int, item: Item) -> list[Item]:
+    def feed(self, core, port: int, item: Item, late_at: int | None = None) -> list[Item]:
         """Process ``item`` (past the duplicate filter and sorter) through ``core.logic``, giving,
-        holding or blocking as the steps say."""
+        holding or blocking as the steps say. ``late_at``: the punctuation of ``port`` when a held
+        batch came (its tuples are judged late against it, as they would have been then)."""
         if self.blocked_at is not None:
             self._held.append((port, item))
             return []
@@ -135,7 +139,10 @@ class Moves:
                 if giving:
                     self._give(core, giving)
                 if any(m.at == at for m in self.take.values()):
-                    self.blocked_at = at  # the bins' windows are not there yet: nothing passes at
+                    quiet = core.logic.quiet_until(at)  # (the logic emits nothing until past it)
+                    if after <= quiet:
+                        continue  # the bins' state is on its way: it is needed only past quiet
+                    self.blocked_at = at  # the bins' windows are not there yet: nothing passes
                     self._held.append((port, item))
                     return out
             return out + core.logic.process(port, item)
@@ -144,10 +151,13 @@ class Moves:
             if keys is not None:
                 wait = self._mask[bin_of(keys, len(self._mask).bit_length() - 1)]
                 if wait.any():
-                    self._held_rows.append((port, item[wait]))
+                    came = core.logic.in_punct[port] if late_at is None else late_at
+                    self._held_rows.append((port, item[wait], came))
                     item = item[~wait]
                     if not len(item):
                         return []
+        if late_at is not None:
+            return core.logic.on_batch(port, item, late_at)
         return core.logic.process(port, item)
 
     def _give(self, core, steps: list[Move]) -> None:
@@ -198,8 +208,8 @@ class Moves:
             return out  # another step of this time is still on its way: everything waits for it
         held, self._held, self.blocked_at = self._held, [], None
         rows, self._held_rows = self._held_rows, []
-        for port, batch in rows:
-            out.extend(self.feed(core, port, batch))
+        for port, batch, came in rows:
+            out.extend(self.feed(core, port, batch, came))
         for port, item in held:
             out.extend(self.feed(core, port, item))
         return out
