@@ -41,7 +41,7 @@ unchanged.
 >>> old.moves, new.moves = Moves([step], partition=0), Moves([step], partition=1)
 >>> b = q.schema_of("s").from_columns({"ts": [1, 2], "k": [1, 2]}, ids=[1, 2])
 >>> _ = old.process(0, 0, b); _ = old.process(0, 0, Punctuation(6))
->>> [m.id for m, _ in old.moves.shipped]        # the bins' state, taken at watermark 5
+>>> [m.id for group, _ in old.moves.shipped for m in group]   # the bins' state, taken at watermark 5
 ['r1/0']
 >>> late = q.schema_of("s").from_columns({"ts": [7], "k": [1]}, ids=[3])
 >>> new.process(0, 0, late), new.moves.waiting   # bin of k=1 not there yet: the tuple waits
@@ -52,6 +52,7 @@ unchanged.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, replace
 from typing import Iterable
 
@@ -86,10 +87,18 @@ class Moves:
         self.partition = partition
         self.give: list[Move] = []  # by time
         self.take: dict[str, Move] = {}  # not installed yet
-        self.shipped: list[tuple[Move, OperatorState]] = []  # taken out, for the replica to send
+        self._times: list[int] = []  # the distinct times of the steps left to give or take, sorted
+        self._give_at: dict[int, list[Move]] = {}  # time -> steps to give
+        self._take_at: dict[int, int] = {}  # time -> steps to take not installed yet
+        # taken out, for the replica to send: the steps given at once to one partition, their state
+        self.shipped: list[tuple[tuple[Move, ...], OperatorState]] = []
         self.installed: set[str] = set()
         self.given: set[str] = set()
-        self._held_rows: list[tuple[int, np.ndarray]] = []  # tuples of bins not installed yet
+        # tuples of bins not installed yet, as they came: (port, tuples, port's punctuation, each one's step number)
+        self._held_rows: list[tuple[int, np.ndarray, int, np.ndarray]] = []
+        self._num: dict[str, int] = {}  # step to take -> its number
+        self._ready = np.zeros(0, dtype=bool)  # by step number: installed
+        self._bin_step: np.ndarray | None = None  # each bin's step to take (a number), -1: none
         self._held: list[tuple[int, Item]] = []  # everything, once blocked at a step's time
         self.blocked_at: int | None = None
         self._mask: np.ndarray | None = None  # bins of steps to take not installed yet (2**bits)
@@ -98,16 +107,30 @@ class Moves:
     def add(self, steps: Iterable[Move]) -> None:
         """Take more steps (those of this replica's partition; the others are ignored)."""
         for m in steps:
-            if m.src == self.partition and m.id not in self.given:
+            if m.src == self.partition and m.id not in self.given and m not in self._give_at.get(m.at, ()):
                 self.give.append(m)
-            elif m.dst == self.partition and m.id not in self.installed:
+                self._give_at.setdefault(m.at, []).append(m)
+            elif m.dst == self.partition and m.id not in self.installed and m.id not in self.take:
                 self.take[m.id] = m
+                self._take_at[m.at] = self._take_at.get(m.at, 0) + 1
                 if self._mask is None:
                     self._mask = np.zeros(1 << m.bits, dtype=bool)
+                    self._bin_step = np.full(1 << m.bits, -1, dtype=np.int64)
                 if len(self._mask) != 1 << m.bits:
                     raise ValueError(f"steps of one replica at different bits: {m.bits} and {len(self._mask).bit_length() - 1}")
                 self._mask[np.asarray(m.bins, dtype=np.int64)] = True
+                self._bin_step[np.asarray(m.bins, dtype=np.int64)] = self._num[m.id] = len(self._num)
         self.give.sort(key=lambda m: m.at)
+        self._times = sorted(set(self._give_at) | set(self._take_at))
+        self._ready = np.r_[self._ready, np.zeros(len(self._num) - len(self._ready), dtype=bool)]
+
+    def _done_at(self, at: int) -> None:
+        """Forget time ``at`` once no step of it is left to give or take."""
+        if at not in self._give_at and not self._take_at.get(at):
+            self._take_at.pop(at, None)
+            i = bisect.bisect_left(self._times, at)
+            if i < len(self._times) and self._times[i] == at:
+                del self._times[i]
 
     @property
     def waiting(self) -> int:
@@ -130,15 +153,16 @@ class Moves:
         if isinstance(item, Punctuation):
             out: list[Item] = []
             after = _watermark_after(core.logic, port, int(item.p))
-            for at in sorted({m.at for m in self.give} | {m.at for m in self.take.values()}):
-                if at > after:
-                    break
+            for at in self._times[:bisect.bisect_right(self._times, after)]:
                 if core.logic.watermark < at:  # (then this port is the one behind: the others are past at)
                     out.extend(core.logic.process(port, Punctuation(at)))  # the watermark is now at
-                giving = [m for m in self.give if m.at == at]
-                if giving:
-                    self._give(core, giving)
-                if any(m.at == at for m in self.take.values()):
+                if at in self._give_at:
+                    # the later steps up to what the logic promises to emit nothing by go at once
+                    # (one pass over the state): none of their windows would close before their time
+                    upto = min(after, core.logic.quiet_until(at))
+                    times = self._times[bisect.bisect_left(self._times, at):bisect.bisect_right(self._times, upto)]
+                    self._give(core, [m for t in times for m in self._give_at.get(t, ())])
+                if self._take_at.get(at):
                     quiet = core.logic.quiet_until(at)  # (the logic emits nothing until past it)
                     if after <= quiet:
                         continue  # the bins' state is on its way: it is needed only past quiet
@@ -149,10 +173,11 @@ class Moves:
         if self.take and len(item):
             keys = core.logic.bin_keys(port, item)
             if keys is not None:
-                wait = self._mask[bin_of(keys, len(self._mask).bit_length() - 1)]
+                bins = bin_of(keys, len(self._mask).bit_length() - 1)
+                wait = self._mask[bins]
                 if wait.any():
                     came = core.logic.in_punct[port] if late_at is None else late_at
-                    self._held_rows.append((port, item[wait], came))
+                    self._held_rows.append((port, item[wait], came, self._bin_step[bins[wait]]))
                     item = item[~wait]
                     if not len(item):
                         return []
@@ -177,42 +202,95 @@ class Moves:
             rest = core.query.build_logic(core.node, core.strict).restore(moving.select(np.flatnonzero(keep)))
             rest.dead_letters = logic.dead_letters  # (what the logic set aside stays with this replica)
             core.logic = rest
+        gone = {m.id for m in steps}
+        self.give = [m for m in self.give if m.id not in gone]
+        per_dst: dict[int, list[Move]] = {}
         for m in steps:
-            self.give.remove(m)
             self.given.add(m.id)
-            self.shipped.append((m, moving.select(m.bins)))
+            self._give_at.pop(m.at, None)
+            self._done_at(m.at)
+            per_dst.setdefault(m.dst, []).append(m)
+        for group in per_dst.values():  # (one state per partition taking: one message, one install)
+            mine = moving if len(per_dst) == 1 and drop is not None and logic.live_bins else \
+                moving.select(np.unique(np.concatenate([np.asarray(m.bins, dtype=np.int64) for m in group])))
+            self.shipped.append((tuple(group), mine))
 
     def install(self, core, move_id: str, state: OperatorState) -> list[Item]:
         """Add the bins of step ``move_id`` from ``state`` (the old owner's, taken at the step's
         time) to ``core.logic`` and process what waited for them; the outputs. A second copy (from
         another replica of the old owner) is ignored."""
-        m = self.take.pop(move_id, None)
-        if m is None:
+        return self.install_many(core, [((move_id,), state)])
+
+    def install_many(self, core, given: list) -> list[Item]:
+        """:meth:`install` for each ``(step ids, state)`` of ``given`` (the steps an old owner's
+        replica gave at once, their bins' state: :attr:`shipped`), then what waited for any of
+        them, in the order it came (one pass over what is held, in batches as large as it came).
+        Steps installed already (a copy from another replica of the old owner, which may have
+        given them in other groups) are left out."""
+        added = False
+        for ids, state in given:
+            new = [self.take.pop(i) for i in ids if i in self.take]
+            if not new:
+                continue
+            if len(new) < len(ids):  # (only the bins of the steps not installed yet)
+                state = state.select(np.unique(np.concatenate([np.asarray(m.bins, dtype=np.int64) for m in new])))
+            added = True
+            for m in new:
+                self.installed.add(m.id)
+                self._take_at[m.at] -= 1
+                self._done_at(m.at)
+                self._ready[self._num[m.id]] = True
+                self._mask[np.asarray(m.bins, dtype=np.int64)] = False
+                self._bin_step[np.asarray(m.bins, dtype=np.int64)] = -1
+            logic = core.logic
+            if logic.live_bins:
+                logic._install_tables(state.tables)  # the bins are not in it: added as they are
+            else:
+                mine = logic.checkpoint(state.bits)
+                merged = OperatorState.merge([mine, replace(state, in_punct=mine.in_punct, watermark=mine.watermark)])
+                fresh = core.query.build_logic(core.node, core.strict).restore(merged)
+                fresh.dead_letters = logic.dead_letters
+                core.logic = fresh
+        if not added:
             return []
-        self.installed.add(move_id)
-        self._mask[np.asarray(m.bins, dtype=np.int64)] = False
-        logic = core.logic
-        if logic.live_bins:
-            logic._install_tables(state.tables)  # the bins are not in it: added as they are
-        else:
-            mine = logic.checkpoint(state.bits)
-            merged = OperatorState.merge([mine, replace(state, in_punct=mine.in_punct, watermark=mine.watermark)])
-            fresh = core.query.build_logic(core.node, core.strict).restore(merged)
-            fresh.dead_letters = logic.dead_letters
-            core.logic = fresh
+        # the tuples held for the steps' bins came before anything held at a block (all with
+        # ts > at): they go first, each with its port's punctuation when it came; consecutive
+        # ones of a port and punctuation in one batch
         out: list[Item] = []
-        # the tuples held for the bins came before anything held at the block (all with ts > at):
-        # they go first, then the rest in order (each through feed again: another step's bins or
-        # time may hold them anew)
-        if self.blocked_at is not None and any(t.at == self.blocked_at for t in self.take.values()):
-            return out  # another step of this time is still on its way: everything waits for it
+        keep, run = [], []
+        for port, rows, came, nums in self._held_rows:
+            ready = self._ready[nums]
+            if ready.all():
+                go = rows
+            else:
+                if ready.any():
+                    keep.append((port, rows[~ready], came, nums[~ready]))
+                    go = rows[ready]
+                else:
+                    keep.append((port, rows, came, nums))
+                    continue
+            if run and (run[0][0], run[0][2]) != (port, came):
+                out.extend(_replay(core, run))
+                run = []
+            run.append((port, go, came))
+        if run:
+            out.extend(_replay(core, run))
+        self._held_rows = keep
+        if self.blocked_at is None or self._take_at.get(self.blocked_at):
+            return out  # nothing blocked, or another step of that time is still on its way
+        # then everything held at the block, in order (through feed again: another step's time
+        # may hold it anew)
         held, self._held, self.blocked_at = self._held, [], None
-        rows, self._held_rows = self._held_rows, []
-        for port, batch, came in rows:
-            out.extend(self.feed(core, port, batch, came))
         for port, item in held:
             out.extend(self.feed(core, port, item))
         return out
+
+
+def _replay(core, run: list) -> list[Item]:
+    """Batches of one port held with one punctuation, processed as one."""
+    port, _, came = run[0]
+    rows = run[0][1] if len(run) == 1 else np.concatenate([r for _, r, _ in run])
+    return core.logic.on_batch(port, rows, came)
 
 
 def _watermark_after(logic, port: int, p: int) -> int:

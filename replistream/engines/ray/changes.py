@@ -83,7 +83,7 @@ class Changes:
                                                          lag_ms=lag_ms)
 
     def rescale(self, operator: str, p: int, strategy: str = "fluid", bins_per_step: int | None = None,
-                gap_ms: float = 10.0, timeout: float = 300.0) -> dict:
+                gap_ms: float = 1.0, timeout: float = 300.0) -> dict:
         """Run partitioned ``operator`` as ``p`` partitions from now on, moving bins of its key space
         from the old partitions to the new ones while the query runs (Megaphone §3.3): each bin's
         tuples after a logical time go to its new owner, which starts from the old owner's state

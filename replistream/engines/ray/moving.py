@@ -35,15 +35,13 @@ class MovingBins:
         return True
 
     def move_in(self, steps: list) -> int:
-        """Install the state of each ``(step id, state)`` of ``steps`` (from a replica of the giving
-        partition; a second copy is ignored) and process what waited for it. Returns the tuples
-        emitted."""
+        """Install the state of each ``(step ids, state)`` of ``steps`` (steps given at once by a
+        replica of the giving partition; a second copy is ignored) and process what waited for
+        them. Returns the tuples emitted."""
         with self.lock:
             if self.core is None or self.core.moves is None:
                 raise RuntimeError(f"{self.label} takes part in no rescale (steps {[i for i, _ in steps][:3]})")
-            out = []
-            for move_id, state in steps:
-                out.extend(self.core.moves.install(self.core, move_id, state))
+            out = self.core.moves.install_many(self.core, steps)
             self._emit(self.out, out)
             self._ship_moves()
         self.out.wait_for_room()
@@ -79,9 +77,9 @@ class MovingBins:
         moves = self.core.moves if self.core is not None else None
         if moves is None or not moves.shipped:
             return
-        per_dst: dict[int, list] = {}  # one call per taking replica for every step given at once
-        for m, state in moves.shipped:
-            per_dst.setdefault(int(m.dst), []).append((m.id, state))
+        per_dst: dict[int, list] = {}  # one call per taking replica for every step given since
+        for group, state in moves.shipped:
+            per_dst.setdefault(int(group[0].dst), []).append((tuple(m.id for m in group), state))
         for dst, batch in per_dst.items():
             for label, h in self._move_targets.get(dst, []):
                 try:
