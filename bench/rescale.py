@@ -8,7 +8,7 @@ a rescale moves) is fed paced at ``--rate`` events per second of wall time (k = 
 ``parallelism={"per_key": 1}``, 2^``--bits`` bins, ``--spares`` warm spares for the new
 partitions' processes). Once the feed has run ``--warm`` s, the operator is rescaled 1 -> 2, then
 2 -> 4, with one strategy; each strategy runs in a fresh deployment of its own (one process, one
-after the other, the actor pool emptied before each). Per strategy: the end-to-end latency of
+after the other, the actor pool emptied before each), ``--repeat`` times, alternating. Per strategy: the end-to-end latency of
 every output tuple (arrival minus its timestamp's wall time), its maximum and 99th percentile
 while each rescale runs (from the call to its return, plus one window), its maximum while the
 bins move (from the switch on), against the same before the first one; the rescale's phases (``phases_s``: the feed is held only during ``feed_held``);
@@ -105,6 +105,7 @@ def main() -> int:
     ap.add_argument("--gap-ms", type=float, default=1.0, help="event time between two steps (fluid, batched)")
     ap.add_argument("--spares", type=int, default=6, help="warm spares (deploy(spares=)): the new partitions' processes")
     ap.add_argument("--strategies", default="fluid,all-at-once")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per strategy (alternating); the figures are medians")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     strategies = [s.strip() for s in args.strategies.split(",")]
@@ -118,19 +119,27 @@ def main() -> int:
     print(f"reference run of {events:,} events ...", file=sys.stderr)
     ref = run_reference(_query(args.window), data).outputs["out"]
     load = os.getloadavg()[0]
-    runs = [_one(s, args, data, ref) for s in strategies]
+    runs = []
+    for rep in range(args.repeat):  # (strategies alternate: the machine's drift falls on both)
+        for s in (strategies if rep % 2 == 0 else strategies[::-1]):
+            runs.append({**_one(s, args, data, ref), "repeat": rep})
     figures = {}
-    for r in runs:
+    med: dict[tuple, float] = {}
+    for s in strategies:
+        mine = [r for r in runs if r["strategy"] == s]
         for step in ("1->2", "2->4"):
-            figures[f"{r['strategy']} {step}: max latency during"] = f"{r[step]['max_ms']} ms"
-            figures[f"{r['strategy']} {step}: max latency while bins move"] = f"{r[step]['max_ms_moving']} ms"
-        figures[f"{r['strategy']}: max latency before"] = f"{r['before']['max_ms']} ms"
-    by = {r["strategy"]: r for r in runs}
-    if "fluid" in by and "all-at-once" in by:
+            vals = [r[step]["max_ms"] for r in mine if r[step]["max_ms"] is not None]
+            med[s, step] = float(np.median(vals)) if vals else None
+            figures[f"{s} {step}: max latency during (median of {len(vals)})"] = f"{med[s, step]} ms"
+            figures[f"{s} {step}: max latency during, each run"] = ", ".join(f"{v} ms" for v in vals)
+            figures[f"{s} {step}: max latency while bins move, each run"] = \
+                ", ".join(f"{r[step]['max_ms_moving']} ms" for r in mine)
+        figures[f"{s}: max latency before, each run"] = ", ".join(f"{r['before']['max_ms']} ms" for r in mine)
+    if "fluid" in strategies and "all-at-once" in strategies:
         for step in ("1->2", "2->4"):
-            f, a = by["fluid"][step]["max_ms"], by["all-at-once"][step]["max_ms"]
+            f, a = med["fluid", step], med["all-at-once", step]
             if f and a:
-                figures[f"fluid / all-at-once max latency {step}"] = f"{f / a:.2f}"
+                figures[f"fluid / all-at-once max latency {step} (medians)"] = f"{f / a:.2f}"
     rec = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} ({os.cpu_count()} cores)",
            "load": round(load, 2), "command": "python " + " ".join(sys.argv), "figures": figures, "runs": runs,
            "all_exact": all(r["exact"] for r in runs)}
