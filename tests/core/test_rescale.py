@@ -109,6 +109,21 @@ def test_partitions_with_moving_bins_give_the_reference_output(make, fluid, seed
     assert_same_output(ref.outputs["out"], got)
 
 
+def _through(q, data, router, cores, hand_over) -> np.ndarray:
+    """Feed ``data`` through ``router`` to ``cores``, one per partition; ``hand_over(group, state)``
+    delivers what a core gave and returns the outputs. All the output tuples."""
+    entry, out = q.build_entry("s"), []
+    for chunk in data["s"] + [None]:
+        for it in (entry.push(chunk) if chunk is not None else entry.close()):
+            for p, share in enumerate(router.route(0, [it])):
+                for x in share:
+                    out.extend(cores[p].process(0, 0, x))
+                    for group, st in cores[p].moves.shipped:
+                        out.extend(hand_over(group, st))
+                    cores[p].moves.shipped.clear()
+    return np.concatenate([x for x in out if isinstance(x, np.ndarray) and len(x)])
+
+
 def test_a_bin_moved_without_its_state_is_caught():
     """Negative control: installing nothing for the moved bins loses their windows' earlier
     tuples, and the comparison fails."""
@@ -120,18 +135,11 @@ def test_a_bin_moved_without_its_state_is_caught():
     cores = [ReplicaCore(q, "op", channels=[1]) for _ in range(2)]
     for p, c in enumerate(cores):
         c.moves = Moves(steps, partition=p)
-    entry, out = q.build_entry("s"), []
-    for chunk in data["s"] + [None]:
-        for it in (entry.push(chunk) if chunk is not None else entry.close()):
-            for p, share in enumerate(router.route(0, [it])):
-                for x in share:
-                    out.extend(cores[p].process(0, 0, x))
-                    for group, st in cores[p].moves.shipped:
-                        empty = st.select([])
-                        dst = cores[group[0].dst]
-                        out.extend(dst.moves.install_many(dst, [(tuple(m.id for m in group), empty)]))
-                    cores[p].moves.shipped.clear()
-    got = np.concatenate([x for x in out if isinstance(x, np.ndarray) and len(x)])
+    def nothing(group, st):
+        dst = cores[group[0].dst]
+        return dst.moves.install_many(dst, [(tuple(m.id for m in group), st.select([]))])
+
+    got = _through(q, data, router, cores, nothing)
     with pytest.raises(AssertionError):
         assert_same_output(ref.outputs["out"], got)
 
@@ -196,17 +204,11 @@ def test_a_second_copy_given_in_other_groups_installs_only_what_is_missing():
     cores = [ReplicaCore(q, "op", channels=[1]) for _ in range(2)]
     for p, c in enumerate(cores):
         c.moves = Moves(steps, partition=p)
-    entry, out = q.build_entry("s"), []
-    for chunk in data["s"] + [None]:
-        for it in (entry.push(chunk) if chunk is not None else entry.close()):
-            for p, share in enumerate(router.route(0, [it])):
-                for x in share:
-                    out.extend(cores[p].process(0, 0, x))
-                    for group, st in cores[p].moves.shipped:
-                        assert [m.id for m in group] == ["a", "b"]  # given at once
-                        first = st.select(steps[0].bins)  # another replica's copy of step a alone
-                        out.extend(cores[1].moves.install_many(cores[1], [(("a",), first), (("a", "b"), st)]))
-                    cores[p].moves.shipped.clear()
+    def twice(group, st):
+        assert [m.id for m in group] == ["a", "b"]  # given at once
+        first = st.select(steps[0].bins)  # another replica's copy of step a alone
+        return cores[1].moves.install_many(cores[1], [(("a",), first), (("a", "b"), st)])
+
+    got = _through(q, data, router, cores, twice)
     assert all(c.moves.idle for c in cores)
-    got = np.concatenate([x for x in out if isinstance(x, np.ndarray) and len(x)])
     assert_same_output(ref.outputs["out"], got)
