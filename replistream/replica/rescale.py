@@ -186,8 +186,11 @@ class Moves:
         return core.logic.process(port, item)
 
     def _give(self, core, steps: list[Move]) -> None:
-        """Take the bins of ``steps`` (all at one time, the logic's watermark) out of ``core.logic``
-        into :attr:`shipped`: one pass over the state for them all."""
+        """Take the bins of ``steps`` out of ``core.logic`` into :attr:`shipped`, one state per
+        taking partition: one pass over the state for them all. The logic's watermark is the first
+        step's time; the others' times are no later than what it promises to emit nothing by
+        (:meth:`~replistream.operators.base.OperatorLogic.quiet_until`), so their bins' state is
+        what it would be at their own times."""
         logic = core.logic
         bits = steps[0].bits
         bins = np.unique(np.concatenate([np.asarray(m.bins, dtype=np.int64) for m in steps]))
