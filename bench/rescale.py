@@ -8,11 +8,12 @@ a rescale moves) is fed paced at ``--rate`` events per second of wall time (k = 
 ``parallelism={"per_key": 1}``, 2^``--bits`` bins, ``--spares`` warm spares for the new
 partitions' processes). Once the feed has run ``--warm`` s, the operator is rescaled 1 -> 2, then
 2 -> 4, with one strategy; each strategy runs in a fresh deployment of its own (one process, one
-after the other, the actor pool emptied before each), ``--repeat`` times, alternating. Per strategy: the end-to-end latency of
-every output tuple (arrival minus its timestamp's wall time), its maximum and 99th percentile
-while each rescale runs (from the call to its return, plus one window), its maximum while the
-bins move (from the switch on), against the same before the first one; the rescale's phases (``phases_s``: the feed is held only during ``feed_held``);
-and whether the output equals the reference run.
+after the other, the actor pool emptied before each), ``--repeat`` times, alternating. Per
+strategy: the end-to-end latency of every output tuple (arrival minus its timestamp's wall time),
+its maximum and 99th percentile while each rescale runs (from the call to its return, plus one
+window), its maximum while the bins move (from the switch on), against the same before the first
+one; the rescale's phases (``phases_s``: the feed is held only during ``feed_held``); and whether
+the output equals the reference run. The figures are medians over the runs.
 """
 from __future__ import annotations
 

@@ -85,7 +85,6 @@ class Moves:
 
     def __init__(self, steps: Iterable[Move] = (), partition: int | None = None):
         self.partition = partition
-        self.give: list[Move] = []  # by time
         self.take: dict[str, Move] = {}  # not installed yet
         self._times: list[int] = []  # the distinct times of the steps left to give or take, sorted
         self._give_at: dict[int, list[Move]] = {}  # time -> steps to give
@@ -101,26 +100,22 @@ class Moves:
         self._bin_step: np.ndarray | None = None  # each bin's step to take (a number), -1: none
         self._held: list[tuple[int, Item]] = []  # everything, once blocked at a step's time
         self.blocked_at: int | None = None
-        self._mask: np.ndarray | None = None  # bins of steps to take not installed yet (2**bits)
         self.add(steps)
 
     def add(self, steps: Iterable[Move]) -> None:
         """Take more steps (those of this replica's partition; the others are ignored)."""
         for m in steps:
             if m.src == self.partition and m.id not in self.given and m not in self._give_at.get(m.at, ()):
-                self.give.append(m)
                 self._give_at.setdefault(m.at, []).append(m)
             elif m.dst == self.partition and m.id not in self.installed and m.id not in self.take:
                 self.take[m.id] = m
                 self._take_at[m.at] = self._take_at.get(m.at, 0) + 1
-                if self._mask is None:
-                    self._mask = np.zeros(1 << m.bits, dtype=bool)
+                if self._bin_step is None:
                     self._bin_step = np.full(1 << m.bits, -1, dtype=np.int64)
-                if len(self._mask) != 1 << m.bits:
-                    raise ValueError(f"steps of one replica at different bits: {m.bits} and {len(self._mask).bit_length() - 1}")
-                self._mask[np.asarray(m.bins, dtype=np.int64)] = True
+                if len(self._bin_step) != 1 << m.bits:
+                    raise ValueError(f"steps of one replica at different bits: {m.bits} and "
+                                     f"{len(self._bin_step).bit_length() - 1}")
                 self._bin_step[np.asarray(m.bins, dtype=np.int64)] = self._num[m.id] = len(self._num)
-        self.give.sort(key=lambda m: m.at)
         self._times = sorted(set(self._give_at) | set(self._take_at))
         self._ready = np.r_[self._ready, np.zeros(len(self._num) - len(self._ready), dtype=bool)]
 
@@ -133,6 +128,11 @@ class Moves:
                 del self._times[i]
 
     @property
+    def give(self) -> list[Move]:
+        """The steps left to give, by time."""
+        return [m for t in sorted(self._give_at) for m in self._give_at[t]]
+
+    @property
     def waiting(self) -> int:
         """Items held back (tuples of bins not installed, and everything once blocked)."""
         return len(self._held_rows) + len(self._held)
@@ -140,7 +140,7 @@ class Moves:
     @property
     def idle(self) -> bool:
         """True when nothing is left to give or take."""
-        return not self.give and not self.take and not self._held and not self._held_rows
+        return not self._give_at and not self.take and not self._held and not self._held_rows
 
     # -- the core's data path -------------------------------------------------------------------
     def feed(self, core, port: int, item: Item, late_at: int | None = None) -> list[Item]:
@@ -173,11 +173,11 @@ class Moves:
         if self.take and len(item):
             keys = core.logic.bin_keys(port, item)
             if keys is not None:
-                bins = bin_of(keys, len(self._mask).bit_length() - 1)
-                wait = self._mask[bins]
+                step = self._bin_step[bin_of(keys, len(self._bin_step).bit_length() - 1)]
+                wait = step >= 0
                 if wait.any():
                     came = core.logic.in_punct[port] if late_at is None else late_at
-                    self._held_rows.append((port, item[wait], came, self._bin_step[bins[wait]]))
+                    self._held_rows.append((port, item[wait], came, step[wait]))
                     item = item[~wait]
                     if not len(item):
                         return []
@@ -193,7 +193,7 @@ class Moves:
         what it would be at their own times."""
         logic = core.logic
         bits = steps[0].bits
-        bins = np.unique(np.concatenate([np.asarray(m.bins, dtype=np.int64) for m in steps]))
+        bins = _bins_of(steps)
         drop = getattr(logic, "drop_bins", None)
         if logic.live_bins and drop is not None:  # the bins' rows only (a time window's aggregate)
             moving = logic.checkpoint(bits, bins)
@@ -205,8 +205,6 @@ class Moves:
             rest = core.query.build_logic(core.node, core.strict).restore(moving.select(np.flatnonzero(keep)))
             rest.dead_letters = logic.dead_letters  # (what the logic set aside stays with this replica)
             core.logic = rest
-        gone = {m.id for m in steps}
-        self.give = [m for m in self.give if m.id not in gone]
         per_dst: dict[int, list[Move]] = {}
         for m in steps:
             self.given.add(m.id)
@@ -215,7 +213,7 @@ class Moves:
             per_dst.setdefault(m.dst, []).append(m)
         for group in per_dst.values():  # (one state per partition taking: one message, one install)
             mine = moving if len(per_dst) == 1 and drop is not None and logic.live_bins else \
-                moving.select(np.unique(np.concatenate([np.asarray(m.bins, dtype=np.int64) for m in group])))
+                moving.select(_bins_of(group))
             self.shipped.append((tuple(group), mine))
 
     def install(self, core, move_id: str, state: OperatorState) -> list[Item]:
@@ -236,14 +234,13 @@ class Moves:
             if not new:
                 continue
             if len(new) < len(ids):  # (only the bins of the steps not installed yet)
-                state = state.select(np.unique(np.concatenate([np.asarray(m.bins, dtype=np.int64) for m in new])))
+                state = state.select(_bins_of(new))
             added = True
             for m in new:
                 self.installed.add(m.id)
                 self._take_at[m.at] -= 1
                 self._done_at(m.at)
                 self._ready[self._num[m.id]] = True
-                self._mask[np.asarray(m.bins, dtype=np.int64)] = False
                 self._bin_step[np.asarray(m.bins, dtype=np.int64)] = -1
             logic = core.logic
             if logic.live_bins:
@@ -287,6 +284,11 @@ class Moves:
         for port, item in held:
             out.extend(self.feed(core, port, item))
         return out
+
+
+def _bins_of(steps) -> np.ndarray:
+    """The bins of ``steps``, sorted and distinct."""
+    return np.unique(np.concatenate([np.asarray(m.bins, dtype=np.int64) for m in steps]))
 
 
 def _replay(core, run: list) -> list[Item]:
