@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .operators.entry import EntryLogic
     from .query import Query
 
-__all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
+__all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "paced_pieces", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
            "source_streams", "Sentinel", "Handed", "KillReplica", "StopReplica", "KillServer", "Pause", "Call", "Revive",
            "AddReplica", "inject_at"]
 
@@ -133,7 +133,8 @@ def _cut(chunk: Any, size: int):
     yield chunk
 
 
-def cut_by_time(chunk: Any, span: int | Callable[[], int]):
+def cut_by_time(chunk: Any, span: int | Callable[[], int], punct: Callable[[np.ndarray], np.ndarray] | None = None,
+                before: float = -math.inf):
     """``chunk`` in row slices that each span at most ``span`` µs of event time (from the slice's
     first row, by the running maximum of the timestamps, so rows keep their order): what a paced
     replay sends at once. ``span`` may be a function, asked again before each slice (a batch
@@ -141,34 +142,84 @@ def cut_by_time(chunk: Any, span: int | Callable[[], int]):
     timestamps are cut; anything else, or a chunk within ``span``, passes whole. As with
     :func:`iter_chunks`, cutting never changes a run's result.
 
+    ``punct`` is the source's punctuation rule (the entry point's
+    :meth:`~replistream.operators.entry.EntryLogic.auto_punctuation`, a function of the running
+    maximum of the timestamps) and ``before`` the running maximum before this chunk: a row that
+    raises the punctuation then ends its slice. A replay that releases each slice at its last
+    row's time thus sends every punctuation at the time of the row that raises it: batching
+    delays rows by at most ``span``, never the windows they close.
+
     >>> [c["ts"].tolist() for c in cut_by_time({"ts": np.array([0, 3, 9, 10, 25])}, 10)]
     [[0, 3, 9, 10], [25]]
     >>> [len(c) for c in cut_by_time([{"ts": 0}, {"ts": 50}, {"x": 1}], 10)]
     [1, 2]
+    >>> grid = lambda m: m // 5 * 5 - 1      # a punctuation every 5 µs
+    >>> [c["ts"].tolist() for c in cut_by_time({"ts": np.array([0, 3, 5, 6, 9, 10])}, 100, grid, before=0)]
+    [[0, 3, 5], [6, 9, 10]]
     """
     t = _row_times(chunk)
-    if t is None or len(t) < 2:
+    if t is None or not len(t):
         yield chunk
         return
-    t = np.maximum.accumulate(np.where(np.isnan(t), -np.inf, t))
+    t = np.maximum(np.maximum.accumulate(np.where(np.isnan(t), -np.inf, t)), before)
     width = span if callable(span) else (lambda: span)
-    if not np.isfinite(t[-1]) or t[-1] - t[np.argmax(np.isfinite(t))] <= width():
+    raise_at = _punctuation_raises(t, punct, before) if punct is not None else _NO_ROWS
+    if len(t) < 2 or (np.isfinite(t[-1]) and t[-1] - t[np.argmax(np.isfinite(t))] <= width()
+                      and (not len(raise_at) or raise_at[0] == len(t) - 1)):
+        yield chunk
+        return
+    if not np.isfinite(t[-1]) and not len(raise_at):
         yield chunk
         return
     n, a = len(t), 0
     while a < n:
         base = t[a] if np.isfinite(t[a]) else t[np.argmax(np.isfinite(t))]
         b = max(a + 1, int(np.searchsorted(t, base + width(), "right")))
+        j = int(np.searchsorted(raise_at, a))  # the first row from a on that raises the punctuation
+        if j < len(raise_at) and raise_at[j] < b:
+            b = int(raise_at[j]) + 1
         yield _rows(chunk, a, b)
         a = b
+
+
+_NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+def _punctuation_raises(t: np.ndarray, punct: Callable[[np.ndarray], np.ndarray], before: float) -> np.ndarray:
+    """The rows at which the running maxima ``t`` (floats, -inf before any readable time) raise
+    the punctuation ``punct`` gives, from where ``before`` left it."""
+    m = np.r_[before, t]
+    known = np.isfinite(m)
+    p = np.full(len(m), NO_PUNCTUATION, dtype=np.int64)
+    p[known] = np.asarray(punct(m[known].astype(np.int64)), dtype=np.int64)
+    return np.flatnonzero(p[1:] > p[:-1])
+
+
+def paced_pieces(chunks: Iterator, span: int | Callable[[], int],
+                 punct: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator:
+    """Every chunk of one source cut by :func:`cut_by_time`, the running maximum of its timestamps
+    carried from chunk to chunk (so the rows that raise ``punct`` end their pieces across chunk
+    boundaries too).
+
+    >>> grid = lambda m: m // 5 * 5 - 1     # the source's first row raises it too (from none)
+    >>> [c["ts"].tolist() for c in paced_pieces(iter([{"ts": np.array([6, 7])}, {"ts": np.array([9, 12, 13])}]), 100, grid)]
+    [[6], [7], [9, 12], [13]]
+    """
+    before = -math.inf
+    for chunk in chunks:
+        yield from cut_by_time(chunk, span, punct, before)
+        t = _row_times(chunk)
+        if t is not None and len(t) and not np.isnan(t).all():
+            before = max(before, float(np.nanmax(t)))
 
 
 class AdaptiveCut:
     """How much wall time a paced chunk may span: the batch size of a paced replay, adapted to
     whether the deployment keeps up (#16: batches adaptive to rate and latency target).
 
-    It starts at ``chunk_ms`` (each row leaves within ``chunk_ms`` of its time: the latency
-    target). When a piece is sent later than 4 spans after its time (the entry points hold
+    It starts at ``chunk_ms`` (a piece leaves at its last row's time, so each row waits at most
+    ``chunk_ms``; rows that raise a punctuation end their pieces and do not wait, see
+    :func:`cut_by_time`). When a piece is sent later than 4 spans after its time (the entry points hold
     the feeder back: the deployment cannot take that many packets), the span doubles, at most
     once per 8 spans of wall time (so a backlog that takes time to drain does not blow it up)
     and up to ``max_ms``: fewer, larger packets cost less per tuple. After ``calm`` pieces sent

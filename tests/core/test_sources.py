@@ -107,3 +107,37 @@ def test_replicated_run_with_a_whole_mapping_matches_the_reference():
     ref = run_reference(q, data, on_malformed="dead_letter")
     rep = run_replicated(q, data, k=2, seed=5, on_malformed="dead_letter")
     assert_same_output(ref.outputs["counts"], rep.outputs["counts"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_paced_pieces_end_at_every_row_that_raises_the_punctuation(seed):
+    """A paced replay sends each piece at its last row's time: so that batching never delays a
+    window's close, every row that raises the source's punctuation ends its piece (across chunk
+    boundaries too), each piece spans at most ``span`` µs, and the pieces are the input in order."""
+    from replistream.schema import Schema
+    from replistream.operators.entry import EntryLogic
+    from replistream.sources import paced_pieces
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(50, 400))
+    ts = np.sort(rng.integers(0, 5_000, n))
+    if seed % 2:  # some disorder: the running maximum decides
+        ts = ts + rng.integers(0, 30, n)
+    entry = EntryLogic("s", Schema({"x": "i8"}), punctuate_every=int(rng.choice([7, 50, 300])),
+                       max_disorder=int(rng.integers(0, 20)))
+    span = int(rng.integers(1, 200))
+    chunks = [{"ts": c, "x": np.zeros(len(c), dtype=np.int64)} for c in np.array_split(ts, int(rng.integers(1, 8)))]
+    pieces = [p for p in paced_pieces(iter(chunks), span, entry.auto_punctuation) if len(p["ts"])]
+    assert np.concatenate([p["ts"] for p in pieces]).tolist() == ts.tolist()
+    run_max = np.maximum.accumulate(ts)
+    punct = entry.auto_punctuation(run_max)
+    raises = set((np.flatnonzero(np.diff(np.r_[punct[0] - 1, punct]) > 0)).tolist())
+    ends, at = set(), 0
+    for p in pieces:
+        m = run_max[at:at + len(p["ts"])]
+        assert m[-1] - m[0] <= span or len(p["ts"]) == 1
+        inner = set(range(at, at + len(p["ts"]) - 1))
+        assert not inner & raises, "a row that raises the punctuation must end its piece"
+        at += len(p["ts"])
+        ends.add(at - 1)
+    assert raises <= ends

@@ -120,10 +120,11 @@ def test_a_whole_column_mapping_is_cut_into_chunks():
 
 @pytest.mark.slow
 def test_a_paced_chunk_is_cut_to_chunk_ms_of_wall_time():
-    """Paced, a chunk goes at once at its first timestamp: it is cut to span at most chunk_ms
-    (here 2 s of event time at pace 10 in 4,000-row chunks: the last rows of each would
-    otherwise leave 100 ms early); the result does not depend on it."""
-    from replistream.sources import cut_by_time, iter_chunks
+    """Paced, a chunk leaves in pieces of at most chunk_ms (k x chunk_ms of event time at pace 1),
+    each at its last row's time (here 2 s of event time at pace 10 in 4,000-row chunks: uncut, a
+    chunk's first rows would wait 200 ms), and each ended by a row that raises the punctuation;
+    the result does not depend on it."""
+    from replistream.sources import iter_chunks, paced_pieces
 
     rng = np.random.default_rng(8)
     n = 8_000
@@ -133,15 +134,18 @@ def test_a_paced_chunk_is_cut_to_chunk_ms_of_wall_time():
     s.window(size=200_000, by="key", aggs={"n": "count"}).sink("counts")
     q.build()
     ref = run_reference(q, {"s": cols})
-    want = sum(1 for c in iter_chunks(cols, 4_000) for _ in cut_by_time(c, int(10 * 1e3 * 5 * 2)))
+    pieces = list(paced_pieces(iter_chunks(cols, 4_000), int(10 * 1e3 * 5 * 2), q.build_entry("s").auto_punctuation))
     with deploy(q, servers=2, k=2) as dep:
         res = dep.run({"s": cols}, pace=10.0, chunk_size=4_000, chunk_ms=5)
         # the cut chunks (k x 5 ms each) and the end; fewer (larger) ones only if the replay fell
         # behind (AdaptiveCut)
         if dep.feeder.cut.max_seen_ms == 10:
-            assert dep.feeder.seqs["s"] == want + 1 > 2 + 1
+            assert dep.feeder.seqs["s"] == len(pieces) + 1 > 2 + 1
+            ts0 = int(cols["ts"][0])
+            for (wall, src, seq), piece in zip(dep.fed, pieces):  # none leaves before its last row's time
+                assert wall >= (int(piece["ts"][-1]) - ts0) / 10e6 - 1e-3, (seq, wall)
         else:
-            assert 2 + 1 < dep.feeder.seqs["s"] < want + 1
+            assert 2 + 1 < dep.feeder.seqs["s"] < len(pieces) + 1
     assert_same_output(ref.outputs["counts"], res.outputs["counts"])
     with deploy(q, servers=2, k=1) as dep:
         with pytest.raises(ValueError, match="chunk_ms"):

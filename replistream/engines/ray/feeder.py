@@ -53,7 +53,7 @@ from ...operators.base import NO_PUNCTUATION
 from ...plan import ENTRY
 from ...schema import END
 from ...idle import Heartbeat, IdleMerge
-from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, cut_by_time, iter_chunks,
+from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, paced_pieces,
                         needs_stamp, stamp)
 from .common import is_actor_death
 from .topology import Topology
@@ -173,6 +173,7 @@ class Feeder:
         self.idle: dict[str, float] = {}
         self.disorder: dict[str, int] = {}
         self.chunk_ms: float | None = None
+        self.punct: dict[str, Callable] = {}  # each source's punctuation rule (a paced piece ends where it rises)
         self.cut: AdaptiveCut | None = None  # the paced replay's batch size (see AdaptiveCut)
         #: Calls a suspected entry replica may have queued before the feeder stops sending to it.
         self.max_lag = MAX_LAG_CHUNKS
@@ -195,11 +196,14 @@ class Feeder:
     # -- running ---------------------------------------------------------------------------
     def start(self, sources: list[str], inputs: Mapping[str, Any], pace: float | None, chunk_size: int,
               t0: float, idle: Mapping[str, float] | None = None, disorder: Mapping[str, int] | None = None,
-              chunk_ms: float | None = None, resume: dict | None = None) -> None:
+              chunk_ms: float | None = None, resume: dict | None = None,
+              punct: Mapping[str, Callable] | None = None) -> None:
         """Feed ``inputs`` (``{source: input}``, sources in ``sources`` order) in a background
         thread; ``t0`` is the run's start (wall time), ``pace`` event seconds per second (None:
         as fast as the entry points take it; paced, each chunk is cut to span at most ``chunk_ms``
-        of wall time, :func:`~replistream.sources.cut_by_time`); ``idle`` the idle timeouts (``{source: seconds}``)
+        of wall time, :func:`~replistream.sources.cut_by_time`, each piece ending at a row that
+        raises its source's punctuation rule in ``punct`` (``{source: rule}``) and leaving at its
+        last row's time); ``idle`` the idle timeouts (``{source: seconds}``)
         and ``disorder`` each source's ``max_disorder`` (see :mod:`replistream.idle`).
 
         ``resume`` (a restored control plane, :mod:`.lifecycle`): ``{"at": {source: {"seq", "rows",
@@ -215,6 +219,7 @@ class Feeder:
         self.fed_all.clear()
         self.idle = dict(idle or {})
         self.chunk_ms = chunk_ms
+        self.punct = dict(punct or {})
         self.disorder = dict(disorder or {})
         self.thread = threading.Thread(target=self._run, args=(list(sources), dict(inputs), pace, chunk_size),
                                        daemon=True, name="replistream-feeder")
@@ -241,18 +246,15 @@ class Feeder:
         if resume is not None:
             iters = {s: skip_rows(it, resume["at"][s]["rows"]) for s, it in iters.items()}
         cut = None
-        if pace is not None and self.chunk_ms:  # a paced chunk goes at once: at most chunk_ms of wall time each,
+        if pace is not None and self.chunk_ms:  # a paced chunk in pieces of at most chunk_ms of wall time,
+            # each sent at its last row's time (no row leaves before its time) and ended by a row that
+            # raises the source's punctuation (which so leaves at its own time: windows close unbatched).
             # k entry replicas each call k downstream replicas per piece: a piece spans k x chunk_ms
             # to begin with, so each replica gets as many calls per second as at k = 1; more while
             # the deployment falls behind
             k = max(1, len(self.topology.running(ENTRY)))
             cut = self.cut = AdaptiveCut(self.chunk_ms * k)
-
-            def pieces(it):
-                for c in it:
-                    yield from cut_by_time(c, lambda: cut.span_us(pace))
-
-            iters = {s: pieces(it) for s, it in iters.items()}
+            iters = {s: paced_pieces(it, lambda: cut.span_us(pace), self.punct.get(s)) for s, it in iters.items()}
         with self.lock:
             self.sources = list(sources)
             self.seqs = {s: 0 if resume is None else resume["at"][s]["seq"] for s in sources}
@@ -295,6 +297,9 @@ class Feeder:
                 continue
             if chunk is None and src not in self.open_sources:
                 continue  # ended before the restore
+            if cut is not None and chunk is not None and math.isfinite(t):  # a piece leaves at its last row's time
+                hi = chunk_tmax(chunk)
+                t = max(t, hi) if hi is not None and hi != NO_PUNCTUATION else t
             if pace is not None and chunk is not None and math.isfinite(t) and t < END:
                 # (a chunk starting at END holds only records the entry points set aside: no wait)
                 delay = early = self.t0 + (t - ts0) / (1e6 * pace) - time.time()

@@ -38,7 +38,7 @@ class Ingest:
 
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, inputs: Mapping[str, Iterable], pace: float | None = None, chunk_size: int = 10_000,
-             idle_timeout: float | Mapping[str, float] | None = None, chunk_ms: float | None = 5.0) -> None:
+             idle_timeout: float | Mapping[str, float] | None = None, chunk_ms: float | None = 20.0) -> None:
         """Start feeding ``inputs`` (``{source: iterable of chunks or records}``) in a background thread.
 
         With ``pace=s`` a tuple with timestamp ``ts`` is released at wall time
@@ -49,13 +49,14 @@ class Ingest:
         for every entry replica). Inputs are cut into batches of at most
         ``chunk_size`` rows (:func:`~replistream.sources.iter_chunks`: a whole
         array or column mapping too), each one Ray call per entry replica; the
-        result does not depend on it. Paced, a chunk is also cut so that it spans at most
-        ``chunk_ms`` of wall time (default 5 ms; None: no cut), since a paced chunk is released
-        at once at its first timestamp: every row then leaves within ``chunk_ms`` of its time,
-        not up to a whole chunk early, and the batch size follows the rate
-        (:func:`~replistream.sources.cut_by_time`). With k entry replicas the span is k x
-        ``chunk_ms`` (each piece is a call to every entry replica, and each of those calls every
-        downstream replica). While the deployment falls behind (pieces leave more than 4 spans
+        result does not depend on it. Paced, a chunk is also cut into pieces that span at most
+        ``chunk_ms`` of wall time (default 20 ms; None: no cut), each sent at its last row's
+        time: no row leaves before its time, none waits longer than the span, and the batch size
+        follows the rate (:func:`~replistream.sources.cut_by_time`). A row that raises its
+        source's punctuation ends its piece, so it leaves at its own time: batching delays rows,
+        never the close of a window. With k entry replicas the span is k x ``chunk_ms`` (each
+        piece is a call to every entry replica, and each of those calls every downstream
+        replica). While the deployment falls behind (pieces leave more than 4 spans
         late) the span doubles, up to 1 s, and it halves back once the replay keeps its schedule
         (:class:`~replistream.sources.AdaptiveCut`; ``feeder.cut.max_seen_ms`` tells how far it grew).
 
@@ -101,7 +102,7 @@ class Ingest:
         self.plane.faults._broadcast_network()
         disorder = {src: self.plane.query.spec(src).max_disorder for src in self.plane.query.sources}
         self.plane.feeder.start(self.plane.query.sources, inputs, pace, chunk_size, self.plane.t0, idle=idle, disorder=disorder,
-                                chunk_ms=chunk_ms)
+                                chunk_ms=chunk_ms, punct=self._punctuation_rules())
 
     def heartbeats(self) -> list[Heartbeat]:
         """The heartbeat punctuations put on idle sources so far (:class:`replistream.idle.Heartbeat`:
@@ -161,10 +162,15 @@ class Ingest:
         self.plane.feeder.start(self.plane.query.sources, feed["inputs"], feed["pace"], feed["chunk_size"], self.plane.t0,
                                 idle=feed["idle"], disorder={src: self.plane.query.spec(src).max_disorder
                                                              for src in self.plane.query.sources},
-                                chunk_ms=feed["chunk_ms"], resume={"at": at, "behind": behind, "ts0": self.plane.ts0,
+                                chunk_ms=feed["chunk_ms"], punct=self._punctuation_rules(), resume={"at": at, "behind": behind, "ts0": self.plane.ts0,
                                                                    "markers": markers})
         self.plane._markers_in_flight = []
         return {"at": at, "behind": sorted(behind), "markers_sent": [(src, m.id) for src, m in markers]}
+
+    def _punctuation_rules(self) -> dict:
+        """Each source's punctuation rule as its entry points apply it (a function of the running
+        maximum of its timestamps): a paced feed ends a piece at each row that raises it."""
+        return {src: self.plane.query.build_entry(src).auto_punctuation for src in self.plane.query.sources}
 
     def _run_sentinel(self, sentinel: Sentinel) -> None:
         if self.plane._persister is not None:  # counted as run before it runs: a restored feed never runs it twice
@@ -177,7 +183,7 @@ class Ingest:
 
     def run(self, inputs: Mapping[str, Iterable], pace: float | None = None, timeout: float = 600.0,
             scenario=None, progress: Callable[[dict], None] | None = None, chunk_size: int = 10_000,
-            idle_timeout: float | Mapping[str, float] | None = None, chunk_ms: float | None = 5.0) -> RunResult:
+            idle_timeout: float | Mapping[str, float] | None = None, chunk_ms: float | None = 20.0) -> RunResult:
         """Feed ``inputs``, apply ``scenario`` (a :class:`~replistream.scenario.Scenario`), wait, collect.
 
         ``chunk_size`` is the most rows the feeder sends to the entry points in one batch,
