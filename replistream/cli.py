@@ -186,6 +186,62 @@ def check_place(args) -> None:
     if args.plot:
         _check_out_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
     args.partitions = _check_place_parallelism(args)
+    args.loads = _check_place_loads(args)
+
+
+def _place_query(args):
+    """The query ``place`` will place, built to check names against (cheap: no test run)."""
+    if args.query == "fig1":
+        from .workloads import fig1_query
+
+        return fig1_query(n_servers=1)  # the operators' names do not depend on the servers
+    import importlib
+
+    mod, _, fn = args.query.partition(":")
+    if not fn:
+        raise CliError(f"--query must be fig1 or MODULE:FUNCTION, got {args.query!r}")
+    try:
+        query = getattr(importlib.import_module(mod), fn)()
+        query.build()
+    except (ImportError, AttributeError, ValueError) as e:
+        raise CliError(f"--query {args.query}: cannot build the query: {e}") from None
+    return query
+
+
+def _check_place_loads(args) -> dict[str, float]:
+    """``--load NODE=L`` (repeatable) of ``place``: the load of one replica of ``entry``, an operator
+    (the whole operator: each of its partitions carries ``L/P``) or an application, in server
+    capacities (Algorithm 5's load test ``load(s) + load(o) < alpha x capacity(s)``).
+
+    >>> _check_place_loads(build_parser().parse_args(["place", "--load", "correlate=1.2"]))
+    {'correlate': 1.2}
+    >>> _check_place_loads(build_parser().parse_args(["place", "--load", "corelate=1"]))
+    Traceback (most recent call last):
+    ...
+    replistream.cli.CliError: --load: 'corelate' is not a node of query 'fig1' (entry, loads, pings, correlate, hot, alerts); did you mean 'correlate'?
+    """
+    if not args.load:
+        return {}
+    query = _place_query(args)
+    nodes = ["entry", *query.operators, *query.sinks]
+    out: dict[str, float] = {}
+    for item in args.load:
+        name, sep, value = item.partition("=")
+        try:
+            load = float(value) if sep else float("nan")
+        except ValueError:
+            load = float("nan")
+        if not sep or not name or not (np.isfinite(load) and load >= 0):
+            raise CliError(f"--load takes NODE=LOAD with LOAD a number >= 0 (server capacities), e.g. "
+                           f"--load correlate=0.5; got {item!r}")
+        if name not in nodes:
+            near = difflib.get_close_matches(name, nodes, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise CliError(f"--load: {name!r} is not a node of query {query.name!r} ({', '.join(nodes)}){hint}")
+        if name in out:
+            raise CliError(f"--load names {name!r} twice; give each node once")
+        out[name] = load
+    return out
 
 
 def _check_place_parallelism(args) -> dict[str, int]:
@@ -217,22 +273,7 @@ def _check_place_parallelism(args) -> dict[str, int]:
         if name in given:
             raise CliError(f"--parallelism names {name!r} twice; give each operator once")
         given[name] = int(p)
-    if args.query == "fig1":
-        from .workloads import fig1_query
-
-        query = fig1_query(n_servers=1)  # the operators' names do not depend on the servers
-    else:
-        import importlib
-
-        mod, _, fn = args.query.partition(":")
-        if not fn:
-            raise CliError(f"--query must be fig1 or MODULE:FUNCTION, got {args.query!r}")
-        try:
-            query = getattr(importlib.import_module(mod), fn)()
-            query.build()
-        except (ImportError, AttributeError, ValueError) as e:
-            raise CliError(f"--query {args.query}: cannot build the query to check --parallelism against: {e}") \
-                from None
+    query = _place_query(args)
     try:
         return check_parallelism(query, given, bits)
     except (QueryError, ValueError) as e:
@@ -714,6 +755,13 @@ def _place(args) -> int:
         partitions = getattr(args, "partitions", None)
         if partitions is None:  # main() checks first; a direct call checks here
             partitions = _check_place_parallelism(args)
+        loads = getattr(args, "loads", None)
+        if loads is None:
+            loads = _check_place_loads(args)
+        if loads:
+            from .placement import QueryStats
+
+            stats = QueryStats(stats.rates, {**stats.loads, **loads}, stats.unit)
         problem = problem_from_query(query, servers, ss.latency(), stats, sources=sources,
                                      parallelism=partitions, bits=args.bits)
         params: dict = {}
@@ -1119,6 +1167,10 @@ def build_parser() -> argparse.ArgumentParser:
     place.add_argument("--parallelism", metavar="OP=P", action="append", default=[],
                        help="run operator OP as P key partitions, each with k replicas placed on its own "
                             "(Algorithm 5 per partition; repeatable, e.g. --parallelism correlate=2)")
+    place.add_argument("--load", metavar="NODE=L", action="append", default=[],
+                       help="load of one replica of NODE (entry, an operator, an application) in server "
+                            "capacities, for the load test load(s) + load(o) < alpha x capacity(s); a partition "
+                            "of an operator carries L/P (repeatable; default 0: place by network cost only)")
     place.add_argument("--bits", type=int, default=12,
                        help="the key space of a partitioned operator is cut into 2**bits bins; P <= 2**bits "
                             "(default 12)")

@@ -26,6 +26,10 @@ from replistream.workloads import fig1_inputs, fig1_query
     (["--parallelism", "entry=2"], "the entry points are not partitioned"),
     (["--parallelism", "alerts=2"], "'alerts' is an application, which is not partitioned"),
     (["--bits", "21"], "--bits must be an integer from 0 to 20"),
+    (["--load", "hot=x"], "--load takes NODE=LOAD with LOAD a number >= 0"),
+    (["--load", "hot=-1"], "--load takes NODE=LOAD with LOAD a number >= 0"),
+    (["--load", "corelate=1"], "--load: 'corelate' is not a node of query 'fig1' (entry, loads, pings, correlate, "
+                               "hot, alerts); did you mean 'correlate'?"),
 ])
 def test_place_parallelism_mistakes_are_one_line_before_any_work(args, message, capsys, monkeypatch):
     import replistream.cli as cli
@@ -79,3 +83,20 @@ def test_place_table_shows_partitions(capsys):
     out = " ".join(capsys.readouterr().out.split())  # rich wraps the title at the terminal's width
     assert "correlate.0" in out and "correlate.1" in out and "correlate in 2 partitions" in out
     assert "network cost" in out and "bandwidth" in out
+
+
+def test_place_an_operator_too_heavy_for_one_server_fits_as_partitions(capsys):
+    """--load correlate=1.2 exceeds alpha 0.8 on every server: refused whole, placed as halves, the
+    two halves on disjoint servers (0.6 + 0.6 >= 0.8)."""
+    assert main(["place", "--servers", "8", "--k", "2", "--load", "correlate=1.2", "--json"]) == 2
+    assert "fails the load constraint load(s) + load(correlate)=1.2" in capsys.readouterr().err
+    assert main(["place", "--servers", "8", "--k", "2", "--load", "correlate=1.2", "--parallelism", "correlate=2",
+                 "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    plan = s["placement"]
+    assert not set(plan["correlate.0"]) & set(plan["correlate.1"])
+    # without the loads the halves share servers (collocation is cheapest): the load test spreads them
+    assert main(["place", "--servers", "8", "--k", "2", "--parallelism", "correlate=2", "--json"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert free["placement"]["correlate.0"] == free["placement"]["correlate.1"]
+    assert free["network_cost"] < s["network_cost"]
