@@ -185,6 +185,102 @@ def check_place(args) -> None:
         raise CliError(f"--d-min must be >= 0 ms, got {args.d_min:g}")
     if args.plot:
         _check_out_file(args.plot, "--plot", (".png", ".pdf", ".svg"))
+    args.partitions = _check_place_parallelism(args)
+    args.loads = _check_place_loads(args)
+
+
+def _place_query(args):
+    """The query ``place`` will place, built to check names against (cheap: no test run)."""
+    if args.query == "fig1":
+        from .workloads import fig1_query
+
+        return fig1_query(n_servers=1)  # the operators' names do not depend on the servers
+    import importlib
+
+    mod, _, fn = args.query.partition(":")
+    if not fn:
+        raise CliError(f"--query must be fig1 or MODULE:FUNCTION, got {args.query!r}")
+    try:
+        query = getattr(importlib.import_module(mod), fn)()
+        query.build()
+    except (ImportError, AttributeError, ValueError) as e:
+        raise CliError(f"--query {args.query}: cannot build the query: {e}") from None
+    return query
+
+
+def _check_place_loads(args) -> dict[str, float]:
+    """``--load NODE=L`` (repeatable) of ``place``: the load of one replica of ``entry``, an operator
+    (the whole operator: each of its partitions carries ``L/P``) or an application, in server
+    capacities (Algorithm 5's load test ``load(s) + load(o) < alpha x capacity(s)``).
+
+    >>> _check_place_loads(build_parser().parse_args(["place", "--load", "correlate=1.2"]))
+    {'correlate': 1.2}
+    >>> _check_place_loads(build_parser().parse_args(["place", "--load", "corelate=1"]))
+    Traceback (most recent call last):
+    ...
+    replistream.cli.CliError: --load: 'corelate' is not a node of query 'fig1' (entry, loads, pings, correlate, hot, alerts); did you mean 'correlate'?
+    """
+    if not args.load:
+        return {}
+    query = _place_query(args)
+    nodes = ["entry", *query.operators, *query.sinks]
+    out: dict[str, float] = {}
+    for item in args.load:
+        name, sep, value = item.partition("=")
+        try:
+            load = float(value) if sep else float("nan")
+        except ValueError:
+            load = float("nan")
+        if not sep or not name or not (np.isfinite(load) and load >= 0):
+            raise CliError(f"--load takes NODE=LOAD with LOAD a number >= 0 (server capacities), e.g. "
+                           f"--load correlate=0.5; got {item!r}")
+        if name not in nodes:
+            near = difflib.get_close_matches(name, nodes, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise CliError(f"--load: {name!r} is not a node of query {query.name!r} ({', '.join(nodes)}){hint}")
+        if name in out:
+            raise CliError(f"--load names {name!r} twice; give each node once")
+        out[name] = load
+    return out
+
+
+def _check_place_parallelism(args) -> dict[str, int]:
+    """``--parallelism OP=P`` (repeatable) and ``--bits B`` of ``place``, checked against the query's
+    operators with :func:`~replistream.partition.check_parallelism`'s messages; ``{operator: p}``
+    with ``p >= 2`` (one partition is the operator as it is).
+
+    >>> args = build_parser().parse_args(["place", "--parallelism", "corelate=2"])
+    >>> _check_place_parallelism(args)
+    Traceback (most recent call last):
+    ...
+    replistream.cli.CliError: --parallelism: query 'fig1' has no operator 'corelate' (operators: loads, pings, correlate, hot); did you mean 'correlate'?
+    >>> _check_place_parallelism(build_parser().parse_args(["place", "--parallelism", "correlate=2", "--bits", "4"]))
+    {'correlate': 2}
+    """
+    from .errors import QueryError
+    from .partition import check_parallelism
+
+    bits = args.bits
+    if not 0 <= bits <= 20:
+        raise CliError(f"--bits must be an integer from 0 to 20 (2**bits bins of keys), got {bits}")
+    if not args.parallelism:
+        return {}
+    given: dict[str, int] = {}
+    for item in args.parallelism:
+        name, sep, p = item.partition("=")
+        if not sep or not name or not p.strip().lstrip("-").isdigit():
+            raise CliError(f"--parallelism takes OPERATOR=PARTITIONS, e.g. --parallelism correlate=2; got {item!r}")
+        if name in given:
+            raise CliError(f"--parallelism names {name!r} twice; give each operator once")
+        given[name] = int(p)
+    query = _place_query(args)
+    try:
+        return check_parallelism(query, given, bits)
+    except (QueryError, ValueError) as e:
+        msg = str(e)
+        msg = msg[len("parallelism: "):] if msg.startswith("parallelism: ") else msg
+        more = " (or raise --bits)" if " bins (2**" in msg else ""
+        raise CliError(f"--parallelism: {msg}{more}") from None
 
 
 def check_reconfigure(args) -> None:
@@ -656,7 +752,18 @@ def _place(args) -> int:
 
     try:
         servers, ss, query, stats, sources, rates = _place_inputs(args)
-        problem = problem_from_query(query, servers, ss.latency(), stats, sources=sources)
+        partitions = getattr(args, "partitions", None)
+        if partitions is None:  # main() checks first; a direct call checks here
+            partitions = _check_place_parallelism(args)
+        loads = getattr(args, "loads", None)
+        if loads is None:
+            loads = _check_place_loads(args)
+        if loads:
+            from .placement import QueryStats
+
+            stats = QueryStats(stats.rates, {**stats.loads, **loads}, stats.unit)
+        problem = problem_from_query(query, servers, ss.latency(), stats, sources=sources,
+                                     parallelism=partitions, bits=args.bits)
         params: dict = {}
         alpha = ALPHA if args.alpha is None else args.alpha
         d_min = D_MIN if args.d_min is None else args.d_min
@@ -678,6 +785,7 @@ def _place(args) -> int:
     rel = placed.relative_to(base)
     summary = {
         "query": args.query, "servers": len(servers), "strategy": args.strategy, "k": args.k,
+        "parallelism": dict(problem.parallelism), "bits": args.bits,
         "params": {k: v for k, v in placed.params.items() if k != "k"},
         "network_cost": placed.network_cost, "bandwidth": placed.bandwidth,
         "relative_bandwidth": rel["bandwidth"], "relative_network_cost": rel["network_cost"],
@@ -705,8 +813,9 @@ def _place(args) -> int:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"{args.strategy} placement of {query.name!r}, k={args.k}, {len(servers)} servers")
-    table.add_column("node")
+    parts = "".join(f", {op} in {p} partitions" for op, p in problem.parallelism.items())
+    table = Table(title=f"{args.strategy} placement of {query.name!r}, k={args.k}, {len(servers)} servers{parts}")
+    table.add_column("node (op.P: partition P)" if parts else "node")
     table.add_column("servers (replica 0, 1, ...)")
     for node, where in summary["placement"].items():
         table.add_row(node, ", ".join(where))
@@ -1055,6 +1164,16 @@ def build_parser() -> argparse.ArgumentParser:
     place.add_argument("--explain", action="store_true", help="also print why every replica went where it did")
     place.add_argument("--plot", metavar="FILE.png", default=None,
                        help="draw servers, replicas and stream replicas on a world map")
+    place.add_argument("--parallelism", metavar="OP=P", action="append", default=[],
+                       help="run operator OP as P key partitions, each with k replicas placed on its own "
+                            "(Algorithm 5 per partition; repeatable, e.g. --parallelism correlate=2)")
+    place.add_argument("--load", metavar="NODE=L", action="append", default=[],
+                       help="load of one replica of NODE (entry, an operator, an application) in server "
+                            "capacities, for the load test load(s) + load(o) < alpha x capacity(s); a partition "
+                            "of an operator carries L/P (repeatable; default 0: place by network cost only)")
+    place.add_argument("--bits", type=int, default=12,
+                       help="the key space of a partitioned operator is cut into 2**bits bins; P <= 2**bits "
+                            "(default 12)")
     place.set_defaults(func=_place, check=check_place)
 
     rec = sub.add_parser("reconfigure", help="change a running Fig. 1 query (replace a filter's function, add "

@@ -14,7 +14,10 @@ and not already holding a replica of ``o``. The new replica goes to the
 candidate that minimises ``cost_s(in(o) and out(o))``: the network cost of the
 stream replicas between it and every replica already placed upstream and
 downstream (lines 8-9). Ties go to the server listed first. Applications are
-not replicated (one server each).
+not replicated (one server each). A partitioned operator (issue #41) is placed
+per partition: each partition ``"op.P"`` is a node with its share of the load
+and of the streams (:func:`~replistream.placement.model.problem_from_query`,
+``parallelism=``), see :func:`min_cost`.
 
 >>> from replistream.placement.model import PlacementProblem
 >>> L = [[0, 40, 80], [40, 0, 50], [80, 50, 0]]
@@ -256,6 +259,26 @@ def min_cost(problem: PlacementProblem, k: int, alpha: float = ALPHA, d_min: flo
     Traceback (most recent call last):
     ...
     replistream.placement.model.PlacementError: no server can host replica 4 of 'op': of 4 servers, 3 already hold a replica of 'op'; 1 fail the d_min constraint (latency to every replica of 'op' > d_min=30 ms; e.g. b is 10 ms from a). Lower d_min, raise alpha, or add servers.
+
+    Algorithm 5, Hwang §V-A, per partition (issue #41): in a problem made with
+    ``problem_from_query(..., parallelism={op: p})`` each partition ``"op.P"``
+    is a node of its own, with ``1/p`` of the operator's load and its share of
+    the streams, so its ``k`` replicas go on distinct servers and the load test
+    counts the partition's own load. An operator too heavy for any one server
+    (load 1.2 against ``alpha`` 0.8 x capacity 1) cannot be placed whole, but
+    its halves (0.6 each) can, one per server:
+
+    >>> from replistream import Query
+    >>> from replistream.placement.model import QueryStats, problem_from_query
+    >>> q = Query("q"); s = q.source("s", {"k": "i8"}); _ = s.window(10, by="k", name="w").sink("out")
+    >>> st, L = QueryStats.estimate(q, loads={"w": 1.2}), 50 * (1 - np.eye(4))   # 50 ms apart
+    >>> min_cost(problem_from_query(q, list("abcd"), L, st), k=2, d_min=30, initial="greedy")
+    Traceback (most recent call last):
+    ...
+    replistream.placement.model.PlacementError: no server can host replica 1 of 'w': of 4 servers, 4 fail the load constraint load(s) + load(w)=1.2 < alpha=0.8 x capacity(s) (e.g. a: load 0, capacity 1). Lower d_min, raise alpha, or add servers.
+    >>> halves = problem_from_query(q, list("abcd"), L, st, parallelism={"w": 2})
+    >>> min_cost(halves, k=2, d_min=30, initial="greedy").plan()
+    {'entry': ['a', 'b'], 'w.0': ['a', 'c'], 'w.1': ['b', 'd'], 'out': ['a']}
     """
     k = check_k(problem, k)
     placer = Placer(problem, alpha, d_min, explain)

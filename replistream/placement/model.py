@@ -94,7 +94,11 @@ class PlacementProblem:
     * ``single``: nodes that get exactly one replica (applications);
     * ``load``: expected load of one replica of a node (default 0), in the
       units of ``capacity`` (default 1.0 per server) and ``server_load``
-      (load already on each server, default 0).
+      (load already on each server, default 0);
+    * ``parallelism``: ``{operator: p}`` when the nodes ``"op.0"`` .. ``"op.{p-1}"``
+      are the partitions of a partitioned operator (:func:`problem_from_query` sets
+      it; ``bits``: its bins, :mod:`replistream.partition`); carried, not read, by
+      the strategies, which place a partition like any node.
 
     >>> p = PlacementProblem(["x", "y"], np.zeros((2, 2)), [("s", "f", 1.0)], fixed={"s": "x"},
     ...                      load={"f": 0.5}, capacity=[1.0, 2.0])
@@ -104,7 +108,12 @@ class PlacementProblem:
 
     def __init__(self, servers: Sequence, latency, flows: Iterable, nodes: Sequence[str] | None = None, *,
                  fixed: Mapping[str, str] | None = None, single: Iterable[str] = (),
-                 load: Mapping[str, float] | None = None, capacity=None, server_load=None):
+                 load: Mapping[str, float] | None = None, capacity=None, server_load=None,
+                 parallelism: Mapping[str, int] | None = None, bits: int | None = None):
+        #: ``{operator: p}`` of the operators whose partitions are nodes here (issue #41)
+        self.parallelism: dict[str, int] = dict(parallelism or {})
+        #: the bins of the partitioned operators' key space (2**bits), None when not given
+        self.bits = None if bits is None else int(bits)
         self.servers: tuple[str, ...] = tuple(_server_names(servers))
         n = len(self.servers)
         if n == 0:
@@ -412,7 +421,12 @@ class QueryStats:
         A node's rate is the most tuples any one of its stream replicas carried
         (every stream replica of a stream carries the whole stream), per second;
         a replica's load is its busy time (time in operator logic) per second,
-        averaged over the node's live replicas.
+        averaged over the node's live replicas. A partitioned operator's replicas
+        (labelled ``"op.P#R"``, issue #41) each carry a share: its rate adds up
+        the partitions' shares (and a stream into a partitioned operator adds up
+        what each partition received), and its load is the whole operator's, the
+        sum over its partitions of their replicas' mean load
+        (:func:`problem_from_query` divides it by the partitions again).
 
         >>> from replistream.workloads import fig1_query
         >>> m = {"actors": {"entry#0": {"links": [{"to": "loads#0", "port": 0, "tuples": 30}], "busy_seconds": 0.0},
@@ -420,25 +434,52 @@ class QueryStats:
         >>> st = QueryStats.from_metrics(fig1_query(1), m, 10.0, row_bytes=False)
         >>> st.rates["load_0"], st.rates["loads"], st.loads["loads"]
         (3.0, 3.0, 0.3)
+        >>> m = {"actors": {"entry#0": {"links": [{"to": "loads.0#0", "port": 0, "tuples": 10},
+        ...                                       {"to": "loads.1#0", "port": 0, "tuples": 20}]},
+        ...                 "loads.0#0": {"links": [{"to": "correlate#0", "port": 0, "tuples": 10}], "busy_seconds": 1.0},
+        ...                 "loads.1#0": {"links": [{"to": "correlate#0", "port": 0, "tuples": 20}], "busy_seconds": 2.0}}}
+        >>> st = QueryStats.from_metrics(fig1_query(1), m, 10.0, row_bytes=False)
+        >>> st.rates["load_0"], st.rates["loads"], round(st.loads["loads"], 6)   # 0.1 + 0.2
+        (3.0, 3.0, 0.3)
         """
+        from ..partition import parse_partition_label
+        from ..plan import label_group
+
         if not duration_s > 0:
             raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
-        counts: dict[str, float] = {n: 0.0 for n in query.topological() if query.spec(n).kind != "sink"}
-        busy: dict[str, list[float]] = {}
+        # most tuples on one stream replica from partition i of u into partition j of v (None: unpartitioned)
+        most: dict[tuple, float] = {}
+        busy: dict[tuple[str, int | None], list[float]] = {}
         for label, a in metrics.get("actors", {}).items():
-            node = label.rsplit("#", 1)[0] if "#" in label else label
+            node, part = parse_partition_label(label_group(label))
             if "busy_seconds" in a and a.get("alive", True):
-                busy.setdefault(node, []).append(float(a["busy_seconds"]) / duration_s)
+                busy.setdefault((node, part), []).append(float(a["busy_seconds"]) / duration_s)
             for lk in a.get("links", []):
+                dst, dpart = parse_partition_label(label_group(lk["to"]))
                 if node == ENTRY:
-                    dst = lk["to"].rsplit("#", 1)[0]
-                    ins = query.inputs_of(dst)
-                    if lk["port"] < len(ins):
-                        src = ins[lk["port"]]
-                        counts[src] = max(counts[src], float(lk["tuples"]))
-                elif node in counts:
-                    counts[node] = max(counts[node], float(lk["tuples"]))
-        loads = {n: float(np.mean(v)) for n, v in busy.items()}
+                    ins = query.inputs_of(dst) if dst in query.graph else []
+                    if lk["port"] >= len(ins):
+                        continue
+                    key = (ins[lk["port"]], None, dst, dpart)
+                elif node in query.graph:
+                    key = (node, part, dst, dpart)
+                else:
+                    continue
+                most[key] = max(most.get(key, 0.0), float(lk["tuples"]))
+        # per (u, i, v): the sum over v's partitions; per (u, i): the most over consumers; per u: the sum over i
+        into: dict[tuple, float] = {}
+        for (u, i, v, _j), t in most.items():
+            into[(u, i, v)] = into.get((u, i, v), 0.0) + t
+        per_part: dict[tuple, float] = {}
+        for (u, i, _v), t in into.items():
+            per_part[(u, i)] = max(per_part.get((u, i), 0.0), t)
+        counts: dict[str, float] = {n: 0.0 for n in query.topological() if query.spec(n).kind != "sink"}
+        for (u, _i), t in per_part.items():
+            if u in counts:
+                counts[u] += t
+        loads: dict[str, float] = {}
+        for (n, _part), v in busy.items():
+            loads[n] = loads.get(n, 0.0) + float(np.mean(v))
         return cls.from_counts(query, counts, duration_s, loads, row_bytes)
 
 
@@ -495,8 +536,8 @@ def latency_matrix(model, names: Sequence[str], times: Sequence[float] | None = 
 def with_stats(problem: PlacementProblem, query, stats: QueryStats) -> PlacementProblem:
     """``problem`` (made by :func:`problem_from_query` for ``query``) with new rates and loads.
 
-    Servers, latencies, capacities, server loads, source locations and pinned
-    applications stay as they were.
+    Servers, latencies, capacities, server loads, source locations, pinned
+    applications and partitions (``problem.parallelism``) stay as they were.
 
     >>> from replistream.workloads import fig1_query
     >>> q = fig1_query(1)
@@ -509,7 +550,8 @@ def with_stats(problem: PlacementProblem, query, stats: QueryStats) -> Placement
     sources = {x: names[i] for x, i in problem.fixed.items() if x in query.sources}
     apps = {x: names[i] for x, i in problem.fixed.items() if x in query.sinks}
     return problem_from_query(query, list(names), problem.latency, stats, sources=sources, apps=apps,
-                              server_load=problem.server_load, capacity=problem.capacity)
+                              server_load=problem.server_load, capacity=problem.capacity,
+                              parallelism=problem.parallelism, bits=problem.bits)
 
 
 def _geo_or_zero(servers: Sequence) -> np.ndarray:
@@ -521,7 +563,8 @@ def _geo_or_zero(servers: Sequence) -> np.ndarray:
 
 def problem_from_query(query, servers: Sequence, latency=None, stats: QueryStats | None = None, *,
                        sources: Mapping[str, str] | None = None, apps: Mapping[str, str] | None = None,
-                       server_load=None, capacity=None) -> PlacementProblem:
+                       server_load=None, capacity=None, parallelism: Mapping[str, int] | None = None,
+                       bits: int | None = None) -> PlacementProblem:
     """The placement problem of a query: what Algorithm 5 and the baselines read.
 
     Nodes to place: the entry points (``"entry"``: one replica group hosts the
@@ -541,8 +584,35 @@ def problem_from_query(query, servers: Sequence, latency=None, stats: QueryStats
     ('entry', 'loads', 'pings', 'correlate', 'hot', 'alerts')
     >>> sorted(p.fixed), sorted(p.single)
     (['load_0', 'ping_0'], ['alerts'])
+
+    ``parallelism``: ``{operator: p}`` (issue #41; checked by
+    :func:`~replistream.partition.check_parallelism` against ``2**bits`` bins,
+    ``p == 1`` meaning the operator as it is) makes each partitioned operator
+    ``p`` nodes, named as its partitions are everywhere
+    (:func:`~replistream.partition.partition_label`: ``"op.0"`` ..
+    ``"op.{p-1}"``), so that Algorithm 5 places each partition's replicas
+    (Hwang §V-A, per partition). A partition's load is the operator's divided
+    by ``p``; every upstream node sends to every partition and every partition
+    to every downstream node, each flow carrying its share of the stream (the
+    rate divided by the partitions at both ends), so the flows of a stream add
+    up to its rate, as the loads add up to the operator's.
+
+    >>> p2 = problem_from_query(fig1_query(2), default_servers(4), sources={"load_0": "boston", "ping_0": "boston"},
+    ...                         parallelism={"correlate": 2})
+    >>> p2.nodes, p2.parallelism
+    (('entry', 'loads', 'pings', 'correlate.0', 'correlate.1', 'hot', 'alerts'), {'correlate': 2})
+    >>> [(f.src, f.dst) for f in p2.flows if "correlate" in f.src]
+    [('correlate.0', 'hot'), ('correlate.1', 'hot')]
     """
+    from ..partition import DEFAULT_BITS, check_parallelism, partition_label
+
     query.build()
+    bits = DEFAULT_BITS if bits is None else int(bits)
+    parts = check_parallelism(query, parallelism, bits)  # p >= 2 only: one partition is the operator itself
+
+    def split(x: str) -> list[str]:
+        return [partition_label(x, i) for i in range(parts[x])] if x in parts else [x]
+
     names = _server_names(servers)
     if latency is None:
         lat = _geo_or_zero(list(servers))
@@ -572,13 +642,19 @@ def problem_from_query(query, servers: Sequence, latency=None, stats: QueryStats
     for u in topo:
         if kind[u] == "sink":
             continue
+        ups = split(group_of(query, u))
         for v, _port in query.outputs_of(u):
-            flows.append((group_of(query, u), v, stats.rates[u]))
+            downs = split(v)
+            share = stats.rates[u] / (len(ups) * len(downs))
+            flows.extend((a, b, share) for a in ups for b in downs)
     single = [a for a in q_sinks if a not in apps]
-    nodes = [ENTRY] + q_operators + single
+    nodes = [ENTRY] + [x for op in q_operators for x in split(op)] + single
     fixed = {**{s: sources[s] for s in sources}, **apps}
-    load = {x: stats.loads.get(x, 0.0) for x in nodes}
+    load = {x: stats.loads.get(x, 0.0) for x in [ENTRY, *q_operators, *single]}
+    for op, p in parts.items():
+        whole = load.pop(op)
+        load.update({x: whole / p for x in split(op)})
     if capacity is None and all(isinstance(s, Server) for s in servers):
         capacity = [s.capacity for s in servers]
     return PlacementProblem(names, lat, flows, nodes, fixed=fixed, single=single, load=load, capacity=capacity,
-                            server_load=server_load)
+                            server_load=server_load, parallelism=parts, bits=bits)

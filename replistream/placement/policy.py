@@ -111,13 +111,17 @@ class PlacementPolicy:
         extra = "".join(f", {k}={v!r}" for k, v in self.params.items())
         return f"PlacementPolicy({self.strategy!r}{extra})"
 
-    def problem(self, query, servers, network=None) -> PlacementProblem:
-        """The placement problem for ``query`` on ``servers`` (``network``: the deployment's model).
+    def problem(self, query, servers, network=None, parallelism=None, bits: int | None = None) -> PlacementProblem:
+        """The placement problem for ``query`` on ``servers`` (``network``: the deployment's model;
+        ``parallelism``/``bits``: partitioned operators, one node per partition, see
+        :func:`~replistream.placement.model.problem_from_query`).
 
         >>> from replistream.network import default_servers
         >>> from replistream.workloads import fig1_query
         >>> PlacementPolicy(sources=fig1_sources).problem(fig1_query(2), default_servers(3))
         PlacementProblem(3 servers, 6 nodes, 4 fixed, 10 flows)
+        >>> PlacementPolicy(sources=fig1_sources).problem(fig1_query(2), default_servers(3), parallelism={"hot": 3})
+        PlacementProblem(3 servers, 8 nodes, 4 fixed, 14 flows)
         """
         latency = self.latency
         if latency is None and network is not None:
@@ -126,17 +130,35 @@ class PlacementPolicy:
                 latency = network
         sources = self.sources(query, servers) if callable(self.sources) else self.sources
         return problem_from_query(query, servers, latency, self.stats, sources=sources, apps=self.apps,
-                                  server_load=self.server_load)
+                                  server_load=self.server_load, parallelism=parallelism, bits=bits)
 
-    def placement(self, query, servers, k: int, network=None) -> Placement:
-        """The full :class:`~replistream.placement.result.Placement`, with its explanation."""
-        return place(self.problem(query, servers, network), k, self.strategy, **self.params)
+    def placement(self, query, servers, k: int, network=None, parallelism=None, bits: int | None = None) -> Placement:
+        """The full :class:`~replistream.placement.result.Placement`, with its explanation. With
+        ``parallelism={op: p}`` every partition is placed as a node of its own (Algorithm 5, Hwang
+        §V-A, per partition, for ``"min-cost"``; issue #41): the plan has keys ``"op.0"`` ..
+        ``"op.{p-1}"`` instead of ``"op"``, which :class:`~replistream.plan.PhysicalPlan` and
+        ``deploy(..., parallelism=)`` take.
 
-    def __call__(self, query, servers, k: int, network=None) -> dict[str, list[str]]:
-        return self.placement(query, servers, k, network).plan()
+        >>> from replistream.network import default_servers
+        >>> from replistream.workloads import fig1_query
+        >>> pl = PlacementPolicy("min-cost", d_min=30, sources=fig1_sources).placement(
+        ...     fig1_query(4), default_servers(8), 2, parallelism={"correlate": 2})
+        >>> [n for n in pl.plan() if n.startswith("correlate")], len(pl.plan()["correlate.1"])
+        (['correlate.0', 'correlate.1'], 2)
+        """
+        return place(self.problem(query, servers, network, parallelism, bits), k, self.strategy, **self.params)
 
-    def evaluate(self, query, servers, plan: Mapping[str, list[str]], network=None) -> Placement:
+    def __call__(self, query, servers, k: int, network=None, parallelism=None, bits: int | None = None
+                 ) -> dict[str, list[str]]:
+        return self.placement(query, servers, k, network, parallelism, bits).plan()
+
+    def evaluate(self, query, servers, plan: Mapping[str, list[str]], network=None, parallelism=None,
+                 bits: int | None = None) -> Placement:
         """A plan made some other way (``"spread"``, a mapping, a callable), costed under this policy's model.
+
+        With ``parallelism``, each partition ``"op.P"`` is costed where the plan puts it:
+        ``plan["op.P"]``, else ``plan["op"]`` (every partition on the operator's servers, as
+        :class:`~replistream.plan.PhysicalPlan` reads such a plan).
 
         >>> from replistream.network import default_servers
         >>> from replistream.workloads import fig1_query
@@ -146,9 +168,23 @@ class PlacementPolicy:
         >>> pl = PlacementPolicy().evaluate(q, servers, plan)
         >>> pl.strategy, pl.network_cost > 0
         ('given', True)
+        >>> split = PlacementPolicy().evaluate(q, servers, {**plan, "correlate.1": ["boston"]}, parallelism={"correlate": 2})
+        >>> split.replicas["correlate.0"], split.replicas["correlate.1"]
+        (['london'], ['boston'])
         """
-        problem = self.problem(query, servers, network)
-        missing = [n for n in problem.nodes if n not in plan]
+        from ..partition import parse_partition_label, partition_label
+
+        problem = self.problem(query, servers, network, parallelism, bits)
+
+        def where(n: str):
+            if n in plan:
+                return plan[n]
+            base, part = parse_partition_label(n)
+            if part is not None and base in problem.parallelism:
+                return plan.get(base)
+            return plan.get(partition_label(n, 0))  # an operator deployed as one partition, "op.0"
+
+        missing = [n for n in problem.nodes if where(n) is None]
         if missing:
             raise ValueError(f"plan has no servers for {missing}")
-        return Placement(problem, {n: list(plan[n]) for n in problem.nodes}, "given")
+        return Placement(problem, {n: list(where(n)) for n in problem.nodes}, "given")

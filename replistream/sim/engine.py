@@ -341,6 +341,12 @@ class Simulator:
     call, every tuple keeping its own time (:mod:`replistream.sim.batch`; the same outputs,
     latencies equal to the per-packet engine's except for CPU contention between replicas
     sharing a server; replication mode only). None: one event per packet.
+    ``parallelism``: ``{operator: p}`` runs those operators as ``p`` key partitions (issue #41;
+    per-packet engine, replication mode); ``plan["op.P"]`` places partition ``P``'s replicas, and a
+    plan that gives only ``plan["op"]`` puts every partition on the operator's servers. A
+    per-partition placement (Algorithm 5 per partition) is the plan of
+    ``PlacementPolicy(...).placement(query, servers, k, parallelism=...)``, or of a strategy run on
+    ``fig1_setting(..., parallelism=...).problem`` (:mod:`replistream.sim.experiments`).
 
     >>> from replistream.workloads import fig1_query
     >>> Simulator(fig1_query(1), {"entry": ["a"]}, ZeroLatency(["a"]))

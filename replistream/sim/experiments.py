@@ -30,7 +30,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -76,6 +76,9 @@ class Setting:
     problem: Any
     duration_s: float
     rates: dict  # bytes/s of each node's output stream, from the test run (the placement problem's rates)
+    #: ``{operator: p}``: operators run as ``p`` partitions (issue #41); the problem has a node per partition
+    parallelism: dict = field(default_factory=dict)
+    bits: int | None = None  # the bins of the partitioned operators' keys (None: the default)
 
     def base_placement(self) -> Placement:
         """The non-replicated, minimum-cost placement every strategy starts from (§VI-A)."""
@@ -84,8 +87,15 @@ class Setting:
 
 def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3600.0, seed: int = 0,
                  period_s: float = 10.0, window_s: float = 10.0, static: bool = False, chunk: int = 1,
-                 volatility: float = 1.0) -> Setting:
+                 volatility: float = 1.0, parallelism: dict | None = None, bits: int | None = None,
+                 loads: dict | None = None) -> Setting:
     """The §VI-A setting: ``monitored`` servers each running a load and a ping source.
+
+    ``parallelism``: ``{operator: p}`` runs those operators as ``p`` key partitions (issue #41):
+    the placement problem has one node per partition (``"op.P"``, Algorithm 5 per partition),
+    and the setting's runs (:func:`_simulate`) route tuples to them. ``loads``: the load of one
+    replica of each node, in server capacities (default none: the paper's experiments place by
+    network cost only); a partition carries ``1/p`` of its operator's.
 
     ``volatility``: the latency model's rates of delay spikes and link outages, as multiples
     of its defaults (one spike per 600 s per direction, one outage per 12 h per link); 0 turns
@@ -99,6 +109,9 @@ def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3
     >>> s = fig1_setting(n_servers=6, monitored=3, duration_s=60)
     >>> len(s.servers), len(s.query.sources), s.problem.nodes[0]
     (6, 6, 'entry')
+    >>> s = fig1_setting(n_servers=6, monitored=3, duration_s=60, parallelism={"correlate": 2})
+    >>> [n for n in s.problem.nodes if n.startswith("correlate")], s.parallelism
+    (['correlate.0', 'correlate.1'], {'correlate': 2})
     """
     servers = default_servers(n_servers)
     if not (volatility >= 0 and math.isfinite(volatility)):
@@ -114,11 +127,13 @@ def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3
                 chunks.extend({k: v[i:i + 1] for k, v in last.items()} for i in range(len(last["ts"])))
     test = fig1_inputs(monitored, duration_s=600.0, period_s=period_s, seed=seed + 1)
     test_run = run_reference(q, test)
-    stats = QueryStats.from_run(q, test_run, 600.0)
+    stats = QueryStats.from_run(q, test_run, 600.0, loads=loads)
     rates = dict(stats.rates)
     sources = fig1_sources(q, servers)
-    problem = problem_from_query(q, servers, latency_matrix(net, net.names), stats, sources=sources)
-    return Setting(servers, net, q, inputs, sources, problem, duration_s, rates)
+    problem = problem_from_query(q, servers, latency_matrix(net, net.names), stats, sources=sources,
+                                 parallelism=parallelism, bits=bits)
+    return Setting(servers, net, q, inputs, sources, problem, duration_s, rates, dict(problem.parallelism),
+                   problem.bits)
 
 
 def random_extension(problem, base: Placement, k: int, seed: int = 0) -> Placement:
@@ -145,6 +160,8 @@ def random_extension(problem, base: Placement, k: int, seed: int = 0) -> Placeme
 
 
 def _simulate(setting: Setting, plan: dict, progress: bool = False, **kw):
+    if setting.parallelism:
+        kw = {"parallelism": setting.parallelism, "bits": setting.bits, **kw}
     sim = Simulator(setting.query, plan, setting.network, sources=setting.sources, **kw)
     return sim.run(setting.inputs, progress=progress)
 
@@ -161,7 +178,8 @@ def _check_exact(setting: Setting, res, ref=None) -> None:
 # -- Fig. 4 --------------------------------------------------------------------------------------
 
 def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
-         kmax: tuple[int, ...] = (1, 2, 3, 4, 5), simulated_hours: float | None = None) -> dict:
+         kmax: tuple[int, ...] = (1, 2, 3, 4, 5), simulated_hours: float | None = None,
+         parallelism: dict | None = None) -> dict:
     """Fig. 4: latency CCDF of random versus min-cost deployment for kmax = 1..5, with the
     bandwidth and network cost relative to the non-replicated placement (Hwang §VI-E).
 
@@ -171,6 +189,8 @@ def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     paper's "non-replication case"). Full scale: 30 servers, 10 monitored, 6
     simulated hours. Quick: 30 servers, 5 monitored, 30 simulated minutes.
     ``simulated_hours``, when given, replaces the scale's simulated time (the tests run a shorter quick run).
+    ``parallelism``: ``{operator: p}`` runs the query with partitioned operators, every strategy
+    placing each partition's replicas (:func:`fig1_setting`; issue #41).
     Every run's output is checked against the reference.
     """
     monitored, hours = (5, 0.5) if quick else (10, 6.0)
@@ -178,7 +198,7 @@ def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
         if not (simulated_hours > 0 and math.isfinite(simulated_hours)):
             raise ValueError(f"simulated_hours must be a finite number > 0, got {simulated_hours!r}")
         hours = float(simulated_hours)
-    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed)
+    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, parallelism=parallelism)
     ref = run_reference(st.query, st.inputs)
     base = st.base_placement()
     rows = []
@@ -200,6 +220,7 @@ def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
                          "bandwidth_ratio": rel["bandwidth"], "cost_ratio": rel["network_cost"],
                          "network_cost": pl.network_cost, "plan": pl.plan(), "wall_s": time.time() - t0})
     data = {"experiment": "fig4", "quick": quick, "seed": seed, "servers": 30, "monitored": monitored,
+            **({"parallelism": dict(st.parallelism)} if st.parallelism else {}),
             "simulated_hours": hours, "ccdf_points_s": list(CCDF_POINTS), "rows": rows,
             "paper": {"min-cost": {"3": "all latencies < 1 s at (6.67x, 10.99x)"},
                       "random": {"3": "latencies beyond 16 s at (6.67x, 13.39x)"}}}

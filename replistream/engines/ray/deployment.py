@@ -345,7 +345,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 0 <= int(bits) <= 20:
         raise ValueError(f"bits must be an integer from 0 to 20 (2**bits bins of keys), got {bits!r}")
     parallelism = check_parallelism(query, parallelism, int(bits), keep_single=True)
-    plan, placed = resolve_placement_with_cost(query, servers, k, placement, placement_net, parallelism)
+    plan, placed = resolve_placement_with_cost(query, servers, k, placement, placement_net, parallelism, int(bits))
     if parallelism and gc is not None:
         raise ValueError(f"gc= (garbage collection and revival) does not yet run with partitioned operators "
                          f"({sorted(parallelism)}); deploy without gc=, or without parallelism=")
@@ -369,8 +369,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         raise ValueError("parquet_dir writes one application replica's output; with several application "
                          "replicas, write Deployment.results() or use on_output")
     if placed is None:
-        placed = evaluate_plan(query, servers, {n: v for n, v in plan.items() if n in query.graph or n == "entry"},
-                               placement_net)  # (the operators' cost; their partitions' is not modelled yet)
+        placed = evaluate_plan(query, servers, plan, placement_net, parallelism,
+                               int(bits))  # partitions costed where they run ("op.P", else "op")
     for s in servers:
         ray_options(s)  # a malformed Server.node fails here, before any actor starts
     if on_malformed not in ("raise", "dead_letter"):

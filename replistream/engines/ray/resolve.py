@@ -120,14 +120,25 @@ def resolve_placement(query: Query, servers: list, k: int, placement, network=No
 
 
 def resolve_placement_with_cost(query: Query, servers: list, k: int, placement, network=None,
-                                parallelism: Mapping[str, int] | None = None):
+                                parallelism: Mapping[str, int] | None = None, bits: int | None = None):
     """(validated plan, the :class:`~replistream.placement.Placement` when a placement policy made it).
+
+    With ``parallelism``, a placement policy (``"min-cost"``, ``"random"``, ``"non-replicated"``
+    or a :class:`~replistream.placement.PlacementPolicy`) places every partition as a node of its
+    own (for min-cost: Algorithm 5, Hwang §V-A, per partition; issue #41), so the plan has a key
+    ``"op.P"`` per partition; ``"spread"`` and other callables place the operator, and
+    :func:`spread_partitions` the partitions; a mapping places them as it says (``"op.P"`` keys, or
+    ``"op"`` for every partition).
 
     >>> from replistream.network import default_servers
     >>> from replistream.workloads import fig1_query
     >>> plan, placed = resolve_placement_with_cost(fig1_query(2), default_servers(3), 2, "spread")
     >>> plan["entry"], placed is None
     (['boston', 'london'], True)
+    >>> plan, placed = resolve_placement_with_cost(fig1_query(2), default_servers(4), 2, "min-cost",
+    ...                                            parallelism={"correlate": 2})
+    >>> sorted(n for n in plan if n.startswith("correlate")), placed.plan() == plan
+    (['correlate.0', 'correlate.1'], True)
     """
     placed = None
     if placement is None:
@@ -137,7 +148,7 @@ def resolve_placement_with_cost(query: Query, servers: list, k: int, placement, 
             raise ValueError(f"unknown placement strategy {placement!r}; known: {sorted(PLACEMENTS)}")
         placement = PLACEMENTS[placement]
     if isinstance(placement, PlacementPolicy):
-        placed = placement.placement(query, servers, k, network)
+        placed = placement.placement(query, servers, k, network, parallelism=parallelism, bits=bits)
         plan = placed.plan()
     elif callable(placement):
         plan = placement(query, servers, k)
@@ -149,17 +160,18 @@ def resolve_placement_with_cost(query: Query, servers: list, k: int, placement, 
     if not isinstance(plan, Mapping):
         raise ValueError("a placement strategy must return a mapping {node: [server, ...]}")
     plan = {n: list(v) for n, v in plan.items()}
-    if parallelism and not isinstance(placement, Mapping):
+    if parallelism and not isinstance(placement, (Mapping, PlacementPolicy)):
         plan.update(spread_partitions(plan, [s.name for s in servers], k, parallelism))
     # the one plan checks it (every node placed, k distinct known servers, one per application)
-    PhysicalPlan(query, plan, k=k, servers=[s.name for s in servers], parallelism=parallelism, keep_single=True)
+    PhysicalPlan(query, plan, k=k, servers=[s.name for s in servers], parallelism=parallelism, keep_single=True,
+                 **({} if bits is None else {"bits": bits}))
     return plan, placed
 
 
 def spread_partitions(plan: Mapping[str, list], servers: list[str], k: int,
                       parallelism: Mapping[str, int]) -> dict[str, list[str]]:
-    """Where each partition of a partitioned operator runs when a placement strategy placed the
-    operator: partition 0 on the operator's servers, partition ``P`` on the ``k`` servers ``P * k``
+    """Where each partition of a partitioned operator runs when ``"spread"`` (or another callable
+    that knows no partitions) placed the operator: partition 0 on the operator's servers, partition ``P`` on the ``k`` servers ``P * k``
     further in ``servers`` (in order, wrapping), so that with at least ``p * k`` servers the
     partitions run on distinct servers (distinct Ray nodes when servers are pinned to nodes).
 
@@ -219,9 +231,12 @@ def placement_network(conditions, given_servers):
     return conditions
 
 
-def evaluate_plan(query, servers, plan, network):
+def evaluate_plan(query, servers, plan, network, parallelism: Mapping[str, int] | None = None,
+                  bits: int | None = None):
     """A plan made without a placement policy, costed with the default cost model (None if it cannot be:
-    e.g. a trace without samples for some pair of servers).
+    e.g. a trace without samples for some pair of servers). With ``parallelism``, each partition
+    is costed where the plan puts it (``"op.P"``, else ``"op"``;
+    :meth:`~replistream.placement.PlacementPolicy.evaluate`).
 
     >>> from replistream.network import default_servers
     >>> from replistream.workloads import fig1_query
@@ -230,6 +245,6 @@ def evaluate_plan(query, servers, plan, network):
     True
     """
     try:
-        return PlacementPolicy().evaluate(query, servers, plan, network)
+        return PlacementPolicy().evaluate(query, servers, plan, network, parallelism, bits)
     except (ValueError, KeyError):  # e.g. a trace without samples for some pair of servers
         return None
