@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .operators.entry import EntryLogic
     from .query import Query
 
-__all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "paced_pieces", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
+__all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "paced_pieces", "window_close_rule", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
            "source_streams", "Sentinel", "Handed", "KillReplica", "StopReplica", "KillServer", "Pause", "Call", "Revive",
            "AddReplica", "inject_at"]
 
@@ -193,6 +193,23 @@ def _punctuation_raises(t: np.ndarray, punct: Callable[[np.ndarray], np.ndarray]
     p = np.full(len(m), NO_PUNCTUATION, dtype=np.int64)
     p[known] = np.asarray(punct(m[known].astype(np.int64)), dtype=np.int64)
     return np.flatnonzero(p[1:] > p[:-1])
+
+
+def window_close_rule(grid: int, max_disorder: int = 0) -> Callable[[np.ndarray], np.ndarray]:
+    """The punctuation a source's entry point has reached, counted on the grid of the window ends
+    downstream only (:meth:`~replistream.query.Query.window_grid`): a function of the running
+    maximum of the timestamps that rises exactly when a row lets a window close. A paced replay
+    ends its pieces at those rows (:func:`paced_pieces`), and only at those: a punctuation that
+    closes nothing (``punctuate_every`` finer than the windows) does not cut a piece.
+
+    >>> rule = window_close_rule(1_000, max_disorder=10)
+    >>> rule(np.array([500, 1_009, 1_010, 2_500])).tolist()
+    [-1, -1, 999, 1999]
+    """
+    grid, d = int(grid), int(max_disorder)
+    if grid <= 0:
+        raise ValueError(f"window grid must be > 0, got {grid}")
+    return lambda m: (np.asarray(m, dtype=np.int64) - d) // grid * grid - 1
 
 
 def paced_pieces(chunks: Iterator, span: int | Callable[[], int],

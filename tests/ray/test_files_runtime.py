@@ -122,9 +122,9 @@ def test_a_whole_column_mapping_is_cut_into_chunks():
 def test_a_paced_chunk_is_cut_to_chunk_ms_of_wall_time():
     """Paced, a chunk leaves in pieces of at most chunk_ms (k x chunk_ms of event time at pace 1),
     each at its last row's time (here 2 s of event time at pace 10 in 4,000-row chunks: uncut, a
-    chunk's first rows would wait 200 ms), and each ended by a row that raises the punctuation;
+    chunk's first rows would wait 200 ms), and each ended by a row that lets a window close;
     the result does not depend on it."""
-    from replistream.sources import iter_chunks, paced_pieces
+    from replistream.sources import iter_chunks, paced_pieces, window_close_rule
 
     rng = np.random.default_rng(8)
     n = 8_000
@@ -134,7 +134,7 @@ def test_a_paced_chunk_is_cut_to_chunk_ms_of_wall_time():
     s.window(size=200_000, by="key", aggs={"n": "count"}).sink("counts")
     q.build()
     ref = run_reference(q, {"s": cols})
-    pieces = list(paced_pieces(iter_chunks(cols, 4_000), int(10 * 1e3 * 5 * 2), q.build_entry("s").auto_punctuation))
+    pieces = list(paced_pieces(iter_chunks(cols, 4_000), int(10 * 1e3 * 5 * 2), window_close_rule(q.window_grid("s"))))
     with deploy(q, servers=2, k=2) as dep:
         res = dep.run({"s": cols}, pace=10.0, chunk_size=4_000, chunk_ms=5)
         # the cut chunks (k x 5 ms each) and the end; fewer (larger) ones only if the replay fell

@@ -173,7 +173,7 @@ class Feeder:
         self.idle: dict[str, float] = {}
         self.disorder: dict[str, int] = {}
         self.chunk_ms: float | None = None
-        self.punct: dict[str, Callable] = {}  # each source's punctuation rule (a paced piece ends where it rises)
+        self.punct: dict[str, Callable] = {}  # per source, its window ends' rule (a paced piece ends where it rises)
         self.cut: AdaptiveCut | None = None  # the paced replay's batch size (see AdaptiveCut)
         #: Calls a suspected entry replica may have queued before the feeder stops sending to it.
         self.max_lag = MAX_LAG_CHUNKS
@@ -202,8 +202,8 @@ class Feeder:
         thread; ``t0`` is the run's start (wall time), ``pace`` event seconds per second (None:
         as fast as the entry points take it; paced, each chunk is cut to span at most ``chunk_ms``
         of wall time, :func:`~replistream.sources.cut_by_time`, each piece ending at a row that
-        raises its source's punctuation rule in ``punct`` (``{source: rule}``) and leaving at its
-        last row's time); ``idle`` the idle timeouts (``{source: seconds}``)
+        raises its source's rule in ``punct`` (``{source: rule}``, the window ends downstream:
+        :func:`~replistream.sources.window_close_rule`) and leaving at its last row's time); ``idle`` the idle timeouts (``{source: seconds}``)
         and ``disorder`` each source's ``max_disorder`` (see :mod:`replistream.idle`).
 
         ``resume`` (a restored control plane, :mod:`.lifecycle`): ``{"at": {source: {"seq", "rows",
@@ -248,7 +248,7 @@ class Feeder:
         cut = None
         if pace is not None and self.chunk_ms:  # a paced chunk in pieces of at most chunk_ms of wall time,
             # each sent at its last row's time (no row leaves before its time) and ended by a row that
-            # raises the source's punctuation (which so leaves at its own time: windows close unbatched).
+            # lets a window close (which so leaves at its own time: windows close unbatched).
             # k entry replicas each call k downstream replicas per piece: a piece spans k x chunk_ms
             # to begin with, so each replica gets as many calls per second as at k = 1; more while
             # the deployment falls behind

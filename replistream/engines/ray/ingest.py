@@ -52,8 +52,8 @@ class Ingest:
         result does not depend on it. Paced, a chunk is also cut into pieces that span at most
         ``chunk_ms`` of wall time (default 20 ms; None: no cut), each sent at its last row's
         time: no row leaves before its time, none waits longer than the span, and the batch size
-        follows the rate (:func:`~replistream.sources.cut_by_time`). A row that raises its
-        source's punctuation ends its piece, so it leaves at its own time: batching delays rows,
+        follows the rate (:func:`~replistream.sources.cut_by_time`). A row that lets a time window
+        downstream close ends its piece, so it leaves at its own time: batching delays rows,
         never the close of a window. With k entry replicas the span is k x ``chunk_ms`` (each
         piece is a call to every entry replica, and each of those calls every downstream
         replica). While the deployment falls behind (pieces leave more than 4 spans
@@ -168,9 +168,14 @@ class Ingest:
         return {"at": at, "behind": sorted(behind), "markers_sent": [(src, m.id) for src, m in markers]}
 
     def _punctuation_rules(self) -> dict:
-        """Each source's punctuation rule as its entry points apply it (a function of the running
-        maximum of its timestamps): a paced feed ends a piece at each row that raises it."""
-        return {src: self.plane.query.build_entry(src).auto_punctuation for src in self.plane.query.sources}
+        """Per source with time windows downstream, the rule by which its entry points' punctuation
+        reaches a window's end (:func:`~replistream.sources.window_close_rule`): a paced feed ends a
+        piece at each row that lets a window close, so batching never holds a window back."""
+        from ...sources import window_close_rule
+
+        query = self.plane.query
+        grids = {src: query.window_grid(src) for src in query.sources}
+        return {src: window_close_rule(g, query.spec(src).max_disorder) for src, g in grids.items() if g}
 
     def _run_sentinel(self, sentinel: Sentinel) -> None:
         if self.plane._persister is not None:  # counted as run before it runs: a restored feed never runs it twice
