@@ -77,7 +77,9 @@ def main() -> None:
                 runs.append(r)
     rec = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} ({os.cpu_count()} cores)",
            "load_before": os.getloadavg()[0], "command": "python " + " ".join(sys.argv),
-           "params": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs}
+           "params": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,
+           "figures": {f"run {i + 1}, k={r['k']}, chunk_ms {r['chunk_ms']:g}": f"largest latency {round(r['max_ms'])} ms, "
+                       f"p50 {round(r['p50_ms'])} ms, p99 {round(r['p99_ms'])} ms" for i, r in enumerate(runs)}}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rec, f, indent=1)
