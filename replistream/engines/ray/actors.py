@@ -61,6 +61,9 @@ from .channels import NO_ACK, Link, Outbox, Sender
 from .moving import MovingBins
 from .common import failure_record
 
+#: Punctuation rises each replica remembers for :meth:`_Base.punctuation_times` (in and out each).
+PUNCT_TIMES = 4096
+
 __all__ = ["EntryActor", "ReplicaActor", "SinkActor"]
 
 
@@ -111,6 +114,33 @@ class _Base:
         self.created = time.time()
         self.fresh: dict[int, int] = {}
         self.call_started: float | None = None  # when the data-path call running now began (probe)
+        # when this replica's punctuation rose, in and out (punctuation_times: latency by hop)
+        self.punct_in: deque = deque(maxlen=PUNCT_TIMES)
+        self.punct_out: deque = deque(maxlen=PUNCT_TIMES)
+
+    def _punct_times(self, started: float, before: int, after: int, out: list) -> None:
+        """Keep when the input punctuation rose from ``before`` to ``after`` (the call that brought
+        it began at ``started``) and when each punctuation in ``out`` left (now)."""
+        if after > before:
+            self.punct_in.append((int(after), started))
+        now = None
+        for it in out:
+            if isinstance(it, Punctuation):
+                now = now or time.time()
+                self.punct_out.append((int(it.p), now))
+
+    @ray.method(concurrency_group="probe")
+    def punctuation_times(self) -> dict:
+        """When this replica's punctuation rose (the last few thousand times): ``{"label", "in":
+        [(punctuation, wall time of the call that brought it)], "out": [(punctuation, wall time it
+        left)]}``. An entry replica's input is its source's (the punctuation its entry point reached);
+        an application's "out" is empty. ``bench/latency.py`` follows a window's close through
+        every hop with it.
+
+        >>> ray.get(dep.handles["entry#0"].punctuation_times.remote())["out"][:1]   # doctest: +SKIP
+        [(999999, 1764331200.52)]
+        """
+        return {"label": self.label, "in": list(self.punct_in), "out": list(self.punct_out)}
 
     @ray.method(concurrency_group="probe")
     def lock_order(self) -> dict:
@@ -623,8 +653,10 @@ class ReplicaActor(_Base, MovingBins):
             self.last_push = time.time() - self.t0
             return NO_ACK
         with self._data_call(started), self.lock:
+            before = self.core.logic.watermark
             out = self._process(port, channel, packet)
             self.busy_s += time.time() - started
+            self._punct_times(started, before, self.core.logic.watermark, out)
             self._emit(self.out, out)  # queued under the lock: a checkpoint sees it in the log
             if self.core.moves is not None and self.core.moves.shipped:
                 self._ship_moves()  # a rescale's step given at this punctuation (moving.py)
@@ -1180,11 +1212,13 @@ class EntryActor(_Base):
         if isinstance(chunk, Marker):  # a change to the running query (replistream.replica.changes)
             self._emit(self.outboxes[source], [chunk])
             return
+        before = entry.punct
         try:
             items = entry.close() if chunk is None else entry.push(chunk)
         except Exception as e:  # a chunk the entry point refuses (on_malformed="raise"): the run's failure
             self._fatal(source, entry.punct, e)
             raise
+        self._punct_times(self.call_started or time.time(), before, entry.punct, items)
         self.outboxes[source].emit(items, wait=False)
 
     def _log_input(self, source: str, seq: int, chunk: Any, keep_from: int) -> None:
@@ -1351,34 +1385,40 @@ class SinkActor(_Base):
     def _push(self, port: int, channel: int, packet: list, now: float) -> int:
         self._observe(port, packet)
         with self.lock:
-            for item in packet:
-                if isinstance(item, Marker):
-                    continue  # the change concerns operators; nothing changes for an application
-                try:
-                    outs = self.core.process(port, channel, self._guard(self.core, port, channel, item))
-                except Exception as e:  # reported as the run's failure, then raised to the sender
-                    self._fatal(self.node, self.punctuation, e)
-                    raise
-                for out in outs:
-                    if isinstance(out, Punctuation):
-                        self.punctuation = max(self.punctuation, out.p)
-                        if self.writer is not None:
-                            self._write(self.writer.punctuate, out.p)  # commits the cells it closes
-                        if out.p == END:
-                            self.done.set()
-                    elif len(out):
-                        lat = metrics_export.latencies_ms(self, out, now)  # per batch (paced runs only)
-                        if lat is not None:
-                            self.metrics_export.observe(lat)
-                        if self.keep:
-                            self.batches.append(out)
-                            self.arrivals.append(np.full(len(out), now))
-                        self.count += len(out)
-                        if self.writer is not None:
-                            self.writer.add(out)
-                        if self.parquet_dir:
-                            self._write_parquet(out)
+            before = self.punctuation
+            self._sink_items(port, channel, packet, now)
+            self._punct_times(now, before, self.punctuation, ())
         return self.core.filters[port].max_punct
+
+    def _sink_items(self, port: int, channel: int, packet: list, now: float) -> None:
+        """Deliver a packet's tuples (kept, written, counted) and take its punctuations (under the lock)."""
+        for item in packet:
+            if isinstance(item, Marker):
+                continue  # the change concerns operators; nothing changes for an application
+            try:
+                outs = self.core.process(port, channel, self._guard(self.core, port, channel, item))
+            except Exception as e:  # reported as the run's failure, then raised to the sender
+                self._fatal(self.node, self.punctuation, e)
+                raise
+            for out in outs:
+                if isinstance(out, Punctuation):
+                    self.punctuation = max(self.punctuation, out.p)
+                    if self.writer is not None:
+                        self._write(self.writer.punctuate, out.p)  # commits the cells it closes
+                    if out.p == END:
+                        self.done.set()
+                elif len(out):
+                    lat = metrics_export.latencies_ms(self, out, now)  # per batch (paced runs only)
+                    if lat is not None:
+                        self.metrics_export.observe(lat)
+                    if self.keep:
+                        self.batches.append(out)
+                        self.arrivals.append(np.full(len(out), now))
+                    self.count += len(out)
+                    if self.writer is not None:
+                        self.writer.add(out)
+                    if self.parquet_dir:
+                        self._write_parquet(out)
 
     def _write(self, fn, p: int) -> None:
         """Run a sink step; an error (a full disk, a folder removed) is the run's failure, named."""
