@@ -61,15 +61,16 @@ and (2) from just before the feed until every
 application has END and every outbox is idle. "net" = run CPU minus the
 actor's idle rate x the run's wall time. The table gives the mean per
 replica of each operator and the ratio to k=1. Latency (reported, not a
-target) is measured from the release of the input chunk holding the output's
-timestamp (the feeder releases a chunk at its first timestamp).
+target) is measured from the wall time of the output's timestamp (the feeder
+releases a chunk at its first timestamp when it is not paced).
 
 **3. Paced latency and peak memory** (``--only paced``): the keyed count of
 part 1 (1 s tumbling windows, 10k keys, punctuation every 10 ms) fed at
 ``--paced-rates`` events/s (default 20k and 200k) for ``--duration`` s in real
 time, for each k of ``--ks``. Latency of a window's count is its arrival minus
 the wall time of its last instant (``ts = start + size - 1``), so it includes
-up to one paced chunk (``chunk_ms``, 5 ms) and one punctuation interval. A
+one punctuation interval (a paced piece ends at the row that closes a window:
+``chunk_ms`` does not add to it). A
 thread samples, every 0.25 s, the resident memory (RSS) of the driver and of
 every actor process of the deployment (Ray's own daemons, raylet, GCS and the
 object store's shared memory are not counted; shared libraries are counted
