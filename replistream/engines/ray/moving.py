@@ -56,7 +56,11 @@ class MovingBins:
         output (every downstream duplicate filter then stops waiting for its partition: the
         punctuation of a partition's channels is the largest, :meth:`~replistream.operators.dupfilter.DuplicateFilter.on_punctuation`)
         and ignores any further input (tuples at or before ``after``, late everywhere). Returns
-        True once closed, False while its watermark is below ``after`` (ask again)."""
+        True once closed, False while its watermark is below ``after`` (ask again).
+
+        >>> ray.get(replica.close_partition.remote(41_000_000))   # doctest: +SKIP
+        True
+        """
         with self.lock:
             if self.closed_partition:
                 return True
