@@ -85,7 +85,8 @@ def assign_bins(n_bins: int, partitions: int) -> np.ndarray:
     share from the end of every existing partition's bins. A pure function, so every replica and
     every engine computes the same map. It is balanced (shares differ by at most one bin), and
     going from ``p`` to ``p' > p`` partitions moves bins only into the new partitions: the fewest
-    moves a rescale can make (``1 -> 2`` moves half the bins, ``2 -> 4`` half again).
+    moves a rescale can make (``1 -> 2`` moves half the bins, ``2 -> 4`` half again); going back
+    to fewer moves only the bins of the partitions that go, each to the partition it came from.
 
     >>> assign_bins(8, 2).tolist()
     [0, 0, 0, 0, 1, 1, 1, 1]
@@ -131,6 +132,8 @@ class BinMap:
     ([0, 0, 0, 0, 1, 1, 1, 1], 2, [4, 5, 6, 7])
     >>> m.moves(BinMap.even(4, bits=3))   # (bin, from, to): only into the new partitions
     [(2, 0, 3), (3, 0, 2), (6, 1, 3), (7, 1, 2)]
+    >>> BinMap.even(4, bits=3).moves(m)   # fewer: only out of the partitions that go
+    [(2, 3, 0), (3, 2, 0), (6, 3, 1), (7, 2, 1)]
     """
 
     def __init__(self, owner: Iterable[int], partitions: int | None = None):

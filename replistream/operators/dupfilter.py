@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DeadLetter, PunctuationViolation
-from ..schema import ID, TS, Punctuation, Schema
+from ..schema import END, ID, TS, Punctuation, Schema
 from .base import NO_PUNCTUATION, STATE_VERSION, CheckpointError
 
 
@@ -174,6 +174,9 @@ class FilterState:
         return self.applied_ts.nbytes + self.applied_ids.nbytes
 
 
+#: the group of a channel of a partition that ended and was started again (:meth:`DuplicateFilter.add_channel`)
+RETIRED = -1
+
 #: packets whose id order a duplicate filter keeps for their copies (:meth:`DuplicateFilter._sorted`)
 ORDER_CACHE = 32
 
@@ -250,7 +253,15 @@ class DuplicateFilter:
             raise ValueError(f"duplicate filter {self.name!r}: a new channel needs an upstream partition exactly "
                              f"when the filter's upstream is partitioned (groups {self.groups}, got {group!r})")
         if self.groups is not None:
-            self.groups.append(int(group))
+            g = int(group)
+            mine = [c for c, x in enumerate(self.groups) if x == g]
+            if any(self.chan_punct[c] == END for c in mine) and self.max_punct != END:
+                # the partition ended (a rescale to fewer partitions closed it with END) and is
+                # started again: its old channels no longer count, or their END would let the
+                # filter's punctuation pass the new partition's tuples
+                for c in mine:
+                    self.groups[c] = RETIRED
+            self.groups.append(g)
         self.chan_punct.append(NO_PUNCTUATION)
         self.weights = np.append(self.weights, 0.0)
         self.copies = np.append(self.copies, 0)
@@ -488,11 +499,17 @@ class DuplicateFilter:
         (Algorithm 1): every stream replica carries the whole stream. With :attr:`groups` (the
         upstream is partitioned, issue #41) a channel carries one partition's share, and its
         punctuation covers that share only: ``q`` is the minimum over partitions of the maximum
-        over each partition's channels.
+        over each partition's channels. A partition that a rescale to fewer partitions retires
+        closes its channels with ``END`` (it holds nothing back any more); if it is started again
+        later (more partitions), a new channel of it retires those old ones (:meth:`add_channel`).
 
         >>> f = DuplicateFilter(4, groups=[0, 0, 1, 1])
         >>> f.on_punctuation(0, 5), f.on_punctuation(2, 3), f.on_punctuation(3, 7), f.on_punctuation(1, 9)
         ([], [Punctuation(3)], [Punctuation(5)], [Punctuation(7)])
+        >>> f.on_punctuation(3, END), f.on_punctuation(0, 12)   # partition 1 retired (closed with END)
+        ([Punctuation(9)], [Punctuation(12)])
+        >>> c = f.add_channel(1); f.on_punctuation(0, 20), f.on_punctuation(c, 15)   # and started again
+        ([], [Punctuation(15)])
         """
         p = int(p)
         if p > self.chan_punct[channel]:
@@ -500,7 +517,7 @@ class DuplicateFilter:
         if self.groups is not None:
             top: dict[int, int] = {}
             for g, cp in zip(self.groups, self.chan_punct):
-                if cp > top.get(g, NO_PUNCTUATION - 1):
+                if g != RETIRED and cp > top.get(g, NO_PUNCTUATION - 1):
                     top[g] = cp
             p = min(top.values())
         if p <= self.max_punct:

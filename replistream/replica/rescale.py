@@ -59,7 +59,7 @@ from typing import Iterable
 import numpy as np
 
 from ..operators.base import NO_PUNCTUATION, Item, OperatorState, bin_of
-from ..schema import Punctuation
+from ..schema import TS, Punctuation
 
 __all__ = ["Move", "Moves"]
 
@@ -97,7 +97,10 @@ class Moves:
         self._held_rows: list[tuple[int, np.ndarray, int, np.ndarray]] = []
         self._num: dict[str, int] = {}  # step to take -> its number
         self._ready = np.zeros(0, dtype=bool)  # by step number: installed
-        self._bin_step: np.ndarray | None = None  # each bin's step to take (a number), -1: none
+        self._step_at = np.zeros(0, dtype=np.int64)  # by step number: its time
+        # per bin, the steps to take it (numbers; -1: none), one row per step of a bin that takes
+        # it more than once (a bin given away and taken back: fewer partitions after more)
+        self._bin_step: np.ndarray | None = None
         self._held: list[tuple[int, Item]] = []  # everything, once blocked at a step's time
         self.blocked_at: int | None = None
         self.add(steps)
@@ -111,11 +114,16 @@ class Moves:
                 self.take[m.id] = m
                 self._take_at[m.at] = self._take_at.get(m.at, 0) + 1
                 if self._bin_step is None:
-                    self._bin_step = np.full(1 << m.bits, -1, dtype=np.int64)
-                if len(self._bin_step) != 1 << m.bits:
-                    raise ValueError(f"steps of one replica at different bits: {m.bits} and "
-                                     f"{len(self._bin_step).bit_length() - 1}")
-                self._bin_step[np.asarray(m.bins, dtype=np.int64)] = self._num[m.id] = len(self._num)
+                    self._bin_step = np.full((1, 1 << m.bits), -1, dtype=np.int64)
+                if self._bin_step.shape[1] != 1 << m.bits:
+                    raise ValueError(f"steps of one replica at different bits: {m.bits} and {self._bits}")
+                bins = np.asarray(m.bins, dtype=np.int64)
+                free = [j for j in range(len(self._bin_step)) if (self._bin_step[j, bins] < 0).all()]
+                if not free:
+                    self._bin_step = np.vstack([self._bin_step, np.full_like(self._bin_step[:1], -1)])
+                    free = [len(self._bin_step) - 1]
+                self._bin_step[free[0], bins] = self._num[m.id] = len(self._num)
+                self._step_at = np.r_[self._step_at, np.int64(m.at)]
         self._times = sorted(set(self._give_at) | set(self._take_at))
         self._ready = np.r_[self._ready, np.zeros(len(self._num) - len(self._ready), dtype=bool)]
 
@@ -173,7 +181,7 @@ class Moves:
         if self.take and len(item):
             keys = core.logic.bin_keys(port, item)
             if keys is not None:
-                step = self._bin_step[bin_of(keys, len(self._bin_step).bit_length() - 1)]
+                step = self._waits_for(bin_of(keys, self._bits), item[TS])
                 wait = step >= 0
                 if wait.any():
                     came = core.logic.in_punct[port] if late_at is None else late_at
@@ -184,6 +192,26 @@ class Moves:
         if late_at is not None:
             return core.logic.on_batch(port, item, late_at)
         return core.logic.process(port, item)
+
+    @property
+    def _bits(self) -> int:
+        return self._bin_step.shape[1].bit_length() - 1
+
+    def _waits_for(self, bins: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """Per tuple (its bin, its time), the step it waits for (-1: none): of the steps not
+        installed that take its bin, the latest whose time is before the tuple's (a tuple at or
+        before every such time is still this partition's: a bin it gave away and takes back). A
+        later step of a bin is given only after the earlier ones were installed (the giver took
+        the bin by one of them), so waiting for the latest is waiting for all."""
+        steps = self._bin_step[:, bins]
+        at = np.where(steps >= 0, self._step_at[np.maximum(steps, 0)], np.iinfo(np.int64).max)
+        before = at < ts
+        if len(steps) == 1:
+            return np.where(before[0], steps[0], -1)
+        at = np.where(before, at, np.iinfo(np.int64).min)
+        j = np.argmax(at, axis=0)
+        pick = steps[j, np.arange(steps.shape[1])]
+        return np.where(before.any(axis=0), pick, -1)
 
     def _give(self, core, steps: list[Move]) -> None:
         """Take the bins of ``steps`` out of ``core.logic`` into :attr:`shipped`, one state per
@@ -241,7 +269,9 @@ class Moves:
                 self._take_at[m.at] -= 1
                 self._done_at(m.at)
                 self._ready[self._num[m.id]] = True
-                self._bin_step[np.asarray(m.bins, dtype=np.int64)] = -1
+                rows = self._bin_step[:, np.asarray(m.bins, dtype=np.int64)]
+                rows[rows == self._num[m.id]] = -1
+                self._bin_step[:, np.asarray(m.bins, dtype=np.int64)] = rows
             logic = core.logic
             if logic.live_bins:
                 logic._install_tables(state.tables)  # the bins are not in it: added as they are

@@ -3,7 +3,8 @@ checked without an engine: one core per partition, each fed its share of the str
 :class:`~replistream.partition.Router` with the rescale's :class:`~replistream.partition.Switch`,
 the moved state handed over after a random delay; the partitions' outputs together must equal the
 reference run exactly, for keyed windows, count windows and a keyed join, with all-at-once and
-step-by-step (fluid) moves, growing 1 -> 2 -> 4."""
+step-by-step (fluid) moves, growing 1 -> 2 -> 4 and shrinking 4 -> 3 -> 1 (the leaving partitions'
+bins go back into those that stay)."""
 from __future__ import annotations
 
 import numpy as np
@@ -65,14 +66,21 @@ def _switches(n_bins, plan, fluid):
     return switches, steps
 
 
+GROW = [(seconds(6), 1, 2), (seconds(12), 2, 4)]
+#: growing, then shrinking: 4 -> 3 (uneven: partition 3's bins spread over 0..2), then 3 -> 1
+GROW_SHRINK = [(seconds(4), 1, 2), (seconds(7), 2, 4), (seconds(11), 4, 3), (seconds(15), 3, 1)]
+
+
 @pytest.mark.parametrize("fluid", [False, True], ids=["all-at-once", "fluid"])
 @pytest.mark.parametrize("make", [window_query, count_query], ids=["window", "count_window"])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_partitions_with_moving_bins_give_the_reference_output(make, fluid, seed):
+@pytest.mark.parametrize("seed,plan", [(0, GROW), (1, GROW), (2, GROW_SHRINK)], ids=["grow-0", "grow-1", "shrink"])
+def test_partitions_with_moving_bins_give_the_reference_output(make, fluid, seed, plan):
     q = make()
     data = inputs(seed)
     ref = run_reference(q, data)
-    switches, steps = _switches(1 << BITS, [(seconds(6), 1, 2), (seconds(12), 2, 4)], fluid)
+    switches, steps = _switches(1 << BITS, plan, fluid)
+    for r, (_, p0, p1) in enumerate(plan):  # fewer partitions: bins go only from those leaving to those staying
+        assert p1 > p0 or all(m.src >= p1 > m.dst for m in steps if m.id.startswith(f"r{r}/"))
     router = Router(q, "op", BinMap.even(1, BITS), switches)
     cores = [ReplicaCore(q, "op", channels=[1]) for _ in range(4)]
     for p, c in enumerate(cores):

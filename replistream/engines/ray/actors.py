@@ -630,6 +630,7 @@ class ReplicaActor(_Base, MovingBins):
         self.steps_taken: list[dict] = []
         self.steps_sent: set[tuple[str, int]] = set()  # (receiver, step) already taken: a re-request is ignored
         self.out = self._outbox(node)
+        self.closed_partition = False  # its partition retired (moving.py close_partition): input ignored
         self.lock = lockorder.lock("ReplicaActor.lock", 1)
         # a receiver's installed steps changed (install_step and transfer_status wait on it)
         self.installed_cv = lockorder.condition(self.lock)
@@ -644,6 +645,8 @@ class ReplicaActor(_Base, MovingBins):
             return NO_ACK
         if epoch != self.epoch:
             return self._stale(port, channel, epoch, sender)
+        if self.closed_partition:  # (its partition retired: what still comes is late everywhere)
+            return self.core.filters[port].max_punct
         started = time.time()
         self._observe(port, packet)
         if self.core is None and self.staged is not None:

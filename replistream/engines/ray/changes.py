@@ -85,20 +85,25 @@ class Changes:
     def rescale(self, operator: str, p: int, strategy: str = "fluid", bins_per_step: int | None = None,
                 gap_ms: float = 1.0, timeout: float = 300.0) -> dict:
         """Run partitioned ``operator`` as ``p`` partitions from now on, moving bins of its key space
-        from the old partitions to the new ones while the query runs (Megaphone §3.3): each bin's
+        from the old partitions to the new ones (or, for fewer, from the partitions that go to
+        those that stay) while the query runs (Megaphone §3.3): each bin's
         tuples after a logical time go to its new owner, which starts from the old owner's state
         of that bin at that time; every replica of the old owner sends it, the new owner's
         replicas install the first copy. ``strategy``: ``"fluid"`` (one bin per step, the steps
         ``gap_ms`` of event time apart), ``"batched"`` (``bins_per_step`` bins per step) or
         ``"all-at-once"`` (every bin at one time). Returns the change's record once every step
-        is installed (``steps``, ``bins_moved``, ``new_replicas``, ``seconds``); the operator
-        must have been deployed partitioned (``parallelism={op: 1}`` or more); fewer partitions
-        are not supported yet (:mod:`.rescale`).
+        is installed (``steps``, ``bins_moved``, ``new_replicas``, ``retired_replicas``,
+        ``seconds``); the operator must have been deployed partitioned (``parallelism={op: 1}`` or
+        more). Fewer partitions: once their bins are installed elsewhere, the leaving partitions'
+        replicas retire (closed, disconnected, forgotten: ``dep.removed``; :mod:`.rescale`); the
+        staying ones keep their labels.
 
         >>> dep.rescale("per_key", 2, strategy="fluid")["bins_moved"]   # doctest: +SKIP
         2048
         >>> dep.partitions("per_key")                                    # doctest: +SKIP
         2
+        >>> dep.rescale("per_key", 1, strategy="all-at-once")["retired_replicas"]   # doctest: +SKIP
+        ['per_key.1#0', 'per_key.1#1']
         """
         from . import rescale
 

@@ -366,11 +366,11 @@ for _part, _names in API_METHODS.items():
 
 #: Public values, read from the control plane at each access.
 API_VALUES = {
-    "alive": "``{actor label: running}`` of every actor the deployment started.",
-    "handles": "``{actor label: Ray actor handle}`` of every actor the deployment started.",
+    "alive": "``{actor label: running}`` of every actor the deployment started, but :attr:`removed` ones.",
+    "handles": "``{actor label: Ray actor handle}`` of every actor the deployment started, but :attr:`removed` ones.",
     "actor_server": "``{actor label: server}`` of every actor the deployment started.",
     "sinks": "``{application: actor handle}``.",
-    "removed": "Replicas of operators removed from the running query.",
+    "removed": "Replicas of operators removed from the running query, and of partitions a rescale retired.",
     "fed": "``(seconds since the start, source, chunk number)`` of every chunk the feeder sent.",
     "started": "True once :meth:`feed` started the run clock.",
     "plan": "The placement ``{node: [server, ...]}`` (plus operators added at run time).",

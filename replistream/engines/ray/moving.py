@@ -1,5 +1,6 @@
 """A replica's side of a rescale (issue #41; Megaphone §3.3): the steps it gives or takes bins in,
-the state it sends, the state it installs. The protocol and why it is exact:
+the state it sends, the state it installs, and for a partition that a rescale to fewer partitions
+retires, its close (:meth:`MovingBins.close_partition`). The protocol and why it is exact:
 :mod:`replistream.replica.rescale`; the control plane's side: :mod:`.rescale`.
 
 >>> ray.get(replica.add_moves.remote(steps, {1: [("agg.1#0", handle)]}))   # doctest: +SKIP
@@ -10,6 +11,7 @@ from __future__ import annotations
 import ray
 
 from ...replica.rescale import Moves
+from ...schema import END, Punctuation
 
 __all__ = ["MovingBins"]
 
@@ -46,6 +48,31 @@ class MovingBins:
             self._ship_moves()
         self.out.wait_for_room()
         return sum(len(it) for it in out if hasattr(it, "dtype"))
+
+    def close_partition(self, after: int) -> bool:
+        """This replica's partition is retired (a rescale to fewer partitions, :mod:`.rescale`):
+        once its logic's watermark has reached ``after`` (the last step's time: every bin given,
+        every output of its windows emitted, nothing later routed here), it sends ``END`` on its
+        output (every downstream duplicate filter then stops waiting for its partition: the
+        punctuation of a partition's channels is the largest, :meth:`~replistream.operators.dupfilter.DuplicateFilter.on_punctuation`)
+        and ignores any further input (tuples at or before ``after``, late everywhere). Returns
+        True once closed, False while its watermark is below ``after`` (ask again).
+
+        >>> ray.get(replica.close_partition.remote(41_000_000))   # doctest: +SKIP
+        True
+        """
+        with self.lock:
+            if self.closed_partition:
+                return True
+            if self.core is None:
+                return False
+            m = self.core.moves
+            if self.core.logic.watermark < int(after) or (m is not None and (m.give or m.take)):
+                return False
+            self.closed_partition = True
+            self._emit(self.out, [Punctuation(END)])
+        self.out.flush()
+        return True
 
     def moves_status(self) -> dict:
         """``{"given": n, "installed": n, "give": [ids left], "take": [ids left], "waiting": n,

@@ -223,13 +223,17 @@ class ControlPlane:
     # -- views of the topology ------------------------------------------------------------------
     @property
     def alive(self) -> dict[str, bool]:
-        """``{actor label: running}`` of every actor the deployment started."""
-        return self.topology.alive()
+        """``{actor label: running}`` of every actor the deployment started, but those of removed
+        operators and retired partitions (:attr:`removed`)."""
+        gone = self.topology.removed()
+        return {label: on for label, on in self.topology.alive().items() if label not in gone}
 
     @property
     def handles(self) -> dict[str, Any]:
-        """``{actor label: Ray actor handle}`` of every actor the deployment started."""
-        return self.topology.handles()
+        """``{actor label: Ray actor handle}`` of every actor the deployment started, but those of
+        removed operators and retired partitions (:attr:`removed`)."""
+        gone = self.topology.removed()
+        return {label: h for label, h in self.topology.handles().items() if label not in gone}
 
     @property
     def actor_server(self) -> dict[str, str]:
@@ -244,7 +248,8 @@ class ControlPlane:
 
     @property
     def removed(self) -> set[str]:
-        """Replicas of operators removed from the running query."""
+        """Replicas of operators removed from the running query, and of partitions a rescale to
+        fewer partitions retired."""
         return self.topology.removed()
 
     @property

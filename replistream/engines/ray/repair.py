@@ -94,6 +94,9 @@ class Repairer:
             if self.plane.delivered.complete():  # nothing is left to compute
                 self.repairs.append({"replica": label, "repaired": False, "why": "the run had completed"})
                 continue
+            if label in self.plane.topology.removed():  # (a partition retired by the rescale meanwhile)
+                self.repairs.append({"replica": label, "repaired": False, "why": "its partition was retired"})
+                continue
             op = self.plane.topology.replica(label).operator
             if not any(r.state == "live" and self.plane.topology.is_running(r.label)
                        for r in self.plane.topology.copies(label)):  # (of its partition, when partitioned)

@@ -2,7 +2,7 @@
 the control plane's side. The protocol at the replicas and why the output stays exact are in
 :mod:`replistream.replica.rescale`; a replica's calls in :mod:`.moving`.
 
-:func:`rescale` changes the number of partitions of ``operator`` from ``p`` to ``p' > p``:
+:func:`rescale` changes the number of partitions of ``operator`` from ``p`` to ``p'``; for ``p' > p``:
 
 1. while the deployment is quiet (no chunk fed, no control action), it takes ``T0``, the largest
    timestamp fed so far, and the bins that change owner between the balanced maps of ``p`` and
@@ -23,15 +23,25 @@ the control plane's side. The protocol at the replicas and why the output stays 
 
 :func:`rescale` returns once every live replica of the taking partitions installed every step
 (or raises :class:`~replistream.errors.RunFailed` naming the steps not done after ``timeout``).
-Repairs wait until then. Not yet: fewer partitions, a host lost in the middle of a rescale.
+Repairs wait until then.
+
+For ``p' < p`` the same steps move the bins of the partitions that go (``p'..p-1``) into those that
+stay (the balanced map of ``p'`` partitions: each bin back to the partition it came from, so no
+bin moves between two staying ones); nothing is started, and once every step is installed the
+leaving partitions retire (:func:`_retire_partitions`): closed with ``END`` once their watermark
+passed the last step, disconnected from every sender, forgotten by the topology (``dep.removed``),
+their actors killed. Not yet: a host lost in the middle of a rescale.
 
 >>> dep.rescale("per_key", 4, strategy="fluid")["steps"]     # doctest: +SKIP
 2048
+>>> dep.rescale("per_key", 3, strategy="batched", bins_per_step=64)["retired_replicas"]   # doctest: +SKIP
+['per_key.3#0', 'per_key.3#1']
 """
 from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import ray
@@ -39,7 +49,7 @@ import ray
 from ...errors import RunFailed
 from ...gc import OperatorReplica, StreamReplica
 from ...partition import BinMap, Router, Switch, partition_label
-from ...plan import group_of, is_stateful, replica_partition
+from ...plan import group_of, is_stateful, label_group, replica_partition
 from ...query import resolve_operator
 from ...replica.rescale import Move
 from ...schema import as_seconds
@@ -83,8 +93,6 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
         raise ValueError(f"p (the number of partitions) must be an integer >= 1, got {p!r}")
     bits = int(dep.channel_opts["bits"])
     old_p = int(dep.channel_opts["partitions"][node])
-    if p < old_p:
-        raise ValueError(f"rescale to fewer partitions ({old_p} -> {p}) is not supported yet; {node!r} keeps {old_p}")
     if p > 1 << bits:
         raise ValueError(f"{p} partitions cannot share 2**{bits} bins; use at most {1 << bits}")
     if strategy == "batched" and (bins_per_step is None or int(bins_per_step) < 1):
@@ -101,12 +109,16 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
     try:
         p0, switches = (dep.channel_opts.get("routing") or {}).get(node, (old_p, []))
         current = Router(dep.query, node, BinMap.even(p0, bits), switches).final()
-        # the new partitions first, while the query runs: every sender knows them (a switch that
-        # moves nothing yet), they start and are connected; nothing is routed to them until the switch
-        idle = Switch(np.full(len(current.owner), Switch.NEVER, dtype=np.int64), current.owner.copy(), p)
-        _set_routing(dep, node, p, p0, [*switches, idle])
-        routed = time.time()
-        new_labels = _start_partitions(dep, node, old_p, p)
+        new_labels: list[str] = []
+        if p > old_p:
+            # the new partitions first, while the query runs: every sender knows them (a switch that
+            # moves nothing yet), they start and are connected; nothing is routed to them until the switch
+            idle = Switch(np.full(len(current.owner), Switch.NEVER, dtype=np.int64), current.owner.copy(), p)
+            _set_routing(dep, node, p, p0, [*switches, idle])
+            routed = time.time()
+            new_labels = _start_partitions(dep, node, old_p, p)
+        else:  # fewer: the partitions p..old_p-1 give their bins to those that stay, then retire
+            routed = time.time()
         begun = time.time()
         with dep.quiet():  # no chunk fed meanwhile: no tuple later than t0 exists anywhere
             t0 = dep.feeder.marker_time()
@@ -118,24 +130,30 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
                                 "partitions": {**dep.channel_opts["partitions"], node: p}}
             _set_routing(dep, node, p, p0, [*switches, switch])
             targets = {q: [(r.label, dep.topology.handle(r.label)) for r in dep.topology.replicas(partition_label(node, q))
-                           if dep.topology.is_running(r.label)] for q in range(p)}
+                           if dep.topology.is_running(r.label)] for q in range(max(p, old_p))}
             # a stateless operator has no state to move: the switch alone moves its bins
             involved = {m.src for m in steps} | {m.dst for m in steps} if is_stateful(dep.query, node) else set()
             _all_or_fenced(dep, {label: h.add_moves.remote(steps, targets) for q in sorted(involved)
                                  for label, h in targets[q]}, "its rescale steps")
         held = time.time()
         rec = {"change": "rescale", "operator": node, "from": old_p, "to": p, "strategy": strategy, "at": t0,
-               "steps": len(steps), "bins_moved": len(times), "new_replicas": new_labels,
+               "steps": len(steps), "bins_moved": len(times), "new_replicas": new_labels, "retired_replicas": [],
                "text": f"{node}: {old_p} -> {p} partitions, {len(times)} of {1 << bits} bins in {len(steps)} "
                        f"step(s) from ts {as_seconds(t0)}"}
         if involved:
             _wait(dep, node, steps, timeout)
+        stepped = time.time()
+        if p < old_p:
+            last = max([t0, *(m.at for m in steps)])
+            rec["retired_replicas"] = _retire_partitions(dep, node, p, old_p, last, timeout)
+            rec["text"] += f"; retired {', '.join(partition_label(node, q) for q in range(p, old_p))}"
         rec["seconds"] = round(time.time() - started, 3)
         # where the time went: telling the senders of the new partitions, starting them (the query
         # runs meanwhile), switching and handing out the steps (the feed held), then the steps
-        # themselves as the event time passes theirs
+        # themselves as the event time passes theirs, then (fewer partitions) retiring the leaving ones
         rec["phases_s"] = {"routing": round(routed - started, 3), "new_partitions": round(begun - routed, 3),
-                           "feed_held": round(held - begun, 3), "steps": round(time.time() - held, 3)}
+                           "feed_held": round(held - begun, 3), "steps": round(stepped - held, 3),
+                           "retire": round(time.time() - stepped, 3)}
         dep.events.append({"t": dep.now(), "event": "rescaled", **{k: v for k, v in rec.items() if k != "text"}})
         return dep.record_change(rec)
     finally:
@@ -228,6 +246,82 @@ def _start_partitions(dep, node: str, old_p: int, p: int) -> list[str]:
             for r, _ in topo.running(v):
                 handover._connect(StreamReplica(label, r, port, 0.0, 0.0, 0.0, False, node))
     return [label for label, _, _, _ in begun]
+
+
+def _retire_partitions(dep, node: str, p: int, old_p: int, after: int, timeout: float) -> list[str]:
+    """Retire partitions ``p..old_p-1`` of ``node`` once they gave every bin (a rescale to fewer
+    partitions); returns the replicas retired. In order:
+
+    1. each running replica of theirs closes once its watermark reached ``after`` (the last step's
+       time): it sends ``END`` after everything it emitted, so every downstream duplicate filter
+       stops waiting for its partition having had all of its tuples, and it ignores its input
+       from then on (:meth:`~.moving.MovingBins.close_partition`);
+    2. every other running replica stops sending to them (:meth:`~.actors._Base.disconnect`: a
+       stream replica removed, not a failure: no drop reported);
+    3. once their outboxes are idle (``END`` processed by every receiver it was sent to), their
+       dead letters are kept with the run's, the topology forgets them (``dep.removed``; no repair,
+       no copies counted) and their actors are stopped, as for a removed operator.
+
+    A replica lost meanwhile is left to its peers; a partition none of whose replicas closed
+    raises :class:`~replistream.errors.RunFailed` after ``timeout`` s, naming it."""
+    topo = dep.topology
+    groups = [partition_label(node, q) for q in range(p, old_p)]
+    labels = [r.label for g in groups for r in topo.replicas(g)]
+    deadline = time.time() + timeout
+    wake = threading.Event()
+    closed: set[str] = set()
+    while True:  # 1. closed, each once its watermark reached `after`
+        asked = {label: h.close_partition.remote(after) for g in groups for label, h in topo.running(g)
+                 if label not in closed}
+        for label, ref in asked.items():
+            try:
+                if ray.get(ref, timeout=30):
+                    closed.add(label)
+            except Exception as e:
+                if is_actor_death(e) or isinstance(e, ray.exceptions.GetTimeoutError):
+                    continue  # lost (or silent: the detector decides); its peers close the partition
+                raise
+        open_ = [g for g in groups if not any(label_group(label) == g for label in closed)]
+        if not open_ and all(label in closed for g in groups for label, _ in topo.running(g)):
+            break
+        dep.monitor.check_failures()
+        if time.time() > deadline:
+            raise RunFailed(f"rescale of {node!r}: partition(s) {open_ or groups} not closed after {timeout:g} s "
+                            f"(their watermark stayed below ts {after})", operator=node)
+        wake.wait(0.05)
+    with (dep.manager.lock if dep.manager is not None else nullcontext()):
+        # 2. no one sends to them any more
+        running = [(src, h) for src, h in topo.running() if src not in labels]
+        dep.tell({f"{src}|{label}": h.disconnect.remote(label) for src, h in running for label in labels}, timeout=60)
+        # 3. their END delivered: then they go
+        while True:
+            mine = {label: h.idle.remote() for g in groups for label, h in topo.running(g)}
+            busy = []
+            for label, ref in mine.items():
+                try:
+                    if not ray.get(ref, timeout=30):
+                        busy.append(label)
+                except Exception as e:
+                    if not (is_actor_death(e) or isinstance(e, ray.exceptions.GetTimeoutError)):
+                        raise
+            if not busy:
+                break
+            if time.time() > deadline:
+                raise RunFailed(f"rescale of {node!r}: {busy} closed but did not deliver their output "
+                                f"within {timeout:g} s", operator=node)
+            wake.wait(0.05)
+        for label, h in [(label, h) for g in groups for label, h in topo.running(g)]:
+            try:  # (its dead letters stay part of the run's, as a retired replica's: plane.retire)
+                dep._retired_letters.extend(ray.get(h.dead_letters.remote(), timeout=30))
+            except Exception as e:  # noqa: BLE001 - logged; its peers' letters stand for its own
+                dep.events.append({"t": dep.now(), "event": "no_answer", "actor": label, "call": "dead_letters",
+                                   "error": repr(e)})
+        dep.stop_actors(topo.remove(labels), "partition retired by a rescale")
+    for g in groups:
+        dep.events.append({"t": dep.now(), "event": "partition_retired", "partition": g,
+                           "replicas": [label for label in labels if label.startswith(f"{g}#")],
+                           "closed": sorted(label for label in closed if label.startswith(f"{g}#"))})
+    return labels
 
 
 def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
