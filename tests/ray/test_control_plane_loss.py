@@ -162,6 +162,9 @@ def test_the_warm_pool_killed_mid_run_takes_no_leased_replica_with_it(tmp_path):
 
     def kill_pool(dep):
         keeper = ray.get_actor(warm.NAME, namespace=warm.NAMESPACE)
+        # refilled after the deployment's leases, so it has idle actors to take up when restarted
+        # (killed while its new idle actors still start, it has none: a race, not what is tested)
+        warm.wait_warm(120)
         leased.append(ray.get(keeper.stats.remote(), timeout=30)["leased"])
         pid = ray.get(keeper.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
         os.kill(pid, signal.SIGKILL)
