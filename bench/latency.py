@@ -24,15 +24,13 @@ span of arrival time, and the share of those spans whose maximum exceeds twice t
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchrecord import record, write  # noqa: E402
 from runtime import SERVERS, paced_workload  # noqa: E402  (the W2 workload of the runtime benchmark)
 
 WINDOW_US = 1_000_000  # the workload's windows (1 s)
@@ -81,10 +79,9 @@ def by_hop(rows: list[dict], stages: list[str], skip_s: float) -> dict:
     names.append(("total", lambda r: r[stages[-1]][0] - r["due"]))
     kept = [r for r in rows if r["end_s"] >= skip_s and all(r[s][0] is not None for s in stages)
             and all(r[s][1] is not None for s in stages[:-1])]
-    out = {}
+    at = np.array([r["end_s"] for r in kept])
     for name, f in names:
         v = np.array([f(r) * 1e3 for r in kept])
-        at = np.array([r["end_s"] for r in kept])
         spans = [float(v[(at >= a) & (at < a + 4)].max()) for a in np.arange(skip_s, at.max() + 1e-9, 4.0)
                  if ((at >= a) & (at < a + 4)).any()] if len(v) else []
         med = float(np.median(spans)) if spans else float("nan")
@@ -143,13 +140,8 @@ def main() -> None:
                       f"spans over 2x median {v['spiky_share']}", flush=True)
     figures = {f"k={r['k']}, {hop}": f"p50 {v['p50']} ms, p99 {v['p99']} ms, max {v['max']} ms"
                for r in runs for hop, v in r["hops_ms"].items() if isinstance(v, dict)}
-    rec = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} ({os.cpu_count()} cores)",
-           "load": f"load average {os.getloadavg()[0]:.1f} at the end", "command": "python " + " ".join(sys.argv),
-           "params": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs, "figures": figures}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rec, f, indent=1)
-        print(f"wrote {args.out}", file=sys.stderr)
+    write(args.out, record(f"load average {os.getloadavg()[0]:.1f} at the end",
+                           params={k: v for k, v in vars(args).items() if k != "out"}, runs=runs, figures=figures))
 
 
 if __name__ == "__main__":

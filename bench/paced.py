@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchrecord import record, write  # noqa: E402
 from rescale import _inputs, _query  # noqa: E402  (the same query and input as the rescale benchmark)
 
 
@@ -66,6 +66,7 @@ def main() -> None:
             ap.error(f"--{name} must be > 0, got {getattr(args, name)}")
     if any(c <= 0 for c in args.chunk_ms) or any(k < 1 for k in args.k):
         ap.error("--chunk-ms must be > 0 and --k >= 1")
+    load_before = os.getloadavg()[0]
     data = _inputs(int(args.rate * args.seconds), args.rate, args.keys)
     runs = []
     for rep in range(args.repeat):
@@ -75,15 +76,10 @@ def main() -> None:
                 r = one(k, chunk_ms, args, data)
                 print(json.dumps(r), flush=True)
                 runs.append(r)
-    rec = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} ({os.cpu_count()} cores)",
-           "load_before": os.getloadavg()[0], "command": "python " + " ".join(sys.argv),
-           "params": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs,
-           "figures": {f"run {i + 1}, k={r['k']}, chunk_ms {r['chunk_ms']:g}": f"largest latency {round(r['max_ms'])} ms, "
-                       f"p50 {round(r['p50_ms'])} ms, p99 {round(r['p99_ms'])} ms" for i, r in enumerate(runs)}}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rec, f, indent=1)
-        print(f"wrote {args.out}", file=sys.stderr)
+    figures = {f"run {i + 1}, k={r['k']}, chunk_ms {r['chunk_ms']:g}": f"largest latency {round(r['max_ms'])} ms, "
+               f"p50 {round(r['p50_ms'])} ms, p99 {round(r['p99_ms'])} ms" for i, r in enumerate(runs)}
+    write(args.out, record(f"load average {load_before:.1f} before", load_before=load_before,
+                           params={k: v for k, v in vars(args).items() if k != "out"}, runs=runs, figures=figures))
 
 
 if __name__ == "__main__":

@@ -394,7 +394,11 @@ def chunk_tmax(chunk: Any) -> int | None:
         if isinstance(chunk, np.ndarray):
             return int(chunk[TS].max()) if len(chunk) else NO_PUNCTUATION
         if isinstance(chunk, Mapping):
-            return _readable_max(np.asarray(chunk.get(TS, []), dtype=object).ravel().tolist())
+            ts = chunk.get(TS, [])
+            if isinstance(ts, np.ndarray) and ts.ndim == 1 and ts.dtype.kind == "i":  # (a paced piece: no per-row Python)
+                ok = ts[(ts > NO_PUNCTUATION) & (ts < END)]
+                return int(ok.max()) if len(ok) else NO_PUNCTUATION
+            return _readable_max(np.asarray(ts, dtype=object).ravel().tolist())
         if isinstance(chunk, list):
             return _readable_max([r.get(TS) for r in chunk if isinstance(r, Mapping)])
     except (TypeError, ValueError, KeyError, IndexError, OverflowError):

@@ -141,3 +141,18 @@ def test_paced_pieces_end_at_every_row_that_raises_the_punctuation(seed):
         at += len(p["ts"])
         ends.add(at - 1)
     assert raises <= ends
+
+
+def test_chunk_tmax_of_integer_columns_agrees_with_the_per_row_reading():
+    """chunk_tmax reads an int64 ts column with numpy (a paced piece's hot path); it must give what
+    the per-row reading of the same values gives, extremes included (NO_PUNCTUATION and END are
+    not readable timestamps)."""
+    from replistream.operators.base import NO_PUNCTUATION
+    from replistream.schema import END
+    from replistream.sources import chunk_tmax
+
+    rng = np.random.default_rng(3)
+    cases = [np.array([], dtype=np.int64), np.array([END], dtype=np.int64), np.array([NO_PUNCTUATION, 5], dtype=np.int64),
+             np.array([7, END, 3], dtype=np.int64), rng.integers(-10**12, 10**12, 500), np.array([4, 9], dtype=np.int32)]
+    for ts in cases:
+        assert chunk_tmax({"ts": ts}) == chunk_tmax({"ts": [int(v) for v in ts]}), ts

@@ -137,7 +137,7 @@ class _Base:
         an application's "out" is empty. ``bench/latency.py`` follows a window's close through
         every hop with it.
 
-        >>> ray.get(dep.handles["entry#0"].punctuation_times.remote())["out"][:1]   # doctest: +SKIP
+        >>> ray.get(dep.handles["entry#0"].punctuation_times.remote(), timeout=30)["out"][:1]   # doctest: +SKIP
         [(999999, 1764331200.52)]
         """
         return {"label": self.label, "in": list(self.punct_in), "out": list(self.punct_out)}

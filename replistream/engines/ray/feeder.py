@@ -321,8 +321,8 @@ class Feeder:
                 continue
             if chunk is None and src not in self.open_sources:
                 continue  # ended before the restore
+            hi = chunk_tmax(chunk) if chunk is not None else None  # (once: its release time and max_fed)
             if cut is not None and chunk is not None and math.isfinite(t):  # a piece leaves at its last row's time
-                hi = chunk_tmax(chunk)
                 t = max(t, hi) if hi is not None and hi != NO_PUNCTUATION else t
             if pace is not None and chunk is not None and math.isfinite(t) and t < END:
                 # (a chunk starting at END holds only records the entry points set aside: no wait)
@@ -335,12 +335,12 @@ class Feeder:
                     cut.sent(-delay)
             if chunk is not None and needs_stamp(chunk):
                 chunk = stamp(chunk, int((time.time() - self.t0) * 1e6))
+                hi = chunk_tmax(chunk)
             with self.lock:
                 self._send(src, chunk)
                 if chunk is None:
                     self.open_sources.discard(src)
                 else:
-                    hi = chunk_tmax(chunk)
                     if hi is None:
                         self.tmax_unknown = True
                     elif self.max_fed is None or hi > self.max_fed:

@@ -58,7 +58,7 @@ class MovingBins:
         and ignores any further input (tuples at or before ``after``, late everywhere). Returns
         True once closed, False while its watermark is below ``after`` (ask again).
 
-        >>> ray.get(replica.close_partition.remote(41_000_000))   # doctest: +SKIP
+        >>> ray.get(replica.close_partition.remote(41_000_000), timeout=30)   # doctest: +SKIP
         True
         """
         with self.lock:

@@ -271,16 +271,9 @@ def _retire_partitions(dep, node: str, p: int, old_p: int, after: int, timeout: 
     wake = threading.Event()
     closed: set[str] = set()
     while True:  # 1. closed, each once its watermark reached `after`
-        asked = {label: h.close_partition.remote(after) for g in groups for label, h in topo.running(g)
-                 if label not in closed}
-        for label, ref in asked.items():
-            try:
-                if ray.get(ref, timeout=30):
-                    closed.add(label)
-            except Exception as e:
-                if is_actor_death(e) or isinstance(e, ray.exceptions.GetTimeoutError):
-                    continue  # lost (or silent: the detector decides); its peers close the partition
-                raise
+        got = _answers(dep, {label: h.close_partition.remote(after) for g in groups
+                             for label, h in topo.running(g) if label not in closed})
+        closed |= {label for label, done in got.items() if done}  # (one lost or silent: its peers close it)
         open_ = [g for g in groups if not any(label_group(label) == g for label in closed)]
         if not open_ and all(label in closed for g in groups for label, _ in topo.running(g)):
             break
@@ -295,15 +288,8 @@ def _retire_partitions(dep, node: str, p: int, old_p: int, after: int, timeout: 
         dep.tell({f"{src}|{label}": h.disconnect.remote(label) for src, h in running for label in labels}, timeout=60)
         # 3. their END delivered: then they go
         while True:
-            mine = {label: h.idle.remote() for g in groups for label, h in topo.running(g)}
-            busy = []
-            for label, ref in mine.items():
-                try:
-                    if not ray.get(ref, timeout=30):
-                        busy.append(label)
-                except Exception as e:
-                    if not (is_actor_death(e) or isinstance(e, ray.exceptions.GetTimeoutError)):
-                        raise
+            got = _answers(dep, {label: h.idle.remote() for g in groups for label, h in topo.running(g)})
+            busy = [label for label, idle in got.items() if not idle]
             if not busy:
                 break
             if time.time() > deadline:
@@ -322,6 +308,23 @@ def _retire_partitions(dep, node: str, p: int, old_p: int, after: int, timeout: 
                            "replicas": [label for label in labels if label.startswith(f"{g}#")],
                            "closed": sorted(label for label in closed if label.startswith(f"{g}#"))})
     return labels
+
+
+def _answers(dep, asked: dict) -> dict:
+    """``{label: answer}`` of the calls ``asked`` (``{label: ObjectRef}``) that answered within 30 s,
+    none waited on once its replica is suspected (``dep._ask_all``); a dead replica's call is left
+    out like a silent one's, any other error raised."""
+    ready = dep._ask_all(asked, 30.0)
+    got = {}
+    for label, ref in asked.items():
+        if ref not in ready:
+            continue
+        try:
+            got[label] = ray.get(ref, timeout=0)
+        except Exception as e:
+            if not is_actor_death(e):
+                raise
+    return got
 
 
 def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
