@@ -264,6 +264,53 @@ class ParquetSink:
         return self.manifest()
 
 
+def canonical_order(rows: np.ndarray) -> np.ndarray:
+    """The order that sorts ``rows`` by every field, first field first (so every replica writes a
+    cell's rows in the same order, whatever order they arrived in): by ``(ts, id)`` alone when no
+    two rows share both (the common case: ids tell tuples apart), by every field when some do.
+    Both sorts run on keys nearly in order already (batches arrive nearly in time order), which
+    numpy's stable sort merges fast. Sorting by every field took 1.5 s per million rows of seven
+    fields here; this takes 25 ms per 450,000 rows in time order, 57 ms shuffled (issue #42: it was
+    a third of an application's CPU in a band join's run).
+
+    >>> rows = np.array([(2, 7, 0.5), (1, 9, 0.1), (2, 7, 0.2)], dtype=[("ts", "i8"), ("id", "u8"), ("v", "f8")])
+    >>> rows[canonical_order(rows)]["v"].tolist()     # the tie on (ts, id) broken by v
+    [0.1, 0.2, 0.5]
+    """
+    names = rows.dtype.names
+    if len(names) >= 2 and names[:2] == (TS, "id") and rows.dtype["id"] == np.uint64 and len(rows) > 1:
+        by_ts = np.argsort(rows[TS], kind="stable")  # a merge of sorted runs: batches come nearly in order
+        ts, ids = rows[TS][by_ts], rows["id"][by_ts]
+        group = np.concatenate((np.zeros(1, np.uint64), np.cumsum(ts[1:] != ts[:-1], dtype=np.uint64)))
+        # one 64-bit key: the rank of the timestamp, then the id's top 32 bits, again nearly in order
+        key = (group << np.uint64(32)) | (ids >> np.uint64(32))
+        within = np.argsort(key, kind="stable")
+        key = key[within]
+        if np.any(key[1:] == key[:-1]):  # ties on those bits: by the whole id
+            within = np.lexsort((ids, group))
+        order = by_ts[within]
+        ts, ids = ts[within], ids[within]
+        if not np.any((ts[1:] == ts[:-1]) & (ids[1:] == ids[:-1])):
+            return order
+    return np.lexsort([rows[n] for n in reversed(names)])
+
+
+def dictionary_columns(table, sample: int = 1024) -> list[str]:
+    """The columns of ``table`` worth Parquet's dictionary encoding: those with at most half as
+    many distinct values as rows among the first ``sample`` rows (keys, labels). Trying a
+    dictionary on unique timestamps, ids or measurements costs more than the write itself
+    (1M rows of seven such columns: 0.61 s with, 0.14 s without) and saves nothing. A function
+    of the rows alone, so every replica writes the same bytes.
+
+    >>> import pyarrow as pa
+    >>> dictionary_columns(pa.table({"ts": list(range(100)), "key": [i % 3 for i in range(100)]}))
+    ['key']
+    """
+    head = table.slice(0, sample)
+    return [name for name, col in zip(table.column_names, head.columns)
+            if len(head) and len(col.unique()) * 2 <= len(head)]
+
+
 def _warm_parquet() -> None:
     """Import Parquet's writer and write one row to memory (what the first real write would load)."""
     import pyarrow as pa
@@ -343,12 +390,11 @@ class SinkWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        names = rows.dtype.names
-        order = np.lexsort([rows[n] for n in reversed(names)])  # by every column: the same file from every replica
-        rows = rows[order]
-        table = pa.table({n: rows[n] for n in names})
+        order = canonical_order(rows)  # by every column: the same file from every replica
+        table = pa.table({n: rows[n][order] for n in rows.dtype.names})  # column by column, each contiguous
         name = _cell_name(c)
-        self.won += self._link(name, lambda tmp: pq.write_table(table, tmp))
+        dictionary = dictionary_columns(table)
+        self.won += self._link(name, lambda tmp: pq.write_table(table, tmp, use_dictionary=dictionary))
         self.written[name] = len(rows)
 
     def _finish(self) -> None:

@@ -86,3 +86,24 @@ def test_the_placement_parts_the_ray_engine_imports_need_no_scipy_nor_networkx()
     assert "replistream.placement.policy" in loaded
     late = [m for m in ("scipy", "networkx", "replistream.placement.spring") if m in loaded]
     assert not late, f"the placement parts the Ray engine imports pull in {late}"
+
+
+def test_a_file_source_reads_its_schema_without_pandas(tmp_path):
+    """Declaring a file source reads one file's schema with Parquet's, CSV's or Arrow's own reader,
+    not ``pyarrow.dataset``, which imports pandas (about 0.2 s of a user's script)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    t = pa.table({"ts": [1, 2], "k": [3, 4], "v": [0.5, 1.5]})
+    pq.write_table(t, tmp_path / "a.parquet")
+    pacsv.write_csv(t, tmp_path / "a.csv")
+    feather.write_feather(t, tmp_path / "a.feather")
+    for name in ("a.parquet", "a.csv", "a.feather"):
+        got = _fresh("import json, sys\n"
+                     "from replistream import FileSource, Query\n"
+                     f"s = FileSource({str(tmp_path / name)!r}, time='ts')\n"
+                     "print(json.dumps({'pandas': 'pandas' in sys.modules, 'schema': str(s.schema())}))")
+        assert not got["pandas"], f"FileSource({name}) imported pandas"
+        assert "k" in got["schema"] and "v" in got["schema"], got

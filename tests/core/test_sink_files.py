@@ -125,3 +125,43 @@ def test_a_sink_prepared_twice_for_one_run_stays_ready(tmp_path):
     assert again.run_id == sink.run_id and os.listdir(sink.path) == [RUN_RECORD]
     with pytest.raises(FileExistsError, match="is not empty"):
         ParquetSink(sink.path).prepare()  # another sink (another run) is refused
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_canonical_order_is_the_sort_by_every_field(seed):
+    """The (ts, id) shortcut gives the very order of a sort by every field, ties on (ts, id) included
+    (issue #42): every replica must write the same bytes."""
+    from replistream.sinks import canonical_order
+
+    rng = np.random.default_rng(seed)
+    n = 2000
+    rows = np.zeros(n, dtype=[("ts", "i8"), ("id", "u8"), ("k", "i8"), ("v", "f8")])
+    rows["ts"] = rng.integers(0, 50, n)
+    # ids spread, or few (many (ts, id) ties), or below 2**32 (ties on the ids' top bits only)
+    rows["id"] = rng.integers(0, (1 << 60, 4, 1 << 20)[seed % 3], n)
+    rows["k"] = rng.integers(0, 3, n)
+    rows["v"] = rng.random(n)
+    want = np.lexsort([rows[f] for f in reversed(rows.dtype.names)])
+    got = canonical_order(rows)
+    assert rows[got].tobytes() == rows[want].tobytes()
+    shuffled = rows[rng.permutation(n)]
+    assert shuffled[canonical_order(shuffled)].tobytes() == rows[want].tobytes()
+
+
+def test_a_cell_is_the_same_bytes_whatever_the_arrival_order(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 3000
+    rows = np.zeros(n, dtype=[("ts", "i8"), ("id", "u8"), ("k", "i8"), ("v", "f8")])
+    rows["ts"], rows["id"] = rng.integers(0, 100, n), rng.integers(0, 1 << 60, n, dtype=np.uint64)
+    rows["k"], rows["v"] = rng.integers(0, 5, n), rng.random(n)
+    files = []
+    for i, perm in enumerate((np.arange(n), rng.permutation(n))):
+        sink = ParquetSink(str(tmp_path / f"out{i}"), every=1000)
+        sink.prepare()
+        w = SinkWriter(sink, "app", "app#0")
+        for part in np.array_split(rows[perm], 7):
+            w.add(part)
+        w.punctuate(END)
+        [name] = [f for f in os.listdir(sink.path) if f.endswith(".parquet")]
+        files.append(open(os.path.join(sink.path, name), "rb").read())
+    assert files[0] == files[1]

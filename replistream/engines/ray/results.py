@@ -407,11 +407,12 @@ class Results:
                 actors[label] = {"label": label, "server": server, "alive": False, "error": repr(e)}
         apps = {}
         for n in self.plane.query.sinks:
-            t, lat = self.latencies_ms(n)
+            # (latency only means something paced: unpaced, not a copy of every tuple delivered)
+            lat = self.latencies_ms(n)[1] if self.plane.speed else None
             apps[n] = {
                 "delivered": self.plane.delivered.count(n),
                 "complete": self.plane.delivered.punctuation.get(n) == END,
-                "latency_ms": _percentiles(lat) if self.plane.speed else None,
+                "latency_ms": _percentiles(lat) if lat is not None else None,
                 "filter_weights": actors.get(n, {}).get("filters", [{}])[0].get("weights"),
             }
         links = [lk for a in actors.values() for lk in a.get("links", [])]
