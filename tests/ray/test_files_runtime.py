@@ -150,3 +150,28 @@ def test_a_paced_chunk_is_cut_to_chunk_ms_of_wall_time():
     with deploy(q, servers=2, k=1) as dep:
         with pytest.raises(ValueError, match="chunk_ms"):
             dep.run({"s": cols}, pace=1.0, chunk_ms=0)
+
+
+def test_deploy_starts_one_file_reader_per_job_and_reads_exactly(tmp_path, monkeypatch):
+    """deploy() starts a worker for file reads beside the replicas (issue #42: the first chunk of a
+    run waited 1.5 s for a new worker process), once per Ray job, and a run on it is exact."""
+    import replistream.files as files
+
+    submitted = []
+    task = files._warm_reader_task()
+
+    class Counting:
+        def remote(self):
+            submitted.append(1)
+            return task.remote()
+
+    monkeypatch.setattr(files, "_WARMED", set())
+    monkeypatch.setattr(files, "_warm_reader_task", lambda: Counting())
+    pq.write_table(part(0), str(tmp_path / "part-00.parquet"))
+    q = query(FileSource(str(tmp_path), time="t"))
+    ref = run_reference(q, {"load": FileSource(str(tmp_path), time="t")})
+    for _ in range(2):
+        with deploy(q, servers=3, k=1) as dep:
+            res = dep.run({"load": FileSource(str(tmp_path), time="t")}, timeout=120)
+        same(ref, res)
+    assert len(submitted) == 1

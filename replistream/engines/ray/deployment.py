@@ -414,6 +414,9 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
             address = cluster_address()  # a cluster kept between scripts (replistream up) is joined
         init_ray(address, **(ray_init or {}))
         ship_user_code(query)
+        from ...files import warm_reader
+
+        warm_reader()  # a worker for file reads starts beside the replicas (issue #42)
         channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                         "drop_after_s": drop_after_s, "partitions": dict(parallelism), "bits": int(bits),
                         "epoch": uuid.uuid4().hex}  # this deployment's: in every packet and report
