@@ -298,20 +298,34 @@ class JoinLogic(OperatorLogic):
             starts = np.repeat(lo - np.cumsum(cnt) + cnt, cnt)
             oi = starts + np.arange(total)
             # test the window (and exact key equality, guarding hash collisions and NaN)
-            # on index arrays first; copy whole rows only for pairs that match
-            ok = np.abs(ts[pi] - chunk[TS][oi]) < w
+            # on index arrays first; copy columns only for pairs that match
+            ok = np.abs(ts.take(pi) - chunk[TS].take(oi)) < w
             if self.keys[0] is not None:
                 for a, b in zip(self.keys[port], self.keys[1 - port]):
-                    ok &= batch[a][pi] == chunk[b][oi]
+                    ok &= batch[a].take(pi) == chunk[b].take(oi)
             if not ok.any():
                 continue
-            mine, theirs = batch[pi[ok]], chunk[oi[ok]]
-            left, right = (mine, theirs) if port == 0 else (theirs, mine)
-            if self.predicate is not None and len(left):
-                outs.extend(self._predicate_pairs(left, right))
-            elif len(left):
-                outs.append(self._emit(left, right))
+            pi, oi = pi[ok], oi[ok]
+            (left, li), (right, ri) = ((batch, pi), (chunk, oi)) if port == 0 else ((chunk, oi), (batch, pi))
+            if self.predicate is not None:
+                outs.extend(self._predicate_pairs(left[li], right[ri]))
+            else:
+                outs.append(self._emit_pairs(left, li, right, ri))
         return outs
+
+    def _emit_pairs(self, left: np.ndarray, li: np.ndarray, right: np.ndarray, ri: np.ndarray) -> np.ndarray:
+        """The joined tuples of pairs ``(left[li], right[ri])``, as :meth:`_emit` makes them, built
+        column by column with ``take``: gathering whole structured rows first, then copying their
+        fields, cost 7x as much (28 against 3.9 ms per 100,000 pairs of four-field tuples, issue #42)."""
+        out = np.empty(len(li), dtype=self.out_schema.dtype)
+        lts, rts = left[TS].take(li), right[TS].take(ri)
+        out[TS] = np.maximum(lts, rts)
+        out[ID] = mix(left[ID].take(li), right[ID].take(ri))
+        for n, o in self._lmap:
+            out[o] = left[n].take(li)
+        for n, o in self._rmap:
+            out[o] = right[n].take(ri)
+        return out
 
     def _predicate_pairs(self, left: np.ndarray, right: np.ndarray) -> list[np.ndarray]:
         """The joined tuples of the candidate pairs the predicate accepts; pairs on which it raises
