@@ -134,6 +134,7 @@ class GCConfig:
       often, at a punctuation, and its upstream replicas keep their output since that
       checkpoint; if the last replica is lost too, a new one is revived from the checkpoint and
       that output (Rhino's dormant replica, Del Monte 2017, on Ray) instead of the run ending.
+      Not yet per partition: with ``parallelism=``, ``deploy`` asks for ``dormant_every_s=None``.
       None: no dormant checkpoints.
 
     >>> GCConfig(theta=100.0, revival=True, threshold_s=2).validate().threshold_s
