@@ -4,9 +4,12 @@ Sweeps the degree of replication k, the load threshold alpha and the minimum
 peer distance d_min for min-cost placement (Algorithm 5) over the built-in
 servers, prints the network cost and the bandwidth and cost relative to the
 non-replicated placement for every setting, compares with random placement,
-and plots network cost against k per strategy. Finally it deploys one tuned
-placement on Ray over the emulated wide-area network and checks the output
-against the ideal run.
+and plots network cost against k per strategy. It then places the Join in two
+key partitions (``parallelism={"correlate": 2}``, Algorithm 5 per partition:
+each carries half the Join's load) and simulates ten minutes of both placements
+over the wide-area model, output checked against the ideal run. Finally it
+deploys one tuned placement on Ray over the emulated wide-area network and
+checks the output against the ideal run.
 
     python examples/placement_tuning.py                       # 30 servers, k = 1..5
     python examples/placement_tuning.py --servers 10 --kmax 3 --seeds 5 --plot cost.png --no-deploy
@@ -93,9 +96,48 @@ def main(argv=None) -> int:
     _plot(args, mincost, randoms, alphas, d_mins)
     print(f"\nplot written to {args.plot}")
 
+    if _partitioned(query, servers, latency, stats, sources, background, ref_alpha, ref_dmin):
+        return 1
+
     if args.no_deploy:
         return 0
     return _deploy(query, servers, stats, sources, background, ref_alpha, ref_dmin)
+
+
+def _partitioned(query, servers, latency, stats, sources, background, alpha, d_min) -> int:
+    """The Join in 2 key partitions, k=2: where Algorithm 5 puts each partition's replicas, and ten
+    simulated minutes of it and of the unpartitioned placement (issue #41); 1 if an output differs."""
+    from replistream.sim import Simulator
+    from replistream.sim.traces import month_model
+    from replistream.testing import assert_same_output
+
+    parts = {"correlate": 2}
+    try:
+        whole = place(problem_from_query(query, servers, latency, stats, sources=sources, server_load=background),
+                      2, "min-cost", alpha=alpha, d_min=d_min)
+        split = place(problem_from_query(query, servers, latency, stats, sources=sources, server_load=background,
+                                         parallelism=parts, bits=8), 2, "min-cost", alpha=alpha, d_min=d_min)
+    except PlacementError as e:
+        print(f"\ncorrelate in 2 partitions, k=2: infeasible: {e}")
+        return 0
+    print(f"\ncorrelate (the Join) in 2 key partitions of 2**8 bins, k=2, min-cost (alpha {alpha:g}, d_min "
+          f"{d_min:g} ms):")
+    for node in ("correlate.0", "correlate.1"):
+        print(f"  {node}: {', '.join(split.plan()[node])}")
+    inputs = fig1_inputs(len(servers), duration_s=600, period_s=10, seed=2)
+    ideal = run_reference(query, inputs)
+    network = month_model(len(servers), seed=0)
+    for label, pl, kw in (("unpartitioned", whole, {}), ("2 partitions", split, {"parallelism": parts, "bits": 8})):
+        res = Simulator(query, pl.plan(), network, sources=sources, **kw).run(inputs)
+        try:
+            assert_same_output(ideal.outputs["alerts"], res.outputs["alerts"])
+        except AssertionError as e:
+            print(f"  {label}: alerts differ from the ideal run: {e}")
+            return 1
+        lat = res.latencies("alerts")[1]
+        print(f"  {label:<13} network cost {pl.network_cost:>10.4g}; simulated 600 s: {lat.size} alerts, identical "
+              f"to the ideal run, latency p50 {np.median(lat):.3f} s, max {lat.max():.3f} s")
+    return 0
 
 
 def _plot(args, mincost, randoms, alphas, d_mins) -> None:

@@ -17,7 +17,9 @@ runtime's coordinator and the simulator; the engines apply them.
 * :mod:`~replistream.gc.revival`: :func:`plan_revival` on delays,
   :func:`revive_proactively` under theta, :class:`RevivalPolicy`, each
   decision an explained :class:`RevivalEvent`; :class:`RevivalDamper`
-  (persistence, hysteresis and a hold period against revive/discard oscillation).
+  (persistence, hysteresis and a hold period against revive/discard oscillation);
+* :mod:`~replistream.gc.partitions`: :func:`partition_view`, the snapshot in which
+  both work per partition replica of a partitioned operator (issue #41).
 
 docs/gc.md explains the model and every decision the paper leaves open.
 
@@ -32,6 +34,7 @@ docs/gc.md explains the model and every decision the paper leaves open.
 >>> [d.replicas for d in result.decisions], result.cost_after
 ([('f#1',)], 20.0)
 """
+from .partitions import PartitionView, partition_view
 from .garbage import (Discard, GCResult, Group, candidate_groups, choose_discard, collect_garbage, collect_step,
                       dependents, discard, explain_dependents)
 from .revival import ACTIONS, RevivalDamper, RevivalEvent, RevivalPolicy, apply_revival, plan_revival, revive_proactively
@@ -43,5 +46,6 @@ __all__ = [
     "Utilities", "utilities", "shares",
     "Group", "Discard", "GCResult", "dependents", "explain_dependents", "candidate_groups", "choose_discard",
     "discard", "collect_step", "collect_garbage",
+    "PartitionView", "partition_view",
     "ACTIONS", "RevivalEvent", "RevivalPolicy", "RevivalDamper", "plan_revival", "revive_proactively", "apply_revival",
 ]

@@ -7,6 +7,7 @@
     replistream sim fig2 --out results/          # PNG, JSON and CSV in results/
     replistream sim fig5 --out r/ --resume       # kmax rows in parallel; keeps rows done earlier
     replistream sim trace --out t/ --servers 30  # a CSV latency trace
+    replistream sim fig4 --quick --parallelism correlate=2 --bits 8   # the Join in 2 key partitions
 
 >>> import argparse
 >>> p = argparse.ArgumentParser(prog="replistream"); sub = p.add_subparsers(dest="command")
@@ -39,6 +40,9 @@ ABOUT = {
 
 #: fig5's own options (accepted, hidden, by the other experiments only to say they are fig5's).
 FIG5_OPTIONS = ("jobs", "resume", "hours", "kmax", "damping", "create", "metric", "trials", "thetas", "volatility")
+#: The experiments that run the query with partitioned operators (``--parallelism``, ``--bits``; issue #41):
+#: those that place it with Algorithm 5 and simulate each placement.
+PARTITIONED = ("fig3", "fig4")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -81,6 +85,15 @@ def _fig5(p: argparse.ArgumentParser, hidden: bool = False) -> None:
                           "a spike per 600 s per direction, an outage per 12 h per link; 0 turns both off)"))
 
 
+def _partitions(p: argparse.ArgumentParser, hidden: bool = False) -> None:
+    h = (lambda text: argparse.SUPPRESS) if hidden else (lambda text: text)
+    p.add_argument("--parallelism", metavar="OP=P", action="append", default=None,
+                   help=h("run operator OP as P key partitions, each placed and replicated on its own "
+                          "(Algorithm 5 per partition; repeatable, e.g. --parallelism correlate=2)"))
+    p.add_argument("--bits", type=int, default=None, metavar="B",
+                   help=h("a partitioned operator's key space is cut into 2**B bins; P <= 2**B (default 12)"))
+
+
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the ``sim`` subcommand to an ``argparse`` subparsers object; returns its parser. Each
     experiment is a subcommand of its own with its own options (``replistream sim fig5 --help``)."""
@@ -92,8 +105,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "plot and the data\n(JSON, CSV) to --out and prints a short table (or JSON with --json).\n\n"
                     f"experiments:\n{listing}\n\n"
                     "Each has its own options: replistream sim <experiment> --help. Every experiment takes\n"
-                    "--quick, --seed, --json, --out and --progress; fig5 has its own as well, trace has --servers,\n"
-                    "--days and --step.")
+                    "--quick, --seed, --json, --out and --progress; fig5 has its own as well, fig3 and fig4 take\n"
+                    "--parallelism and --bits (partitioned operators), trace has --servers, --days and --step.")
     exps = p.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True,
                             help="one of the experiments above")
     for name, text in ABOUT.items():
@@ -108,6 +121,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         else:
             _common(e)
             _fig5(e, hidden=name != "fig5")
+            _partitions(e, hidden=name not in PARTITIONED)
         e.set_defaults(func=run)
     p.set_defaults(func=run)
     return p
@@ -144,6 +158,19 @@ def check(args) -> str | None:
     vol = getattr(args, "volatility", None)
     if vol is not None and not (vol >= 0 and math.isfinite(vol)):
         return f"--volatility must be a finite number >= 0 (1 is the model's rates), got {vol:g}"
+    if getattr(args, "parallelism", None) is not None or getattr(args, "bits", None) is not None:
+        if args.experiment not in PARTITIONED:
+            return (f"--parallelism and --bits are {' and '.join(PARTITIONED)}'s options (the experiments that "
+                    f"place the query); {args.experiment} runs unpartitioned operators")
+        from replistream.cli import CliError, _check_place_parallelism
+        from replistream.partition import DEFAULT_BITS
+
+        bits = DEFAULT_BITS if args.bits is None else args.bits
+        try:  # place's checks and one-line messages, on the query every experiment runs (fig1)
+            args.partitions = _check_place_parallelism(argparse.Namespace(
+                query="fig1", parallelism=args.parallelism or [], bits=bits))
+        except CliError as e:
+            return str(e)
     if args.experiment == "trace":
         if not 1 <= args.servers <= 119:
             return f"--servers must be between 1 and 119 (the built-in cities), got {args.servers}"
@@ -167,12 +194,16 @@ def run(args) -> int:
         print(f"replistream sim {args.experiment}: --jobs, --resume, --trials, --hours, --kmax, --thetas, --volatility, "
               f"--damping, --create and --metric are fig5's options", file=sys.stderr)
         return 2
+    if getattr(args, "partitions", None):  # checked by check(): {operator: p}, p >= 2
+        f5.update(parallelism=args.partitions, bits=args.bits)
     from replistream.progress import Heartbeat
 
     # off a terminal the bars appear only as each simulated run ends: a line every 10 s meanwhile
     every = 10.0 if args.progress and not sys.stderr.isatty() else float("inf")
     with Heartbeat(lambda text: print(text, file=sys.stderr, flush=True), every=every) as hb:
-        hb.say(f"replistream sim {args.experiment} ({'quick' if args.quick else 'full'} scale, seed {args.seed}) ...",
+        parts = "".join(f", {op} in {p} partitions" for op, p in (getattr(args, "partitions", None) or {}).items())
+        hb.say(f"replistream sim {args.experiment} ({'quick' if args.quick else 'full'} scale, seed {args.seed}"
+               f"{parts}) ...",
                phase=f"simulating {args.experiment}")
         data = run_experiment(args.experiment, quick=args.quick, seed=args.seed, out=args.out,
                               progress=args.progress, **f5)

@@ -179,7 +179,7 @@ def _check_exact(setting: Setting, res, ref=None) -> None:
 
 def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
          kmax: tuple[int, ...] = (1, 2, 3, 4, 5), simulated_hours: float | None = None,
-         parallelism: dict | None = None) -> dict:
+         parallelism: dict | None = None, bits: int | None = None) -> dict:
     """Fig. 4: latency CCDF of random versus min-cost deployment for kmax = 1..5, with the
     bandwidth and network cost relative to the non-replicated placement (Hwang §VI-E).
 
@@ -190,7 +190,7 @@ def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     simulated hours. Quick: 30 servers, 5 monitored, 30 simulated minutes.
     ``simulated_hours``, when given, replaces the scale's simulated time (the tests run a shorter quick run).
     ``parallelism``: ``{operator: p}`` runs the query with partitioned operators, every strategy
-    placing each partition's replicas (:func:`fig1_setting`; issue #41).
+    placing each partition's replicas, their keys cut into ``2**bits`` bins (:func:`fig1_setting`; issue #41).
     Every run's output is checked against the reference.
     """
     monitored, hours = (5, 0.5) if quick else (10, 6.0)
@@ -198,7 +198,7 @@ def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
         if not (simulated_hours > 0 and math.isfinite(simulated_hours)):
             raise ValueError(f"simulated_hours must be a finite number > 0, got {simulated_hours!r}")
         hours = float(simulated_hours)
-    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, parallelism=parallelism)
+    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, parallelism=parallelism, bits=bits)
     ref = run_reference(st.query, st.inputs)
     base = st.base_placement()
     rows = []
@@ -220,8 +220,7 @@ def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
                          "bandwidth_ratio": rel["bandwidth"], "cost_ratio": rel["network_cost"],
                          "network_cost": pl.network_cost, "plan": pl.plan(), "wall_s": time.time() - t0})
     data = {"experiment": "fig4", "quick": quick, "seed": seed, "servers": 30, "monitored": monitored,
-            **({"parallelism": dict(st.parallelism)} if st.parallelism else {}),
-            "simulated_hours": hours, "ccdf_points_s": list(CCDF_POINTS), "rows": rows,
+            **_partitioned(st), "simulated_hours": hours, "ccdf_points_s": list(CCDF_POINTS), "rows": rows,
             "paper": {"min-cost": {"3": "all latencies < 1 s at (6.67x, 10.99x)"},
                       "random": {"3": "latencies beyond 16 s at (6.67x, 13.39x)"}}}
     if out:
@@ -285,7 +284,13 @@ def _binned(t: np.ndarray, lat: np.ndarray, width: float) -> list[dict]:
     return out
 
 
-def fig3(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False) -> dict:
+def _partitioned(st: Setting) -> dict:
+    """The record's ``parallelism`` and ``bits`` when the setting partitions operators (else nothing)."""
+    return {"parallelism": dict(st.parallelism), "bits": st.bits} if st.parallelism else {}
+
+
+def fig3(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
+         parallelism: dict | None = None, bits: int | None = None) -> dict:
     """Fig. 3: end-to-end latency over time for kmax = 1, 2, 3 (min-cost deployment, Hwang §VI-C).
 
     The paper ran three engines per server, one per degree of replication, on
@@ -293,9 +298,11 @@ def fig3(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     network and inputs. Full scale: 30 servers, 10 monitored, 3 simulated hours.
     Quick: 5 monitored, 20 simulated minutes. Reports mean, standard deviation
     and tail per kmax, and a per-minute series (mean, max) for the plot.
+    ``parallelism``: ``{operator: p}`` runs those operators as ``p`` key partitions of
+    ``2**bits`` bins, each partition placed with k replicas (:func:`fig1_setting`; issue #41).
     """
     monitored, hours = (5, 1 / 3) if quick else (10, 3.0)
-    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed)
+    st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, parallelism=parallelism, bits=bits)
     ref = run_reference(st.query, st.inputs)
     rows = []
     for k in (1, 2, 3):
@@ -310,7 +317,7 @@ def fig3(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
                      "p50_s": float(np.median(lat)), "p99_s": float(np.percentile(lat, 99)),
                      "max_s": float(lat.max()), "series": _binned(arr, lat, 60.0), "wall_s": time.time() - t0})
     data = {"experiment": "fig3", "quick": quick, "seed": seed, "servers": 30, "monitored": monitored,
-            "simulated_hours": hours, "rows": rows,
+            **_partitioned(st), "simulated_hours": hours, "rows": rows,
             "paper": "the average as well as the variance of latency decrease as more replicas are deployed"}
     if out:
         _write(out, "fig3", data, [{k: v for k, v in r.items() if k != "series"} for r in rows])
@@ -1235,7 +1242,11 @@ def verdict(data: dict) -> str:
     >>> verdict({"experiment": "fig4", "rows": rows})
     "fig4: min-cost k=3 keeps P(latency > 1 s) = 0 at 0.59x random's network cost (P(latency > 0.25 s) 0 against random's 0.0002; p99 0.141 s against 0.184 s); paper 0.82x (10.99x vs 13.39x): holds"
     """
-    return _VERDICTS[data["experiment"]](data)
+    line = _VERDICTS[data["experiment"]](data)
+    if data.get("parallelism"):  # a partitioned run says so (replistream sim fig4 --parallelism ...)
+        parts = ", ".join(f"{op} in {p}" for op, p in data["parallelism"].items())
+        line += f" [partitioned: {parts} ({2 ** data['bits']} bins)]"
+    return line
 
 
 def _verdict_fig4(data: dict) -> str:
@@ -1326,7 +1337,8 @@ EXPERIMENTS: dict[str, Callable[..., dict]] = {"fig2": fig2, "fig3": fig3, "fig4
 def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | None = None,
                    progress: bool = False, **options) -> dict:
     """Run experiment ``name`` (one of :data:`EXPERIMENTS`); ``options`` go to experiments
-    that take them (``jobs``, ``resume``: :func:`fig5`) and must be ``None`` for the others.
+    that take them (``jobs``, ``resume``: :func:`fig5`; ``parallelism``, ``bits``: :func:`fig3`,
+    :func:`fig4`) and must be ``None`` for the others.
 
     >>> run_experiment("fig9")
     Traceback (most recent call last):
@@ -1336,6 +1348,10 @@ def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | Non
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
     options = {k: v for k, v in options.items() if v is not None}
+    partitioned = {k: options.pop(k) for k in ("parallelism", "bits") if k in options}
+    if partitioned and name not in ("fig3", "fig4"):
+        raise ValueError(f"{name} takes no option {', '.join(sorted(partitioned))} (fig3 and fig4 do)")
     if options and name != "fig5":
         raise ValueError(f"{name} takes no option {', '.join(sorted(options))} (fig5 does)")
+    options.update(partitioned)
     return EXPERIMENTS[name](quick=quick, seed=seed, out=out, progress=progress, **options)

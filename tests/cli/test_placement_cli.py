@@ -113,3 +113,7 @@ def test_placement_tuning_example_small(tmp_path):
     assert len(lines) == 3 * 2 * 2  # k x alpha x d_min
     assert "beats every seed: True" in out.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the Join in 2 key partitions, placed per partition and simulated exactly (issue #41 point 5)
+    assert "correlate (the Join) in 2 key partitions" in out.stdout
+    assert "  correlate.0: " in out.stdout and "  correlate.1: " in out.stdout
+    assert out.stdout.count("identical to the ideal run, latency p50") == 2

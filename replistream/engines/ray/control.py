@@ -91,7 +91,8 @@ from typing import Any
 
 
 from . import lockorder
-from ...gc import ENTRY, RevivalPolicy, Snapshot, collect_garbage
+from ...gc import ENTRY, PartitionView, RevivalPolicy, Snapshot, collect_garbage
+from ...plan import label_group, replica_partition
 from .common import json_default
 from .handover import HandOver
 from .meter import CUT_MS, Meter
@@ -133,6 +134,7 @@ class GCConfig:
       often, at a punctuation, and its upstream replicas keep their output since that
       checkpoint; if the last replica is lost too, a new one is revived from the checkpoint and
       that output (Rhino's dormant replica, Del Monte 2017, on Ray) instead of the run ending.
+      Not yet per partition: with ``parallelism=``, ``deploy`` asks for ``dormant_every_s=None``.
       None: no dormant checkpoints.
 
     >>> GCConfig(theta=100.0, revival=True, threshold_s=2).validate().threshold_s
@@ -242,6 +244,8 @@ class ReplicaManager:
         # (producer label, stream) -> samples (seconds since t0, tuples flushed), the rate window's
         self.flushed: dict[tuple[str, str], deque] = {}
         self.last_snapshot: Snapshot | None = None
+        #: the translation of :attr:`last_snapshot`'s partitions back to the deployment's labels and ports
+        self.view: PartitionView | None = None
         self.delays: dict[str, float] = {}
         self.cooling: dict[str, float] = {}  # label -> time (since t0) until which its delay is ignored
         self.hold_gc_until = 0.0  # no discard before this time: revived replicas first get measured weights
@@ -324,7 +328,7 @@ class ReplicaManager:
         self.next_move = now + (2.0 * self.cfg.utility_period_s if self.cfg.rebalance_cooldown_s is None
                                 else float(self.cfg.rebalance_cooldown_s))
         for _, label in sorted(movable, reverse=True):
-            op = self.topology.replica(label).operator
+            op = snap.replica(label).operator if snap.has_replica(label) else self.topology.replica(label).operator
             own = self.own_loads.get(label, 0.0)
             fits = [s for s in self.dep.servers if s != server and loads[s] + own < self.cfg.alpha * cap[s]]
             target = self._place(op, snap, label, among=fits) if fits else None
@@ -383,10 +387,14 @@ class ReplicaManager:
     def collect(self, snap: Snapshot) -> Snapshot:
         """Algorithm 6 (Hwang §V-B) for up to ``max_steps`` discards, applied to the actors."""
         result = collect_garbage(snap, self.cfg.max_steps)
+        view = self.view or PartitionView(snap)
         for d in result.decisions:
             started = time.time()
+            d = view.discard(d)  # the deployment's stream ids (partitioned inputs have their own in the view)
             self.handover._apply_discard(d.streams, d.replicas)
+            groups = sorted({label_group(r) for r in d.replicas if replica_partition(r) is not None})
             self.record({"kind": "gc", **d.to_dict(), "text": d.describe(),
+                         **({"partitions": groups} if groups else {}),
                          "apply_seconds": round(time.time() - started, 3), "live_after": self.live_counts()})
         return result.snapshot
 
@@ -415,7 +423,9 @@ class ReplicaManager:
                 if not self._apply_and_record(e):
                     return
             return
+        view = self.view or PartitionView(snap)
         for e in self.policy.decide(snap, delays):
+            e = view.event(e)  # the deployment's stream ids, ports and operators
             if e.action == "none":
                 if self._last_none.get(e.replica) != e.reason:
                     self._last_none[e.replica] = e.reason
@@ -498,10 +508,12 @@ class ReplicaManager:
         return any(self.meter._latency(server, snap.replica(s.dst).server) > limit for s in snap.out_streams(label))
 
     def live_counts(self) -> dict[str, int]:
-        """Live replicas per operator (entry points as ``"entry"``), as the loop last left them."""
+        """Live replicas per operator (entry points as ``"entry"``), per partition (``"op.P"``) for a
+        partitioned operator, as the loop last left them."""
         out: dict[str, int] = {}
         for r in self.topology.replicas():
-            out[r.operator] = out.get(r.operator, 0) + (1 if r.live else 0)
+            g = label_group(r.label) if replica_partition(r.label) is not None else r.operator
+            out[g] = out.get(g, 0) + (1 if r.live else 0)
         return out
 
     def _downstream(self, label: str) -> set:

@@ -346,9 +346,6 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         raise ValueError(f"bits must be an integer from 0 to 20 (2**bits bins of keys), got {bits!r}")
     parallelism = check_parallelism(query, parallelism, int(bits), keep_single=True)
     plan, placed = resolve_placement_with_cost(query, servers, k, placement, placement_net, parallelism, int(bits))
-    if parallelism and gc is not None:
-        raise ValueError(f"gc= (garbage collection and revival) does not yet run with partitioned operators "
-                         f"({sorted(parallelism)}); deploy without gc=, or without parallelism=")
     if isinstance(app_replicas, bool) or not isinstance(app_replicas, (int, np.integer)) or \
             not 1 <= app_replicas <= len(servers):
         raise ValueError(f"app_replicas must be an integer between 1 and {len(servers)} (the servers), "
@@ -382,6 +379,10 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         gc.validate()
         if gc.kmin is not None and gc.kmin > k:
             raise ValueError(f"GCConfig.kmin={gc.kmin} is more than k={k} replicas")
+        if gc.dormant_every_s is not None and parallelism:
+            raise ValueError(f"GCConfig.dormant_every_s (dormant checkpoints) does not yet run with partitioned "
+                             f"operators ({sorted(parallelism)}): a dormant checkpoint is kept per operator, not per "
+                             f"partition; deploy with dormant_every_s=None, or without parallelism=")
     for app in on_output or {}:
         if app not in query.sinks:
             raise ValueError(f"on_output names {app!r}, not an application of query {query.name!r}")

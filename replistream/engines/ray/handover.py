@@ -12,7 +12,7 @@ from typing import Any
 
 import ray
 
-from ...gc import OperatorReplica, RevivalEvent, StreamReplica
+from ...gc import OperatorReplica, RevivalEvent, StreamReplica, partition_view
 from ...plan import group_of, label_group, replica_partition
 from ...replica.handover import missing_feeders, rank_peers, shares_feeders
 from ...replica.transfer import STRATEGIES, splittable
@@ -81,8 +81,9 @@ class HandOver:
             given = server
             server = old.server if given is None else given
             if add and given is None:
-                snap = self.mgr.last_snapshot or topo.snapshot(self.mgr.kmin)
-                server = self.mgr._place(old.operator, snap, label) or old.server
+                snap = self.mgr.last_snapshot or partition_view(topo.snapshot(self.mgr.kmin)).snapshot
+                op = snap.replica(label).operator if snap.has_replica(label) else old.operator  # "op.P": a partition
+                server = self.mgr._place(op, snap, label) or old.server
             e = self._replacement(label, server, add, "request",
                                   f"requested: {'add a replica of' if add else 'replace'} {label} by hand-over")
             started = time.time()

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import ray
 
-from ...gc import ENTRY, Snapshot, StreamReplica
+from ...gc import ENTRY, Snapshot, StreamReplica, partition_view
 from .channels import gone_key
 from .common import READY_S
 
@@ -76,7 +76,9 @@ class Meter:
                              "text": f"{r.label} died (failure, not garbage collection)"})
 
     def measure(self) -> Snapshot:
-        """Ask the actors and build the current snapshot (rates, latencies, weights of the last period)."""
+        """Ask the actors and build the current snapshot (rates, latencies, weights of the last period):
+        the :func:`~replistream.gc.partition_view` of the topology's, so that with partitioned operators
+        each partition (``"op.P"``) is an operator of it (its view is ``mgr.view``)."""
         topo = self.mgr.topology
         with self.mgr.lock:
             self.notice_failures()
@@ -109,9 +111,14 @@ class Meter:
                                latency_ms=self._latency(topo.server(s.src), topo.server(s.dst)),
                                weight=weights.get(s.id, 0.0))
 
-            snap = topo.snapshot(self.mgr.kmin, self.mgr.theta, measured)
+            # per partition replica: each partition of a partitioned operator is an operator of the
+            # snapshot, each (port, upstream partition) an input (replistream.gc.partitions); the
+            # decisions made on it are translated back through mgr.view before they are applied
+            view = partition_view(topo.snapshot(self.mgr.kmin, self.mgr.theta, measured))
+            snap = view.snapshot
             self._floor_dormant_entries(reports)
             self._raise_holds(reports)
+            self.mgr.view = view
             self.mgr.last_snapshot = snap
             return snap
 
