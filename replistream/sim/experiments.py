@@ -1218,7 +1218,7 @@ def table(data: dict) -> str:
     >>> print(table({"experiment": "fig4", "rows": [{"strategy": "min-cost", "k": 1, "p50_s": 0.1,
     ...     "p99_s": 0.2, "max_s": 0.3, "bandwidth_ratio": 1.0, "cost_ratio": 1.0, "ccdf": {"1.0": 0.0}}]}))
     strategy  k    p50 s   p99 s   max s  P(>1 s)  bandwidth  cost
-    min-cost  1    0.100   0.200   0.300  0          1.00x    1.00x
+    min-cost  1    0.100   0.200   0.300  0            1.00x    1.00x
     """
     return _TABLES[data["experiment"]](data)
 
