@@ -199,7 +199,9 @@ def warm_reader() -> None:
     """Start, without waiting, a Ray worker process for this job's file reads, with Parquet's and
     CSV's readers imported, so the first :class:`FileSource` read of a run does not pay for a new
     worker process (issue #42: 1.5 s of a two-source run's 3 s went to waiting for the first
-    chunk). Called by ``deploy()`` while the replicas start; once per Ray job.
+    chunk). Called by ``deploy()`` while the replicas start, for a query with a source declared
+    by :meth:`FileSource.declare` (another process would only slow the start of a deployment that
+    reads no file); once per Ray job.
 
     >>> warm_reader()   # doctest: +SKIP
     """
@@ -403,8 +405,12 @@ class FileSource:
         return Schema(fields)
 
     def declare(self, query, name: str, punctuate_every: int | None = None, max_disorder: int = 0):
-        """Declare source ``name`` in ``query`` with these files' schema; returns the stream."""
-        return query.source(name, self.schema(), punctuate_every=punctuate_every, max_disorder=max_disorder)
+        """Declare source ``name`` in ``query`` with these files' schema; returns the stream. The
+        source is marked as read from files, so a deployment of the query starts a worker for the
+        reads as it starts (:func:`warm_reader`)."""
+        stream = query.source(name, self.schema(), punctuate_every=punctuate_every, max_disorder=max_disorder)
+        query.graph.nodes[name]["files"] = True
+        return stream
 
     def bind(self, source: str, schema: Schema) -> None:
         """Check the columns against the schema of ``source``; called by ``Deployment.feed``, after

@@ -417,7 +417,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         ship_user_code(query)
         from ...files import warm_reader
 
-        warm_reader()  # a worker for file reads starts beside the replicas (issue #42)
+        if any(query.graph.nodes[s].get("files") for s in query.sources):
+            warm_reader()  # a worker for file reads starts beside the replicas (issue #42)
         channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                         "drop_after_s": drop_after_s, "partitions": dict(parallelism), "bits": int(bits),
                         "epoch": uuid.uuid4().hex}  # this deployment's: in every packet and report
