@@ -257,30 +257,13 @@ def _check_place_parallelism(args) -> dict[str, int]:
     >>> _check_place_parallelism(build_parser().parse_args(["place", "--parallelism", "correlate=2", "--bits", "4"]))
     {'correlate': 2}
     """
-    from .errors import QueryError
-    from .partition import check_parallelism
+    from .partition import parallelism_from_options
 
-    bits = args.bits
-    if not 0 <= bits <= 20:
-        raise CliError(f"--bits must be an integer from 0 to 20 (2**bits bins of keys), got {bits}")
-    if not args.parallelism:
-        return {}
-    given: dict[str, int] = {}
-    for item in args.parallelism:
-        name, sep, p = item.partition("=")
-        if not sep or not name or not p.strip().lstrip("-").isdigit():
-            raise CliError(f"--parallelism takes OPERATOR=PARTITIONS, e.g. --parallelism correlate=2; got {item!r}")
-        if name in given:
-            raise CliError(f"--parallelism names {name!r} twice; give each operator once")
-        given[name] = int(p)
-    query = _place_query(args)
-    try:
-        return check_parallelism(query, given, bits)
-    except (QueryError, ValueError) as e:
-        msg = str(e)
-        msg = msg[len("parallelism: "):] if msg.startswith("parallelism: ") else msg
-        more = " (or raise --bits)" if " bins (2**" in msg else ""
-        raise CliError(f"--parallelism: {msg}{more}") from None
+    try:  # (--bits checked even without --parallelism)
+        return parallelism_from_options(args.parallelism or [], args.bits,
+                                        _place_query(args) if args.parallelism else None)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def check_reconfigure(args) -> None:

@@ -48,8 +48,8 @@ from .ids import fmix
 from .operators.base import bin_of
 from .schema import ID, TS, Punctuation  # noqa: F401 (Punctuation: the doctests)
 
-__all__ = ["DEFAULT_BITS", "BinMap", "Router", "Switch", "assign_bins", "check_parallelism", "partition_key",
-           "partition_label", "parse_partition_label"]
+__all__ = ["DEFAULT_BITS", "BinMap", "Router", "Switch", "assign_bins", "check_parallelism", "parallelism_from_options",
+           "partition_key", "partition_label", "parse_partition_label"]
 
 #: Bits of the bin of a tuple by default: ``2**12`` bins (Megaphone's experiments use 2^8..2^12).
 DEFAULT_BITS = 12
@@ -414,3 +414,38 @@ class Router:
                 for lst in out:
                     lst.append(it)
         return out
+
+
+def parallelism_from_options(items, bits: int, query) -> dict[str, int]:
+    """The command lines' ``--parallelism OP=P`` (repeatable: ``items``) and ``--bits B``, checked
+    against ``query``'s operators with :func:`check_parallelism`'s messages: ``{operator: p}`` with
+    ``p >= 2``; any mistake a one-line ``ValueError`` naming the option and the fix (``replistream
+    place`` and ``replistream sim`` print it as their error).
+
+    >>> from replistream.workloads import fig1_query
+    >>> parallelism_from_options(["correlate=2"], 4, fig1_query(n_servers=1))
+    {'correlate': 2}
+    >>> parallelism_from_options(["correlate"], 4, None)
+    Traceback (most recent call last):
+    ...
+    ValueError: --parallelism takes OPERATOR=PARTITIONS, e.g. --parallelism correlate=2; got 'correlate'
+    """
+    if not 0 <= int(bits) <= 20:
+        raise ValueError(f"--bits must be an integer from 0 to 20 (2**bits bins of keys), got {bits}")
+    given: dict[str, int] = {}
+    for item in items or ():
+        name, sep, p = item.partition("=")
+        if not sep or not name or not p.strip().lstrip("-").isdigit():
+            raise ValueError(f"--parallelism takes OPERATOR=PARTITIONS, e.g. --parallelism correlate=2; got {item!r}")
+        if name in given:
+            raise ValueError(f"--parallelism names {name!r} twice; give each operator once")
+        given[name] = int(p)
+    if not given:
+        return {}
+    try:
+        return check_parallelism(query, given, bits)
+    except (QueryError, ValueError) as e:
+        msg = str(e)
+        msg = msg[len("parallelism: "):] if msg.startswith("parallelism: ") else msg
+        more = " (or raise --bits)" if " bins (2**" in msg else ""
+        raise ValueError(f"--parallelism: {msg}{more}") from None

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import QueryError
 from ..exact import LIMBS, ExactSums, exact_row_sums
-from ..ids import hash_columns, mix, stable_hash
+from ..ids import argsort_u64, hash_columns, mix, stable_hash
 from ..schema import ID, TS, Schema
 from .base import OperatorLogic, bin_of, concat_ranges
 from .keyed import bin_ranges
@@ -156,8 +156,9 @@ class SortedIndex:
 
     def insert(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """Add ``keys`` (distinct, none present) with their rows."""
-        order = np.argsort(keys, kind="stable")
-        keys, rows = np.asarray(keys, dtype=np.uint64)[order], np.asarray(rows, dtype=np.int64)[order]
+        keys = np.asarray(keys, dtype=np.uint64)
+        order = argsort_u64(keys)
+        keys, rows = keys[order], np.asarray(rows, dtype=np.int64)[order]
         at = np.searchsorted(self.keys, keys)
         self.keys, self.rows = np.insert(self.keys, at, keys), np.insert(self.rows, at, rows)
 
@@ -224,7 +225,7 @@ class HashRuns:
             return
         h, r, t = (np.concatenate(x) for x in zip(*self._new))
         self._new, self._n_new = [], 0
-        order = np.argsort(h, kind="stable")
+        order = argsort_u64(h)
         self.hash.append(h[order])
         self.row.append(r[order])
         self.tag.append(t[order])
@@ -718,7 +719,7 @@ class CountWindowAggregateLogic(_GroupedWindows):
             return []
         rel = rel[canonical_order(rel)]
         gh = self._group_hash(rel)
-        order = np.argsort(gh, kind="stable")
+        order = argsort_u64(gh)
         gs = gh[order]
         cuts = np.r_[0, np.flatnonzero(gs[1:] != gs[:-1]) + 1, len(gs)]
         size, slide = self.size, self.slide

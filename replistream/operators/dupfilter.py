@@ -40,6 +40,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DeadLetter, PunctuationViolation
+from ..ids import argsort_u64
 from ..schema import END, ID, TS, Punctuation, Schema
 from .base import NO_PUNCTUATION, STATE_VERSION, CheckpointError
 
@@ -374,7 +375,7 @@ class DuplicateFilter:
         if hit is not None and np.array_equal(ids[hit[0]], hit[1]):
             self._orders.move_to_end(key)
             return hit
-        o = np.argsort(ids, kind="stable")
+        o = argsort_u64(ids)  # hashed ids: a radix pass first (replistream.ids.argsort_u64)
         sid = ids[o]
         out = (o, sid, bool(m > 1 and (sid[1:] == sid[:-1]).any()))
         self._orders[key] = out

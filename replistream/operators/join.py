@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import SchemaError, UserFunctionError
-from ..ids import hash_columns, mix
+from ..ids import argsort_u64, hash_columns, mix
 from ..schema import ID, TS, Schema
 from .base import OperatorLogic, concat_ranges
 from .keyed import bin_ranges
@@ -96,7 +96,11 @@ class _SideBuffer:
     def add(self, batch: np.ndarray, key: np.ndarray) -> None:
         if not len(batch):
             return
-        order = np.lexsort((batch[TS], key))
+        if key.dtype == np.uint64:  # a key hash: by ts (batches come nearly in time order), then by
+            by_ts = np.argsort(batch[TS], kind="stable")  # key with a radix pass first: lexsort's order
+            order = by_ts[argsort_u64(key[by_ts])]
+        else:
+            order = np.lexsort((batch[TS], key))
         self.chunks.append(batch[order])
         self.keys.append(key[order])
         self._index.append(None)

@@ -53,7 +53,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..ids import hash_columns, mix, stable_hash
+from ..ids import argsort_u64, hash_columns, mix, stable_hash
 from ..schema import END, TS, Punctuation, Schema
 from .base import NO_PUNCTUATION, CheckpointError, OperatorLogic, OperatorState, bin_of, concat_ranges
 from .sorter import canonical_order
@@ -177,7 +177,7 @@ class KeyedState:
 
     # -- the index --------------------------------------------------------------------------
     def _add_run(self, hashes: np.ndarray, rows: np.ndarray) -> None:
-        order = np.argsort(hashes, kind="stable")
+        order = argsort_u64(hashes)
         self._runs.append((hashes[order], rows[order]))
         while len(self._runs) > 1 and 2 * len(self._runs[-1][0]) >= len(self._runs[-2][0]):
             (ah, ar), (bh, br) = self._runs[-2], self._runs[-1]
