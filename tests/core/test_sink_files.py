@@ -165,17 +165,3 @@ def test_a_cell_is_the_same_bytes_whatever_the_arrival_order(tmp_path):
         [name] = [f for f in os.listdir(sink.path) if f.endswith(".parquet")]
         files.append(open(os.path.join(sink.path, name), "rb").read())
     assert files[0] == files[1]
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_argsort_u64_is_numpys_stable_argsort(seed):
-    """The radix-first sort the duplicate filters, the joins and the aggregates' indexes use gives
-    numpy's stable order exactly: spread, repeated, narrow-range and sorted keys, any length."""
-    from replistream.ids import argsort_u64
-
-    rng = np.random.default_rng(seed)
-    for n in (0, 1, 255, 256, 257, 5000):
-        for keys in (rng.integers(0, 2**64 - 1, n, dtype=np.uint64), rng.integers(0, 7, n).astype(np.uint64),
-                     np.uint64(2**60) + rng.integers(0, 2**20, n).astype(np.uint64),
-                     np.sort(rng.integers(0, 2**64 - 1, n, dtype=np.uint64))):
-            assert argsort_u64(keys).tolist() == np.argsort(keys, kind="stable").tolist()
