@@ -91,6 +91,10 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
     else:
         with _loopback():
             ray.init(**opts)
+    if local and opts.get("log_to_driver") is False:  # no worker log lines come here: a quicker exit
+        from .rayexit import install
+
+        install()
     if not local:  # a running cluster: its warm pool of actor processes serves this script's deployments
         from . import warm
 
