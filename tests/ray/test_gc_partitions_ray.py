@@ -32,8 +32,7 @@ def test_gc_discards_per_partition_replica_and_keeps_every_partition_and_the_out
     the alerts are exactly the reference run's."""
     q = fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.5)
     data = fig1_inputs(n_servers=3, duration_s=20, period_s=0.25, seed=4, chunk=2)
-    cfg = GCConfig(utility_period_s=0.5, gc_period_s=0.5, theta_fraction=0.05, max_steps=None, kmin=1,
-                   dormant_every_s=None)  # dormant checkpoints are per operator: refused with partitions
+    cfg = GCConfig(utility_period_s=0.5, gc_period_s=0.5, theta_fraction=0.05, max_steps=None, kmin=1)
     with deploy(q, servers=4, k=2, network="geo", gc=cfg, parallelism={"correlate": 2, "hot": 3}, bits=4) as dep:
         ref = run_reference(q, data)
         res = dep.run(data, timeout=180, pace=2.0)
@@ -59,3 +58,7 @@ def test_gc_discards_per_partition_replica_and_keeps_every_partition_and_the_out
         assert any(live[g] == 1 for g in PARTS), live  # GC took some partition down to kmin
         for g in PARTS:  # the last live replica of each partition still runs
             assert any(dep.alive.get(r.label) for r in dep.topology.replicas(g, state="live")), g
+        # dormant checkpoints (on by default) are per partition: each partition GC took down to one
+        # live replica got one of its own, never one under the partitioned operator's name
+        on = {e["operator"] for e in dep.events if e.get("event") == "dormant_on"}
+        assert {g for g in PARTS if live[g] == 1} <= on and not on & {"correlate", "hot"}, on

@@ -82,9 +82,6 @@ def test_a_partition_replica_is_repaired_from_its_own_partition_and_its_peer_may
 
 def test_a_partitioned_deployment_refuses_what_it_does_not_run_yet_in_one_line():
     q = query()
-    with pytest.raises(ValueError, match=r"GCConfig.dormant_every_s .* does not yet run with partitioned operators "
-                                         r"\(\['m', 'per_k'\]\): a dormant checkpoint is kept per operator"):
-        deploy(q, servers=SERVERS, k=2, parallelism={"per_k": 2, "m": 1}, gc={"kmin": 1, "dormant_every_s": 1.0})
     with pytest.raises(ValueError, match=r"parallelism\['per_k'\] must be an integer >= 1"):
         deploy(q, servers=SERVERS, k=2, parallelism={"per_k": 0})
     g = Query("global")

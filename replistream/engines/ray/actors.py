@@ -725,8 +725,10 @@ class ReplicaActor(_Base, MovingBins):
 
     def keep_dormant(self, every_s: float | None) -> bool:
         """Send the coordinator a dormant checkpoint every ``every_s`` seconds, at a punctuation
-        (None: stop): this replica is its operator's last live one (Rhino's dormant replica, Del
-        Monte 2017). Its upstream replicas keep their output after the checkpoint's punctuation."""
+        (None: stop): this replica is its operator's (its partition's) last live one (Rhino's dormant
+        replica, Del Monte 2017); the coordinator keeps it under the operator's name, or the
+        partition's (``"op.P"``). Its upstream replicas keep their output after the checkpoint's
+        punctuation."""
         self.dormant_every = None if every_s is None else float(every_s)
         self._dormant_last = 0.0
         return True
@@ -740,11 +742,15 @@ class ReplicaActor(_Base, MovingBins):
             return
         if self._dormant_ref is not None and not ray.wait([self._dormant_ref], timeout=0)[0]:
             return  # the previous one is still on its way
+        if self.core.moves is not None and not self.core.moves.idle:
+            return  # bins moving (a rescale): a checkpoint carries no moves; the next one, once done
         p = min(int(f.max_punct) for f in self.core.filters)
         if p == NO_ACK:
             return
         self._dormant_last = now
-        self._dormant_ref = self.coordinator.keep_dormant.remote(self.node, self.label, p, self._checkpoint_locked())
+        # kept per partition ("op.P") for a partitioned operator: each partition holds its own bins
+        group = self.node if self.partition is None else partition_label(self.node, self.partition)
+        self._dormant_ref = self.coordinator.keep_dormant.remote(group, self.label, p, self._checkpoint_locked())
         self._reports.append(self._dormant_ref)
 
     def install(self, checkpoint=None) -> dict:

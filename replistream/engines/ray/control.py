@@ -134,7 +134,8 @@ class GCConfig:
       often, at a punctuation, and its upstream replicas keep their output since that
       checkpoint; if the last replica is lost too, a new one is revived from the checkpoint and
       that output (Rhino's dormant replica, Del Monte 2017, on Ray) instead of the run ending.
-      Not yet per partition: with ``parallelism=``, ``deploy`` asks for ``dormant_every_s=None``.
+      With ``parallelism=``, each partition of an operator counts on its own: a partition down
+      to one live replica gets a dormant checkpoint of its own (kept under ``"op.P"``).
       None: no dormant checkpoints.
 
     >>> GCConfig(theta=100.0, revival=True, threshold_s=2).validate().threshold_s

@@ -66,7 +66,8 @@ class CoordinatorActor:
         self._log_lock = lockorder.lock("CoordinatorActor._log_lock", 1)  # the log (its one lock: the host watcher's thread logs too)
         self.events: list[dict] = []
         self._rids: set = set()  # ids of the reports logged (a report sent twice is logged once)
-        self.dormant: dict[str, tuple] = {}  # operator -> (punctuation, replica, checkpoint): keep_dormant
+        # operator, or partition "op.P" of a partitioned one -> (punctuation, replica, checkpoint): keep_dormant
+        self.dormant: dict[str, tuple] = {}
         self.query = None
         self.servers: list = []
         self._placement = None  # the Placement of the running plan (None if it could not be costed)
@@ -242,7 +243,8 @@ class CoordinatorActor:
 
     def keep_dormant(self, operator: str, replica: str, punctuation: int, checkpoint) -> bool:
         """Keep ``operator``'s dormant checkpoint (Rhino's dormant replica, Del Monte 2017): sent by
-        its last live replica at ``punctuation``; the newest replaces the one before. Logged as a
+        its last live replica at ``punctuation``; ``operator`` is a partition ``"op.P"`` for a
+        partitioned operator (each partition has its own); the newest replaces the one before. Logged as a
         ``dormant_checkpoint`` report (the deployment then lets upstream replicas trim their output
         up to it). Kept in Ray's key-value store too (before it is logged), so a coordinator that
         replaces a lost one has it."""
@@ -259,7 +261,8 @@ class CoordinatorActor:
         return True
 
     def dormant_checkpoint(self, operator: str):
-        """``(punctuation, replica, checkpoint)`` of ``operator``'s newest dormant checkpoint, or None."""
+        """``(punctuation, replica, checkpoint)`` of ``operator``'s (or partition ``"op.P"``'s) newest
+        dormant checkpoint, or None."""
         return self.dormant.get(operator)
 
     def log(self) -> list[dict]:

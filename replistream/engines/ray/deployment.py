@@ -383,10 +383,6 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         gc.validate()
         if gc.kmin is not None and gc.kmin > k:
             raise ValueError(f"GCConfig.kmin={gc.kmin} is more than k={k} replicas")
-        if gc.dormant_every_s is not None and parallelism:
-            raise ValueError(f"GCConfig.dormant_every_s (dormant checkpoints) does not yet run with partitioned "
-                             f"operators ({sorted(parallelism)}): a dormant checkpoint is kept per operator, not per "
-                             f"partition; deploy with dormant_every_s=None, or without parallelism=")
     for app in on_output or {}:
         if app not in query.sinks:
             raise ValueError(f"on_output names {app!r}, not an application of query {query.name!r}")

@@ -340,7 +340,8 @@ class HandOver:
         if label in self.mgr.connect_marks and (not peers or how["staged"] is None):
             self.resubscribe_with_replay(label)  # subscribed without replay, but no staged transfer now
         if not peers:
-            dormant = self.mgr.dep.coord.ask_coordinator("dormant_checkpoint", rep.operator, timeout=60)
+            # kept per partition ("op.P") for a partitioned operator's replica, per operator otherwise
+            dormant = self.mgr.dep.coord.ask_coordinator("dormant_checkpoint", label_group(label), timeout=60)
             if dormant is not None:  # every replica was lost: the last one's dormant checkpoint
                 p, source, ck = dormant
                 got = ray.get(handle.install.remote(ck), timeout=300)

@@ -23,6 +23,7 @@ import ray
 
 from ...errors import RunFailed, UserFunctionError
 from ...operators.base import NO_PUNCTUATION
+from ...partition import Switch, parse_partition_label
 from ...plan import ENTRY, label_group
 from .common import READY_S, fence_process, is_actor_death, is_unavailable
 
@@ -46,7 +47,8 @@ class Monitor:
         self._link_drops: dict[tuple[str, str], dict] = {}  # per dropped link: when, why, reconnections tried
         self._reconnect_threads: list[threading.Thread] = []
         self._monitor_thread: threading.Thread | None = None
-        self._dormant_of: dict[str, str] = {}  # operator -> its last live replica sending dormant checkpoints
+        # operator (partition "op.P" of a partitioned one) -> its last live replica sending dormant checkpoints
+        self._dormant_of: dict[str, str] = {}
         self._raised_since: float | None = None  # when a sender first reported that its receiver raised
 
     #: Seconds between probes of one actor (:meth:`watch_once`).
@@ -268,40 +270,52 @@ class Monitor:
             drop["wall"] = time.time()
 
     def _upstream_running(self, operator: str) -> list[tuple[str, Any]]:
-        """The running replicas that feed ``operator`` (entry replicas for a source)."""
+        """The running replicas that feed ``operator`` or its partition ``"op.P"`` (entry replicas for
+        a source; every partition of a partitioned upstream operator)."""
         q, out = self.plane.query, []
-        for up in q.inputs_of(operator):
+        for up in q.inputs_of(parse_partition_label(operator)[0]):
             group = ENTRY if up in q.sources else up
             out += [(r.label, self.plane.topology.handle(r.label)) for r in self.plane.topology.replicas(group)
                     if self.plane.topology.is_running(r.label)]
         return out
 
     def _hold_upstream(self, operator: str, p: int) -> None:
-        """Every running upstream replica of ``operator`` keeps its output after punctuation ``p``
-        (its dormant checkpoint's); sent, not awaited (the hold only rises)."""
+        """Every running upstream replica of ``operator`` (or of its partition ``"op.P"``) keeps its
+        output after punctuation ``p`` (its dormant checkpoint's) under the key ``dormant:<operator>``
+        (one per partition); sent, not awaited (the hold only rises)."""
         for _, h in self._upstream_running(operator):
             h.hold_retention.remote(f"dormant:{operator}", int(p))
 
+    def _replica_groups(self) -> list[str]:
+        """Every operator's group of copies: the operator, or each partition ``"op.P"`` of a
+        partitioned one (those running now, after any rescale)."""
+        topo = self.plane.topology
+        out = []
+        for op in self.plane.query.operators:
+            out += list(dict.fromkeys(label_group(r.label) for r in topo.replicas(op))) or [op]
+        return out
+
     def protect_last_replicas(self) -> None:
-        """With ``gc.dormant_every_s``: an operator down to one live replica gets a dormant
-        checkpoint (Rhino, Del Monte 2017): its upstream replicas first stop trimming the output it
-        may need again (awaited), then the replica sends a checkpoint every ``dormant_every_s``
+        """With ``gc.dormant_every_s``: an operator (each partition ``"op.P"`` of a partitioned one,
+        on its own) down to one live replica gets a dormant checkpoint (Rhino, Del Monte 2017): its
+        upstream replicas first stop trimming the output it may need again (awaited), then the
+        replica sends a checkpoint every ``dormant_every_s``, kept under its partition's name
         (:meth:`_hold_upstream` raises the holds as each arrives). Run by the monitor."""
         every = None if self.plane.manager is None else self.plane.manager.cfg.dormant_every_s
         if every is None or self.plane.k < 2:
             return
-        for op in self.plane.query.operators:
-            live = [r.label for r in self.plane.topology.replicas(op) if r.state == "live"
-                    and self.plane.topology.is_running(r.label)]
-            if len(live) != 1 or self._dormant_of.get(op) == live[0]:
+        for group in self._replica_groups():
+            live = [r.label for r in self.plane.topology.replicas(group) if r.state == "live"
+                    and label_group(r.label) == group and self.plane.topology.is_running(r.label)]
+            if len(live) != 1 or self._dormant_of.get(group) == live[0]:
                 continue
-            ups = self._upstream_running(op)
-            self.plane.tell({f"{label}|hold": h.hold_retention.remote(f"dormant:{op}", NO_PUNCTUATION) for label, h in ups},
-                            timeout=10)
+            ups = self._upstream_running(group)
+            self.plane.tell({f"{label}|hold": h.hold_retention.remote(f"dormant:{group}", NO_PUNCTUATION)
+                             for label, h in ups}, timeout=10)
             self.plane.tell({live[0]: self.plane.topology.handle(live[0]).keep_dormant.remote(every)}, timeout=10)
-            self._dormant_of[op] = live[0]
-            self.plane.events.append({"t": self.plane.now(), "event": "dormant_on", "operator": op, "replica": live[0],
-                                      "every_s": every})
+            self._dormant_of[group] = live[0]
+            self.plane.events.append({"t": self.plane.now(), "event": "dormant_on", "operator": group,
+                                      "replica": live[0], "every_s": every})
 
     def _groups(self) -> list[str]:
         """Every group of copies: the entry points, each operator (each partition ``"op.P"`` of a
@@ -313,18 +327,38 @@ class Monitor:
         return out
 
     def _revive_dormant(self, node: str) -> bool:
-        """Every replica of operator ``node`` is lost: revive one from its dormant checkpoint and
-        the upstream output kept since (:meth:`protect_last_replicas`). False if it has none."""
-        if node not in self.plane.query.operators or self.plane.manager is None or \
+        """Every replica of operator ``node`` (or of its partition ``"op.P"``) is lost: revive one
+        from that group's dormant checkpoint and the upstream output kept since
+        (:meth:`protect_last_replicas`). False if it has none."""
+        if parse_partition_label(node)[0] not in self.plane.query.operators or self.plane.manager is None or \
                 self.plane.manager.cfg.dormant_every_s is None:
             return False
-        if self.plane.coord.ask_coordinator("dormant_checkpoint", node, timeout=30) is None:
+        got = self.plane.coord.ask_coordinator("dormant_checkpoint", node, timeout=30)
+        if got is None:
             return False
+        self._check_not_rescaled_since(node, int(got[0]), got[1])
         last = self.plane.topology.replicas(node)[-1].label
         ev = self.plane.control_loop().handover.replace_replica(last)
         self.plane.events.append({"t": self.plane.now(), "event": "revived_from_dormant", "operator": node, "replaced": last,
                                   "new": ev["new_replicas"][0]["label"], "handover": ev.get("handover")})
         return True
+
+    def _check_not_rescaled_since(self, group: str, p: int, source: str) -> None:
+        """Raise :class:`RunFailed` if partition ``group``'s dormant checkpoint (at punctuation
+        ``p``, from ``source``) predates a bin move of a rescale of its operator: the checkpoint
+        holds the partition's bins as they were, and a revived replica would not give or take the
+        bins moved since (a checkpoint carries no moves), so the output would not be exact."""
+        op, part = parse_partition_label(group)
+        if part is None:
+            return
+        _, switches = (self.plane.channel_opts.get("routing") or {}).get(op, (None, ()))
+        later = [int(t) for sw in switches for t in np.asarray(sw.at).tolist() if t != Switch.NEVER and t >= p]
+        if later:
+            raise RunFailed(f"every replica of {group!r} is lost, and its dormant checkpoint (from {source}, "
+                            f"at logical time {p / 1e6:.6g} s) predates bins moved by a rescale of {op!r} at "
+                            f"logical time {min(later) / 1e6:.6g} s: it cannot be revived exactly (a dormant "
+                            f"checkpoint is not carried through a rescale yet)", operator=group,
+                            logical_time=p, result=self.plane.output.collect())
 
     def _handle_reports(self) -> None:
         """Act on the coordinator's new reports that name a replica to fail: ``declare_failed`` (its
