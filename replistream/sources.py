@@ -12,7 +12,7 @@ What every engine does with a source's input before its entry points see it:
   the ideal run sees them and as a deployment's feeder replays them;
 * :func:`source_streams` runs each source's entry logic over its input;
 * :class:`Sentinel` events (:class:`KillReplica`, :class:`KillServer`,
-  :class:`Pause`, :class:`Call`, :class:`Revive`, :class:`AddReplica`) placed
+  :class:`Pause`, :class:`Call`, :class:`Revive`, :class:`AddReplica`, :class:`Rescale`) placed
   among a source's chunks script what happens at a known point of the stream;
   :class:`inject_at` places them by event time.
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "paced_pieces", "window_close_rule", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
            "source_streams", "Sentinel", "Handed", "KillReplica", "StopReplica", "KillServer", "Pause", "Call", "Revive",
-           "AddReplica", "inject_at"]
+           "AddReplica", "Rescale", "inject_at"]
 
 
 # -- chunks --------------------------------------------------------------------------
@@ -550,7 +550,7 @@ class Sentinel:
     when it reaches that point of the input, so failures happen at a known place in
     the stream without sleeping. The reference engine ignores sentinels;
     :func:`run_replicated` runs :class:`KillReplica`, :class:`StopReplica`, :class:`KillServer`,
-    :class:`Revive` and :class:`AddReplica` when the first entry-point copy of
+    :class:`Revive`, :class:`AddReplica` and :class:`Rescale` when the first entry-point copy of
     that source reaches them, takes :class:`Pause` as a no-op and refuses
     :class:`Call` (it has no deployment to call).
 
@@ -736,6 +736,47 @@ class AddReplica(Sentinel):
 
     def apply(self, deployment) -> None:
         _deployment_call(deployment, "add_replica", self, self.operator)
+
+
+@dataclass(frozen=True)
+class Rescale(Sentinel):
+    """Change the number of partitions of the partitioned ``operator`` to ``p`` while the stream
+    runs (issue #41; Megaphone, Hoffmann et al. 2019, §3.3): the bins that change owner between
+    the balanced maps of the old and new number of partitions move, at logical times from ``T0``
+    on (the largest timestamp routed to ``operator`` so far), in steps: ``"all-at-once"`` (one
+    step per pair of partitions at ``T0``), ``"batched"`` (``bins_per_step`` bins per step) or
+    ``"fluid"`` (one bin per step), step ``i`` at ``T0 + i * gap`` (``gap``: event time, 1 ms by
+    default). More partitions start new ones; fewer retire the last ones once they gave their bins.
+
+    :func:`run_replicated` runs it (:mod:`replistream.engines.inprocess_rescale`); the operator
+    must be deployed partitioned (``parallelism={operator: p}``, 1 included). A deployment on Ray
+    rescales with ``deployment.rescale(operator, p, strategy=...)`` called from a thread while the
+    feed goes on (the call waits for the steps, which need the feed): its feeder does not run this
+    sentinel (:meth:`apply` says so).
+
+    >>> from replistream import Query
+    >>> from replistream.testing import assert_same_output, chunked, run_reference, run_replicated
+    >>> q = Query(); s = q.source("s", {"k": "i8"}, punctuate_every=4)
+    >>> _ = s.window(size=8, by="k", name="w").sink("out")
+    >>> recs = [{"ts": t, "k": t % 5} for t in range(60)]
+    >>> data = {"s": chunked(recs[:20], 5) + [Rescale("w", 2, gap=2)] + chunked(recs[20:], 5)}
+    >>> rep = run_replicated(q, data, k=2, seed=3, parallelism={"w": 1}, bits=3)
+    >>> assert_same_output(run_reference(q, data).outputs["out"], rep.outputs["out"])
+    >>> [(r["from"], r["to"], r["steps"]) for r in rep.stats["harness"].rescales]
+    [(1, 2, 4)]
+    """
+
+    operator: str
+    p: int
+    strategy: str = "fluid"
+    bins_per_step: int | None = None
+    gap: int = 1_000
+
+    def apply(self, deployment) -> None:
+        raise NotImplementedError(
+            f"{type(deployment).__name__}: a Rescale sentinel runs in replistream.engines.inprocess.run_replicated "
+            f"only; on a deployment call deployment.rescale({self.operator!r}, {self.p}, "
+            f"strategy={self.strategy!r}) from a thread while the feed goes on")
 
 
 class inject_at:

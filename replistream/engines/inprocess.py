@@ -18,7 +18,8 @@ Sentinels in the inputs script events at a point of a source's stream:
 replicas (docs/handover.md, docs/migration.md):
 :class:`~replistream.sources.Revive` and :class:`~replistream.sources.AddReplica`
 build a replica from a live peer's checkpoint mid-stream, with upstream
-replay (Hwang §V-C; staged transfers after Megaphone §3.3).
+replay (Hwang §V-C; staged transfers after Megaphone §3.3); :class:`~replistream.sources.Rescale`
+changes a partitioned operator's number of partitions mid-stream (:mod:`.inprocess_rescale`).
 :class:`~replistream.sources.Pause` is a no-op (there is no clock to pause);
 :class:`~replistream.sources.Call` needs a deployment and is refused before
 the run starts. ``audit=True`` checks that every replica emits exactly what
@@ -48,14 +49,16 @@ import numpy as np
 from ..errors import QueryError, merge_dead_letters
 from ..operators import Item
 from ..operators.base import NO_PUNCTUATION, OperatorState
-from ..partition import BinMap, Router, parse_partition_label
+from ..partition import BinMap, parse_partition_label
 from ..plan import ENTRY, PhysicalPlan
 from ..query import Query
 from ..replica.checkpoint import ReplicaCheckpoint
 from ..replica.core import ReplayLog, ReplicaCore
 from ..replica.transfer import StagedReplica, plan_transfer, splittable
 from ..schema import END, Punctuation
-from ..sources import AddReplica, Call, KillReplica, KillServer, Pause, Revive, Sentinel, StopReplica, source_streams
+from ..sources import (AddReplica, Call, KillReplica, KillServer, Pause, Rescale, Revive, Sentinel, StopReplica,
+                       source_streams)
+from .inprocess_rescale import Rescaler, StateMessage, TrackedRouter, check_rescales
 from .reference import run_reference, run_reference_on_streams  # noqa: F401 (run_reference: the doctests)
 from .result import Collector, RunResult, as_multiset
 
@@ -79,7 +82,7 @@ class HarnessStats:
     skipped to keep a working replica (``spared``), and one record per hand-over
     (``handovers``: node, new replica, peer, the checkpoint's punctuations and those of
     the other working replicas, applied ids, state rows, tuples replayed, bytes) and per
-    staged transfer (``transfers``).
+    staged transfer (``transfers``) and rescale (``rescales``, :mod:`.inprocess_rescale`).
 
     >>> HarnessStats().crashed
     []
@@ -93,6 +96,7 @@ class HarnessStats:
     spared: list[str] = field(default_factory=list)
     handovers: list[dict] = field(default_factory=list)
     transfers: list[dict] = field(default_factory=list)
+    rescales: list[dict] = field(default_factory=list)
 
 
 def default_placement(query: Query, k: int) -> dict[str, list[str]]:
@@ -283,10 +287,12 @@ class InProcessEngine:
         self.audit = audit
         self.checkpoint_bits = checkpoint_bits
         self.plan = PhysicalPlan(query, placement if placement is not None else default_placement(query, k), k=k,
-                                 parallelism=parallelism, bits=bits)
+                                 parallelism=parallelism, bits=bits, keep_single=True)
         self.plan.require_one_replica_per_application("the in-process engine")
         self.servers = sorted({self.plan.server(r) for r in self.plan.replicas()})
-        #: ``{operator: p}`` of the partitioned operators, as checked by the plan
+        #: ``{operator: p}`` of the partitioned operators, as checked by the plan (an operator named
+        #: with ``p = 1`` runs as one partition ``op.0``, which a :class:`~replistream.sources.Rescale` can
+        #: rescale); a run's rescales change it
         self.parallelism = dict(self.plan.parallelism)
 
     # -- a run -------------------------------------------------------------------------------
@@ -330,7 +336,8 @@ class InProcessEngine:
         self.retired: list[_Replica] = []
         self.channels: list[_Channel] = []
         #: per partitioned operator, the router every upstream replica sends its input through
-        self.routers = {node: Router(q, node, BinMap.even(p, self.plan.bits)) for node, p in self.parallelism.items()}
+        self.routers = {node: TrackedRouter(q, node, BinMap.even(p, self.plan.bits))
+                        for node, p in self.plan.parallelism.items()}
         for e in self.plan.streams():
             sender = self.groups[e.stream][e.channel]  # for an entry replica: that source's copy
             ch = _Channel(sender, self.groups[e.dst.node][self.plan.position(e.dst)], e.port, e.channel,
@@ -344,12 +351,15 @@ class InProcessEngine:
         self.due: dict[str, deque] = {src: deque() for src in q.sources}
         for src, pos, ev in sorted(events, key=lambda e: e[1]):
             self.due[src].append((pos, ev))
+        self.rescaler = Rescaler(self) if any(isinstance(ev, Rescale) for _, _, ev in events) else None
 
     def _check_events(self, events: list[Sentinel]) -> None:
         """Refuse, before anything runs, a sentinel this engine cannot run or one naming
         something the query or plan does not have (a replica number is checked when the
         kill runs: hand-overs may add replicas)."""
         q = self.query
+        self.parallelism = dict(self.plan.parallelism)  # (a run's rescales change it)
+        most = check_rescales(q, self.parallelism, self.plan.bits, [ev for ev in events if isinstance(ev, Rescale)])
         for ev in events:
             if isinstance(ev, (Revive, AddReplica)) and ev.operator not in q.operators:
                 raise QueryError(f"{type(ev).__name__}: {ev.operator!r} is not an operator of query {q.name!r}")
@@ -362,14 +372,14 @@ class InProcessEngine:
                                      f"neighbourhoods only (yet): kill replicas instead, or drop parallelism")
             if isinstance(ev, StopReplica) or (isinstance(ev, KillReplica) and (
                     ev.operator in self.parallelism or parse_partition_label(ev.operator)[1] is not None)):
-                self._group_name(ev)
+                self._group_name(ev, most)
             if isinstance(ev, KillServer) and ev.server not in self.servers:
                 raise QueryError(f"KillServer: no server {ev.server!r} in the plan; servers: {self.servers}")
             if isinstance(ev, Call):
                 raise QueryError("Call: the in-process engine has no deployment to call; run the query with "
                                  "replistream.deploy, or script the event as a KillReplica, StopReplica, "
                                  "KillServer, Revive or AddReplica sentinel")
-            if not isinstance(ev, (KillReplica, StopReplica, KillServer, Pause, Revive, AddReplica)):
+            if not isinstance(ev, (KillReplica, StopReplica, KillServer, Pause, Revive, AddReplica, Rescale)):
                 raise QueryError(f"{type(ev).__name__}: the in-process engine cannot run this sentinel")
 
     def _crash_schedule(self) -> list[tuple[int, _Replica]]:
@@ -397,15 +407,16 @@ class InProcessEngine:
         """The replicas that are copies of ``r`` (its node's, or its partition's), ``r`` included."""
         return [x for x in self.groups[r.node] if x.partition == r.partition]
 
-    def _group_name(self, ev) -> tuple[str, int | None]:
+    def _group_name(self, ev, partitions: Mapping[str, int] | None = None) -> tuple[str, int | None]:
         """``(node, partition)`` of the replicas a :class:`KillReplica` or :class:`StopReplica`
-        names: ``"op"``, one partition ``"op.P"`` of a partitioned operator, or ``"entry"``; a
-        ``QueryError`` says what to write instead."""
+        names: ``"op"``, one partition ``"op.P"`` of a partitioned operator (of ``partitions``,
+        default those it has now), or ``"entry"``; a ``QueryError`` says what to write instead."""
         q, name = self.query, ev.operator
         kind = type(ev).__name__
         base, part = parse_partition_label(name)
-        if base in self.parallelism:
-            p = self.parallelism[base]
+        partitions = self.parallelism if partitions is None else partitions
+        if base in partitions:
+            p = partitions[base]
             if part is None or part >= p:
                 raise QueryError(f"{kind}: {base!r} runs as {p} partitions; name one of them: "
                                  f"{', '.join(f'{base}.{i}' for i in range(p))}")
@@ -436,6 +447,10 @@ class InProcessEngine:
             if ch.queue and ch.receiver.scheduled and ch.receiver.receiving:
                 cands.append(ch)
                 weights.append(ch.speed)
+        if self.rescaler is not None:  # bins' state on its way (a rescale)
+            moving = self.rescaler.candidates()
+            cands += moving
+            weights += [1.0] * len(moving)
         if not cands:
             return self._idle()
         pick = self.rng.choices(cands, weights)[0]
@@ -444,6 +459,8 @@ class InProcessEngine:
             self._emit(pick, [pick.items[pick.cursor]])
             pick.cursor += 1
             self._fire(pick.node, pick.cursor)
+        elif isinstance(pick, StateMessage):
+            self.rescaler.deliver(pick)
         else:
             self._deliver(pick)
         return True
@@ -481,6 +498,8 @@ class InProcessEngine:
         if recv.node in self.collectors:
             self.collectors[recv.node].add(out)
             return
+        if self.rescaler is not None and recv.node in self.rescaler.ever:
+            out = self.rescaler.after(recv, out)  # bins to send, a partition to close
         self._emit(recv, out)
         if self.transferring and any(isinstance(it, Punctuation) for it in out):
             for t in list(self.transferring):  # a step at the peer's logical time (its punctuation)
@@ -499,6 +518,9 @@ class InProcessEngine:
         if self.transferring:
             raise RuntimeError(f"staged transfers did not complete: "
                                f"{[(t.label, t.staged.stats()) for t in self.transferring]}")
+        undone = self.rescaler.problems() if self.rescaler is not None else []
+        if undone:
+            raise RuntimeError("rescales did not complete:\n  " + "\n  ".join(undone[:10]))
         everyone = [i for node in q.operators + q.sinks for i in self.groups[node]] + self.retired
         dead = [d for e in self.entries.values() for d in e.dead_letters]
         for i in everyone:
@@ -513,8 +535,10 @@ class InProcessEngine:
                    "entries": {s: e.stats() for s, e in self.entries.items()}},
         )
         if self.audit:
+            closed = self.rescaler.is_closed if self.rescaler is not None else (lambda r: False)
             problems = _audit(q, self.streams, self.entries, self.strict,
-                              [i for i in everyone if i.history is not None], self.parallelism)
+                              [i for i in everyone if i.history is not None],
+                              self.rescaler.ever if self.rescaler is not None else self.parallelism, closed)
             result.stats["audit"] = problems
             if problems:
                 raise ReplicaDivergence("replicas diverge from the ideal run:\n  " + "\n  ".join(problems[:10]))
@@ -656,7 +680,8 @@ class InProcessEngine:
             for n in nodes:
                 group = self.groups.get(n, [])
                 if n not in q.sources and (n in self.parallelism or parse_partition_label(n)[1] is not None):
-                    base, part = self._group_name(ev)
+                    # (a partition a rescale retires may still be killed: it is closing, or closed and idle)
+                    base, part = self._group_name(ev, self.rescaler.ever if self.rescaler is not None else None)
                     group = [r for r in self.groups[base] if r.partition == part]
                 if not 0 <= ev.replica < len(group):
                     raise QueryError(f"{type(ev).__name__}: no replica {ev.replica} of {n!r}")
@@ -668,6 +693,8 @@ class InProcessEngine:
             self._kill_server(ev.server)
         elif isinstance(ev, (Revive, AddReplica)):
             self._subscribe(ev)
+        elif isinstance(ev, Rescale):
+            self.rescaler.begin(ev)
         elif isinstance(ev, Pause):
             pass  # documented no-op: the engine has no clock, a pause changes no schedule
         else:  # _check_events refused it before the run
@@ -850,7 +877,7 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
                    split: bool = True, resend_prob: float = 0.05, speed_spread: float = 1.0,
                    strict: bool = False, on_malformed: str = "dead_letter", audit: bool = False,
                    checkpoint_bits: int = 0, placement: Mapping[str, Sequence[str]] | None = None,
-                   parallelism: Mapping[str, int] | None = None) -> RunResult:
+                   parallelism: Mapping[str, int] | None = None, bits: int | None = None) -> RunResult:
     """Run ``query`` with every operator and entry point replicated ``k`` times, in process
     (``InProcessEngine(query, k, seed, ...).run(inputs)``).
 
@@ -890,7 +917,7 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
     return InProcessEngine(query, k, seed, crash=crash, split=split, resend_prob=resend_prob,
                            speed_spread=speed_spread, strict=strict, on_malformed=on_malformed, audit=audit,
                            checkpoint_bits=checkpoint_bits, placement=placement,
-                           parallelism=parallelism).run(inputs)
+                           parallelism=parallelism, bits=bits).run(inputs)
 
 
 def _shuffled_bins(state: OperatorState, rng: random.Random) -> OperatorState:
@@ -926,10 +953,11 @@ def _letters_not_held(replicas: list[_Replica]) -> list[str]:
 
 
 def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: list[_Replica],
-           query_partitions: Mapping[str, int] | None = None) -> list[str]:
+           query_partitions: Mapping[str, int] | None = None, closed=lambda r: False) -> list[str]:
     """Each replica's emissions against the ideal run's output of its operator (as multisets of rows).
     A partition's replica emits its share of them: the replicas of one partition must emit the same,
-    and the partitions together all of them (``query_partitions``: ``{operator: p}``)."""
+    and the partitions together all of them (``query_partitions``: ``{operator: p}``, every partition
+    it ever had; a replica whose partition a rescale retired, ``closed(replica)``, completed its share)."""
     ideal = run_reference_on_streams(query, streams, entries, strict, record_nodes=True).stats["node_outputs"]
     expected = {n: as_multiset(b) for n, b in ideal.items()}
     query_partitions = dict(query_partitions or {})
@@ -944,7 +972,7 @@ def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: 
         if extra:
             problems.append(f"{i.label} emitted {sum(extra.values())} tuple(s) the ideal run does not "
                             f"(or more copies than it does)")
-        complete = i.alive and i.core is not None and i.core.logic.watermark == END
+        complete = i.alive and i.core is not None and (i.core.logic.watermark == END or closed(i))
         if complete and i.partition is not None:  # its share only: checked with its partitions' below
             shares.setdefault(i.node, {}).setdefault(i.partition, []).append((i.label, got))
         elif complete:
