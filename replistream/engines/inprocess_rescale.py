@@ -31,13 +31,10 @@ one, has not given or installed a step yet) starts at once: its steps are later 
 and :class:`~replistream.replica.rescale.Moves` gives a bin only after taking it, and takes back a
 bin it gave. One whose operator's stream already ended changes nothing (recorded with ``"skipped"``).
 
-Not yet: operators with several inputs (a join). Moving a join's bins loses pairs: while a bin
-moves at ``at``, the giver's left buffer is purged by right punctuations past ``at`` before it
-gives, though the right tuples past ``at`` (routed to the new owner) still need those left rows;
-the new owner likewise replays held tuples after punctuations that came later. The protocol
-(:mod:`replistream.replica.rescale`, shared with Ray) would have to hold each input's punctuation
-at ``at`` while a step of that time is pending; until then such a rescale is refused in one line
-(tests/engines/test_inprocess_rescale.py shows the loss). Also not yet: starting again a partition
+An operator with several inputs (a join) rescales too: the shared protocol holds each input's
+punctuation at the first step's time not done (:meth:`~replistream.replica.rescale.Moves._capped`),
+so no input's punctuation purges state a tuple of the other, routed to the new owner, still
+needs. Not yet: starting again a partition
 that a rescale to fewer partitions retired earlier in the run (a one-line error when it would),
 random crashes (``crash=True``) of the replicas a rescale starts, hand-over (Revive, AddReplica)
 next to a partitioned operator.
@@ -135,12 +132,10 @@ def plan_steps(node: str, current: BinMap, new: BinMap, t0: int, strategy: str, 
     return steps, times
 
 
-def check_rescales(query, parallelism: dict, bits: int, events: Iterable[Rescale],
-                   allow_multi_input: bool = False) -> dict[str, int]:
+def check_rescales(query, parallelism: dict, bits: int, events: Iterable[Rescale]) -> dict[str, int]:
     """Check ``events`` (in the order they come) before a run; returns ``{operator: the most
     partitions it will have}``. A one-line ``QueryError`` (``ValueError`` for a wrong number)
-    names the mistake and the fix. An operator with several inputs is refused unless
-    ``allow_multi_input`` (what the tests use to show the loss).
+    names the mistake and the fix.
 
     >>> from replistream import Query
     >>> q = Query(); s = q.source("s", {"k": "i8"}); _ = s.window(10, by="k", name="w").sink("o"); q = q.build()
@@ -171,12 +166,6 @@ def check_rescales(query, parallelism: dict, bits: int, events: Iterable[Rescale
             raise ValueError(f"Rescale: unknown strategy {ev.strategy!r}; choose one of {STRATEGIES}")
         if ev.strategy == "batched" and (ev.bins_per_step is None or int(ev.bins_per_step) < 1):
             raise ValueError("Rescale: strategy='batched' needs bins_per_step >= 1 (bins moved per step)")
-        if len(query.inputs_of(node)) > 1 and not allow_multi_input:
-            raise QueryError(f"Rescale: {node!r} has {len(query.inputs_of(node))} inputs; moving the bins of an operator "
-                             f"with several inputs (a join) loses output (one input's punctuation purges state a "
-                             f"tuple of the other, routed to the new owner, still needed), so the in-process engine "
-                             f"rescales one-input operators only (windows, count windows, keyed user operators, "
-                             f"stateless ones); leave {node!r} at its partitions")
         if isinstance(ev.gap, bool) or not isinstance(ev.gap, (int, np.integer)) or ev.gap < 1:
             raise ValueError(f"Rescale: gap (event time between steps) must be an integer >= 1, got {ev.gap!r}")
         _refuse_restart(node, now[node], p, retired.get(node, set()))

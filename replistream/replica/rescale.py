@@ -103,6 +103,9 @@ class Moves:
         self._bin_step: np.ndarray | None = None
         self._held: list[tuple[int, Item]] = []  # everything, once blocked at a step's time
         self.blocked_at: int | None = None
+        # an operator with several inputs: each input's punctuation as it came; the logic gets it
+        # only up to the first step's time not done yet (:meth:`_capped`)
+        self._real: dict[int, int] = {}
         self.add(steps)
 
     def add(self, steps: Iterable[Move]) -> None:
@@ -160,10 +163,17 @@ class Moves:
             return []
         if isinstance(item, Punctuation):
             out: list[Item] = []
-            after = _watermark_after(core.logic, port, int(item.p))
+            multi = len(core.logic.in_punct) > 1
+            if multi:
+                self._real[port] = max(self._real.get(port, NO_PUNCTUATION), int(item.p))
+                after = min(max(int(p), self._real.get(i, NO_PUNCTUATION)) for i, p in enumerate(core.logic.in_punct))
+            else:
+                after = _watermark_after(core.logic, port, int(item.p))
             for at in self._times[:bisect.bisect_right(self._times, after)]:
-                if core.logic.watermark < at:  # (then this port is the one behind: the others are past at)
-                    out.extend(core.logic.process(port, Punctuation(at)))  # the watermark is now at
+                if core.logic.watermark < at:  # (every input is past at: each one behind is taken to at)
+                    for i in range(len(core.logic.in_punct)) if multi else (port,):
+                        if core.logic.in_punct[i] < at:
+                            out.extend(core.logic.process(i, Punctuation(at)))  # the watermark is now at
                 if at in self._give_at:
                     # the later steps up to what the logic promises to emit nothing by go at once
                     # (one pass over the state): none of their windows would close before their time
@@ -177,6 +187,8 @@ class Moves:
                     self.blocked_at = at  # the bins' windows are not there yet: nothing passes
                     self._held.append((port, item))
                     return out
+            if multi:
+                return out + self._capped(core)
             return out + core.logic.process(port, item)
         if self.take and len(item):
             keys = core.logic.bin_keys(port, item)
@@ -192,6 +204,22 @@ class Moves:
         if late_at is not None:
             return core.logic.on_batch(port, item, late_at)
         return core.logic.process(port, item)
+
+    def _capped(self, core) -> list[Item]:
+        """An operator with several inputs: each input's punctuation to the logic, but no further
+        than the first step's time not given or installed yet. One input's punctuation purges the
+        *other* input's state (a join: rows no later tuple of this input can match); past a step's
+        time that would be wrong for a moving bin, whose later tuples of this input go to (or wait
+        at) the new owner and still need those rows: the giver must give them, the taker must still
+        hold them when what waited for the bins is replayed (Megaphone's invariant: a bin's state
+        moves as of the step's time)."""
+        out: list[Item] = []
+        upto = self._times[0] if self._times else None
+        for i, p in sorted(self._real.items()):
+            target = p if upto is None else min(p, upto)
+            if core.logic.in_punct[i] < target:
+                out.extend(core.logic.process(i, Punctuation(target)))
+        return out
 
     @property
     def _bits(self) -> int:
@@ -307,12 +335,16 @@ class Moves:
             out.extend(_replay(core, run))
         self._held_rows = keep
         if self.blocked_at is None or self._take_at.get(self.blocked_at):
+            if self._real and self.blocked_at is None:
+                out.extend(self._capped(core))  # (a step's time done: the inputs' punctuation goes on)
             return out  # nothing blocked, or another step of that time is still on its way
         # then everything held at the block, in order (through feed again: another step's time
         # may hold it anew)
         held, self._held, self.blocked_at = self._held, [], None
         for port, item in held:
             out.extend(self.feed(core, port, item))
+        if self._real and self.blocked_at is None:
+            out.extend(self._capped(core))
         return out
 
 

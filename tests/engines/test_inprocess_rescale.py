@@ -5,9 +5,9 @@ partition module's Switch and Router). The output equals the reference run exact
 sliding window, a keyed count window and a stateless filter, through 1 -> 2 -> 4 -> 3 -> 1
 partitions with each strategy, with random crashes and the per-replica audit; with a replica of
 a giving partition killed in the middle of a fluid move (to more partitions and to fewer); and
-the comparison fails when the switch is broken (negative controls). A key-equality join is
-refused: moving its bins loses pairs (shown here, strict xfail, until the shared protocol holds
-each input's punctuation at a step's time)."""
+the comparison fails when the switch is broken (negative controls). A key-equality join too:
+each input's punctuation is held at the first step's time not done (without it, pairs are lost:
+a negative control)."""
 from __future__ import annotations
 
 import numpy as np
@@ -54,7 +54,7 @@ def join_case(seed):
     return q.build(), {"a": stream(rng, 200, 30), "b": stream(rng, 200, 30)}
 
 
-CASES = {"window": window_case, "count_window": count_case}
+CASES = {"window": window_case, "count_window": count_case, "join": join_case}
 
 
 def with_events(data, events, source=None):
@@ -176,20 +176,29 @@ def test_a_rescale_while_one_moves_starts_after_its_steps_and_one_at_the_end_com
     assert (last["from"], last["to"], last["steps"]) == (4, 1, 12) and "skipped" not in last
 
 
-def test_a_join_is_refused_and_would_lose_pairs(monkeypatch):
-    q, data = join_case(2)
-    chunks = data["a"]
-    script = {**data, "a": chunks[:len(chunks) // 3] + [Rescale("op", 2, "all-at-once")] + chunks[len(chunks) // 3:]}
-    with pytest.raises(QueryError, match="'op' has 2 inputs; moving the bins of an operator with several inputs"):
-        run_replicated(q, script, k=2, parallelism={"op": 1}, bits=BITS)
-    # let it through: pairs of a tuple before the switch and one after it are lost (3 of 121 here)
-    import functools
+def test_a_join_without_its_inputs_punctuation_held_at_a_step_loses_pairs(monkeypatch):
+    """Negative control for joins: with each input's punctuation given to the logic as it comes
+    (not held at the first step's time not done: Moves._capped), one input's punctuation purges
+    rows a tuple of the other input, routed to the new owner, still needed: pairs are lost."""
+    from replistream.schema import Punctuation
+    from replistream.replica.rescale import Moves
 
-    from replistream.engines import inprocess
-    monkeypatch.setattr(inprocess, "check_rescales", functools.partial(inprocess.check_rescales, allow_multi_input=True))
-    ref = run_reference(q, script)
-    got = run_replicated(q, script, k=2, seed=2, parallelism={"op": 1}, bits=BITS)
-    assert len(got.outputs["out"]) < len(ref.outputs["out"]) == 121
+    def uncapped(self, core):
+        out = []
+        for i, p in sorted(self._real.items()):
+            if core.logic.in_punct[i] < p:
+                out.extend(core.logic.process(i, Punctuation(p)))
+        return out
+
+    monkeypatch.setattr(Moves, "_capped", uncapped)
+    lost = 0
+    for seed in range(4):
+        q, data = join_case(seed)
+        script = with_events(data, sequence_events("fluid"))
+        ref = run_reference(q, script)
+        got = run_replicated(q, script, k=2, seed=seed, parallelism={"op": 1}, bits=BITS)
+        lost += len(ref.outputs["out"]) - len(got.outputs["out"])
+    assert lost > 0
 
 
 @pytest.mark.parametrize("event, error, match", [
