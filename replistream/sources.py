@@ -296,7 +296,11 @@ class AdaptiveCut:
 
 def _row_times(chunk: Any) -> np.ndarray | None:
     """Each row's timestamp as float (nan where unreadable), or None for a chunk of another kind."""
+    from .operators.entry import SourceBatch
+
     try:
+        if isinstance(chunk, SourceBatch):  # (its good rows; the rows set aside go with their neighbours)
+            return _row_times(chunk.data)
         if isinstance(chunk, np.ndarray):
             return chunk[TS].astype(np.float64) if chunk.ndim == 1 and TS in (chunk.dtype.names or ()) else None
         if isinstance(chunk, Mapping):
@@ -313,9 +317,39 @@ def _row_times(chunk: Any) -> np.ndarray | None:
 
 
 def _rows(chunk: Any, a: int, b: int):
+    from .operators.entry import SourceBatch
+
     if isinstance(chunk, Mapping):
         return {k: v[a:b] for k, v in chunk.items()}
+    if isinstance(chunk, SourceBatch):  # good rows a..b-1, with the rows set aside between them
+        pos = chunk.positions
+        lo = 0 if a == 0 else int(a if pos is None else pos[a])
+        hi = chunk.n if b >= len(chunk.data) else int(b if pos is None else pos[b])
+        return source_batch_slice(chunk, lo, hi)
     return chunk[a:b]
+
+
+def source_batch_slice(sb, lo: int, hi: int):
+    """The records of :class:`~replistream.operators.entry.SourceBatch` ``sb`` at positions
+    ``lo..hi-1`` (good ones and those set aside) as a SourceBatch of its own, positions from 0. An
+    entry point numbers a batch's records from its running count, so the slices of a batch, fed in
+    order, get the ids the whole batch would have had (a paced replay of files cuts the batches a
+    reading task made into pieces of ``chunk_ms``).
+
+    >>> from replistream.operators.entry import SourceBatch
+    >>> from replistream.schema import Schema
+    >>> sb = SourceBatch(Schema({"x": "i8"}).from_columns({"ts": [1, 3, 4], "x": [0, 0, 0]}), n=4,
+    ...                  positions=np.array([0, 2, 3]), rejected=[(1, "null", {"ts": 2})])
+    >>> part = source_batch_slice(sb, 1, 3)
+    >>> part.n, part.positions.tolist(), part.data["ts"].tolist(), part.rejected
+    (2, [1], [3], [(0, 'null', {'ts': 2})])
+    """
+    from .operators.entry import SourceBatch
+
+    pos = np.arange(len(sb.data)) if sb.positions is None else np.asarray(sb.positions)
+    keep = (pos >= lo) & (pos < hi)
+    rejected = [(p - lo, why, rec) for p, why, rec in sb.rejected if lo <= p < hi]
+    return SourceBatch(sb.data[keep], n=hi - lo, positions=pos[keep] - lo, rejected=rejected)
 
 
 def _common_length(columns: Mapping) -> int | None:
@@ -360,6 +394,10 @@ def chunk_time(chunk: Any, punctuations: bool = True) -> int | None:
         return chunk.p if punctuations else None
     if isinstance(chunk, ChunkRef):
         return int(chunk.tmin) if chunk.n and chunk.tmin is not None else None
+    from .operators.entry import SourceBatch
+
+    if isinstance(chunk, SourceBatch):  # (its good rows': those set aside carry no time)
+        chunk = chunk.data
     try:
         if isinstance(chunk, np.ndarray):
             return int(chunk[TS].min()) if len(chunk) and TS in (chunk.dtype.names or ()) else None
@@ -386,6 +424,10 @@ def chunk_tmax(chunk: Any) -> int | None:
     >>> chunk_tmax({"ts": [3, None, 8]}), chunk_tmax([None]) == NO_PUNCTUATION
     (8, True)
     """
+    from .operators.entry import SourceBatch
+
+    if isinstance(chunk, SourceBatch):
+        chunk = chunk.data
     try:
         if isinstance(chunk, ChunkRef):
             return int(chunk.tmax) if chunk.n and chunk.tmax is not None else NO_PUNCTUATION

@@ -156,3 +156,30 @@ def test_chunk_tmax_of_integer_columns_agrees_with_the_per_row_reading():
              np.array([7, END, 3], dtype=np.int64), rng.integers(-10**12, 10**12, 500), np.array([4, 9], dtype=np.int32)]
     for ts in cases:
         assert chunk_tmax({"ts": ts}) == chunk_tmax({"ts": [int(v) for v in ts]}), ts
+
+
+def test_a_source_batch_is_cut_by_time_with_its_rows_set_aside_in_place():
+    """A SourceBatch (rows a reading task converted, some set aside) cut into paced pieces: every
+    record (good or set aside) in exactly one piece, in order, positions from 0 in each, and an
+    entry point gives the pieces the ids and dead letters it gives the whole batch."""
+    from replistream.operators.entry import EntryLogic, SourceBatch
+    from replistream.schema import Schema
+    from replistream.sources import cut_by_time
+
+    schema = Schema({"x": "i8"})
+    rng = np.random.default_rng(4)
+    n = 400
+    bad = np.sort(rng.choice(n, 30, replace=False))
+    good = np.setdiff1d(np.arange(n), bad)
+    ts = np.sort(rng.integers(0, 10_000, len(good)))
+    sb = SourceBatch(schema.from_columns({"ts": ts, "x": good}), n=n, positions=good,
+                     rejected=[(int(p), "null", {"ts": None}) for p in bad])
+    pieces = list(cut_by_time(sb, 500))
+    assert len(pieces) > 5 and all(isinstance(p, SourceBatch) for p in pieces)
+    assert sum(p.n for p in pieces) == n
+    assert np.concatenate([p.data["x"] for p in pieces]).tolist() == good.tolist()
+    whole, cut = EntryLogic("s", schema), EntryLogic("s", schema)
+    ids_whole = np.concatenate([b["id"] for b in whole.push(sb) if len(b)])
+    ids_cut = np.concatenate([b["id"] for p in pieces for b in cut.push(p) if len(b)])
+    assert ids_whole.tolist() == ids_cut.tolist()
+    assert [d.count for d in whole.dead_letters] != [] and sum(d.count for d in cut.dead_letters) == len(bad)
