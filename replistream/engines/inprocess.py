@@ -115,7 +115,7 @@ def default_placement(query: Query, k: int) -> dict[str, list[str]]:
 # -- the engine's pieces -------------------------------------------------------------------
 
 @dataclass
-class _Replica:
+class HarnessReplica:
     """One replica as the engine runs it.
 
     An *entry copy* replays one source's entry-point output (``items``, from
@@ -128,6 +128,10 @@ class _Replica:
     ``transfer``). ``server``: where the plan puts it (None for a replica
     :class:`AddReplica` created, which the plan does not place). ``stopped``: a
     :class:`~replistream.sources.StopReplica` stopped it: still alive, never scheduled again.
+
+    >>> r = HarnessReplica("agg", 1, None, "s0", partition=2)
+    >>> r.label, r.group
+    ('agg.2#1', 'agg.2')
     """
 
     node: str
@@ -138,7 +142,7 @@ class _Replica:
     cursor: int = 0
     alive: bool = True
     stopped: bool = False
-    out: list["_Channel"] = field(default_factory=list)
+    out: list["HarnessChannel"] = field(default_factory=list)
     entry_log: ReplayLog | None = None
     generation: int = 0
     history: list | None = None  # audit: batches emitted (inherited from the peer at hand-over)
@@ -184,12 +188,17 @@ class _Replica:
 
 
 @dataclass
-class _Channel:
+class HarnessChannel:
     """One stream replica in flight: ``sender``'s output into ``receiver``'s input ``port``,
-    as its ``index``-th channel there; ``speed`` weighs how often the scheduler picks it."""
+    as its ``index``-th channel there; ``speed`` weighs how often the scheduler picks it.
 
-    sender: _Replica
-    receiver: _Replica
+    >>> up, down = HarnessReplica("f", 0, None), HarnessReplica("agg", 1, None)
+    >>> HarnessChannel(up, down, port=0, index=0, speed=1.0).receiver.label
+    'agg#1'
+    """
+
+    sender: HarnessReplica
+    receiver: HarnessReplica
     port: int
     index: int
     speed: float
@@ -204,7 +213,7 @@ class _Transfer:
     the current peer, and what each step cost."""
 
     steps: list
-    peer: _Replica
+    peer: HarnessReplica
     bits: int
     started: int
     next: int = 0
@@ -316,38 +325,38 @@ class InProcessEngine:
         events: list = []
         self.streams, self.entries = source_streams(q, inputs, self.strict, self.on_malformed, events=events)
         self._check_events([ev for _, _, ev in events])
-        self.groups: dict[str, list[_Replica]] = {}
+        self.groups: dict[str, list[HarnessReplica]] = {}
         for src in q.sources:
-            self.groups[src] = [_Replica(src, r.index, None, self.plan.server(r), items=self.streams[src],
+            self.groups[src] = [HarnessReplica(src, r.index, None, self.plan.server(r), items=self.streams[src],
                                          entry_log=ReplayLog()) for r in self.plan.replicas(ENTRY)]
         for node in q.operators:
             chans, groups = self.plan.channels(node), self.plan.channel_groups(node)
-            self.groups[node] = [_Replica(node, r.index, ReplicaCore(q, node, chans, self.strict, retain=True,
+            self.groups[node] = [HarnessReplica(node, r.index, ReplicaCore(q, node, chans, self.strict, retain=True,
                                                                      groups=groups),
                                           self.plan.server(r), history=[] if self.audit else None,
                                           partition=r.partition)
                                  for r in self.plan.replicas(node)]
         self.collectors: dict[str, Collector] = {}
         for node in q.sinks:
-            self.groups[node] = [_Replica(node, r.index, ReplicaCore(q, node, self.plan.channels(node), self.strict,
+            self.groups[node] = [HarnessReplica(node, r.index, ReplicaCore(q, node, self.plan.channels(node), self.strict,
                                                                      groups=self.plan.channel_groups(node)),
                                           self.plan.server(r)) for r in self.plan.replicas(node)]
             self.collectors[node] = Collector(q.schema_of(node))
-        self.retired: list[_Replica] = []
-        self.channels: list[_Channel] = []
+        self.retired: list[HarnessReplica] = []
+        self.channels: list[HarnessChannel] = []
         #: per partitioned operator, the router every upstream replica sends its input through
         self.routers = {node: TrackedRouter(q, node, BinMap.even(p, self.plan.bits))
                         for node, p in self.plan.parallelism.items()}
         for e in self.plan.streams():
             sender = self.groups[e.stream][e.channel]  # for an entry replica: that source's copy
-            ch = _Channel(sender, self.groups[e.dst.node][self.plan.position(e.dst)], e.port, e.channel,
+            ch = HarnessChannel(sender, self.groups[e.dst.node][self.plan.position(e.dst)], e.port, e.channel,
                           self.rng.lognormvariate(0.0, self.speed_spread), partition=e.dst.partition)
             sender.out.append(ch)
             self.channels.append(ch)
         self.stats = HarnessStats()
         self.crashes = self._crash_schedule()
-        self.pending: list[_Replica] = []
-        self.transferring: list[_Replica] = []
+        self.pending: list[HarnessReplica] = []
+        self.transferring: list[HarnessReplica] = []
         self.due: dict[str, deque] = {src: deque() for src in q.sources}
         for src, pos, ev in sorted(events, key=lambda e: e[1]):
             self.due[src].append((pos, ev))
@@ -382,10 +391,10 @@ class InProcessEngine:
             if not isinstance(ev, (KillReplica, StopReplica, KillServer, Pause, Revive, AddReplica, Rescale)):
                 raise QueryError(f"{type(ev).__name__}: the in-process engine cannot run this sentinel")
 
-    def _crash_schedule(self) -> list[tuple[int, _Replica]]:
+    def _crash_schedule(self) -> list[tuple[int, HarnessReplica]]:
         """With ``crash``: up to ``k - 1`` victims among every source's entry copies and every
         operator's replicas, each at a random step below a horizon that grows with the input."""
-        crashes: list[tuple[int, _Replica]] = []
+        crashes: list[tuple[int, HarnessReplica]] = []
         if self.crash and self.k > 1:
             q, rng = self.query, self.rng
             horizon = max(1, sum(len(s) for s in self.streams.values()) * self.k * max(1, len(q.operators)))
@@ -396,14 +405,14 @@ class InProcessEngine:
             crashes.sort(key=lambda c: c[0])
         return crashes
 
-    def _partitions_of(self, node: str) -> list[list[_Replica]]:
+    def _partitions_of(self, node: str) -> list[list[HarnessReplica]]:
         """The replicas of ``node``, one list per partition (one list when it is not partitioned)."""
         group = self.groups[node]
         if node not in self.parallelism:
             return [group]
         return [[r for r in group if r.partition == p] for p in range(self.parallelism[node])]
 
-    def _peers(self, r: _Replica) -> list[_Replica]:
+    def _peers(self, r: HarnessReplica) -> list[HarnessReplica]:
         """The replicas that are copies of ``r`` (its node's, or its partition's), ``r`` included."""
         return [x for x in self.groups[r.node] if x.partition == r.partition]
 
@@ -455,7 +464,7 @@ class InProcessEngine:
             return self._idle()
         pick = self.rng.choices(cands, weights)[0]
         self.stats.steps += 1
-        if isinstance(pick, _Replica):
+        if isinstance(pick, HarnessReplica):
             self._emit(pick, [pick.items[pick.cursor]])
             pick.cursor += 1
             self._fire(pick.node, pick.cursor)
@@ -482,7 +491,7 @@ class InProcessEngine:
             return True
         return False
 
-    def _deliver(self, ch: _Channel) -> None:
+    def _deliver(self, ch: HarnessChannel) -> None:
         """Deliver ``ch``'s head to its receiver; forward what the receiver emits (or collect it,
         at an application), and let staged transfers from the receiver take a step at its
         punctuation."""
@@ -549,7 +558,7 @@ class InProcessEngine:
         return result
 
     # -- channels, acknowledgements, retention ---------------------------------------------------
-    def _push(self, ch: _Channel, item: Item) -> None:
+    def _push(self, ch: HarnessChannel, item: Item) -> None:
         """Queue ``item`` on ``ch``: with ``split``, a batch is sometimes cut in 2-4 pieces;
         with ``resend_prob``, a piece is sometimes queued twice (a retransmission)."""
         rng = self.rng
@@ -565,20 +574,20 @@ class InProcessEngine:
                 self.stats.resent += 1
 
     @staticmethod
-    def _ack(ch: _Channel) -> int:
+    def _ack(ch: HarnessChannel) -> int:
         """The receiver's acknowledgement: its duplicate filter's maximum punctuation
         (a receiver still waiting for its checkpoint pins everything)."""
         r = ch.receiver
         return r.core.filters[ch.port].max_punct if r.core is not None else NO_PUNCTUATION
 
-    def _trim(self, sender: _Replica) -> None:
+    def _trim(self, sender: HarnessReplica) -> None:
         """Trim ``sender``'s log to the smallest acknowledgement of its live receivers
         (docs/design.md, decision 7: the most aggressive trimming)."""
         acks = [self._ack(ch) for ch in sender.out if ch.receiver.alive]
         if acks and sender.log is not None:
             sender.log.trim(min(acks))
 
-    def _emit(self, sender: _Replica, items: list[Item]) -> None:
+    def _emit(self, sender: HarnessReplica, items: list[Item]) -> None:
         """``sender`` emits ``items`` on every channel to a live receiver, records them (the
         audit's history, an entry copy's log), and trims its log at a punctuation."""
         for it in items:
@@ -602,7 +611,7 @@ class InProcessEngine:
         if any(isinstance(it, Punctuation) for it in items):
             self._trim(sender)
 
-    def _connect(self, up: _Replica, down: _Replica, port: int) -> _Channel:
+    def _connect(self, up: HarnessReplica, down: HarnessReplica, port: int) -> HarnessChannel:
         """A new stream replica ``up -> down`` on ``port``: a new duplicate-filter channel at the receiver."""
         if down.core is not None:
             idx = down.core.add_channel(port)
@@ -611,12 +620,12 @@ class InProcessEngine:
         else:
             idx = down.chan_counts[port]
             down.chan_counts[port] += 1
-        ch = _Channel(up, down, port, idx, self.erng.lognormvariate(0.0, self.speed_spread))
+        ch = HarnessChannel(up, down, port, idx, self.erng.lognormvariate(0.0, self.speed_spread))
         up.out.append(ch)
         self.channels.append(ch)
         return ch
 
-    def _replay(self, up: _Replica, new_channels: list[_Channel]) -> None:
+    def _replay(self, up: HarnessReplica, new_channels: list[HarnessChannel]) -> None:
         """Replay up's retained output on its new stream replicas, once every new receiver
         counts among the acknowledgements that trim it."""
         self._trim(up)
@@ -627,7 +636,7 @@ class InProcessEngine:
                 if not isinstance(it, Punctuation):
                     ch.receiver.replayed += len(it)
 
-    def _connect_downstream(self, new: _Replica) -> None:
+    def _connect_downstream(self, new: HarnessReplica) -> None:
         """Connect a replica that just took its place to every live downstream replica (those
         still being built included) and replay its log on those links."""
         q = self.query
@@ -636,7 +645,7 @@ class InProcessEngine:
                            for down in self.groups[v] + [p for p in building if p.node == v] if down.alive])
 
     # -- failures --------------------------------------------------------------------------------
-    def _kill(self, victim: _Replica, force: bool = False) -> None:
+    def _kill(self, victim: HarnessReplica, force: bool = False) -> None:
         """Fail-stop ``victim``: what it had in flight is lost. Without ``force``, a kill that
         would leave its node without a working replica is skipped and listed in ``stats.spared``."""
         if not victim.alive:
@@ -649,7 +658,7 @@ class InProcessEngine:
         for ch in victim.out:
             ch.queue.clear()
 
-    def _stop(self, victim: _Replica) -> None:
+    def _stop(self, victim: HarnessReplica) -> None:
         """Stop ``victim`` (:class:`~replistream.sources.StopReplica`): it stays alive, keeps what it
         holds and what is queued for it, and is never scheduled again. A stop that would leave its
         node without a working replica is skipped and listed in ``stats.spared``."""
@@ -722,7 +731,7 @@ class InProcessEngine:
             slot, gen, server = ev.replica, group[ev.replica].generation + 1, group[ev.replica].server
         else:
             slot, gen, server = None, 0, None
-        new = _Replica(node, -1 if slot is None else slot, None, server, generation=gen,
+        new = HarnessReplica(node, -1 if slot is None else slot, None, server, generation=gen,
                        chan_counts=[0] * len(q.inputs_of(node)),
                        ready_at=self.stats.steps + max(0, int(ev.delay)), event=ev)
         for port, u_node in enumerate(q.inputs_of(node)):
@@ -731,7 +740,7 @@ class InProcessEngine:
                     self._replay(up, [self._connect(up, new, port)])
         self.pending.append(new)
 
-    def _choose_peer(self, new: _Replica, wanted: int | None) -> _Replica | None:
+    def _choose_peer(self, new: HarnessReplica, wanted: int | None) -> HarnessReplica | None:
         """The working replica ``new`` takes its state from: replica ``wanted`` if it works,
         else one at random other than the one ``new`` replaces (that one only when no other works)."""
         group = self.groups[new.node]
@@ -743,7 +752,7 @@ class InProcessEngine:
             chosen = self.erng.choice(others) if others else (old if old is not None and old.ready else None)
         return chosen
 
-    def _take_place(self, new: _Replica) -> _Replica | None:
+    def _take_place(self, new: HarnessReplica) -> HarnessReplica | None:
         """``new`` takes its place in its group: the slot of the replica it revives (killed if
         still running, then retired), or a new slot at the end. Returns the replaced replica."""
         group = self.groups[new.node]
@@ -757,7 +766,7 @@ class InProcessEngine:
             group.append(new)
         return old
 
-    def _install(self, new: _Replica) -> None:
+    def _install(self, new: HarnessReplica) -> None:
         """Install a checkpoint of a working peer in ``new`` (through ``to_bytes``/``from_bytes``,
         and with ``checkpoint_bits`` reassembled from its bins in random order), put it in
         place and connect it downstream; with a strategy, start a staged transfer instead."""
@@ -798,7 +807,7 @@ class InProcessEngine:
         self._connect_downstream(new)
 
     # -- staged transfers (Megaphone §3.3; docs/migration.md) --------------------------------------
-    def _start_transfer(self, new: _Replica, peer: _Replica) -> None:
+    def _start_transfer(self, new: HarnessReplica, peer: HarnessReplica) -> None:
         """Begin a staged transfer: the steps are taken at the peer's punctuations."""
         ev = new.event
         bits = ev.bits if ev.bits is not None else (self.checkpoint_bits or 3)
@@ -811,13 +820,13 @@ class InProcessEngine:
         self.transferring.append(new)
         self._take_steps_if_peer_ended(new)
 
-    def _take_steps_if_peer_ended(self, new: _Replica) -> None:
+    def _take_steps_if_peer_ended(self, new: HarnessReplica) -> None:
         """A peer past its final punctuation will not reach another: take every remaining step now."""
         if new.transfer.peer.core.logic.watermark == END:
             while new.transfer is not None and new.transfer.remaining:
                 self._take_step(new)
 
-    def _take_step(self, new: _Replica) -> None:
+    def _take_step(self, new: HarnessReplica) -> None:
         """The current peer takes the next step's checkpoint now; the receiver installs it."""
         tr = new.transfer
         peer = tr.peer
@@ -839,7 +848,7 @@ class InProcessEngine:
         if new.staged.complete:
             self._finish_transfer(new)
 
-    def _check_peer(self, new: _Replica) -> None:
+    def _check_peer(self, new: HarnessReplica) -> None:
         """A transfer whose peer died restarts its remaining steps from another working replica."""
         tr = new.transfer
         if tr is None or not tr.remaining or tr.peer.ready:
@@ -851,7 +860,7 @@ class InProcessEngine:
         tr.peer = peer
         self._take_steps_if_peer_ended(new)
 
-    def _finish_transfer(self, new: _Replica) -> None:
+    def _finish_transfer(self, new: HarnessReplica) -> None:
         """The staged replica holds every bin in one core: it takes its place and feeds downstream."""
         ev, tr, staged = new.event, new.transfer, new.staged
         core = staged.core
@@ -937,7 +946,7 @@ def _letter_keys(letters) -> set[tuple]:
     return keys
 
 
-def _letters_not_held(replicas: list[_Replica]) -> list[str]:
+def _letters_not_held(replicas: list[HarnessReplica]) -> list[str]:
     """The dead letters (where, reason, id) some replica in ``replicas`` set aside that no working
     replica of the same node holds, one line per (node, where, reason)."""
     held: dict[str, set] = {}
@@ -952,7 +961,7 @@ def _letters_not_held(replicas: list[_Replica]) -> list[str]:
     return [f"{label}: {n} tuple(s) at {where!r} ({reason})" for (label, where, reason), n in sorted(lost.items())]
 
 
-def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: list[_Replica],
+def _audit(query: Query, streams: dict, entries: dict, strict: bool, instances: list[HarnessReplica],
            query_partitions: Mapping[str, int] | None = None, closed=lambda r: False) -> list[str]:
     """Each replica's emissions against the ideal run's output of its operator (as multisets of rows).
     A partition's replica emits its share of them: the replicas of one partition must emit the same,

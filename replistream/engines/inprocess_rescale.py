@@ -69,7 +69,7 @@ from ..schema import END, TS, Punctuation
 from ..sources import Rescale
 
 if TYPE_CHECKING:
-    from .inprocess import InProcessEngine, _Replica
+    from .inprocess import InProcessEngine, HarnessReplica
 
 __all__ = ["STRATEGIES", "GAP", "TrackedRouter", "StateMessage", "Rescaler", "plan_steps", "check_rescales"]
 
@@ -188,8 +188,8 @@ class StateMessage:
     """The bins' state a giving replica sends a taking one: ``batch`` is ``[(step ids, state)]``
     (:meth:`~replistream.replica.rescale.Moves.install_many`), ``steps`` the steps it carries."""
 
-    sender: "_Replica"
-    receiver: "_Replica"
+    sender: "HarnessReplica"
+    receiver: "HarnessReplica"
     batch: list
     steps: tuple
 
@@ -307,7 +307,7 @@ class Rescaler:
     def _start_partitions(self, node: str, old_p: int, p: int) -> list[str]:
         """``k`` replicas of each new partition, connected to every live upstream replica and every
         live downstream replica."""
-        from .inprocess import _Channel, _Replica
+        from .inprocess import HarnessChannel, HarnessReplica
 
         e, q = self.e, self.e.query
         servers = [r.server for r in e.groups[node] if r.partition == 0]
@@ -321,18 +321,18 @@ class Rescaler:
                                    f"{partition_label(node, part)}")
             for i, server in enumerate(servers):
                 core = ReplicaCore(q, node, chans, e.strict, retain=True, groups=groups)
-                new = _Replica(node, i, core, server, history=[] if e.audit else None, partition=part)
+                new = HarnessReplica(node, i, core, server, history=[] if e.audit else None, partition=part)
                 e.groups[node].append(new)
                 for port, us in enumerate(ins):
                     for idx, u in enumerate(us):
-                        ch = _Channel(u, new, port, idx, e.erng.lognormvariate(0.0, e.speed_spread), partition=part)
+                        ch = HarnessChannel(u, new, port, idx, e.erng.lognormvariate(0.0, e.speed_spread), partition=part)
                         u.out.append(ch)
                         e.channels.append(ch)
                 for v, port in q.outputs_of(node):
                     for d in e.groups[v]:
                         if d.alive and d.core is not None:
                             idx = d.core.add_channel(port, part)
-                            ch = _Channel(new, d, port, idx, e.erng.lognormvariate(0.0, e.speed_spread),
+                            ch = HarnessChannel(new, d, port, idx, e.erng.lognormvariate(0.0, e.speed_spread),
                                           partition=d.partition)
                             new.out.append(ch)
                             e.channels.append(ch)
@@ -340,7 +340,7 @@ class Rescaler:
         return labels
 
     # -- the data path ---------------------------------------------------------------------------
-    def after(self, r: "_Replica", out: list) -> list:
+    def after(self, r: "HarnessReplica", out: list) -> list:
         """What ``r`` emits of ``out`` (its core's outputs, a replica of a rescaled operator): its
         given bins' state goes out as messages; a closed replica emits nothing more; a leaving one
         closes when it can."""
@@ -368,7 +368,7 @@ class Rescaler:
     def _record(self, step: Move) -> dict:
         return self._record_of.get(step.id, {"sent": 0, "lost": 0})
 
-    def _close_if_done(self, r: "_Replica", out: list) -> list:
+    def _close_if_done(self, r: "HarnessReplica", out: list) -> list:
         after = self.closing.get(id(r))
         m = r.core.moves
         if after is None or r.core.logic.watermark < after or (m is not None and (m.give or m.take)):
@@ -418,6 +418,6 @@ class Rescaler:
                     out.append(f"{r.label}: its partition was to retire but never closed")
         return out
 
-    def is_closed(self, r: "_Replica") -> bool:
+    def is_closed(self, r: "HarnessReplica") -> bool:
         """``r``'s partition was retired by a rescale and ``r`` closed."""
         return id(r) in self.closed
