@@ -64,7 +64,7 @@ from ..operators.base import NO_PUNCTUATION
 from ..partition import BinMap, Router, Switch, partition_label
 from ..plan import is_stateful
 from ..replica.core import ReplicaCore
-from ..replica.rescale import Move, Moves
+from ..replica.rescale import Move, Moves, plan_steps
 from ..schema import END, TS, Punctuation
 from ..sources import Rescale
 
@@ -99,37 +99,6 @@ class TrackedRouter(Router):
             if top > self.max_ts:
                 self.max_ts = top
         return super().split(port, batch)
-
-
-def plan_steps(node: str, current: BinMap, new: BinMap, t0: int, strategy: str, bins_per_step: int | None,
-               gap: int, stamp: str | None = None) -> tuple[list[Move], list[tuple[int, int]]]:
-    """The steps of a rescale from ``current`` to ``new`` and ``(bin, time)`` of each moving bin:
-    per pair of partitions (in order), its bins cut by ``strategy`` (``"all-at-once"``: one step at
-    ``t0``; ``"batched"``: ``bins_per_step`` bins per step; ``"fluid"``: one bin), step ``i`` at
-    ``t0 + i * gap``. The same cut as Ray's rescale makes; step ids are ``stamp/i`` (default
-    ``node@t0``).
-
-    >>> steps, times = plan_steps("w", BinMap.even(1, bits=2), BinMap.even(2, bits=2), 100, "fluid", None, 10)
-    >>> [(m.id, m.at, m.bins, m.src, m.dst) for m in steps]
-    [('w@100/0', 100, (2,), 0, 1), ('w@100/1', 110, (3,), 0, 1)]
-    """
-    by_pair: dict[tuple[int, int], list[int]] = {}
-    for b, src, dst in current.moves(new):
-        by_pair.setdefault((src, dst), []).append(b)
-    size = {"fluid": 1, "batched": int(bins_per_step or 1), "all-at-once": None}[strategy]
-    steps: list[Move] = []
-    times: list[tuple[int, int]] = []
-    i = 0
-    stamp = f"{node}@{t0}" if stamp is None else stamp
-    for (src, dst), bins in sorted(by_pair.items()):
-        cuts = [bins] if size is None else [bins[a:a + size] for a in range(0, len(bins), size)]
-        for chunk in cuts:
-            at = t0 if size is None else t0 + i * int(gap)
-            steps.append(Move(f"{stamp}/{i}", node, int(at), tuple(int(b) for b in chunk), current.bits,
-                              int(src), int(dst)))
-            times += [(b, at) for b in chunk]
-            i += 1
-    return steps, times
 
 
 def check_rescales(query, parallelism: dict, bits: int, events: Iterable[Rescale]) -> dict[str, int]:

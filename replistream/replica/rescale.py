@@ -54,14 +54,17 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from ..operators.base import NO_PUNCTUATION, Item, OperatorState, bin_of
 from ..schema import TS, Punctuation
 
-__all__ = ["Move", "Moves"]
+if TYPE_CHECKING:
+    from ..partition import BinMap
+
+__all__ = ["Move", "Moves", "plan_steps"]
 
 
 @dataclass(frozen=True)
@@ -365,3 +368,35 @@ def _watermark_after(logic, port: int, p: int) -> int:
     punct = list(logic.in_punct)
     punct[port] = max(int(punct[port]), p)
     return min(punct) if punct else NO_PUNCTUATION
+
+
+def plan_steps(node: str, current: "BinMap", new: "BinMap", t0: int, strategy: str, bins_per_step: int | None,
+               gap: int, stamp: str | None = None) -> tuple[list[Move], list[tuple[int, int]]]:
+    """The steps of a rescale from ``current`` to ``new`` and ``(bin, time)`` of each moving bin:
+    per pair of partitions (in order), its bins cut by ``strategy`` (``"all-at-once"``: one step at
+    ``t0``; ``"batched"``: ``bins_per_step`` bins per step; ``"fluid"``: one bin), step ``i`` at
+    ``t0 + i * gap``. The cut both engines' rescales make; step ids are ``stamp/i`` (default
+    ``node@t0``).
+
+    >>> from replistream.partition import BinMap
+    >>> steps, times = plan_steps("w", BinMap.even(1, bits=2), BinMap.even(2, bits=2), 100, "fluid", None, 10)
+    >>> [(m.id, m.at, m.bins, m.src, m.dst) for m in steps]
+    [('w@100/0', 100, (2,), 0, 1), ('w@100/1', 110, (3,), 0, 1)]
+    """
+    by_pair: dict[tuple[int, int], list[int]] = {}
+    for b, src, dst in current.moves(new):
+        by_pair.setdefault((src, dst), []).append(b)
+    size = {"fluid": 1, "batched": int(bins_per_step or 1), "all-at-once": None}[strategy]
+    steps: list[Move] = []
+    times: list[tuple[int, int]] = []
+    i = 0
+    stamp = f"{node}@{t0}" if stamp is None else stamp
+    for (src, dst), bins in sorted(by_pair.items()):
+        cuts = [bins] if size is None else [bins[a:a + size] for a in range(0, len(bins), size)]
+        for chunk in cuts:
+            at = t0 if size is None else t0 + i * int(gap)
+            steps.append(Move(f"{stamp}/{i}", node, int(at), tuple(int(b) for b in chunk), current.bits,
+                              int(src), int(dst)))
+            times += [(b, at) for b in chunk]
+            i += 1
+    return steps, times

@@ -84,11 +84,18 @@ def _at_exit() -> None:
         def kill_all_processes(check_alive: bool = True, allow_graceful: bool = False, wait: bool = False):
             try:
                 stop_in_waves(node)
-            except Exception:  # noqa: BLE001 - Ray's own stop, next, does it all then
-                pass
+            except Exception as e:  # noqa: BLE001 - said; Ray's own stop, next, does it all then
+                _say(f"stopping Ray's processes in waves failed ({e!r}); Ray stops them one by one")
             return own(check_alive=False, allow_graceful=allow_graceful, wait=wait)
 
         node.kill_all_processes = kill_all_processes
         ray.shutdown()  # as Ray's hook does, without its sleep for log lines no one sends here
-    except Exception:  # noqa: BLE001 - at exit: Ray's own hook runs next and stops what is left
-        pass
+    except Exception as e:  # noqa: BLE001 - said; at exit, Ray's own hook runs next and stops what is left
+        _say(f"the quick stop of Ray failed ({e!r}); Ray's own exit hook stops it")
+
+
+def _say(text: str) -> None:
+    """One line on stderr (at exit: no logger is configured any more)."""
+    import sys
+
+    print(f"replistream: {text}", file=sys.stderr)

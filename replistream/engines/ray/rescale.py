@@ -51,7 +51,7 @@ from ...gc import OperatorReplica, StreamReplica
 from ...partition import BinMap, Router, Switch, partition_label
 from ...plan import group_of, is_stateful, label_group, replica_partition
 from ...query import resolve_operator
-from ...replica.rescale import Move
+from ...replica.rescale import Move, plan_steps
 from ...schema import as_seconds
 from .common import is_actor_death
 
@@ -123,7 +123,7 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
         with dep.quiet():  # no chunk fed meanwhile: no tuple later than t0 exists anywhere
             t0 = dep.feeder.marker_time()
             new = BinMap.even(p, bits)
-            steps, times = _steps(node, current, new, bits, t0, strategy, bins_per_step, gap_us)
+            steps, times = plan_steps(node, current, new, t0, strategy, bins_per_step, gap_us)
             switch = Switch.between(current, new, times)
             routing = {**(dep.channel_opts.get("routing") or {}), node: (p0, [*switches, switch])}
             dep.channel_opts = {**dep.channel_opts, "routing": routing,
@@ -159,24 +159,6 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
     finally:
         dep.rescaling.clear()
         dep.rescale_done.set()
-
-
-def _steps(node, current: BinMap, new: BinMap, bits: int, t0: int, strategy: str, bins_per_step, gap_us: int):
-    """The steps of a rescale from ``current`` to ``new`` and ``(bin, time)`` of each moving bin."""
-    by_pair: dict[tuple[int, int], list[int]] = {}
-    for b, src, dst in current.moves(new):
-        by_pair.setdefault((src, dst), []).append(b)
-    size = {"fluid": 1, "batched": int(bins_per_step or 1), "all-at-once": None}[strategy]
-    stamp = f"{node}@{t0}"
-    steps, times, i = [], [], 0
-    for (src, dst), bins in sorted(by_pair.items()):
-        cuts = [bins] if size is None else [bins[a:a + size] for a in range(0, len(bins), size)]
-        for chunk in cuts:
-            at = t0 if size is None else t0 + i * int(gap_us)
-            steps.append(Move(f"{stamp}/{i}", node, int(at), tuple(int(b) for b in chunk), bits, int(src), int(dst)))
-            times += [(b, at) for b in chunk]
-            i += 1
-    return steps, times
 
 
 def _set_routing(dep, node: str, p: int, p0: int, switches: list) -> None:
