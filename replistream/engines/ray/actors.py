@@ -56,7 +56,7 @@ from ...plan import label_group
 from ...replica import ReplicaCore, StagedReplica
 from ...schema import END, TS, Marker, Punctuation
 from ...sinks import SinkWriter
-from . import lockorder, metrics_export
+from . import gcpause, lockorder, metrics_export
 from .channels import NO_ACK, Link, Outbox, Sender
 from .moving import MovingBins
 from .common import failure_record
@@ -117,6 +117,10 @@ class _Base:
         # when this replica's punctuation rose, in and out (punctuation_times: latency by hop)
         self.punct_in: deque = deque(maxlen=PUNCT_TIMES)
         self.punct_out: deque = deque(maxlen=PUNCT_TIMES)
+        # Python's garbage collector: pauses measured (stats()["gc"]), young collections rarer,
+        # everything built so far frozen out of later collections (gcpause.py, issue #42)
+        self.gc_watch = gcpause.watch()
+        gcpause.settle()
 
     def _punct_times(self, started: float, before: int, after: int, out: list) -> None:
         """Keep when the input punctuation rose from ``before`` to ``after`` (the call that brought
@@ -590,6 +594,7 @@ class _Base:
             "retained_tuples": {n: ob.log.tuples for n, ob in self.outboxes.items()},
             "first_output_wall": min((ob.first_emit for ob in self.outboxes.values() if ob.first_emit is not None),
                                      default=None),
+            "gc": self.gc_watch.stats(),
         }
 
 
@@ -776,6 +781,7 @@ class ReplicaActor(_Base, MovingBins):
             info["buffered_packets"] = len(self.buffered)
             self.buffered = []
             self.out.emit(out, wait=False)
+        gcpause.settle()  # the installed state out of later collections
         self.busy_s += time.time() - started
         info["seconds"] = time.time() - started
         self.installed = info

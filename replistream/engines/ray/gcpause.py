@@ -1,0 +1,147 @@
+"""Python's cyclic garbage collector in a data-path process: its pauses, measured, and kept short
+(issue #42 point 1).
+
+A collection stops the whole process (every thread waits on the GIL): a full one walks every
+container object the process holds, and a Ray worker holds a few hundred thousand (Ray's own
+modules, the actor's state, the batches in flight). That is a latency spike with no fault and no
+move, so each data-path actor
+
+* **measures** every collection (:class:`GcWatch`, a ``gc.callbacks`` hook: count, total and
+  longest pause per generation, and the pauses of the last minute with their wall times), reported
+  in the actor's ``stats()["gc"]``;
+* **freezes** what it has built once it is set up and after each state install
+  (:func:`settle`: ``gc.freeze()`` moves every object alive now into a permanent generation no
+  collection walks again; the operator's state lives in numpy arrays, so what is frozen is mostly
+  code, modules and Ray's own objects). Frozen objects are still freed by reference counting;
+  only a reference cycle among them would stay until the process exits;
+* **collects young objects less often** (:data:`THRESHOLDS`): a batch makes a few hundred
+  containers, so the default (a young collection every 700 net new containers) ran several per
+  batch.
+
+>>> w = GcWatch()
+>>> w.install()
+>>> import gc; _ = gc.collect(0)
+>>> w.stats()["collections"][0] >= 1
+True
+>>> w.uninstall()
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections import deque
+
+__all__ = ["GcWatch", "THRESHOLDS", "settle", "watch"]
+
+#: ``gc.set_threshold`` of a data-path process: young collections after 50,000 net new containers
+#: (default 700), the older generations as by default (every 10th collection of the one below).
+THRESHOLDS = (50_000, 10, 10)
+
+#: Seconds of recent pauses :meth:`GcWatch.stats` lists, and the shortest pause it keeps (ms).
+RECENT_S = 300.0
+RECENT_MIN_MS = 1.0
+
+#: ``REPLISTREAM_GC=default`` in the environment (inherited by Ray's workers) leaves the
+#: collector as Python sets it, still measured: the "before" of a comparison (bench/steady.py).
+ENV = "REPLISTREAM_GC"
+
+
+class GcWatch:
+    """Every collection of this process: per generation, how many, their total and longest pause
+    (milliseconds), and the recent ones of :data:`RECENT_MIN_MS` or more as ``(wall time,
+    generation, ms)``.
+
+    >>> w = GcWatch(); w.install()
+    >>> import gc; _ = gc.collect()
+    >>> s = w.stats(); s["collections"][2] >= 1 and s["max_ms"][2] >= 0
+    True
+    >>> w.uninstall()
+    """
+
+    def __init__(self, recent: int = 4096):
+        self.count = [0, 0, 0]
+        self.total = [0.0, 0.0, 0.0]
+        self.longest = [0.0, 0.0, 0.0]
+        self.recent: deque = deque(maxlen=recent)
+        self._started: float | None = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        # called by the interpreter around each collection, on the thread that triggered it
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        if self._started is None:
+            return
+        ms = (time.perf_counter() - self._started) * 1e3
+        self._started = None
+        g = int(info.get("generation", 2))
+        self.count[g] += 1
+        self.total[g] += ms
+        if ms > self.longest[g]:
+            self.longest[g] = ms
+        if ms >= RECENT_MIN_MS:
+            self.recent.append((time.time(), g, ms))
+
+    def install(self) -> None:
+        """Start measuring (idempotent)."""
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        """Stop measuring."""
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def stats(self) -> dict:
+        """``{"collections": [n0, n1, n2], "total_ms": [...], "max_ms": [...], "recent": [(wall,
+        gen, ms), ...] (pauses of a millisecond or more, the last five minutes), "tuned": whether
+        :data:`THRESHOLDS` and freezing apply, "frozen": objects in the permanent generation,
+        "thresholds": gc.get_threshold()}``."""
+        cut = time.time() - RECENT_S
+        recent = [r for r in list(self.recent) if r[0] >= cut]  # (list(): one step under the GIL)
+        return {"collections": list(self.count), "total_ms": [round(t, 3) for t in self.total],
+                "max_ms": [round(t, 3) for t in self.longest], "recent": recent, "tuned": tuned(),
+                "frozen": gc.get_freeze_count(), "thresholds": list(gc.get_threshold())}
+
+
+_WATCH: list[GcWatch] = []
+
+
+def tuned() -> bool:
+    """Whether this process tunes its collector (not when ``REPLISTREAM_GC=default``).
+
+    >>> tuned() in (True, False)
+    True
+    """
+    return os.environ.get(ENV, "").strip().lower() != "default"
+
+
+def watch() -> GcWatch:
+    """This process's watch, installed on first use, with :data:`THRESHOLDS` set (a data-path
+    actor calls it as it is set up; a pooled process keeps its one watch across lives).
+
+    >>> watch() is watch()
+    True
+    """
+    if not _WATCH:
+        w = GcWatch()
+        w.install()
+        if tuned():
+            gc.set_threshold(*THRESHOLDS)
+        _WATCH.append(w)
+    return _WATCH[0]
+
+
+def settle() -> None:
+    """Freeze every object alive now (``gc.freeze()``, microseconds): called when a data-path
+    actor is set up and after it installs a state, so later collections walk only what was made
+    since. No collection first: a full one in a fresh worker would itself be the pause this
+    avoids, at the first data call.
+
+    >>> settle(); import gc; gc.get_freeze_count() > 0
+    True
+    >>> gc.unfreeze()
+    """
+    if tuned():
+        gc.freeze()
