@@ -5,6 +5,7 @@ happened in it. A benchmark, not a test.
 
     python bench/steady.py                                   # the count and the Join, defaults
     python bench/steady.py --operators keyed --steady 30     # one operator, shorter
+    python bench/steady.py --collect-cost                    # one full collection, before and after freezing
     python bench/steady.py --compare-gc --out docs/experiments/steady.json
                          # each operator twice, alternating: the collector as Python sets it
                          # (REPLISTREAM_GC=default) and as the actors tune it (gcpause.py)
@@ -87,6 +88,40 @@ def run(operator: str, keys: int, rate: int, steady_s: float, skip_s: float, che
     return out
 
 
+def collect_cost(reps: int = 5) -> dict:
+    """What one full collection costs in a fresh Ray worker that imported the data-path actors, as
+    Ray's own trigger (every ten minutes in every worker, and when the object store fills) would
+    run it, before and after ``gc.freeze()`` (medians of ``reps``)."""
+    import ray
+
+    from replistream.engines.ray import init_ray
+
+    init_ray()
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def measure(self, reps: int) -> dict:
+            import gc
+            import time
+
+            import replistream.engines.ray.actors  # noqa: F401 (what a data-path actor imports)
+
+            def full() -> float:
+                times = []
+                for _ in range(reps):
+                    t = time.perf_counter()
+                    gc.collect()
+                    times.append((time.perf_counter() - t) * 1e3)
+                return sorted(times)[len(times) // 2]
+
+            out = {"tracked": len(gc.get_objects()), "full_ms": full()}
+            gc.freeze()
+            out.update({"frozen": gc.get_freeze_count(), "full_ms_frozen": full()})
+            return out
+
+    return ray.get(Probe.remote().measure.remote(reps), timeout=120)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--operators", nargs="*", default=["keyed", "join"], choices=("keyed", "join", "aggregate"))
@@ -99,7 +134,17 @@ def main(argv=None) -> None:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="write the record here (JSON)")
+    ap.add_argument("--collect-cost", action="store_true",
+                    help="only: one full collection in a fresh Ray worker, before and after gc.freeze()")
     a = ap.parse_args(argv)
+    if a.collect_cost:
+        r = collect_cost()
+        print(f"a full collection in a fresh worker: {r['full_ms']:.2f} ms over {r['tracked']:,} tracked objects; "
+              f"after gc.freeze() ({r['frozen']:,} frozen): {r['full_ms_frozen']:.3f} ms")
+        if a.out:
+            write(a.out, record("load average {:.1f} {:.1f} {:.1f} at the start".format(*os.getloadavg()),
+                                figures=r))
+        return
 
     if a.one:  # a child: one run, its record as JSON on the last line of stdout
         op = a.operators[0]
