@@ -1,0 +1,65 @@
+"""Entry partitions on Ray (issue #41, point 4): ``deploy(parallelism={"entry": p})`` runs the
+entry points as ``p`` partitions of ``k`` replicas (``entry.P#R``); the one feeder hands each
+chunk of a source (a Parquet file's chunk read by a Ray task, or an in-memory chunk) to the
+replicas of one partition only, with the state an unpartitioned entry point would be in before
+it. Output, ids and dead letters (late and malformed rows, each once) equal the reference run's;
+a killed entry partition replica is masked by its partition's peer, and is repaired from it.
+The cases are the in-process ones (tests/engines/test_entry_partitions.py)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+
+from replistream import deploy
+from replistream.testing import assert_same_output, run_reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
+from test_entry_partitions import files_case, letters, memory_case  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("ray_session")]
+
+SERVERS = ["boston", "london", "tokyo"]
+
+
+def same_run(ref, res) -> None:
+    assert res.complete
+    for app in ref.outputs:
+        assert len(ref.outputs[app])
+        assert_same_output(ref.outputs[app], res.outputs[app])
+    assert letters(res) == letters(ref)
+
+
+def entry_rows(dep) -> dict[str, int]:
+    """Rows each entry replica took (emitted, late or malformed), per replica label."""
+    return {label: sum(e["tuples_out"] + e["late"] + e["malformed"]
+                       for e in ray.get(h.stats.remote(), timeout=60)["entries"].values())
+            for label, h in dep.handles.items() if label.startswith("entry")}
+
+
+def test_parquet_files_and_memory_sources_split_between_entry_partitions_match_the_reference(tmp_path):
+    q, data = files_case(str(tmp_path))
+    ref = run_reference(q, data)
+    with deploy(q, servers=SERVERS, k=1, network="zero", parallelism={"entry": 3}) as dep:
+        res = dep.run(data, timeout=120)
+        rows = entry_rows(dep)
+    same_run(ref, res)
+    total = sum(d["n"] for d in ref.outputs["counts"]) + sum(x.count for x in ref.dead_letters)
+    assert sorted(rows) == ["entry.0#0", "entry.1#0", "entry.2#0"]
+    assert all(0 < n < total for n in rows.values()) and sum(rows.values()) == total  # each chunk read once
+
+    q, data = memory_case()
+    ref = run_reference(q, data, on_malformed="dead_letter")
+    with deploy(q, servers=SERVERS, k=2, network="zero", parallelism={"entry": 2}) as dep:
+        assert sorted(h for h in dep.handles if h.startswith("entry")) == \
+            ["entry.0#0", "entry.0#1", "entry.1#0", "entry.1#1"]
+        for what, says in [(lambda: dep.kill_replica("entry", 0), "name one of them: entry.0, entry.1"),
+                           (lambda: dep.rescale("w", 2), "beside entry partitions (entry: 2)"),
+                           (lambda: dep.add_operator("a", lambda s: s.sink("more")), "entry: 2")]:
+            with pytest.raises(ValueError) as e:
+                what()
+            assert says in str(e.value) and "\n" not in str(e.value)
+        res = dep.run(data, timeout=120)
+    same_run(ref, res)
