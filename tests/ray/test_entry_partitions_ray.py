@@ -8,12 +8,14 @@ The cases are the in-process ones (tests/engines/test_entry_partitions.py)."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import ray
 
 from replistream import deploy
+from replistream.sources import Call, KillReplica
 from replistream.testing import assert_same_output, run_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
@@ -62,4 +64,28 @@ def test_parquet_files_and_memory_sources_split_between_entry_partitions_match_t
                 what()
             assert says in str(e.value) and "\n" not in str(e.value)
         res = dep.run(data, timeout=120)
+    same_run(ref, res)
+
+
+def test_a_killed_entry_partition_replica_is_masked_and_repaired_from_its_partition():
+    q, data = memory_case()
+    ref = run_reference(q, data, on_malformed="dead_letter")
+
+    def repaired(d, label="entry.1#0", deadline_s=120):
+        end = time.time() + deadline_s
+        while not any(r["replica"] == label and r.get("repaired") for r in d.repairs):
+            assert time.time() < end, f"{label} was not repaired: {d.repairs}"
+            d.check_failures()
+            time.sleep(0.05)
+
+    a = list(data["a"])
+    a.insert(4, KillReplica("entry.1", 0))
+    a.insert(8, Call(repaired))
+    a.insert(12, KillReplica("entry.0", 1))  # partition 0 goes on with entry.0#0 alone
+    with deploy(q, servers=SERVERS, k=2, network="zero", repair=True, parallelism={"entry": 2}) as dep:
+        res = dep.run({**data, "a": a}, timeout=180)
+        done = [r for r in dep.repairs if r.get("repaired")]
+        assert done[0]["replica"] == "entry.1#0" and done[0]["new"] == "entry.1#2", dep.repairs
+        ev = [e for e in dep.events if e.get("event") == "entry_repaired"]
+        assert ev and ev[0]["from"] == "entry.1#1"  # from its own partition's peer
     same_run(ref, res)
