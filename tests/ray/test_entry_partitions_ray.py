@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from replistream import deploy
+from replistream import deploy, seconds
 from replistream.sources import Call, KillReplica
 from replistream.testing import assert_same_output, run_reference
 
@@ -88,4 +88,42 @@ def test_a_killed_entry_partition_replica_is_masked_and_repaired_from_its_partit
         assert done[0]["replica"] == "entry.1#0" and done[0]["new"] == "entry.1#2", dep.repairs
         ev = [e for e in dep.events if e.get("event") == "entry_repaired"]
         assert ev and ev[0]["from"] == "entry.1#1"  # from its own partition's peer
+    same_run(ref, res)
+
+
+def test_a_stopped_entry_partition_replica_catches_up_from_its_partition_peer():
+    """entry.1#1 stops answering: the feeder stops sending it partition 1's chunks, entry.1#0 keeps
+    them (keep_from), and once resumed it takes them from entry.1#0 (catch_up), not from partition 0."""
+    import threading
+
+    from replistream.sources import StopReplica, inject_at
+    from test_entry_peers import inputs, query, skips
+
+    q, data = query(), inputs()
+    ref = run_reference(q, data)
+    resumed = threading.Event()
+
+    def resume_once_skipped(dep):
+        def go():
+            deadline = time.time() + 60
+            while not skips(dep, "entry.1#1", "skipped") and time.time() < deadline:
+                time.sleep(0.02)
+            dep.resume_replica("entry.1", 1)
+            resumed.set()
+        threading.Thread(target=go, daemon=True).start()  # the feeder thread must go on meanwhile
+
+    data["s"] = inject_at(data["s"], seconds(4), StopReplica("entry.1", 1))
+    data["s"] = inject_at(data["s"], seconds(4), Call(resume_once_skipped))
+    with deploy(q, servers=SERVERS, k=2, suspect_after_s=0.5, fail_after_s=120.0, parallelism={"entry": 2}) as dep:
+        dep.feeder.max_lag = 2  # a few queued calls, then the feeder stops sending to it
+        res = dep.run(data, pace=4.0, timeout=120)
+        assert resumed.wait(60) and skips(dep, "entry.1#1", "skipped"), dep.feeder.skips
+        deadline = time.time() + 60
+        while not skips(dep, "entry.1#1", "caught up"):
+            assert time.time() < deadline, (dep.feeder.skips, dep.feeder.error)
+            time.sleep(0.05)
+        st = {lb: ray.get(dep.topology.handle(lb).stats.remote(), timeout=30) for lb in ("entry.1#0", "entry.1#1")}
+        assert st["entry.1#1"]["recovered_chunks"] > 0
+        assert st["entry.1#1"]["entries"] == st["entry.1#0"]["entries"]  # the same chunks, partly from its peer
+        assert not [e for e in dep.events if e.get("event") in ("declared_failed", "dead")]
     same_run(ref, res)
