@@ -371,20 +371,19 @@ class EntrySplit:
         self.ordinal = int(offset)
 
     def route(self, chunk: Any) -> list[tuple[int, Any, EntryStart | None]]:
-        from ..sources import ChunkRef
-
         everyone = range(self.partitions)
         if chunk is None:
             return [(i, None, None) for i in everyone]
         if isinstance(chunk, Punctuation):
             return [(i, chunk, None) for i in everyone] if self.shadow.push(chunk) else []
-        if not isinstance(chunk, (ChunkRef, SourceBatch, list, tuple, Mapping, np.ndarray)):
+        by_meta = _is_chunk_ref(chunk)
+        if not by_meta and not isinstance(chunk, (SourceBatch, list, tuple, Mapping, np.ndarray)):
             return [(i, chunk, None) for i in everyone]  # a marker (a change at a logical time)
         part = self.ordinal % self.partitions
         self.ordinal += 1
         start = self.shadow.position()
         before = self.shadow.punct
-        if isinstance(chunk, ChunkRef):
+        if by_meta:
             self.shadow.advance(chunk.n, chunk.tmax if chunk.n else None)
         elif isinstance(chunk, SourceBatch):
             self.shadow.advance(chunk.n, int(chunk.data[TS].max()) if len(chunk.data) else None)
@@ -398,6 +397,12 @@ class EntrySplit:
         if self.shadow.punct > before:
             out += [(i, Punctuation(self.shadow.punct), None) for i in everyone if i != part]
         return out
+
+
+def _is_chunk_ref(chunk: Any) -> bool:
+    """A :class:`~replistream.sources.ChunkRef` (rows in Ray's object store, known by ``ref``, ``n``,
+    ``tmin``, ``tmax``), told by its fields (this module sits below :mod:`replistream.sources`)."""
+    return all(hasattr(chunk, f) for f in ("ref", "n", "tmin", "tmax"))
 
 
 def partition_streams(entry_of, chunks: Iterable[Any], partitions: int, offset: int = 0

@@ -57,6 +57,7 @@ def test_parquet_files_and_memory_sources_split_between_entry_partitions_match_t
     with deploy(q, servers=SERVERS, k=2, network="zero", parallelism={"entry": 2}) as dep:
         assert sorted(h for h in dep.handles if h.startswith("entry")) == \
             ["entry.0#0", "entry.0#1", "entry.1#0", "entry.1#1"]
+        assert dep.partitions("entry") == 2
         for what, says in [(lambda: dep.kill_replica("entry", 0), "name one of them: entry.0, entry.1"),
                            (lambda: dep.rescale("w", 2), "beside entry partitions (entry: 2)"),
                            (lambda: dep.add_operator("a", lambda s: s.sink("more")), "entry: 2")]:

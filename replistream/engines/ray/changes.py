@@ -116,12 +116,16 @@ class Changes:
                                timeout=timeout)
 
     def partitions(self, operator: str) -> int:
-        """How many partitions ``operator`` runs as now (1: not partitioned).
+        """How many partitions ``operator`` runs as now (1: not partitioned; ``"entry"``: the entry
+        points' partitions, ``parallelism={"entry": p}``).
 
         >>> dep.partitions("per_key")   # doctest: +SKIP
         4
         """
         from . import rescale
+
+        if operator == "entry":
+            return int(self.plane.channel_opts.get("entry_partitions") or 1)
 
         return rescale.partitions(self.plane, operator)
 
