@@ -182,3 +182,17 @@ def test_a_chunk_read_elsewhere_is_counted_from_its_row_count_and_largest_time()
     assert [(p, it) for p, it, _ in sent[1:]] == [(1, Punctuation(19))]
     (p, _, st), = split.route(ChunkRef(ref=None, n=2, tmin=24, tmax=25))
     assert (p, st.seq, st.max_ts, st.punct) == (1, 5, 23, 19)
+
+
+def test_a_source_rate_read_from_metrics_adds_up_the_entry_partitions_shares():
+    """Placement statistics from a run with entry partitions: each partition carries its chunks'
+    tuples, so a source's rate is the sum over the partitions (not one partition's share)."""
+    from replistream.placement.model import QueryStats
+    from replistream.workloads import fig1_query
+
+    m = {"actors": {"entry.0#0": {"links": [{"to": "loads#0", "port": 0, "tuples": 10}]},
+                    "entry.0#1": {"links": [{"to": "loads#0", "port": 0, "tuples": 10}]},
+                    "entry.1#0": {"links": [{"to": "loads#0", "port": 0, "tuples": 20}]},
+                    "loads#0": {"links": [{"to": "correlate#0", "port": 0, "tuples": 30}], "busy_seconds": 3.0}}}
+    st = QueryStats.from_metrics(fig1_query(1), m, 10.0, row_bytes=False)
+    assert st.rates["load_0"] == 3.0
