@@ -48,8 +48,12 @@ from .ids import fmix
 from .operators.base import bin_of
 from .schema import ID, TS, Punctuation  # noqa: F401 (Punctuation: the doctests)
 
-__all__ = ["DEFAULT_BITS", "BinMap", "Router", "Switch", "assign_bins", "check_parallelism", "parallelism_from_options",
+__all__ = ["DEFAULT_BITS", "BinMap", "Router", "Switch", "assign_bins", "check_parallelism", "entry_parallelism",
+           "parallelism_from_options",
            "partition_key", "partition_label", "parse_partition_label"]
+
+#: The entry points' name in ``parallelism`` (as in a placement: :data:`replistream.plan.ENTRY`).
+ENTRY = "entry"
 
 #: Bits of the bin of a tuple by default: ``2**12`` bins (Megaphone's experiments use 2^8..2^12).
 DEFAULT_BITS = 12
@@ -273,9 +277,9 @@ def check_parallelism(query, parallelism: Mapping[str, int] | None, bits: int = 
         if int(p) > 1 << int(bits):
             raise ValueError(f"parallelism[{name!r}] = {int(p)} exceeds the {1 << int(bits)} bins (2**{bits}) a key "
                              f"space is cut into; use at most {1 << int(bits)} partitions")
-        if name == "entry":
-            raise QueryError("parallelism: the entry points are not partitioned (every entry replica reads every "
-                             "source); name the operators that read the sources")
+        if name == ENTRY:
+            raise QueryError("parallelism: the entry points are not partitioned here (deploy() and run_replicated() "
+                             "take parallelism={'entry': p}); name the operators that read the sources")
         if isinstance(name, str) and name in query.graph:
             partition_key(query, name)  # a source or an application: says why not
         try:
@@ -288,6 +292,29 @@ def check_parallelism(query, parallelism: Mapping[str, int] | None, bits: int = 
         if int(p) > 1 or keep_single:
             out[node] = int(p)
     return out
+
+
+def entry_parallelism(parallelism: Mapping[str, int] | None) -> tuple[int, dict | None]:
+    """``(entry partitions, the rest of parallelism)``: ``parallelism["entry"]`` (default 1: the
+    entry points unpartitioned, each replica reading every source) checked, and the mapping
+    without it, for :func:`check_parallelism`. With ``p > 1`` entry partitions, one feeder
+    hands each chunk of a source to one partition (all ``k`` replicas of it), so each chunk is
+    read once per replica set (docs/design.md, "Entry partitions").
+
+    >>> entry_parallelism({"entry": 2, "agg": 3}), entry_parallelism(None)
+    ((2, {'agg': 3}), (1, None))
+    >>> entry_parallelism({"entry": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: parallelism['entry'] must be an integer >= 1 (the number of entry partitions), got 0; write 1 for unpartitioned entry points
+    """
+    if not isinstance(parallelism, Mapping) or ENTRY not in parallelism:
+        return 1, parallelism
+    p = parallelism[ENTRY]
+    if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or int(p) < 1:
+        raise ValueError(f"parallelism['entry'] must be an integer >= 1 (the number of entry partitions), got "
+                         f"{p!r}; write 1 for unpartitioned entry points")
+    return int(p), {n: v for n, v in parallelism.items() if n != ENTRY}
 
 
 class Switch:

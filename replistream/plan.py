@@ -188,11 +188,17 @@ class PhysicalPlan:
 
     def __init__(self, query, placement: Mapping[str, Sequence[str]], *, k: int | None = None,
                  servers: Sequence[str] | None = None, parallelism: Mapping[str, int] | None = None,
-                 bits: int | None = None, keep_single: bool = False):
+                 bits: int | None = None, keep_single: bool = False, entry_partitions: int | None = None):
         from .partition import DEFAULT_BITS, check_parallelism, parse_partition_label
 
         self.query = query
         self.bits = DEFAULT_BITS if bits is None else int(bits)
+        #: the entry points' partitions (``parallelism={"entry": p}``, issue #41): 1, unpartitioned
+        #: (``entry#R``), or ``p > 1`` partitions of ``k`` replicas each (``entry.P#R``), every
+        #: partition on the entry points' servers
+        self.entry_partitions = int(entry_partitions or 1)
+        if entry_partitions is not None and self.entry_partitions < 1:
+            raise ValueError(f"entry_partitions must be >= 1, got {entry_partitions}")
         #: ``{operator: p}`` for the partitioned operators (p >= 2), checked (:func:`~replistream.partition.check_parallelism`)
         self.parallelism: dict[str, int] = check_parallelism(query, parallelism, self.bits, keep_single)
         nodes = [ENTRY, *query.operators, *query.sinks]
@@ -244,7 +250,12 @@ class PhysicalPlan:
         self._replicas: dict[str, list[ReplicaId]] = {}
         self._server: dict[str, str] = {}
         for n in nodes:
-            if n in self.parallelism:
+            if n == ENTRY and self.entry_partitions > 1:
+                reps = [ReplicaId(n, i, False, part) for part in range(self.entry_partitions)
+                        for i in range(len(self.placement[n]))]
+                for r in reps:
+                    self._server[r.label] = self.placement[n][r.index]
+            elif n in self.parallelism:
                 reps = [ReplicaId(n, i, False, part) for part, where in enumerate(self.partition_placement[n])
                         for i in range(len(where))]
                 for r in reps:
@@ -287,6 +298,8 @@ class PhysicalPlan:
             base, part = parse_partition_label(node)
             if part is not None and base in self.parallelism and part < self.parallelism[base]:
                 return [r for r in self._replicas[base] if r.partition == part]
+            if part is not None and base == ENTRY and part < self.entry_partitions:
+                return [r for r in self._replicas[base] if r.partition == part]
         return list(self._replicas[self.group(node)])
 
     def position(self, replica) -> int:
@@ -302,7 +315,12 @@ class PhysicalPlan:
         >>> plan = PhysicalPlan(q.build(), {"entry": ["a", "b"], "w": ["a", "b"], "app": ["a"]}, parallelism={"w": 2})
         >>> plan.partitions("w"), [r.label for r in plan.replicas("w")], plan.channel_groups("app")
         (2, ['w.0#0', 'w.0#1', 'w.1#0', 'w.1#1'], [[0, 0, 1, 1]])
+        >>> plan = PhysicalPlan(q.build(), {"entry": ["a", "b"], "w": ["a"], "app": ["a"]}, entry_partitions=2)
+        >>> plan.partitions("entry"), [r.label for r in plan.replicas("entry")], plan.channel_groups("w")
+        (2, ['entry.0#0', 'entry.0#1', 'entry.1#0', 'entry.1#1'], [[0, 0, 1, 1]])
         """
+        if node == ENTRY:
+            return self.entry_partitions
         return self.parallelism.get(node, 1)
 
     def channel_groups(self, node: str) -> list[list[int] | None]:
@@ -312,7 +330,8 @@ class PhysicalPlan:
         out: list[list[int] | None] = []
         for u in self.query.inputs_of(node):
             g = self.group(u)
-            out.append([r.partition for r in self._replicas[g]] if g in self.parallelism else None)
+            parted = g in self.parallelism or (g == ENTRY and self.entry_partitions > 1)
+            out.append([r.partition for r in self._replicas[g]] if parted else None)
         return out
 
     def server(self, replica) -> str:

@@ -49,7 +49,8 @@ import numpy as np
 from ..errors import QueryError, merge_dead_letters
 from ..operators import Item
 from ..operators.base import NO_PUNCTUATION, OperatorState
-from ..partition import BinMap, parse_partition_label
+from ..operators.entry import partition_streams
+from ..partition import BinMap, entry_parallelism, parse_partition_label
 from ..plan import ENTRY, PhysicalPlan
 from ..query import Query
 from ..replica.checkpoint import ReplicaCheckpoint
@@ -57,7 +58,7 @@ from ..replica.core import ReplayLog, ReplicaCore
 from ..replica.transfer import StagedReplica, plan_transfer, splittable
 from ..schema import END, Punctuation
 from ..sources import (AddReplica, Call, KillReplica, KillServer, Pause, Rescale, Revive, Sentinel, StopReplica,
-                       source_streams)
+                       iter_chunks, source_streams)
 from .inprocess_rescale import Rescaler, StateMessage, TrackedRouter, check_rescales
 from .reference import run_reference, run_reference_on_streams  # noqa: F401 (run_reference: the doctests)
 from .result import Collector, RunResult, as_multiset
@@ -295,8 +296,12 @@ class InProcessEngine:
         self.on_malformed = on_malformed
         self.audit = audit
         self.checkpoint_bits = checkpoint_bits
+        #: the entry points' partitions (``parallelism={"entry": p}``): each source's chunks are cut
+        #: between them as the Ray feeder cuts them (:class:`~replistream.operators.entry.EntrySplit`)
+        self.entry_partitions, parallelism = entry_parallelism(parallelism)
         self.plan = PhysicalPlan(query, placement if placement is not None else default_placement(query, k), k=k,
-                                 parallelism=parallelism, bits=bits, keep_single=True)
+                                 parallelism=parallelism, bits=bits, keep_single=True,
+                                 entry_partitions=self.entry_partitions)
         self.plan.require_one_replica_per_application("the in-process engine")
         self.servers = sorted({self.plan.server(r) for r in self.plan.replicas()})
         #: ``{operator: p}`` of the partitioned operators, as checked by the plan (an operator named
@@ -312,7 +317,8 @@ class InProcessEngine:
         weights at each application. Raises :class:`ReplicaDivergence` when auditing finds one."""
         self._start(inputs)
         for src in self.query.sources:
-            self._fire(src, 0)
+            for part in range(self.entry_partitions):
+                self._fire(src, 0, part)
         while self._step():
             pass
         return self._result()
@@ -325,10 +331,28 @@ class InProcessEngine:
         events: list = []
         self.streams, self.entries = source_streams(q, inputs, self.strict, self.on_malformed, events=events)
         self._check_events([ev for _, _, ev in events])
+        #: with entry partitions: per source, each partition's stream and entry logic (``self.streams``
+        #: and ``self.entries`` stay the unpartitioned run's: the audit's ideal), and how far each
+        #: partition's copies got (``reached``: a scripted event runs once every partition passed it)
+        self.part_streams: dict[str, list[list[Item]]] = {}
+        self.part_entries: dict[str, list] = {}
+        self.reached: dict[str, list[int]] = {}
+        if self.entry_partitions > 1:
+            events = []
+            for i, src in enumerate(q.sources):
+                items, logics, marks = partition_streams(
+                    lambda: q.build_entry(src, self.strict, self.on_malformed),
+                    iter_chunks(inputs.get(src, ())), self.entry_partitions, offset=i)
+                self.part_streams[src], self.part_entries[src] = items, logics
+                self.reached[src] = [0] * self.entry_partitions
+                events += [(src, pos, ev) for pos, ev in marks]
         self.groups: dict[str, list[HarnessReplica]] = {}
         for src in q.sources:
-            self.groups[src] = [HarnessReplica(src, r.index, None, self.plan.server(r), items=self.streams[src],
-                                         entry_log=ReplayLog()) for r in self.plan.replicas(ENTRY)]
+            self.groups[src] = [HarnessReplica(src, r.index, None, self.plan.server(r),
+                                               items=self.part_streams[src][r.partition] if r.partition is not None
+                                               else self.streams[src],
+                                               entry_log=ReplayLog(), partition=r.partition)
+                                for r in self.plan.replicas(ENTRY)]
         for node in q.operators:
             chans, groups = self.plan.channels(node), self.plan.channel_groups(node)
             self.groups[node] = [HarnessReplica(node, r.index, ReplicaCore(q, node, chans, self.strict, retain=True,
@@ -358,7 +382,7 @@ class InProcessEngine:
         self.pending: list[HarnessReplica] = []
         self.transferring: list[HarnessReplica] = []
         self.due: dict[str, deque] = {src: deque() for src in q.sources}
-        for src, pos, ev in sorted(events, key=lambda e: e[1]):
+        for src, pos, ev in (sorted(events, key=lambda e: e[1]) if self.entry_partitions == 1 else events):
             self.due[src].append((pos, ev))
         self.rescaler = Rescaler(self) if any(isinstance(ev, Rescale) for _, _, ev in events) else None
 
@@ -370,6 +394,9 @@ class InProcessEngine:
         self.parallelism = dict(self.plan.parallelism)  # (a run's rescales change it)
         most = check_rescales(q, self.parallelism, self.plan.bits, [ev for ev in events if isinstance(ev, Rescale)])
         for ev in events:
+            if self.entry_partitions > 1 and isinstance(ev, (Revive, AddReplica, Rescale)):
+                raise QueryError(f"{type(ev).__name__}: the in-process engine does not run it beside entry partitions "
+                                 f"(yet); drop parallelism['entry'], or kill replicas instead")
             if isinstance(ev, (Revive, AddReplica)) and ev.operator not in q.operators:
                 raise QueryError(f"{type(ev).__name__}: {ev.operator!r} is not an operator of query {q.name!r}")
             if isinstance(ev, (Revive, AddReplica)) and self.parallelism:
@@ -380,7 +407,8 @@ class InProcessEngine:
                                      f"{near[0]!r}; the in-process engine hands over replicas of unpartitioned "
                                      f"neighbourhoods only (yet): kill replicas instead, or drop parallelism")
             if isinstance(ev, StopReplica) or (isinstance(ev, KillReplica) and (
-                    ev.operator in self.parallelism or parse_partition_label(ev.operator)[1] is not None)):
+                    ev.operator in self.parallelism or parse_partition_label(ev.operator)[1] is not None
+                    or (ev.operator == ENTRY and self.entry_partitions > 1))):
                 self._group_name(ev, most)
             if isinstance(ev, KillServer) and ev.server not in self.servers:
                 raise QueryError(f"KillServer: no server {ev.server!r} in the plan; servers: {self.servers}")
@@ -406,8 +434,11 @@ class InProcessEngine:
         return crashes
 
     def _partitions_of(self, node: str) -> list[list[HarnessReplica]]:
-        """The replicas of ``node``, one list per partition (one list when it is not partitioned)."""
+        """The replicas of ``node`` (a source: its entry copies), one list per partition (one list when
+        it is not partitioned)."""
         group = self.groups[node]
+        if node in self.query.sources and self.entry_partitions > 1:
+            return [[r for r in group if r.partition == p] for p in range(self.entry_partitions)]
         if node not in self.parallelism:
             return [group]
         return [[r for r in group if r.partition == p] for p in range(self.parallelism[node])]
@@ -424,6 +455,10 @@ class InProcessEngine:
         kind = type(ev).__name__
         base, part = parse_partition_label(name)
         partitions = self.parallelism if partitions is None else partitions
+        if base == ENTRY and self.entry_partitions > 1:
+            partitions = {ENTRY: self.entry_partitions}
+        elif base == ENTRY and part is not None:
+            raise QueryError(f"{kind}: the entry points are not partitioned; name them {ENTRY!r}")
         if base in partitions:
             p = partitions[base]
             if part is None or part >= p:
@@ -467,7 +502,7 @@ class InProcessEngine:
         if isinstance(pick, HarnessReplica):
             self._emit(pick, [pick.items[pick.cursor]])
             pick.cursor += 1
-            self._fire(pick.node, pick.cursor)
+            self._fire(pick.node, pick.cursor, pick.partition)
         elif isinstance(pick, StateMessage):
             self.rescaler.deliver(pick)
         else:
@@ -487,7 +522,11 @@ class InProcessEngine:
             return True
         if any(self.due.values()):  # events placed after the last item of a source
             for src in self.query.sources:
-                self._fire(src, len(self.streams[src]))
+                if self.entry_partitions > 1:
+                    for part, items in enumerate(self.part_streams[src]):
+                        self._fire(src, len(items), part)
+                else:
+                    self._fire(src, len(self.streams[src]))
             return True
         return False
 
@@ -531,7 +570,9 @@ class InProcessEngine:
         if undone:
             raise RuntimeError("rescales did not complete:\n  " + "\n  ".join(undone[:10]))
         everyone = [i for node in q.operators + q.sinks for i in self.groups[node]] + self.retired
-        dead = [d for e in self.entries.values() for d in e.dead_letters]
+        entries = list(self.entries.values()) if self.entry_partitions == 1 else \
+            [e for logics in self.part_entries.values() for e in logics]  # each partition's letters, once
+        dead = [d for e in entries for d in e.dead_letters]
         for i in everyone:
             if i.ready:
                 dead.extend(i.core.dead_letters())
@@ -541,7 +582,9 @@ class InProcessEngine:
             punctuation={n: c.punctuation for n, c in self.collectors.items()},
             dead_letters=merge_dead_letters(dead),
             stats={"harness": self.stats, "weights": weights,
-                   "entries": {s: e.stats() for s, e in self.entries.items()}},
+                   "entries": {s: e.stats() for s, e in self.entries.items()},
+                   **({"entry_partitions": {s: [e.stats() for e in logics] for s, logics in self.part_entries.items()}}
+                      if self.part_entries else {})},
         )
         if self.audit:
             closed = self.rescaler.is_closed if self.rescaler is not None else (lambda r: False)
@@ -685,9 +728,12 @@ class InProcessEngine:
         """Run one sentinel (checked by :meth:`_check_events` before the run)."""
         q = self.query
         if isinstance(ev, (KillReplica, StopReplica)):
-            nodes = q.sources if ev.operator == ENTRY else [ev.operator]
+            entry = parse_partition_label(ev.operator)[0] == ENTRY
+            nodes = q.sources if entry else [ev.operator]
             for n in nodes:
                 group = self.groups.get(n, [])
+                if entry and self.entry_partitions > 1:
+                    group = [r for r in group if r.partition == self._group_name(ev)[1]]
                 if n not in q.sources and (n in self.parallelism or parse_partition_label(n)[1] is not None):
                     # (a partition a rescale retires may still be killed: it is closing, or closed and idle)
                     base, part = self._group_name(ev, self.rescaler.ever if self.rescaler is not None else None)
@@ -709,9 +755,17 @@ class InProcessEngine:
         else:  # _check_events refused it before the run
             raise QueryError(f"{type(ev).__name__}: the in-process engine cannot run this sentinel")
 
-    def _fire(self, src: str, cursor: int) -> None:
-        """Run the sentinels of ``src`` placed before its item ``cursor``."""
+    def _fire(self, src: str, cursor: int, partition: int | None = None) -> None:
+        """Run the sentinels of ``src`` placed before its item ``cursor`` (with entry partitions:
+        a copy of ``partition`` reached ``cursor``; a sentinel runs once a copy of every partition
+        passed its place there)."""
         q = self.due[src]
+        if self.entry_partitions > 1:
+            reached = self.reached[src]
+            reached[partition] = max(reached[partition], cursor)
+            while q and all(r >= pos for r, pos in zip(reached, q[0][0])):
+                self._run_event(q.popleft()[1])
+            return
         while q and q[0][0] <= cursor:
             self._run_event(q.popleft()[1])
 

@@ -23,6 +23,12 @@ dead-lettered (strict mode raises), never emitted.
 timestamp) raise :class:`~replistream.errors.SchemaError` naming the field;
 with ``on_malformed="dead_letter"`` they are dead-lettered one by one and the
 rest of the stream keeps flowing.
+
+**Entry partitions** (issue #41). One feeder may cut a source between ``p`` entry partitions,
+each chunk to one of them (:class:`EntrySplit`): it sends with each chunk the state an
+unpartitioned entry point would be in before it (:class:`EntryStart`: the first sequence
+number, the running maximum timestamp, the punctuation in force), which the partition takes
+(``push(chunk, start=...)``), so ids, lateness and punctuations are those of the unpartitioned run.
 """
 from __future__ import annotations
 
@@ -77,6 +83,24 @@ class SourceBatch:
         return self.n
 
 
+@dataclass(frozen=True)
+class EntryStart:
+    """Where an unpartitioned entry point stands before a chunk: ``seq`` (the chunk's first
+    sequence number: records before it, rejected ones included), ``max_ts`` (the running maximum
+    of the timestamps before it) and ``punct`` (the punctuation in force, explicit ones included).
+    A partition of the entry points takes it with the chunk (``EntryLogic.push(chunk, start=...)``).
+
+    >>> e = EntryLogic("src", Schema({"x": "i8"}), punctuate_every=10)
+    >>> _ = e.push([{"ts": 3, "x": 1}, {"ts": 12, "x": 2}])
+    >>> e.position()
+    EntryStart(seq=2, max_ts=12, punct=9)
+    """
+
+    seq: int
+    max_ts: int
+    punct: int
+
+
 class EntryLogic:
     """Entry point for source ``name`` (Hwang §II-B).
 
@@ -93,6 +117,15 @@ class EntryLogic:
     ([], 1)
     >>> e.close()
     [Punctuation(END)]
+
+    A partition of the entry points (issue #41) gets each of its chunks with the state the
+    unpartitioned entry point would be in before it (:class:`EntryStart`); ids, lateness and
+    punctuations are then those of the unpartitioned run:
+
+    >>> part = EntryLogic("src", s, punctuate_every=10)
+    >>> out = part.push([{"ts": 8, "x": 3}, {"ts": 25, "x": 4}], start=EntryStart(seq=2, max_ts=12, punct=9))
+    >>> out[0]["ts"].tolist(), out[1], part.late_count, part.seq
+    ([25], Punctuation(19), 1, 4)
 
     Public state, for the engines: ``every`` and ``max_disorder`` (the punctuation
     rule's parameters), ``max_ts`` (the largest timestamp emitted), ``explicit``
@@ -141,9 +174,44 @@ class EntryLogic:
         return np.where(np.asarray(m) == NO_PUNCTUATION, NO_PUNCTUATION,
                         np.floor_divide(base, self.every) * self.every - 1)
 
-    def push(self, data: Any) -> list[Item]:
+    def position(self) -> EntryStart:
+        """Where this entry point stands before its next chunk (what a partition of the entry
+        points needs to take that chunk as this one would: :meth:`push` with ``start=``)."""
+        return EntryStart(int(self.seq), int(self.max_ts), int(max(self.punct, self.explicit)))
+
+    def advance(self, n: int, tmax: int | None) -> list[Item]:
+        """Count a chunk of ``n`` records whose largest readable timestamp is ``tmax`` (None: no
+        readable row) without its rows: what a feeder that holds only a chunk's row count and
+        bounds (:class:`~replistream.sources.ChunkRef`) does to know the next chunk's
+        :meth:`position`. Returns the punctuation that follows the chunk, if it rose. Rows the
+        chunk's entry partition finds late do not count in :attr:`max_ts` there and do here; that
+        changes no later decision: a late row's timestamp is at or below the punctuation in force,
+        and the punctuation it would give lies below it.
+
+        >>> e = EntryLogic("src", Schema({"x": "i8"}), punctuate_every=10)
+        >>> e.advance(3, 25), e.position()
+        ([Punctuation(19)], EntryStart(seq=3, max_ts=25, punct=19))
+        """
         if self.closed:
             raise ValueError(f"source {self.name!r}: data pushed after the stream was closed")
+        self.seq += int(n)
+        if n and tmax is not None and int(tmax) > self.max_ts:
+            self.max_ts = int(tmax)
+        p = int(self.auto_punctuation(np.int64(self.max_ts)))
+        if p > self.punct:
+            self.punct = p
+            return [Punctuation(p)]
+        return []
+
+    def push(self, data: Any, start: EntryStart | None = None) -> list[Item]:
+        """The items to send downstream for ``data`` (see the class doc). With ``start``, this
+        entry point first takes that position (an entry partition given a chunk by the feeder,
+        with the state the unpartitioned entry point would be in before it)."""
+        if self.closed:
+            raise ValueError(f"source {self.name!r}: data pushed after the stream was closed")
+        if start is not None:
+            self.seq, self.max_ts, self.punct = int(start.seq), int(start.max_ts), int(start.punct)
+            self.explicit = min(self.explicit, self.punct)
         if isinstance(data, Punctuation):
             return self._explicit(data.p)
         batch = self._to_batch(data)
@@ -264,6 +332,106 @@ class EntryLogic:
     def stats(self) -> dict:
         return {"name": self.name, "tuples_out": self.tuples_out, "late": self.late_count,
                 "malformed": self.malformed_count, "punctuation": self.punct}
+
+
+class EntrySplit:
+    """The one feeder's cut of a source between ``partitions`` entry partitions (issue #41).
+
+    ``entry`` is a fresh entry point of the source, the feeder's *shadow*: it keeps the
+    unpartitioned entry point's position (:class:`EntryStart`) and nothing it emits is sent.
+    :meth:`route` takes the source's chunks in feed order and says what each partition is sent,
+    as ``(partition, item, start)``:
+
+    * a chunk of records goes to one partition, ``(offset + its ordinal among the source's
+      chunks of records) % partitions`` (its place in the feed decides, nothing else), with the
+      position before it; when the punctuation rises after it, every other partition gets a
+      progress note, ``Punctuation(p)``, so the punctuation downstream (the minimum over the
+      partitions) keeps moving;
+    * an explicit punctuation that raises the one in force, a marker and the end (None) go to every partition.
+
+    A chunk read by a Ray task (:class:`~replistream.sources.ChunkRef`) is counted from its row
+    count and largest timestamp (:meth:`EntryLogic.advance`); others are run through the shadow.
+
+    >>> s = Schema({"x": "i8"})
+    >>> split = EntrySplit(EntryLogic("src", s, punctuate_every=10), 2)
+    >>> [(p, type(i).__name__, st) for p, i, st in split.route([{"ts": 3, "x": 1}, {"ts": 12, "x": 2}])]
+    [(0, 'list', EntryStart(seq=0, max_ts=-9223372036854775808, punct=-9223372036854775808)), (1, 'Punctuation', None)]
+    >>> [(p, st.seq) for p, _, st in split.route([{"ts": 15, "x": 3}])]
+    [(1, 2)]
+    >>> [(p, i) for p, i, _ in split.route(None)]
+    [(0, None), (1, None)]
+    """
+
+    def __init__(self, entry: EntryLogic, partitions: int, offset: int = 0):
+        if int(partitions) < 1:
+            raise ValueError(f"source {entry.name!r}: entry partitions must be >= 1, got {partitions}")
+        entry.strict, entry.on_malformed = False, "dead_letter"  # a shadow never refuses: the partition does
+        self.shadow = entry
+        self.partitions = int(partitions)
+        self.ordinal = int(offset)
+
+    def route(self, chunk: Any) -> list[tuple[int, Any, EntryStart | None]]:
+        everyone = range(self.partitions)
+        if chunk is None:
+            return [(i, None, None) for i in everyone]
+        if isinstance(chunk, Punctuation):
+            return [(i, chunk, None) for i in everyone] if self.shadow.push(chunk) else []
+        by_meta = _is_chunk_ref(chunk)
+        if not by_meta and not isinstance(chunk, (SourceBatch, list, tuple, Mapping, np.ndarray)):
+            return [(i, chunk, None) for i in everyone]  # a marker (a change at a logical time)
+        part = self.ordinal % self.partitions
+        self.ordinal += 1
+        start = self.shadow.position()
+        before = self.shadow.punct
+        if by_meta:
+            self.shadow.advance(chunk.n, chunk.tmax if chunk.n else None)
+        elif isinstance(chunk, SourceBatch):
+            self.shadow.advance(chunk.n, int(chunk.data[TS].max()) if len(chunk.data) else None)
+        else:
+            try:
+                self.shadow.push(chunk)
+            except (SchemaError, ValueError, TypeError):  # unreadable: its partition raises it
+                pass
+            self.shadow.dead_letters.clear()
+        out = [(part, chunk, start)]
+        if self.shadow.punct > before:
+            out += [(i, Punctuation(self.shadow.punct), None) for i in everyone if i != part]
+        return out
+
+
+def _is_chunk_ref(chunk: Any) -> bool:
+    """A :class:`~replistream.sources.ChunkRef` (rows in Ray's object store, known by ``ref``, ``n``,
+    ``tmin``, ``tmax``), told by its fields (this module sits below :mod:`replistream.sources`)."""
+    return all(hasattr(chunk, f) for f in ("ref", "n", "tmin", "tmax"))
+
+
+def partition_streams(entry_of, chunks: Iterable[Any], partitions: int, offset: int = 0
+                      ) -> tuple[list[list[Item]], list[EntryLogic], list[tuple[tuple[int, ...], Any]]]:
+    """Each entry partition's stream of a source when one feeder cuts ``chunks`` between
+    ``partitions`` of them (:class:`EntrySplit`): ``(items per partition, the partitions'
+    entry logics, marks)``. ``entry_of()`` makes a fresh entry point of the source; a chunk
+    that is not data, a punctuation or the end (a scripted event) is not sent but marked, as
+    ``(each partition's item count before it, chunk)``.
+
+    >>> s = Schema({"x": "i8"})
+    >>> items, logics, _ = partition_streams(lambda: EntryLogic("src", s, punctuate_every=10),
+    ...                                      [[{"ts": 3, "x": 1}], [{"ts": 14, "x": 2}]], 2)
+    >>> [[i["ts"].tolist() if isinstance(i, np.ndarray) else i.p for i in part][:3] for part in items]
+    [[[3], -1, 9], [-1, [14], 9]]
+    """
+    split = EntrySplit(entry_of(), partitions, offset)
+    logics = [entry_of() for _ in range(partitions)]
+    items: list[list[Item]] = [[] for _ in range(partitions)]
+    marks = []
+    for chunk in chunks:
+        if chunk is not None and not isinstance(chunk, (Punctuation, SourceBatch, list, tuple, Mapping, np.ndarray)):
+            marks.append((tuple(len(x) for x in items), chunk))
+            continue
+        for part, item, start in split.route(chunk):
+            items[part].extend(logics[part].push(item, start=start))
+    for part in range(partitions):
+        items[part].extend(logics[part].close())
+    return items, logics, marks
 
 
 def _as_records(data: Any) -> list | None:

@@ -460,7 +460,7 @@ class QueryStats:
                     ins = query.inputs_of(dst) if dst in query.graph else []
                     if lk["port"] >= len(ins):
                         continue
-                    key = (ins[lk["port"]], None, dst, dpart)
+                    key = (ins[lk["port"]], part, dst, dpart)  # (part: an entry partition's share, summed below)
                 elif node in query.graph:
                     key = (node, part, dst, dpart)
                 else:

@@ -92,6 +92,7 @@ class _Base:
         self.bits: int = int(self.channel_opts.pop("bits", None) or DEFAULT_BITS)
         #: per partitioned operator, ``(partitions at deployment, [Switch of each rescale since])``
         self.routing: dict[str, tuple] = dict(self.channel_opts.pop("routing", None) or {})
+        self.channel_opts.pop("entry_partitions", None)  # (the entry points': read by the control plane)
         self._routers: dict[str, Router] = {}
         #: The deployment this actor belongs to (``channel_opts["epoch"]``): a packet or report of
         #: another deployment (an old sender of a pooled actor's previous life) is rejected, named.
@@ -1170,6 +1171,12 @@ class EntryActor(_Base):
     punctuation covering it (its outboxes' retention logs), so it can replay
     to a new or revived replica.
 
+    With entry partitions (``parallelism={"entry": p}``, issue #41) a replica belongs to one
+    partition (``entry.P#R``): the feeder sends it only that partition's chunks of each source,
+    each with the state an unpartitioned entry point would be in before it
+    (:class:`~replistream.operators.entry.EntryStart`), and progress notes (punctuations);
+    its chunk numbers, held input and peers are its partition's.
+
     Entry points hold their input for their peers (Hwang §III): each replica keeps
     the raw chunks from ``keep_from`` on (the feeder names the first chunk some
     peer missed; with none missing, only the last chunk), and answers a peer's
@@ -1182,9 +1189,12 @@ class EntryActor(_Base):
     PEER_TIMEOUT_S = 10.0
 
     def __init__(self, query, index: int, server: str, network, t0: float, channel_opts: dict,
-                 coordinator=None, strict: bool = False, on_malformed: str = "dead_letter"):
+                 coordinator=None, strict: bool = False, on_malformed: str = "dead_letter",
+                 partition: int | None = None):
         sources = query.sources
-        self._setup(f"entry#{index}", server, network, t0, channel_opts, coordinator)
+        self.partition = partition  # its entry partition (None: the entry points are not partitioned)
+        self._setup(f"entry#{index}" if partition is None else f"entry.{int(partition)}#{index}", server, network,
+                    t0, channel_opts, coordinator)
         self.query = query  # (a link to a partitioned operator routes by its key: _link)
         self.index = index
         self.entries = {name: query.build_entry(name, strict, on_malformed) for name in sources}
@@ -1192,36 +1202,40 @@ class EntryActor(_Base):
         for name in sources:
             self._outbox(name)
         self.lock = lockorder.lock("EntryActor.lock", 1)
-        self.input_log: dict[str, dict[int, Any]] = {name: {} for name in sources}  # seq -> raw chunk
+        self.input_log: dict[str, dict[int, Any]] = {name: {} for name in sources}  # seq -> (raw chunk, start)
         self.log_lock = lockorder.lock("EntryActor.log_lock", 2)
         self.recovered = 0  # chunks taken from a peer
         metrics_export.start(self, "entry")  # Ray metrics of its counters, every few seconds (metrics_export.py)
 
-    def push_chunk(self, source: str, seq: int, chunk: Any, keep_from: int | None = None) -> int:
+    def push_chunk(self, source: str, seq: int, chunk: Any, keep_from: int | None = None, start=None) -> int:
         """Take input chunk ``seq`` of ``source`` (duplicates and replays are ignored); keep the
-        raw chunks from ``keep_from`` on for peers that missed them (None: only this one)."""
+        raw chunks from ``keep_from`` on for peers that missed them (None: only this one).
+        ``start``: with entry partitions, the :class:`~replistream.operators.entry.EntryStart` the
+        unpartitioned entry point would have before the chunk (the feeder's)."""
         if self.quiet:
             return -1
         started = time.time()
         with self._data_call(started):
-            return self._push_chunk(source, seq, chunk, started, keep_from)
+            return self._push_chunk(source, seq, chunk, started, keep_from, start)
 
-    def _push_chunk(self, source: str, seq: int, chunk: Any, started: float, keep_from: int | None) -> int:
+    def _push_chunk(self, source: str, seq: int, chunk: Any, started: float, keep_from: int | None,
+                    start=None) -> int:
         with self.lock:
             if seq < self.expected[source]:
                 return self.expected[source]
             if seq > self.expected[source]:
                 raise RuntimeError(f"{self.label}: chunk {seq} of {source!r} arrived before chunk "
                                    f"{self.expected[source]}, and nobody asked it to catch up from a peer")
-            self._take(source, seq, chunk)
-            self._log_input(source, seq, chunk, seq if keep_from is None else keep_from)
+            self._take(source, seq, chunk, start)
+            self._log_input(source, seq, (chunk, start), seq if keep_from is None else keep_from)
         self.call_started = None  # waiting on downstream replicas is not this replica's silence
         self.outboxes[source].wait_for_room()
         self._slowdown(started)
         return self.expected[source]
 
-    def _take(self, source: str, seq: int, chunk: Any) -> None:
-        """Run chunk ``seq`` of ``source`` through the entry logic and queue its output (under the lock)."""
+    def _take(self, source: str, seq: int, chunk: Any, start=None) -> None:
+        """Run chunk ``seq`` of ``source`` (from position ``start``, with entry partitions) through the
+        entry logic and queue its output (under the lock)."""
         self.expected[source] = seq + 1
         entry = self.entries[source]
         if isinstance(chunk, Marker):  # a change to the running query (replistream.replica.changes)
@@ -1229,7 +1243,7 @@ class EntryActor(_Base):
             return
         before = entry.punct
         try:
-            items = entry.close() if chunk is None else entry.push(chunk)
+            items = entry.close() if chunk is None else entry.push(chunk, start=start)
         except Exception as e:  # a chunk the entry point refuses (on_malformed="raise"): the run's failure
             self._fatal(source, entry.punct, e)
             raise
@@ -1245,11 +1259,12 @@ class EntryActor(_Base):
 
     @ray.method(concurrency_group="peer")  # apart from the data path: a busy peer answers at once
     def input_chunks(self, source: str, lo: int, hi: int) -> list | None:
-        """The raw chunks ``lo`` .. ``hi - 1`` of ``source`` this replica still holds, in order, or
-        None if it no longer holds them all (Hwang §III: entry points hold input for their peers).
+        """The raw chunks ``lo`` .. ``hi - 1`` of ``source`` this replica still holds, in order, each
+        with its entry partition's start (None without entry partitions), or None if it no longer
+        holds them all (Hwang §III: entry points hold input for their peers).
 
         >>> ray.get(peer.input_chunks.remote("s", 3, 5))   # doctest: +SKIP
-        [array(...), array(...)]
+        [(array(...), None), (array(...), None)]
         """
         with self.log_lock:
             log = self.input_log.get(source, {})
@@ -1275,12 +1290,12 @@ class EntryActor(_Base):
                     continue
                 chunks = self._from_peers(source, lo, hi, peers)
                 with self.lock:
-                    for i, chunk in enumerate(chunks):
+                    for i, (chunk, start) in enumerate(chunks):
                         seq = lo + i
                         if seq < self.expected[source]:
                             continue
-                        self._take(source, seq, chunk)
-                        self._log_input(source, seq, chunk, seq)
+                        self._take(source, seq, chunk, start)
+                        self._log_input(source, seq, (chunk, start), seq)
                 self.recovered += len(chunks)
                 taken[source] = len(chunks)
                 self.call_started = None

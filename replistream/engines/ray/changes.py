@@ -107,23 +107,34 @@ class Changes:
         """
         from . import rescale
 
+        entry_parts = int(self.plane.channel_opts.get("entry_partitions") or 1)
+        if operator == "entry" or entry_parts > 1:
+            raise ValueError("rescale() does not yet run " + ("on the entry points" if operator == "entry" else
+                             f"beside entry partitions (entry: {entry_parts})") + "; deploy with "
+                             "parallelism={'entry': p} for the entry partitions you want, or without it to rescale")
         return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, gap_us=int(gap_ms * 1000),
                                timeout=timeout)
 
     def partitions(self, operator: str) -> int:
-        """How many partitions ``operator`` runs as now (1: not partitioned).
+        """How many partitions ``operator`` runs as now (1: not partitioned; ``"entry"``: the entry
+        points' partitions, ``parallelism={"entry": p}``).
 
         >>> dep.partitions("per_key")   # doctest: +SKIP
         4
         """
         from . import rescale
 
+        if operator == "entry":
+            return int(self.plane.channel_opts.get("entry_partitions") or 1)
+
         return rescale.partitions(self.plane, operator)
 
     def _unpartitioned(self, what: str) -> None:
         """Changes of the running query are not yet made to a deployment with partitioned operators:
         said in one line before anything changes."""
-        parts = self.plane.channel_opts.get("partitions") or {}
+        parts = dict(self.plane.channel_opts.get("partitions") or {})
+        if int(self.plane.channel_opts.get("entry_partitions") or 1) > 1:
+            parts["entry"] = int(self.plane.channel_opts["entry_partitions"])
         if parts:
             raise ValueError(f"{what}() does not yet run on a deployment with partitioned operators "
                              f"({', '.join(f'{n}: {p}' for n, p in sorted(parts.items()))}); deploy without "

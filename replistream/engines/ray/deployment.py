@@ -28,7 +28,7 @@ import numpy as np
 import ray
 
 from ...placement.nodes import ray_options
-from ...partition import DEFAULT_BITS, check_parallelism
+from ...partition import DEFAULT_BITS, check_parallelism, entry_parallelism
 from ...plan import PhysicalPlan
 from ...query import Query, check_on_error
 from ...keywords import checked_keywords  # (#44) deploy(..., paralelism=2): "did you mean", every keyword
@@ -328,8 +328,11 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     operator as ``p`` key partitions, each with ``k`` replicas (labelled
     ``"op.P#R"``); every upstream replica sends each tuple to the replicas of
     the partition that owns its key's bin, one of ``2**bits`` (default 2^12;
-    docs/design.md, "Partitions"). Every error in the request is raised before
-    any actor starts.
+    docs/design.md, "Partitions"); ``parallelism={"entry": p}`` runs the entry
+    points as ``p`` partitions of ``k`` replicas (``"entry.P#R"``): the feeder
+    hands each chunk of a source (a file's chunk is read once per partition's
+    replicas) to one partition (docs/design.md, "Entry partitions"). Every error
+    in the request is raised before any actor starts.
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
@@ -348,7 +351,12 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     bits = DEFAULT_BITS if bits is None else bits
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 0 <= int(bits) <= 20:
         raise ValueError(f"bits must be an integer from 0 to 20 (2**bits bins of keys), got {bits!r}")
+    entry_parts, parallelism = entry_parallelism(parallelism)
     parallelism = check_parallelism(query, parallelism, int(bits), keep_single=True)
+    if entry_parts > 1 and (gc is not None or detached or name is not None):
+        what = "gc=" if gc is not None else "a detached or named deployment"
+        raise ValueError(f"parallelism['entry']={entry_parts}: {what} cannot take entry partitions yet; drop "
+                         f"parallelism['entry'] (the entry points then read every source on each replica)")
     plan, placed = resolve_placement_with_cost(query, servers, k, placement, placement_net, parallelism, int(bits))
     if isinstance(app_replicas, bool) or not isinstance(app_replicas, (int, np.integer)) or \
             not 1 <= app_replicas <= len(servers):
@@ -421,6 +429,7 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
             warm_reader()  # a worker for file reads starts beside the replicas (issue #42)
         channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                         "drop_after_s": drop_after_s, "partitions": dict(parallelism), "bits": int(bits),
+                        "entry_partitions": entry_parts,
                         "epoch": uuid.uuid4().hex}  # this deployment's: in every packet and report
         plane = ControlPlane(query, servers, int(k), plan, conditions, seed, channel_opts, strict, on_malformed,
                              parquet_dir, cluster, gc, suspect_after_s=suspect_after_s, fail_after_s=fail_after_s,

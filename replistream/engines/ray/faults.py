@@ -98,6 +98,14 @@ class Faults:
         if label in self.plane.topology:
             return label
         base, part = parse_partition_label(str(operator))
+        if base == ENTRY:  # the entry points: one group, or partitions "entry.P" (parallelism={"entry": p})
+            parts = int(self.plane.channel_opts.get("entry_partitions") or 1)
+            if parts > 1 and part is None:
+                raise ValueError(f"the entry points run as {parts} partitions; name one of them: "
+                                 f"{', '.join(partition_label(ENTRY, i) for i in range(parts))}")
+            if part is not None and parts == 1:
+                raise ValueError(f"the entry points are not partitioned; name them {ENTRY!r}")
+            return label
         node = resolve_operator(self.plane.query, base)  # "join" for join_1, or a QueryError saying what to write
         parts = (self.plane.channel_opts.get("partitions") or {}).get(node)
         if parts and part is None:

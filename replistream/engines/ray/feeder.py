@@ -20,6 +20,14 @@ again it takes them from a peer in one call (:meth:`~.actors.EntryActor.catch_up
 Hwang §III: entry points hold input for their peers) and is fed from then on. An
 entry replica whose call fails is reported (``on_entry_failed``) and skipped.
 
+With entry partitions (``parallelism={"entry": p}``, issue #41) the entry replicas are
+``p`` groups ``entry.P`` of ``k`` copies, and the feeder hands each chunk of a source to one
+group only (:class:`~replistream.operators.entry.EntrySplit`, which decides by the chunk's place
+in the feed), with the state an unpartitioned entry point would be in before it; the other
+groups get a progress note (the new punctuation) when it rises; the end goes to every group.
+Chunk numbers, backpressure, skipping, ``keep_from`` and catching up from a peer then work per
+group: a replica catches up from a copy of its own partition.
+
 With idle timeouts (``idle``: ``{source: seconds}``) the sources are merged by
 :class:`~replistream.idle.IdleMerge` instead: a source with nothing to send for its
 timeout no longer holds the others back, and gets heartbeat punctuations (logged
@@ -50,7 +58,8 @@ import ray
 
 from . import lockorder
 from ...operators.base import NO_PUNCTUATION
-from ...plan import ENTRY
+from ...partition import partition_label
+from ...plan import ENTRY, label_group
 from ...schema import END
 from ...idle import Heartbeat, IdleMerge
 from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, paced_pieces,
@@ -204,8 +213,16 @@ class Feeder:
 
     def __init__(self, topology: Topology, on_start: Callable[[float], None],
                  on_sentinel: Callable[[Sentinel], None], on_entry_failed: Callable[[str, str], None],
-                 suspected: Callable[[str], bool] | None = None):
+                 suspected: Callable[[str], bool] | None = None, entry_partitions: int = 1,
+                 entry_of: Callable[[str], Any] | None = None):
         self.topology = topology
+        #: the entry partitions (1: every entry replica takes every chunk) and, with more, a fresh
+        #: entry logic per source for each source's :class:`~replistream.operators.entry.EntrySplit`
+        self.entry_partitions = int(entry_partitions)
+        self.entry_of = entry_of
+        self.splits: dict[str, Any] = {}
+        #: with entry partitions: per partition, the next chunk number of each source it is sent
+        self.part_seqs: list[dict[str, int]] = []
         self.suspected = suspected or (lambda label: False)
         self.on_start = on_start
         self.on_sentinel = on_sentinel
@@ -311,12 +328,21 @@ class Feeder:
             # k entry replicas each call k downstream replicas per piece: a piece spans k x chunk_ms
             # to begin with, so each replica gets as many calls per second as at k = 1; more while
             # the deployment falls behind
-            k = max(1, len(self.topology.running(ENTRY)))
+            k = max(1, len(self.topology.running(ENTRY)) // max(1, self.entry_partitions))
             cut = self.cut = AdaptiveCut(self.chunk_ms * k)
             iters = {s: paced_pieces(it, lambda: cut.span_us(pace), self.punct.get(s)) for s, it in iters.items()}
         with self.lock:
             self.sources = list(sources)
             self.seqs = {s: 0 if resume is None else resume["at"][s]["seq"] for s in sources}
+            if self.entry_partitions > 1:
+                from ...operators.entry import EntrySplit
+
+                if resume is not None:
+                    raise RuntimeError("a feed with entry partitions cannot resume after a restore (yet): deploy "
+                                       "without parallelism['entry'] to use detached deployments")
+                self.splits = {s: EntrySplit(self.entry_of(s), self.entry_partitions, offset=i)
+                               for i, s in enumerate(sources)}
+                self.part_seqs = [{s: 0 for s in sources} for _ in range(self.entry_partitions)]
             closed = set() if resume is None else {s for s in sources if resume["at"][s]["closed"]}
             self.open_sources = set(sources) - closed
             self.inflight = {label: [] for label, _ in self.topology.running(ENTRY)}
@@ -394,9 +420,34 @@ class Feeder:
             time.sleep(0.1)
 
     def _send(self, src: str, chunk) -> None:
-        """Send the next chunk of ``src`` (None: its end) to every running entry replica (under the lock)."""
+        """Send the next chunk of ``src`` (None: its end) to every running entry replica, or with
+        entry partitions to those of the partition it goes to (progress notes and the end to the
+        others: :class:`~replistream.operators.entry.EntrySplit`) (under the lock)."""
         seq = self.seqs[src]
         self.fed.append((time.time() - self.t0, src, seq))
+        if not self.splits:
+            self._send_to(ENTRY, src, seq, chunk, None)
+        else:
+            for part, item, start in self.splits[src].route(chunk):
+                pseq = self.part_seqs[part][src]
+                self._send_to(partition_label(ENTRY, part), src, pseq, item, start)
+                self.part_seqs[part][src] = pseq + 1
+        self.seqs[src] = seq + 1
+        self._settle(MAX_INFLIGHT_CHUNKS, MAX_LAG_CHUNKS)
+
+    def _group(self, label: str) -> str:
+        """The entry replicas that are copies of ``label``: ``"entry"``, or its partition ``"entry.P"``."""
+        return label_group(label) if self.splits else ENTRY
+
+    def _next_seqs(self, label: str) -> dict[str, int]:
+        """The next chunk number of each source for ``label`` (its partition's, with entry partitions)."""
+        if not self.splits:
+            return self.seqs
+        return self.part_seqs[int(self._group(label).rpartition(".")[2])]
+
+    def _send_to(self, group: str, src: str, seq: int, chunk, start) -> None:
+        """Send chunk ``seq`` of ``src`` (with its entry partition's ``start``) to every running
+        replica of ``group`` (under the lock)."""
         if isinstance(chunk, ChunkRef):
             ref = chunk.ref  # already in the object store: the driver never holds the rows
         elif chunk is None or inline_chunk(chunk):
@@ -404,31 +455,33 @@ class Feeder:
         else:
             ref = ray.put(chunk)  # large: stored once for the k entry replicas
         self._resume()
-        running = self.topology.running(ENTRY)
+        running = self.topology.running(group)
         for label, _ in running:
             if (label not in self.skipped and label not in self.catching and self.suspected(label)
                     and len(self.inflight.get(label, ())) >= self.max_lag):
                 # it stopped answering: its calls would pile up; its peers keep what it misses
-                self.skipped[label] = dict(self.seqs)
+                self.skipped[label] = dict(self._next_seqs(label))
                 self.skips.append((time.time() - self.t0, label, "skipped"))
-        keep = self._keep_from(src, seq)
+        keep = self._keep_from(src, seq, group)
         sent = False
         for label, h in running:
             if label in self.skipped:
                 continue
-            self.inflight.setdefault(label, []).append(h.push_chunk.remote(src, seq, ref, keep))
+            call = h.push_chunk.remote(src, seq, ref, keep) if start is None else \
+                h.push_chunk.remote(src, seq, ref, keep, start)
+            self.inflight.setdefault(label, []).append(call)
             sent = True
         if not sent:
-            raise RuntimeError("every entry point replica is dead: the input cannot be delivered")
-        self.seqs[src] = seq + 1
-        self._settle(MAX_INFLIGHT_CHUNKS, MAX_LAG_CHUNKS)
+            what = "every entry point replica is dead" if group == ENTRY else \
+                f"every replica of entry partition {group} is dead"
+            raise RuntimeError(f"{what}: the input cannot be delivered")
 
-    def _keep_from(self, src: str, seq: int) -> int:
-        """The first chunk of ``src`` the entry replicas must keep for a peer that lacks it (``seq``:
-        none lacks any)."""
+    def _keep_from(self, src: str, seq: int, group: str = ENTRY) -> int:
+        """The first chunk of ``src`` the entry replicas of ``group`` must keep for a peer that lacks
+        it (``seq``: none lacks any)."""
         lacking = [missed.get(src, seq) for label, missed in
                    [*self.skipped.items(), *((lb, m) for lb, (_, m) in self.catching.items())]
-                   if self.topology.is_running(label)]
+                   if self.topology.is_running(label) and self._group(label) == group]
         return max(0, min([seq - KEEP_CHUNKS + 1, *lacking]))
 
     def _resume(self) -> None:
@@ -440,11 +493,12 @@ class Feeder:
                 continue
             if self.suspected(label) or self.inflight.get(label):
                 continue
-            peers = [h for lb, h in self.topology.running(ENTRY)
+            peers = [h for lb, h in self.topology.running(self._group(label))
                      if lb != label and lb not in self.skipped and lb not in self.catching and not self.suspected(lb)]
             if not peers:
                 continue
-            upto = {s: self.seqs[s] for s in self.sources if self.seqs[s] > missed.get(s, self.seqs[s])}
+            nxt = self._next_seqs(label)
+            upto = {s: nxt[s] for s in self.sources if nxt[s] > missed.get(s, nxt[s])}
             ref = self.topology.handle(label).catch_up.remote(upto, peers)
             self.inflight.setdefault(label, []).append(ref)
             self.catching[label] = (ref, missed)
@@ -467,8 +521,11 @@ class Feeder:
             if not waited:
                 return
             counts = [len(self.inflight[label]) for label in waited]
-            active = [label for label, _ in self.topology.running(ENTRY) if not self.suspected(label)]
-            fastest = min((len(self.inflight.get(label, [])) for label in active), default=0)
+            active: dict[str, list[int]] = {}  # per group of copies (entry partition), what each has in flight
+            for label, _ in self.topology.running(ENTRY):
+                if not self.suspected(label):
+                    active.setdefault(self._group(label), []).append(len(self.inflight.get(label, [])))
+            fastest = max((min(v) for v in active.values()), default=0)  # the fastest of each group
             if fastest <= limit and max(counts) <= lag:
                 return
             refs = [r for label in waited for r in self.inflight[label]]

@@ -321,7 +321,7 @@ class Monitor:
         """Every group of copies: the entry points, each operator (each partition ``"op.P"`` of a
         partitioned one) and each application."""
         q, topo = self.plane.query, self.plane.topology
-        out = [ENTRY]
+        out = list(dict.fromkeys(label_group(r.label) for r in topo.replicas(ENTRY))) or [ENTRY]  # (entry.P)
         for node in [*q.operators, *q.sinks]:
             out += list(dict.fromkeys(label_group(r.label) for r in topo.replicas(node))) or [node]
         return out

@@ -151,7 +151,8 @@ class ControlPlane:
         self.rescaling = threading.Event()  # set while a rescale runs (rescale.py): repairs wait for it
         self.rescale_done = threading.Event()  # set as a rescale ends
         physical = PhysicalPlan(query, plan, parallelism=self.channel_opts.get("partitions"),
-                                bits=self.channel_opts.get("bits"), keep_single=True) \
+                                bits=self.channel_opts.get("bits"), keep_single=True,
+                                entry_partitions=self.channel_opts.get("entry_partitions")) \
             if restored is None else restored["physical"]
         self._physical = physical  # the plan it started with (a warm spare's arguments)
         self.topology = Topology(physical) if restored is None else restored["topology"]
@@ -182,7 +183,7 @@ class ControlPlane:
             if r.node == ENTRY:
                 started.append((r.label, self._start(EntryActor, ray_options(self.servers[server]), query, r.index,
                                                      server, conditions, self.t0, channel_opts, self.coordinator,
-                                                     strict, on_malformed)))
+                                                     strict, on_malformed, partition=r.partition)))
             else:
                 parquet = None if parquet_dir is None or not r.application else inside(parquet_dir, r.node)
                 started.append((r.label, self._new_actor(query, r.node, r.index, server, physical.channels(r.node),
@@ -217,7 +218,9 @@ class ControlPlane:
                 self.delivered.keep[app] = False  # its tuples stay in its files (counted, not fetched)
         self.shut_down = False
         self.feeder = Feeder(self.topology, on_start=self.ingest._feed_started, on_sentinel=self.ingest._run_sentinel,
-                             on_entry_failed=self.repairer.mark_failed, suspected=self.detector.is_suspected)
+                             on_entry_failed=self.repairer.mark_failed, suspected=self.detector.is_suspected,
+                             entry_partitions=int(self.channel_opts.get("entry_partitions") or 1),
+                             entry_of=lambda src: query.build_entry(src, False, "dead_letter"))
         self.manager: ReplicaManager | None = None if gc is None else ReplicaManager(self, gc)
 
     # -- views of the topology ------------------------------------------------------------------

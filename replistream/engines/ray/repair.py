@@ -17,7 +17,7 @@ import warnings
 import ray
 
 from ...placement.nodes import ray_options
-from ...plan import ENTRY, replica_index
+from ...plan import ENTRY, label_group, replica_index, replica_partition
 from .actors import EntryActor
 from .lifecycle import kill_actors
 
@@ -125,7 +125,8 @@ class Repairer:
     def repair_entry(self, label: str) -> str:
         """Replace the crashed entry replica ``label`` by a new one on its server, from a live
         peer's :meth:`~.actors.EntryActor.entry_checkpoint` (Hwang §III: entry points hold their
-        input for their peers): while no chunk is fed and no control action runs
+        input for their peers; with entry partitions, a peer of its own partition ``entry.P``, and
+        the new replica is ``entry.P#N``): while no chunk is fed and no control action runs
         (:meth:`quiet`), the peer's entry logic and retained output go to the new replica, which
         is connected to every live downstream replica (replaying what it retained; the duplicate
         filters drop what they had) and fed every chunk from then on. Returns its label.
@@ -138,17 +139,18 @@ class Repairer:
         topo, q = self.plane.topology, self.plane.query
         old = topo.replica(label)
         with self.plane.quiet():
-            peers = [r.label for r in topo.replicas(ENTRY) if r.state == "live" and topo.is_running(r.label)
+            peers = [r.label for r in topo.copies(label) if r.state == "live" and topo.is_running(r.label)
                      and not self.plane.detector.is_suspected(r.label)]  # never wait on a silent one with the feed held
             if not peers:
                 raise RuntimeError(f"no live entry replica that answers can hand its input over to a replacement "
                                    f"of {label}")
             ck = ray.get(topo.handle(peers[0]).entry_checkpoint.remote(), timeout=120)
-            new_label = topo.next_label(ENTRY)
+            new_label = topo.next_label(label_group(label))
             index = replica_index(new_label)
             h = self.plane._settle(*self.plane._start(EntryActor, ray_options(self.plane.servers[old.server]), q, index, old.server,
                                                       self.plane.conditions, self.plane.t0, self.plane.channel_opts, self.plane.coordinator,
-                                                      self.plane.strict, self.plane.on_malformed))
+                                                      self.plane.strict, self.plane.on_malformed,
+                                                      partition=replica_partition(label)))
             ray.get(h.install_entry.remote(ck), timeout=120)
             topo.add_replica(OperatorReplica(new_label, ENTRY, old.server, "entry", "live", False))
             topo.attach(new_label, h)

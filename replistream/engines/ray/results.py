@@ -362,8 +362,8 @@ class Results:
                 continue  # it died after the topology listed it: its peers' letters stand for its own
             if pos is not None:
                 entry_letters.append((furthest_key(pos), label, letters))
-        if entry_letters:
-            dead.extend(max(entry_letters, key=lambda x: x[0])[2])
+        for group in {label_group(label) for _, label, _ in entry_letters}:  # each entry partition's, once
+            dead.extend(max((e for e in entry_letters if label_group(e[1]) == group), key=lambda x: x[0])[2])
         dead = merge_dead_letters(dead)
         metrics = self.metrics()
         with self.plane.delivered.lock:
