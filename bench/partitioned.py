@@ -14,7 +14,13 @@ Workloads:
   in (``FileSource``, written beforehand, not timed) and a ``ParquetSink`` out;
   ``parallelism={"per_key": p}``. Output checked against a numpy count of the files.
 
-Figures: ``run``: ``dep.run()`` alone (events / s); ``whole``: process start to exit; and the CPU
+``--split entry,app`` also partitions, at p > 1, the entry points (``parallelism={"entry": p}``:
+each partition takes a share of the file chunks) and the application (``{"out": p}``: each
+partition writes its own ParquetSink files).
+
+Figures: ``run``: ``dep.run()`` alone (events / s); ``whole``: process start to exit; ``busy``: the
+whole machine's CPU time during ``dep.run()`` over its wall time (cores busy: a run that keeps
+every core busy cannot gain from more partitions on this machine); and the CPU
 seconds the partitioned operators' replicas spent per million events (routing's cost shows as a
 rise of it at p = 2).
 """
@@ -55,11 +61,18 @@ def cpu_inputs(events, seed=11, chunk=10_000):
 """
 
 CHILD = COMMON + r"""
-import json, sys, time
+import json, os, sys, time
 t0 = float(sys.argv[1])
 import ray
 from replistream import FileSource, ParquetSink, deploy
 work, p, events, rounds, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+split = [x for x in sys.argv[8].split(",") if x] if len(sys.argv) > 8 else []
+
+def busy_jiffies():
+    # the whole machine's CPU time (user, nice, system, irq, softirq, steal) and its clock ticks
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
 if work == "cpu":
     q = cpu_query(rounds)
     inputs = cpu_inputs(events)
@@ -74,20 +87,26 @@ else:
     inputs = {"events": FileSource(src, time="ts")}
     par = {"per_key": p}
     sinks = {"out": ParquetSink(out, every=seconds(10))}
+if p > 1:  # the stages that do not split by default: the entry points and the application
+    par.update({"entry": p} if "entry" in split else {})
+    par.update({"out": p} if "app" in split else {})
 t_ready = time.time()
 dep = deploy(q, servers=3, k=1, sinks=sinks, progress=False, parallelism=par)
 t_deploy = time.time()
+j0 = busy_jiffies()
 res = dep.run(inputs, timeout=3600)
 t_run = time.time()
+busy_cores = (busy_jiffies() - j0) / os.sysconf("SC_CLK_TCK") / (t_run - t_deploy)
 cpu, by_actor = 0.0, {}
 for label, h in dep.handles.items():
     c = ray.get(h.stats.remote(), timeout=60)["cpu_seconds"]
     by_actor[label] = round(c, 2)
-    if label.split(".")[0].split("#")[0] in par:
+    if label.split(".")[0].split("#")[0] in par and label.split(".")[0].split("#")[0] not in ("entry", "out"):
         cpu += c
 dep.shutdown()
 t_end = time.time()
 print(json.dumps({"deploy_s": t_deploy - t_ready, "run_s": t_run - t_deploy, "whole_s": t_end - t0,
+                  "busy_cores": round(busy_cores, 2), "split": split,
                   "partitioned_cpu_s": cpu, "cpu_s_by_actor": by_actor, "complete": res.complete}))
 """
 
@@ -128,6 +147,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=300, help="passes of the heavy map per tuple")
     ap.add_argument("--w2-events", type=int, default=2_000_000)
     ap.add_argument("--ps", default="1,2")
+    ap.add_argument("--split", default="", help="at p > 1 also partition these stages, comma-separated: entry, app "
+                    "(the entry points split the files; the application writes per partition)")
     ap.add_argument("--out", default=None, help="write the record (date, machine, load, command, figures) here")
     args = ap.parse_args()
     works = [w.strip() for w in args.work.split(",")]
@@ -155,7 +176,7 @@ def main() -> int:
             out = os.path.join(tmp, f"{work}-out-{p}")
             t0 = time.time()
             done = subprocess.run([sys.executable, "-c", CHILD, repr(t0), work, str(p), str(events), str(args.rounds),
-                                   out, src], capture_output=True, text=True, timeout=3600)
+                                   out, src, args.split], capture_output=True, text=True, timeout=3600)
             if done.returncode != 0:
                 print(done.stderr[-3000:], file=sys.stderr)
                 return 1
@@ -166,7 +187,8 @@ def main() -> int:
             rows.append(r)
             print(f"  CPU s by actor: {r['cpu_s_by_actor']}", file=sys.stderr)
             print(f"{work} p={p}: run {r['run_s']:.2f} s ({r['run_events_per_s']:,} events/s), whole {r['whole_s']:.2f} s, "
-                  f"partitioned operators' CPU {r['cpu_s_per_million']:.2f} s per million events, exact {r['exact']}",
+                  f"partitioned operators' CPU {r['cpu_s_per_million']:.2f} s per million events, machine busy "
+                  f"{r['busy_cores']:.2f} of {os.cpu_count()} cores during the run, exact {r['exact']}",
                   file=sys.stderr)
     figures = {}
     for work in works:
@@ -174,6 +196,7 @@ def main() -> int:
         for p, r in by_p.items():
             figures[f"{work} p={p}: run-only"] = f"{r['run_events_per_s']:,} events/s"
             figures[f"{work} p={p}: CPU of the partitioned operators per million events"] = f"{r['cpu_s_per_million']:.2f} s"
+            figures[f"{work} p={p}: machine busy during the run"] = f"{r['busy_cores']:.2f} of {os.cpu_count()} cores"
         if 1 in by_p and 2 in by_p:
             figures[f"{work}: run-only speed-up p=2 / p=1"] = f"{by_p[2]['run_events_per_s'] / by_p[1]['run_events_per_s']:.2f}x"
             figures[f"{work}: CPU per million events p=2 / p=1"] = \
