@@ -17,7 +17,10 @@ set of bins (:class:`BinMap`). Which hash:
 An operator whose output for one tuple may depend on tuples of every key cannot be split: a
 window or count window with no ``by=`` (a global aggregate), a join with no key, a user
 operator whose logic names no key. :func:`check_parallelism` says so in one line, naming the
-fix. Entry points and applications are not operators and are never partitioned.
+fix. Entry points are not operators (their partitions: :func:`entry_parallelism`). An application (a sink node) may
+be partitioned on the engines that run it as replicas (the in-process engine and Ray:
+``check_parallelism(..., applications=True)``): its input is routed by tuple id like a stateless
+operator's, and each partition's replicas deliver (and write, :mod:`replistream.sinks`) its share.
 
 Routing (:class:`Router`) is vectorised: one hash pass, one table lookup and one stable sort per
 batch, no Python per tuple. Every upstream replica routes each tuple by its content, so every
@@ -187,10 +190,10 @@ class BinMap:
         return f"BinMap({self.partitions} partitions, 2**{self.bits} bins)"
 
 
-def partition_key(query, node: str) -> str:
+def partition_key(query, node: str, applications: bool = False) -> str:
     """How ``node`` splits: ``"key"`` (by the key its state is binned by) or ``"tuple"`` (by
-    tuple id: stateless). A :class:`~replistream.errors.QueryError` names why it cannot split and
-    the fix.
+    tuple id: stateless; an application too, with ``applications``). A
+    :class:`~replistream.errors.QueryError` names why it cannot split and the fix.
 
     >>> from replistream import Query
     >>> q = Query(); s = q.source("s", {"k": "i8"})
@@ -209,8 +212,11 @@ def partition_key(query, node: str) -> str:
         raise QueryError(f"parallelism: {node!r} is a source, read by the entry points, which are not "
                          f"partitioned; name the operators that read it instead")
     if spec.kind == "sink":
-        raise QueryError(f"parallelism: {node!r} is an application, which is not partitioned; name an operator, "
-                         f"{fix}")
+        if applications:
+            return "tuple"  # an application's input splits like a stateless operator's: by tuple id
+        raise QueryError(f"parallelism: {node!r} is an application, which is not partitioned here (the in-process "
+                         f"and Ray engines partition applications: run_replicated(..., parallelism=) or "
+                         f"deploy(..., parallelism=)); name an operator, {fix}")
     if kind in _BY_TUPLE:
         return "tuple"
     if kind in ("TimeWindowSpec", "CountWindowSpec"):
@@ -239,13 +245,15 @@ def partition_key(query, node: str) -> str:
 
 
 def check_parallelism(query, parallelism: Mapping[str, int] | None, bits: int = DEFAULT_BITS,
-                      keep_single: bool = False) -> dict[str, int]:
+                      keep_single: bool = False, applications: bool = False) -> dict[str, int]:
     """``parallelism`` checked against ``query``: ``{operator: p}`` with every name an operator of
     the query (an operator's name, or the method that made the query's only operator of its kind:
     ``"window"``), every ``p`` an integer from 1 to ``2**bits``, every operator one that can be
     partitioned (:func:`partition_key`). Returns it with operators' own names and without the
     entries ``p == 1`` (one partition: the operator as it is), unless ``keep_single`` (a deployment
-    keeps them: the operator runs as one partition ``op.0``, which it can rescale). Any mistake: a one-line
+    keeps them: the operator runs as one partition ``op.0``, which it can rescale). With
+    ``applications`` (the engines that run an application's partitions: in process and Ray) an
+    application may be named too; elsewhere it is refused. Any mistake: a one-line
     ``QueryError`` (or ``ValueError`` for a wrong ``p``) naming it and the fix.
 
     >>> from replistream import Query
@@ -281,12 +289,15 @@ def check_parallelism(query, parallelism: Mapping[str, int] | None, bits: int = 
             raise QueryError("parallelism: the entry points are not partitioned here (deploy() and run_replicated() "
                              "take parallelism={'entry': p}); name the operators that read the sources")
         if isinstance(name, str) and name in query.graph:
-            partition_key(query, name)  # a source or an application: says why not
-        try:
-            node = resolve_operator(query, name, also=())
-        except QueryError as e:
-            raise QueryError(f"parallelism: {e}") from None
-        partition_key(query, node)
+            partition_key(query, name, applications)  # a source (or an application): says why not
+        if applications and isinstance(name, str) and name in query.sinks:
+            node = name
+        else:
+            try:
+                node = resolve_operator(query, name, also=())
+            except QueryError as e:
+                raise QueryError(f"parallelism: {e}") from None
+        partition_key(query, node, applications)
         if node in out:
             raise QueryError(f"parallelism names {node!r} twice (as {name!r} too); name each operator once")
         if int(p) > 1 or keep_single:
@@ -374,7 +385,7 @@ class Router:
 
     def __init__(self, query, node: str, binmap: BinMap, moves: Iterable["Switch"] = ()):
         self.node = node
-        self.by = partition_key(query, node)
+        self.by = partition_key(query, node, applications=True)  # an application: by tuple id
         self.binmap = binmap
         #: the rescales so far, in order (:class:`Switch`): from each one's time on, per bin, the
         #: tuples go to that rescale's owner

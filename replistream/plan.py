@@ -125,10 +125,10 @@ class ReplicaId:
         >>> ReplicaId("alerts", 1, application=True).label, ReplicaId("agg", 0, partition=1).label
         ('alerts#1', 'agg.1#0')
         """
+        if self.partition is not None:  # a partition's replicas, an application's too: "out.1#0"
+            return f"{self.node}.{self.partition}#{self.index}"
         if self.application:
             return self.node if self.index == 0 else f"{self.node}#{self.index}"
-        if self.partition is not None:
-            return f"{self.node}.{self.partition}#{self.index}"
         return f"{self.node}#{self.index}"
 
     @property
@@ -188,7 +188,8 @@ class PhysicalPlan:
 
     def __init__(self, query, placement: Mapping[str, Sequence[str]], *, k: int | None = None,
                  servers: Sequence[str] | None = None, parallelism: Mapping[str, int] | None = None,
-                 bits: int | None = None, keep_single: bool = False, entry_partitions: int | None = None):
+                 bits: int | None = None, keep_single: bool = False, entry_partitions: int | None = None,
+                 applications: bool = False):
         from .partition import DEFAULT_BITS, check_parallelism, parse_partition_label
 
         self.query = query
@@ -199,8 +200,9 @@ class PhysicalPlan:
         self.entry_partitions = int(entry_partitions or 1)
         if entry_partitions is not None and self.entry_partitions < 1:
             raise ValueError(f"entry_partitions must be >= 1, got {entry_partitions}")
-        #: ``{operator: p}`` for the partitioned operators (p >= 2), checked (:func:`~replistream.partition.check_parallelism`)
-        self.parallelism: dict[str, int] = check_parallelism(query, parallelism, self.bits, keep_single)
+        #: ``{operator: p}`` for the partitioned operators (p >= 2), checked (:func:`~replistream.partition.check_parallelism`;
+        #: with ``applications``, partitioned applications too: ``k`` replicas per partition, ``"out.P#R"``)
+        self.parallelism: dict[str, int] = check_parallelism(query, parallelism, self.bits, keep_single, applications)
         nodes = [ENTRY, *query.operators, *query.sinks]
         known = set(nodes)
         per_part: dict[str, dict[int, list[str]]] = {}
@@ -237,6 +239,11 @@ class PhysicalPlan:
                     raise ValueError(f"placement must give {node}.{part} {want}, got {list(where)}")
         for node in query.sinks:
             where = placement.get(node)
+            if node in self.parallelism and (where or len(per_part.get(node, {})) == self.parallelism[node]):
+                if where and k is not None and len(where) != k and len(per_part.get(node, {})) < self.parallelism[node]:
+                    raise ValueError(f"placement must give the partitioned application {node!r} exactly k={k} distinct "
+                                     f"servers (each partition runs k replicas), got {list(where)}")
+                continue
             if not where:
                 raise ValueError(f"placement must give application {node!r} at least one server, "
                                  f"got {None if where is None else list(where)}")
@@ -256,7 +263,7 @@ class PhysicalPlan:
                 for r in reps:
                     self._server[r.label] = self.placement[n][r.index]
             elif n in self.parallelism:
-                reps = [ReplicaId(n, i, False, part) for part, where in enumerate(self.partition_placement[n])
+                reps = [ReplicaId(n, i, n in query.sinks, part) for part, where in enumerate(self.partition_placement[n])
                         for i in range(len(where))]
                 for r in reps:
                     self._server[r.label] = self.partition_placement[n][r.partition][r.index]
@@ -280,6 +287,8 @@ class PhysicalPlan:
         ValueError: the simulator runs one replica per application: placement gives 'app' 2 servers (exactly one server per application here; application replicas run on Ray)
         """
         for app in self.query.sinks:
+            if app in self.parallelism:
+                continue  # a partitioned application runs k replicas per partition, like an operator
             n = len(self.placement[app])
             if n != 1:
                 raise ValueError(f"{engine} runs one replica per application: placement gives {app!r} {n} servers "

@@ -64,8 +64,11 @@ RUN_RECORD = "_REPLISTREAM_RUN"
 
 _PREFIX, _SUFFIX = "part-", ".parquet"
 _MODES = ("error", "replace")
-_FILE = re.compile(r"part--?\d{13}\.parquet")
-_TMP = re.compile(r"\.[A-Za-z0-9_.@-]+-(part--?\d{13}\.parquet|_SUCCESS)\.tmp")
+#: a cell's file: ``part-<cell>.parquet``, or ``part-<cell>-p<P>.parquet`` for partition ``P``'s share
+_FILE = re.compile(r"part-(-?\d{13})(?:-p(\d{4,7}))?\.parquet")
+#: a partition's completion marker (a partitioned application): ``_SUCCESS-p<P>``
+_PART_MARKER = re.compile(r"_SUCCESS-p(\d{4,7})")
+_TMP = re.compile(r"\.[A-Za-z0-9_.@-]+-(part--?\d{13}(?:-p\d{4,7})?\.parquet|_SUCCESS(?:-p\d{4,7})?)\.tmp")
 
 
 def _fsync_dir(path: str) -> None:
@@ -76,9 +79,26 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _cell_name(c: int) -> str:
-    """The file name of grid cell ``c`` (signed, zero-padded: names sort by cell for c >= 0)."""
-    return f"{_PREFIX}{'-' if c < 0 else ''}{abs(c):013d}{_SUFFIX}"
+def _cell_name(c: int, partition: int | None = None) -> str:
+    """The file name of grid cell ``c`` (signed, zero-padded: names sort by cell for c >= 0), and
+    for partition ``partition`` of a partitioned application its share of the cell.
+
+    >>> _cell_name(3), _cell_name(3, 1)
+    ('part-0000000000003.parquet', 'part-0000000000003-p0001.parquet')
+    """
+    tail = "" if partition is None else f"-p{int(partition):04d}"
+    return f"{_PREFIX}{'-' if c < 0 else ''}{abs(c):013d}{tail}{_SUFFIX}"
+
+
+def _part_marker(partition: int) -> str:
+    """The completion marker of partition ``partition``'s replicas: ``_SUCCESS-p0001``."""
+    return f"{MARKER}-p{int(partition):04d}"
+
+
+def _file_key(name: str) -> tuple[int, int]:
+    """``(cell, partition)`` of a file name (partition -1 for an unpartitioned run's): the order files are read in."""
+    m = _FILE.fullmatch(name)
+    return int(m.group(1)), -1 if m.group(2) is None else int(m.group(2))
 
 
 @dataclass
@@ -131,8 +151,11 @@ class ParquetSink:
             listed = self._our_manifest()
             if listed is not None:
                 ours |= set(listed["files"]) | {MARKER}
+                if listed.get("partitions"):  # a partitioned run's markers, one per partition
+                    ours |= {_part_marker(i) for i in range(int(listed["partitions"]))}
             if self._record() is not None:
-                ours |= {n for n in present if _FILE.fullmatch(n) or _TMP.fullmatch(n)} | {RUN_RECORD}
+                ours |= {n for n in present if _FILE.fullmatch(n) or _TMP.fullmatch(n) or _PART_MARKER.fullmatch(n)}
+                ours |= {RUN_RECORD}
             foreign = [n for n in present if n not in ours]
             if foreign:
                 raise FileExistsError(f"ParquetSink: {os.path.abspath(self.path)!r} holds {len(foreign)} file(s) "
@@ -166,15 +189,42 @@ class ParquetSink:
         ok = isinstance(m, dict) and isinstance(m.get("files"), dict) and "every" in m
         return m if ok and all(isinstance(n, str) and _FILE.fullmatch(n) for n in m["files"]) else None
 
+    def _partition_markers(self) -> dict | None:
+        """A partitioned run's markers (``{partition: manifest}``) when every partition's is there, else None."""
+        try:
+            names = [n for n in os.listdir(self.path) if _PART_MARKER.fullmatch(n)]
+        except OSError:
+            return None
+        found = {}
+        for n in names:
+            try:
+                with open(os.path.join(self.path, n)) as f:
+                    found[int(_PART_MARKER.fullmatch(n).group(1))] = json.load(f)
+            except (OSError, ValueError):
+                return None
+        if not found:
+            return None
+        p = int(next(iter(found.values())).get("partitions", 0))
+        return found if p >= 1 and sorted(found) == list(range(p)) else None
+
     # -- after the run ----------------------------------------------------------------------------
     def complete(self) -> bool:
-        """Whether the folder holds a finished run (the completion marker is there)."""
-        return os.path.exists(os.path.join(self.path, MARKER))
+        """Whether the folder holds a finished run: the completion marker is there (for a
+        partitioned application: every partition's marker, ``_SUCCESS-p<P>``, which the replica
+        that finds them all merges into ``_SUCCESS``)."""
+        return os.path.exists(os.path.join(self.path, MARKER)) or self._partition_markers() is not None
 
     def manifest(self) -> dict:
-        """The completion marker's content: ``{"files": {name: rows}, "rows", "every"}``."""
-        with open(os.path.join(self.path, MARKER)) as f:
-            return json.load(f)
+        """The completion marker's content: ``{"files": {name: rows}, "rows", "every"}`` (and for
+        a partitioned application ``"partitions"``: every partition's files)."""
+        try:
+            with open(os.path.join(self.path, MARKER)) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            parts = self._partition_markers()
+            if parts is None:
+                raise
+            return _merged(parts)
 
     def read(self, complete: bool = True):
         """Every committed file's rows as one numpy structured array (cells in order). With
@@ -186,8 +236,7 @@ class ParquetSink:
             raise FileNotFoundError(f"ParquetSink: {self.path!r} has no {MARKER} marker: the run that writes it "
                                     f"has not finished (or failed); read(complete=False) reads the files "
                                     f"committed so far")
-        names = sorted((n for n in os.listdir(self.path) if _FILE.fullmatch(n)),
-                       key=lambda n: int(n[len(_PREFIX):-len(_SUFFIX)]))
+        names = sorted((n for n in os.listdir(self.path) if _FILE.fullmatch(n)), key=_file_key)
         if complete:
             listed = self.manifest()["files"]
             missing = sorted(set(listed) - set(names))
@@ -332,8 +381,15 @@ class SinkWriter:
     ([0], [1])
     """
 
-    def __init__(self, sink: ParquetSink, app: str, label: str):
+    def __init__(self, sink: ParquetSink, app: str, label: str, partition: int | None = None,
+                 partitions: int | None = None):
         self.sink, self.app, self.label = sink, app, label
+        #: with a partitioned application: this replica's partition, and how many there are (its
+        #: files are ``part-<cell>-p<P>.parquet``, its marker ``_SUCCESS-p<P>``)
+        self.partition = None if partition is None else int(partition)
+        self.partitions = None if partition is None else int(partitions)
+        if self.partition is not None and not 0 <= self.partition < self.partitions:
+            raise ValueError(f"SinkWriter({label!r}): partition {partition} of {partitions}")
         self.cells: dict[int, list[np.ndarray]] = {}
         self.written: dict[str, int] = {}  # file name -> rows (committed, by this replica or a peer)
         self.won = 0  # files whose link this replica made first
@@ -392,26 +448,56 @@ class SinkWriter:
 
         order = canonical_order(rows)  # by every column: the same file from every replica
         table = pa.table({n: rows[n][order] for n in rows.dtype.names})  # column by column, each contiguous
-        name = _cell_name(c)
+        name = _cell_name(c, self.partition)
         dictionary = dictionary_columns(table)
         self.won += self._link(name, lambda tmp: pq.write_table(table, tmp, use_dictionary=dictionary))
         self.written[name] = len(rows)
 
     def _finish(self) -> None:
         """Link the completion marker: every file of the run (this replica's and its peers', which
-        are the same cells) with its rows."""
+        are the same cells) with its rows. A partition's replica links its partition's marker,
+        then, if every partition's is there, the merged ``_SUCCESS`` (the same bytes from whoever
+        links it: the first link wins)."""
         files = dict(self.written)
         manifest = {"application": self.app, "every": self.sink.every, "rows": int(sum(files.values())),
                     "files": dict(sorted(files.items()))}
-
-        def write(tmp):
-            with open(tmp, "w") as f:
-                json.dump(manifest, f, indent=1)
-
-        self._link(MARKER, write)
+        if self.partition is not None:
+            manifest.update({"partition": self.partition, "partitions": self.partitions})
+        self._link(MARKER if self.partition is None else _part_marker(self.partition), _json_writer(manifest))
+        if self.partition is not None:
+            parts = self.sink._partition_markers()
+            if parts is not None:  # the last partition to finish (or a peer of it) merges them
+                self._link(MARKER, _json_writer(_merged(parts)))
         self.done = True
 
     def stats(self) -> dict:
-        """``{"path", "files", "rows", "won", "complete"}`` for this replica."""
-        return {"path": self.sink.path, "files": len(self.written), "rows": int(sum(self.written.values())),
-                "won": self.won, "complete": self.done}
+        """``{"path", "files", "rows", "won", "complete"}`` for this replica (``"partition"`` too, of a partitioned application)."""
+        out = {"path": self.sink.path, "files": len(self.written), "rows": int(sum(self.written.values())),
+               "won": self.won, "complete": self.done}
+        if self.partition is not None:
+            out["partition"] = self.partition
+        return out
+
+
+def _json_writer(content: dict):
+    """A ``write(tmp)`` for :meth:`SinkWriter._link` that writes ``content`` as JSON."""
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(content, f, indent=1)
+    return write
+
+
+def _merged(parts: dict) -> dict:
+    """One manifest of a partitioned run from every partition's (``{partition: manifest}``):
+    every file with its rows, the rows, ``partitions``; a function of the markers alone, so every
+    replica that merges them writes the same ``_SUCCESS``.
+
+    >>> m = _merged({0: {"application": "a", "every": 10, "rows": 2, "files": {"part-0000000000000-p0000.parquet": 2}},
+    ...              1: {"application": "a", "every": 10, "rows": 1, "files": {"part-0000000000000-p0001.parquet": 1}}})
+    >>> m["rows"], m["partitions"], list(m["files"])
+    (3, 2, ['part-0000000000000-p0000.parquet', 'part-0000000000000-p0001.parquet'])
+    """
+    files = {n: int(r) for m in parts.values() for n, r in m["files"].items()}
+    first = parts[min(parts)]
+    return {"application": first["application"], "every": first["every"], "rows": int(sum(files.values())),
+            "files": dict(sorted(files.items(), key=lambda kv: _file_key(kv[0]))), "partitions": len(parts)}

@@ -25,6 +25,12 @@ changes a partitioned operator's number of partitions mid-stream (:mod:`.inproce
 the run starts. ``audit=True`` checks that every replica emits exactly what
 the ideal run's copy of its operator emits.
 
+An application named in ``parallelism`` runs as ``p`` partitions x ``k`` replicas (``out.P#R``),
+its input routed by tuple id like a stateless operator's; the run's output is the union of the
+partitions' (the first copy of each tuple from any replica of its partition), and with
+``sinks={app: ParquetSink(...)}`` every application replica writes the folder itself
+(:mod:`replistream.sinks`: each partition its own files).
+
 :func:`run_replicated` is the one-call form: ``InProcessEngine(query, ...).run(inputs)``.
 
 >>> from replistream import Query
@@ -63,7 +69,7 @@ from .inprocess_rescale import Rescaler, StateMessage, TrackedRouter, check_resc
 from .reference import run_reference, run_reference_on_streams  # noqa: F401 (run_reference: the doctests)
 from .result import Collector, RunResult, as_multiset
 
-__all__ = ["InProcessEngine", "run_replicated", "default_placement", "HarnessStats", "ReplicaDivergence"]
+__all__ = ["InProcessEngine", "run_replicated", "default_placement", "HarnessStats", "ReplicaDivergence", "PartitionCollector"]
 
 
 class ReplicaDivergence(AssertionError):
@@ -281,7 +287,8 @@ class InProcessEngine:
                  resend_prob: float = 0.05, speed_spread: float = 1.0, strict: bool = False,
                  on_malformed: str = "dead_letter", audit: bool = False, checkpoint_bits: int = 0,
                  placement: Mapping[str, Sequence[str]] | None = None,
-                 parallelism: Mapping[str, int] | None = None, bits: int | None = None):
+                 parallelism: Mapping[str, int] | None = None, bits: int | None = None,
+                 sinks: Mapping[str, Any] | None = None):
         if int(k) < 1:
             raise ValueError(f"k (the degree of replication) must be >= 1, got {k}")
         query.build()
@@ -299,15 +306,29 @@ class InProcessEngine:
         #: the entry points' partitions (``parallelism={"entry": p}``): each source's chunks are cut
         #: between them as the Ray feeder cuts them (:class:`~replistream.operators.entry.EntrySplit`)
         self.entry_partitions, parallelism = entry_parallelism(parallelism)
-        self.plan = PhysicalPlan(query, placement if placement is not None else default_placement(query, k), k=k,
-                                 parallelism=parallelism, bits=bits, keep_single=True,
-                                 entry_partitions=self.entry_partitions)
+        if placement is None:
+            placement = default_placement(query, k)
+            for app in query.sinks:  # a partitioned application: k replicas per partition, like an operator
+                if app in (parallelism or {}):
+                    placement[app] = [f"s{i}" for i in range(k)]
+        self.plan = PhysicalPlan(query, placement, k=k, parallelism=parallelism, bits=bits, keep_single=True,
+                                 entry_partitions=self.entry_partitions, applications=True)
         self.plan.require_one_replica_per_application("the in-process engine")
         self.servers = sorted({self.plan.server(r) for r in self.plan.replicas()})
         #: ``{operator: p}`` of the partitioned operators, as checked by the plan (an operator named
         #: with ``p = 1`` runs as one partition ``op.0``, which a :class:`~replistream.sources.Rescale` can
         #: rescale); a run's rescales change it
         self.parallelism = dict(self.plan.parallelism)
+        from ..sinks import ParquetSink
+
+        #: ``{application: ParquetSink}``: every replica of the application writes the folder (:mod:`replistream.sinks`)
+        self.sinks = dict(sinks or {})
+        for app, sink in self.sinks.items():
+            if app not in query.sinks:
+                raise ValueError(f"sinks names {app!r}, not an application of query {query.name!r}; "
+                                 f"applications: {query.sinks}")
+            if not isinstance(sink, ParquetSink):
+                raise ValueError(f"sinks[{app!r}] must be a replistream.ParquetSink, got {type(sink).__name__}")
 
     # -- a run -------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, Any]) -> RunResult:
@@ -361,11 +382,22 @@ class InProcessEngine:
                                           partition=r.partition)
                                  for r in self.plan.replicas(node)]
         self.collectors: dict[str, Collector] = {}
+        #: per application replica (by label) with a ParquetSink, the writer it runs
+        self.writers: dict[str, Any] = {}
+        for sink in self.sinks.values():
+            sink.prepare()  # a used folder refused (or an earlier run's files replaced) before anything runs
         for node in q.sinks:
             self.groups[node] = [HarnessReplica(node, r.index, ReplicaCore(q, node, self.plan.channels(node), self.strict,
                                                                      groups=self.plan.channel_groups(node)),
-                                          self.plan.server(r)) for r in self.plan.replicas(node)]
-            self.collectors[node] = Collector(q.schema_of(node))
+                                          self.plan.server(r), partition=r.partition) for r in self.plan.replicas(node)]
+            p = self.plan.parallelism.get(node)
+            self.collectors[node] = Collector(q.schema_of(node)) if p is None else \
+                PartitionCollector(q.schema_of(node), p)
+            if node in self.sinks:
+                from ..sinks import SinkWriter
+
+                for r in self.groups[node]:
+                    self.writers[r.label] = SinkWriter(self.sinks[node], node, r.label, r.partition, p)
         self.retired: list[HarnessReplica] = []
         self.channels: list[HarnessChannel] = []
         #: per partitioned operator, the router every upstream replica sends its input through
@@ -544,7 +576,12 @@ class InProcessEngine:
             return
         out = recv.core.process(ch.port, ch.index, item)
         if recv.node in self.collectors:
-            self.collectors[recv.node].add(out)
+            col = self.collectors[recv.node]
+            col.add(out) if isinstance(col, Collector) else col.add(recv.partition, out)
+            writer = self.writers.get(recv.label)
+            if writer is not None:
+                for it in out:
+                    writer.punctuate(it.p) if isinstance(it, Punctuation) else writer.add(it)
             return
         if self.rescaler is not None and recv.node in self.rescaler.ever:
             out = self.rescaler.after(recv, out)  # bins to send, a partition to close
@@ -577,8 +614,9 @@ class InProcessEngine:
             if i.ready:
                 dead.extend(i.core.dead_letters())
         weights = {n: [f.weights.tolist() for f in self.groups[n][0].core.filters] for n in q.sinks}
+        keep = {n: n not in self.sinks or self.sinks[n].keep for n in q.sinks}  # a sink's tuples stay in its files
         result = RunResult(
-            outputs={n: c.result() for n, c in self.collectors.items()},
+            outputs={n: c.result() if keep[n] else q.schema_of(n).empty() for n, c in self.collectors.items()},
             punctuation={n: c.punctuation for n, c in self.collectors.items()},
             dead_letters=merge_dead_letters(dead),
             stats={"harness": self.stats, "weights": weights,
@@ -586,6 +624,11 @@ class InProcessEngine:
                    **({"entry_partitions": {s: [e.stats() for e in logics] for s, logics in self.part_entries.items()}}
                       if self.part_entries else {})},
         )
+        if self.sinks:  # what each ParquetSink holds (its marker's manifest once complete)
+            result.stats["sinks"] = {app: {"path": sink.path, "complete": sink.complete(),
+                                           **({k: v for k, v in sink.manifest().items() if k != "files"}
+                                              if sink.complete() else {})}
+                                     for app, sink in self.sinks.items()}
         if self.audit:
             closed = self.rescaler.is_closed if self.rescaler is not None else (lambda r: False)
             problems = _audit(q, self.streams, self.entries, self.strict,
@@ -940,7 +983,8 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
                    split: bool = True, resend_prob: float = 0.05, speed_spread: float = 1.0,
                    strict: bool = False, on_malformed: str = "dead_letter", audit: bool = False,
                    checkpoint_bits: int = 0, placement: Mapping[str, Sequence[str]] | None = None,
-                   parallelism: Mapping[str, int] | None = None, bits: int | None = None) -> RunResult:
+                   parallelism: Mapping[str, int] | None = None, bits: int | None = None,
+                   sinks: Mapping[str, Any] | None = None) -> RunResult:
     """Run ``query`` with every operator and entry point replicated ``k`` times, in process
     (``InProcessEngine(query, k, seed, ...).run(inputs)``).
 
@@ -967,7 +1011,9 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
     with ``checkpoint_bits > 0`` are split into bins and reassembled in random
     order. ``audit=True`` compares what every replica emitted (its peer's
     emissions before the checkpoint included) with the ideal run's output of its
-    operator and raises :class:`ReplicaDivergence` on any difference.
+    operator and raises :class:`ReplicaDivergence` on any difference. ``parallelism`` may name
+    an application (``p`` partitions x ``k`` replicas, ``out.P#R``), and ``sinks={app:
+    ParquetSink(...)}`` has its replicas write the folder (each partition its own files).
 
     >>> from replistream import Query
     >>> q = Query(); s = q.source("s", {"x": "i8"}, punctuate_every=2)
@@ -980,7 +1026,46 @@ def run_replicated(query: Query, inputs: Mapping[str, Any], k: int = 2, seed: in
     return InProcessEngine(query, k, seed, crash=crash, split=split, resend_prob=resend_prob,
                            speed_spread=speed_spread, strict=strict, on_malformed=on_malformed, audit=audit,
                            checkpoint_bits=checkpoint_bits, placement=placement,
-                           parallelism=parallelism, bits=bits).run(inputs)
+                           parallelism=parallelism, bits=bits, sinks=sinks).run(inputs)
+
+
+class PartitionCollector:
+    """A partitioned application's output as the in-process engine gathers it: from every replica
+    of every partition, the first copy of each tuple (by id: a partition's replicas deliver the
+    same share, the partitions disjoint ones); its punctuation is the smallest over the partitions
+    of the largest any replica of the partition reached.
+
+    >>> from replistream import Schema
+    >>> s = Schema({"x": "i8"}); c = PartitionCollector(s, 2)
+    >>> b = s.from_columns({"ts": [1], "x": [2]}, ids=[7])
+    >>> c.add(0, [b, Punctuation(5)]); c.add(0, [b]); c.add(1, [Punctuation(3)])
+    >>> len(c.result()), c.punctuation
+    (1, 3)
+    """
+
+    def __init__(self, schema, partitions: int):
+        self.schema = schema
+        self.batches: list[np.ndarray] = []
+        self.seen: set = set()
+        self.punctuations = [NO_PUNCTUATION] * int(partitions)
+
+    @property
+    def punctuation(self) -> int:
+        return min(self.punctuations)
+
+    def add(self, partition: int, items) -> None:
+        for it in items:
+            if isinstance(it, Punctuation):
+                self.punctuations[partition] = max(self.punctuations[partition], it.p)
+            elif len(it):
+                ids = it["id"].tolist()
+                fresh = np.fromiter((i not in self.seen for i in ids), dtype=bool, count=len(ids))
+                self.seen.update(ids)
+                if fresh.any():
+                    self.batches.append(it[fresh])
+
+    def result(self) -> np.ndarray:
+        return np.concatenate(self.batches) if self.batches else self.schema.empty()
 
 
 def _shuffled_bins(state: OperatorState, rng: random.Random) -> OperatorState:
