@@ -52,7 +52,7 @@ import numpy as np
 import ray
 
 from ...partition import DEFAULT_BITS, BinMap, Router, parse_partition_label, partition_label
-from ...plan import label_group
+from ...plan import label_group, replica_partition
 from ...replica import ReplicaCore, StagedReplica
 from ...schema import END, TS, Marker, Punctuation
 from ...sinks import SinkWriter
@@ -1383,8 +1383,11 @@ class SinkActor(_Base):
                  channel_opts: dict, coordinator=None, strict: bool = False, parquet_dir: str | None = None,
                  time_origin: float | None = None, label: str | None = None, sink=None, groups: list | None = None):
         self._setup(label or node, server, network, t0, channel_opts, coordinator)
-        # a ParquetSink (replistream.sinks): this replica writes the application's files itself
-        self.writer = None if sink is None else SinkWriter(sink, node, self.label)
+        # a ParquetSink (replistream.sinks): this replica writes the application's files itself (a
+        # replica "out.P#R" of a partitioned application: partition P's files and marker)
+        part = replica_partition(self.label) if node in self.partitions else None
+        self.writer = None if sink is None else SinkWriter(sink, node, self.label, part,
+                                                           None if part is None else self.partitions[node])
         self.keep = sink is None or sink.keep  # tuples also kept for the driver's fetches
         self.node = node
         self.core = ReplicaCore(query, node, channels, strict, groups=groups)

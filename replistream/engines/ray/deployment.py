@@ -34,8 +34,8 @@ from ...query import Query, check_on_error
 from ...keywords import checked_keywords  # (#44) deploy(..., paralelism=2): "did you mean", every keyword
 from .control import GCConfig
 from .detector import DEFAULT_FAIL_AFTER_S, DEFAULT_SUSPECT_AFTER_S, FailureDetector
-from .resolve import (evaluate_plan, placement_network, resolve_network, resolve_placement_with_cost,
-                      resolve_servers)
+from .resolve import (evaluate_plan, operators_only, placement_network, resolve_network,
+                      resolve_placement_with_cost, resolve_servers)
 from .client import Deployment
 from .plane import ControlPlane
 
@@ -331,8 +331,12 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     docs/design.md, "Partitions"); ``parallelism={"entry": p}`` runs the entry
     points as ``p`` partitions of ``k`` replicas (``"entry.P#R"``): the feeder
     hands each chunk of a source (a file's chunk is read once per partition's
-    replicas) to one partition (docs/design.md, "Entry partitions"). Every error
-    in the request is raised before any actor starts.
+    replicas) to one partition (docs/design.md, "Entry partitions"). It may name
+    an application: each of its ``p`` partitions runs ``k`` replicas
+    (``"app.P#R"``, ``app_replicas`` does not apply), fed by tuple id; the driver
+    gathers every partition's output, and a ``ParquetSink`` is written per
+    partition (:mod:`replistream.sinks`). Every error in the request is raised
+    before any actor starts.
 
     >>> dep = deploy(query, servers=["boston", "london", "tokyo"], k=2, network="geo")   # doctest: +SKIP
     """
@@ -352,7 +356,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 0 <= int(bits) <= 20:
         raise ValueError(f"bits must be an integer from 0 to 20 (2**bits bins of keys), got {bits!r}")
     entry_parts, parallelism = entry_parallelism(parallelism)
-    parallelism = check_parallelism(query, parallelism, int(bits), keep_single=True)
+    parallelism = check_parallelism(query, parallelism, int(bits), keep_single=True, applications=True)
+    partitioned_apps = sorted(n for n in parallelism if n in query.sinks)
     if entry_parts > 1 and (gc is not None or detached or name is not None):
         what = "gc=" if gc is not None else "a detached or named deployment"
         raise ValueError(f"parallelism['entry']={entry_parts}: {what} cannot take entry partitions yet; drop "
@@ -365,6 +370,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     if app_replicas > 1:
         names = [s.name for s in servers]
         for app in query.sinks:
+            if app in parallelism:
+                continue  # a partitioned application runs k replicas per partition
             where = list(plan[app])
             for srv in names[names.index(where[0]):] + names:
                 if len(where) >= app_replicas:
@@ -372,13 +379,17 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
                 if srv not in where:
                     where.append(srv)
             plan[app] = where
-        PhysicalPlan(query, plan, parallelism=parallelism, keep_single=True)  # checked again
+        PhysicalPlan(query, plan, parallelism=parallelism, keep_single=True, applications=True)  # checked again
         placed = None
+    if parquet_dir is not None and partitioned_apps:
+        raise ValueError(f"parquet_dir writes one application replica's output; the partitioned application "
+                         f"{partitioned_apps[0]!r} runs several: write it with sinks={{{partitioned_apps[0]!r}: "
+                         f"ParquetSink(folder)}} instead")
     if parquet_dir is not None and any(len(plan[a]) > 1 for a in query.sinks):
         raise ValueError("parquet_dir writes one application replica's output; with several application "
                          "replicas, write Deployment.results() or use on_output")
     if placed is None:
-        placed = evaluate_plan(query, servers, plan, placement_net, parallelism,
+        placed = evaluate_plan(query, servers, plan, placement_net, operators_only(query, parallelism),
                                int(bits))  # partitions costed where they run ("op.P", else "op")
     for s in servers:
         ray_options(s)  # a malformed Server.node fails here, before any actor starts
@@ -389,6 +400,10 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         if not isinstance(gc, GCConfig):
             raise ValueError(f"gc must be a GCConfig or a mapping of its fields, got {type(gc).__name__}")
         gc.validate()
+        if partitioned_apps:
+            raise ValueError(f"gc= does not yet run with a partitioned application ({partitioned_apps[0]!r}: "
+                             f"{parallelism[partitioned_apps[0]]} partitions); drop gc= or leave the application "
+                             f"out of parallelism")
         if gc.kmin is not None and gc.kmin > k:
             raise ValueError(f"GCConfig.kmin={gc.kmin} is more than k={k} replicas")
     for app in on_output or {}:

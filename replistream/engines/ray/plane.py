@@ -151,7 +151,7 @@ class ControlPlane:
         self.rescaling = threading.Event()  # set while a rescale runs (rescale.py): repairs wait for it
         self.rescale_done = threading.Event()  # set as a rescale ends
         physical = PhysicalPlan(query, plan, parallelism=self.channel_opts.get("partitions"),
-                                bits=self.channel_opts.get("bits"), keep_single=True,
+                                bits=self.channel_opts.get("bits"), keep_single=True, applications=True,
                                 entry_partitions=self.channel_opts.get("entry_partitions")) \
             if restored is None else restored["physical"]
         self._physical = physical  # the plan it started with (a warm spare's arguments)
@@ -290,7 +290,8 @@ class ControlPlane:
         if query.spec(node).kind == "sink":
             return self._start(SinkActor, opts, query, node, server, channels, self.conditions, self.t0,
                                self.channel_opts, self.coordinator, self.strict, parquet_dir,
-                               label=ReplicaId(node, index, application=True).label, sink=self.file_sinks.get(node),
+                               label=ReplicaId(node, index, application=True, partition=partition).label,
+                               sink=self.file_sinks.get(node),
                                groups=groups)
         return self._start(ReplicaActor, opts, query, node, index, server, channels, self.conditions, self.t0,
                            self.channel_opts, self.coordinator, self.strict, pending, partition, groups)

@@ -69,6 +69,10 @@ GAP_US = 1_000
 
 
 def _node(dep, operator: str) -> str:
+    if operator in dep.query.sinks:
+        raise ValueError(f"{operator!r} is an application: its partitions are fixed when it is deployed (a rescale "
+                         f"moves operator state, not an application's files); deploy again with another "
+                         f"parallelism={{{operator!r}: p}} to change them")
     node = resolve_operator(dep.query, operator)
     parts = dep.channel_opts.get("partitions") or {}
     if node not in parts:

@@ -141,6 +141,8 @@ def resolve_placement_with_cost(query: Query, servers: list, k: int, placement, 
     (['correlate.0', 'correlate.1'], True)
     """
     placed = None
+    apps = {n: p for n, p in (parallelism or {}).items() if n in query.sinks}  # partitioned applications
+    given_parallelism, parallelism = parallelism, operators_only(query, parallelism)
     if placement is None:
         placement = "spread"
     if isinstance(placement, str):
@@ -162,10 +164,31 @@ def resolve_placement_with_cost(query: Query, servers: list, k: int, placement, 
     plan = {n: list(v) for n, v in plan.items()}
     if parallelism and not isinstance(placement, (Mapping, PlacementPolicy)):
         plan.update(spread_partitions(plan, [s.name for s in servers], k, parallelism))
+    if apps:  # a partitioned application: k replicas per partition, spread from its server (issue #41)
+        names = [s.name for s in servers]
+        for app, p in apps.items():
+            if all(f"{app}.{i}" in plan for i in range(p)):
+                continue
+            base = list(plan[app])
+            start = names.index(base[0]) if base and base[0] in names else 0
+            plan[app] = base if len(base) == k else [names[(start + j) % len(names)] for j in range(k)]
+            plan.update({n: v for n, v in spread_partitions(plan, names, k, {app: p}).items() if n not in plan})
     # the one plan checks it (every node placed, k distinct known servers, one per application)
-    PhysicalPlan(query, plan, k=k, servers=[s.name for s in servers], parallelism=parallelism, keep_single=True,
-                 **({} if bits is None else {"bits": bits}))
+    PhysicalPlan(query, plan, k=k, servers=[s.name for s in servers], parallelism=given_parallelism, keep_single=True,
+                 applications=True, **({} if bits is None else {"bits": bits}))
     return plan, placed
+
+
+def operators_only(query: Query, parallelism: Mapping[str, int] | None) -> dict[str, int]:
+    """``parallelism`` without the applications it names: what the placement model partitions (it
+    places an application's replicas where the plan says; its partitions are spread like an
+    operator's, :func:`spread_partitions`).
+
+    >>> from replistream.workloads import fig1_query
+    >>> operators_only(fig1_query(1), {"correlate": 2, "alerts": 3})
+    {'correlate': 2}
+    """
+    return {n: p for n, p in (parallelism or {}).items() if n not in query.sinks}
 
 
 def spread_partitions(plan: Mapping[str, list], servers: list[str], k: int,

@@ -36,6 +36,9 @@ class Delivered:
 
     An application with several replicas (``deploy(..., app_replicas=)``) keeps the first copy of
     each tuple, by id, whichever replica delivered it (its replicas' positions are kept apart).
+    A partitioned application (``parallelism={app: p}``, replicas ``app.P#R``) is the union of its
+    partitions: the first copy of each tuple from any replica, and its punctuation the smallest
+    over the partitions of the largest its replicas reached (:meth:`punctuate`).
 
     >>> d = Delivered(["out"]); d.add_batch("out", np.zeros(2, dtype=[("ts", "i8"), ("id", "u8")]), np.array([5.0, 6.0]))
     >>> d.count("out"), d.arrivals("out").tolist()
@@ -44,6 +47,9 @@ class Delivered:
     >>> d.add_batch("two", b, np.zeros(2), "two"); d.add_batch("two", b[::-1], np.ones(2), "two#1")
     >>> d.count("two"), d.fetched["two#1"]
     (2, 2)
+    >>> d.add("p", ["p.0#0", "p.0#1", "p.1#0"]); d.punctuate("p", "p.0#0", 9); d.punctuate("p", "p.1#0", 4)
+    >>> d.punctuate("p", "p.0#1", 2); d.punctuation["p"]   # partition 1 has promised 4 only
+    4
     """
 
     def __init__(self, apps: Iterable[str]):
@@ -56,6 +62,9 @@ class Delivered:
         self.seen: dict[str, set | None] = {}  # ids delivered, for an application with several replicas
         self.keep: dict[str, bool] = {}  # False: tuples go to the callbacks only (Deployment.on_output(keep=False))
         self.handed_off: dict[str, int] = {}  # tuples of an application not kept, handed to its callbacks
+        #: per application, per group of copies (its partition ``app.P``, or ``app``) the largest
+        #: punctuation and delivered count any of its replicas reported
+        self.groups: dict[str, dict[str, list[int]]] = {}
         for app in apps:
             self.add(app)
 
@@ -70,6 +79,20 @@ class Delivered:
             self.seen[app] = set() if len(labels) > 1 else None
             self.punctuation[app], self.callbacks[app] = int(np.iinfo(np.int64).min), []
             self.keep[app], self.handed_off[app] = True, 0
+            self.groups[app] = {g: [int(np.iinfo(np.int64).min), 0] for g in dict.fromkeys(map(label_group, labels))}
+
+    def punctuate(self, app: str, label: str, punctuation: int, count: int | None = None) -> None:
+        """Replica ``label`` of ``app`` reported its last punctuation (and, for tuples kept in its
+        files, how many it delivered): the application's punctuation is the smallest over its
+        groups of copies (each partition) of the largest any copy reached; its count of tuples
+        not kept the sum over the groups of the largest."""
+        with self.lock:
+            g = self.groups[app].setdefault(label_group(label), [int(np.iinfo(np.int64).min), 0])
+            g[0] = max(g[0], int(punctuation))
+            self.punctuation[app] = max(self.punctuation[app], min(x[0] for x in self.groups[app].values()))
+            if count is not None:
+                g[1] = max(g[1], int(count))
+                self.handed_off[app] = max(self.handed_off[app], sum(x[1] for x in self.groups[app].values()))
 
     def add_batch(self, app: str, data: np.ndarray, arrivals: np.ndarray, label: str | None = None) -> None:
         """Record a batch newly fetched from replica ``label`` of ``app`` (default: its only one),
@@ -224,9 +247,9 @@ class Results:
                     if start != d.fetched[label]:
                         continue  # a fetch from an earlier position (cannot happen with one outstanding)
                     d.add_batch(apps[label], data, arr, label)
-                    if apps[label] in self.plane.file_sinks and not d.keep[apps[label]]:  # written by the replicas
-                        d.handed_off[apps[label]] = max(d.handed_off[apps[label]], int(count))
-                    d.punctuation[apps[label]] = max(d.punctuation[apps[label]], int(punct))  # its fastest replica's
+                    written = apps[label] in self.plane.file_sinks and not d.keep[apps[label]]  # by the replicas
+                    # its fastest replica's (of each partition, for a partitioned application)
+                    d.punctuate(apps[label], label, int(punct), int(count) if written else None)
                 waiting = [lab for lab in self._fetches if not self.plane.detector.is_suspected(lab)]
                 if not waiting or time.time() >= deadline:
                     break
@@ -409,12 +432,18 @@ class Results:
         for n in self.plane.query.sinks:
             # (latency only means something paced: unpaced, not a copy of every tuple delivered)
             lat = self.latencies_ms(n)[1] if self.plane.speed else None
+            labels = [r.label for r in self.plane.topology.replicas(n)]
+            first = n if n in actors else next((lab for lab in labels if lab in actors), n)
             apps[n] = {
                 "delivered": self.plane.delivered.count(n),
                 "complete": self.plane.delivered.punctuation.get(n) == END,
                 "latency_ms": _percentiles(lat) if lat is not None else None,
-                "filter_weights": actors.get(n, {}).get("filters", [{}])[0].get("weights"),
+                "filter_weights": actors.get(first, {}).get("filters", [{}])[0].get("weights"),
             }
+            parts = (self.plane.channel_opts.get("partitions") or {}).get(n)
+            if parts is not None:  # a partitioned application: what each of its replicas delivered
+                apps[n]["partitions"] = int(parts)
+                apps[n]["replicas"] = {lab: actors.get(lab, {}).get("delivered") for lab in labels}
         links = [lk for a in actors.values() for lk in a.get("links", [])]
         out = {"applications": apps, "actors": actors, "stream_replicas": links, "events": list(self.plane.events),
                "coordinator": [], "placement": self.plane.plan, **self.fault_tolerance()}
