@@ -13,12 +13,23 @@ half-written or a mixed file. At the end of the stream each replica links a comp
 ``_SUCCESS``, that lists every file and row count; a folder without it holds a run that has not
 finished (or failed).
 
+A partitioned application (``parallelism={app: p}``, replicas ``app.P#R``) writes one file per
+cell *and partition*: partition ``P``'s replicas commit its share of cell ``c`` as
+``part-<c>-p<P>.parquet`` (``P`` zero-padded to four digits, so names sort by cell, then
+partition), the same bytes whichever of them writes it, and each links its partition's marker
+``_SUCCESS-p<P>`` at the end of its stream. A replica that then finds every partition's marker
+links ``_SUCCESS``, merged from them (the same bytes whoever links it). :meth:`ParquetSink.complete`,
+:meth:`~ParquetSink.manifest` and :meth:`~ParquetSink.read` need every partition's marker (the
+merged one, or all ``p`` of ``_SUCCESS-p<P>``), so a folder is complete only when every partition
+has finished. An unpartitioned application's folder keeps the layout above, byte for byte.
+
 A re-run into a used folder either refuses (``mode="error"``, the default: before anything
 starts, with one line naming the folder and the fix) or replaces the files of the earlier run
 (``mode="replace"``); it never mixes two runs. ``replace`` deletes only what is provably the
 earlier run's: the files its marker lists, and, when the folder holds this sink's run record
 (``_REPLISTREAM_RUN``, written as a run starts, with the run's id), the files of its exact name
-pattern (``part-<13 digits>.parquet`` and the replicas' hidden ``.tmp`` files). A folder holding
+pattern (``part-<13 digits>.parquet``, ``part-<13 digits>-p<P>.parquet``, the partitions' markers
+and the replicas' hidden ``.tmp`` files). A folder holding
 anything else (a pyarrow or Spark dataset, a Spark ``_SUCCESS``, notes) is refused in one line.
 
 Every commit is durable before it is visible: the file is fsynced before it is linked to its name
