@@ -249,7 +249,9 @@ class InProcessEngine:
     :data:`~replistream.plan.ENTRY` for the entry points; default
     :func:`default_placement`) places the replicas for
     :class:`~replistream.sources.KillServer`; it must give every operator and
-    the entry points ``k`` distinct servers.
+    the entry points ``k`` distinct servers. ``parallelism`` may name applications too (``p``
+    partitions x ``k`` replicas each); ``sinks``: ``{application: ParquetSink}``, written by every
+    replica of the application (``writers``, by label).
 
     :meth:`run` may be called more than once: each run starts from the seed.
 

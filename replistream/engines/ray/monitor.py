@@ -124,10 +124,7 @@ class Monitor:
         for label in [lab for lab in self._probes if lab not in running]:
             del self._probes[label]
         for label in running:
-            rep = self.plane.topology.replica(label)
-            # an application's replicas report tuples delivered, which only copies of one partition
-            # (app.P) share: its peers are those copies (an unpartitioned application: all of them)
-            det.watch(label, label_group(label) if rep.kind == "application" else rep.operator, now)
+            det.watch(label, self.plane.topology.replica(label).operator, now)
         if self._probes:
             refs = list(self._probes.values())
             ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])

@@ -82,8 +82,8 @@ def _node(dep, operator: str) -> str:
 
 
 def partitions(dep, operator: str) -> int:
-    """How many partitions ``operator`` runs as now (1 for an operator not partitioned)."""
-    node = resolve_operator(dep.query, operator)
+    """How many partitions ``operator`` (or an application) runs as now (1: not partitioned)."""
+    node = operator if operator in dep.query.sinks else resolve_operator(dep.query, operator)
     return int((dep.channel_opts.get("partitions") or {}).get(node, 1))
 
 
