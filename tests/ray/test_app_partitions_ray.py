@@ -64,6 +64,11 @@ def test_partitioned_applications_lose_nothing_to_a_lost_replica_of_a_partition(
             dep.rescale("out", p + 1)
         res = dep.run({"s": s}, pace=None, timeout=240)
         ft = dep.fault_tolerance()["fault_tolerance_per_node"]
+        st = dep.status()  # what the dashboard shows: every partition's tuples, complete when all are
+        assert st["complete"] and st["applications"]["out"]["delivered"] == len(ref.outputs["out"])
+        rows, pos = dep.results_since("out")
+        assert pos == len(ref.outputs["out"]) and dep.results_since("out", pos)[1] == pos
+        assert_same_output(ref.outputs["out"], rows)
         metrics = res.metrics["applications"]
     assert res.complete
     assert_same_output(ref.outputs["out"], res.outputs["out"])
