@@ -41,7 +41,7 @@ def files(path):
 def test_partitioned_applications_equal_the_reference(tmp_path, p, k, upstream):
     q, data = case()
     ref = run_reference(q, data)
-    par = {"out": p, "pos": p, **({"w": 2, "f": 3} if upstream else {})}
+    par = {"out": p, "pos": p, **({"w": 2, "f": 3, "entry": 2} if upstream else {})}
     sink = ParquetSink(str(tmp_path / "pos"), every=seconds(3))
     eng = InProcessEngine(q, k=k, seed=p + k, crash=k > 1, parallelism=par, sinks={"pos": sink})
     got = eng.run(data)
