@@ -69,7 +69,8 @@ from .inprocess_rescale import Rescaler, StateMessage, TrackedRouter, check_resc
 from .reference import run_reference, run_reference_on_streams  # noqa: F401 (run_reference: the doctests)
 from .result import Collector, RunResult, as_multiset
 
-__all__ = ["InProcessEngine", "run_replicated", "default_placement", "HarnessStats", "ReplicaDivergence", "PartitionCollector"]
+__all__ = ["InProcessEngine", "run_replicated", "default_placement", "HarnessStats", "ReplicaDivergence",
+           "PartitionCollector"]
 
 
 class ReplicaDivergence(AssertionError):
@@ -579,11 +580,16 @@ class InProcessEngine:
         out = recv.core.process(ch.port, ch.index, item)
         if recv.node in self.collectors:
             col = self.collectors[recv.node]
-            col.add(out) if isinstance(col, Collector) else col.add(recv.partition, out)
+            if isinstance(col, PartitionCollector):
+                col.add(recv.partition, out)
+            else:
+                col.add(out)
             writer = self.writers.get(recv.label)
-            if writer is not None:
-                for it in out:
-                    writer.punctuate(it.p) if isinstance(it, Punctuation) else writer.add(it)
+            for it in out if writer is not None else ():
+                if isinstance(it, Punctuation):
+                    writer.punctuate(it.p)  # commits the cells it closes (and the marker at the end)
+                else:
+                    writer.add(it)
             return
         if self.rescaler is not None and recv.node in self.rescaler.ever:
             out = self.rescaler.after(recv, out)  # bins to send, a partition to close
@@ -1053,9 +1059,11 @@ class PartitionCollector:
 
     @property
     def punctuation(self) -> int:
+        """The punctuation every partition has reached."""
         return min(self.punctuations)
 
     def add(self, partition: int, items) -> None:
+        """Items a replica of ``partition`` delivered: tuples not seen before are kept."""
         for it in items:
             if isinstance(it, Punctuation):
                 self.punctuations[partition] = max(self.punctuations[partition], it.p)
