@@ -111,6 +111,38 @@ print(json.dumps({"deploy_s": t_deploy - t_ready, "run_s": t_run - t_deploy, "wh
 """
 
 
+def ceiling(events: int, rounds: int) -> dict:
+    """The most two processes can gain on this machine for the CPU-heavy map alone: the map's
+    function over the workload's input in one process, then over its two halves in two processes
+    at once (no Ray, no pipeline), as wall-clock seconds and their ratio."""
+    import multiprocessing as mp
+
+    scope: dict = {}
+    exec(COMMON, scope)
+    ctx = mp.get_context("fork")
+
+    def work(lo: int, hi: int) -> None:
+        q = scope["cpu_query"](rounds)
+        fn = q.spec("heavy").fn
+        for chunk in scope["cpu_inputs"](events)["s"][lo:hi]:
+            fn({"k": chunk["k"], "v": chunk["v"]})
+
+    n = len(scope["cpu_inputs"](events)["s"])
+    t = time.perf_counter()
+    p = ctx.Process(target=work, args=(0, n))
+    p.start()
+    p.join()
+    one = time.perf_counter() - t
+    t = time.perf_counter()
+    ps = [ctx.Process(target=work, args=(0, n // 2)), ctx.Process(target=work, args=(n // 2, n))]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    two = time.perf_counter() - t
+    return {"one_process_s": round(one, 3), "two_processes_s": round(two, 3), "speed_up": round(one / two, 3)}
+
+
 def _w2_inputs(folder: str, events: int, per_file: int = 1_000_000, seed: int = 7) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -150,6 +182,9 @@ def main() -> int:
     ap.add_argument("--split", default="", help="at p > 1 also partition these stages, comma-separated: entry, app "
                     "(the entry points split the files; the application writes per partition)")
     ap.add_argument("--out", default=None, help="write the record (date, machine, load, command, figures) here")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="first, the CPU-heavy map's function alone in one process and in two at once: the most "
+                         "two partitions can gain on this machine")
     args = ap.parse_args()
     works = [w.strip() for w in args.work.split(",")]
     bad = [w for w in works if w not in ("cpu", "w2")]
@@ -158,6 +193,11 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="replistream-partitioned-")
     load = os.getloadavg()[0]
     rows = []
+    ceil = None
+    if args.ceiling:
+        ceil = ceiling(args.cpu_events, args.rounds)
+        print(f"ceiling: the heavy map's function alone, one process {ceil['one_process_s']:.2f} s, two at once "
+              f"{ceil['two_processes_s']:.2f} s: {ceil['speed_up']:.2f}x", file=sys.stderr)
     for work in works:
         src = os.path.join(tmp, f"{work}-in")
         os.makedirs(src)
@@ -191,6 +231,8 @@ def main() -> int:
                   f"{r['busy_cores']:.2f} of {os.cpu_count()} cores during the run, exact {r['exact']}",
                   file=sys.stderr)
     figures = {}
+    if ceil is not None:
+        figures["ceiling: the heavy map alone, two processes / one"] = f"{ceil['speed_up']:.2f}x"
     for work in works:
         by_p = {r["p"]: r for r in rows if r["work"] == work}
         for p, r in by_p.items():
