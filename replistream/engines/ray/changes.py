@@ -6,8 +6,9 @@
 """
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from typing import Callable
-
 
 from . import reconfigure
 
@@ -22,6 +23,8 @@ class Changes:
 
     def __init__(self, plane):
         self.plane = plane  # the :class:`~.plane.ControlPlane` this part belongs to
+        #: held while a change of the running query or a rescale is made: neither starts meanwhile
+        self._changing = threading.Lock()
 
     def revive_replica(self, operator: str, replica: int, strategy: str | None = None,
                        bins_per_step: int | None = None, bits: int | None = None,
@@ -112,8 +115,9 @@ class Changes:
             raise ValueError("rescale() does not yet run " + ("on the entry points" if operator == "entry" else
                              f"beside entry partitions (entry: {entry_parts})") + "; deploy with "
                              "parallelism={'entry': p} for the entry partitions you want, or without it to rescale")
-        return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, gap_us=int(gap_ms * 1000),
-                               timeout=timeout)
+        with self._exclusive("rescale", change=False):
+            return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, gap_us=int(gap_ms * 1000),
+                                   timeout=timeout)
 
     def partitions(self, operator: str) -> int:
         """How many partitions ``operator`` runs as now (1: not partitioned; ``"entry"``: the entry
@@ -129,16 +133,41 @@ class Changes:
 
         return rescale.partitions(self.plane, operator)
 
-    def _unpartitioned(self, what: str) -> None:
-        """Changes of the running query are not yet made to a deployment with partitioned operators:
-        said in one line before anything changes."""
-        parts = dict(self.plane.channel_opts.get("partitions") or {})
-        if int(self.plane.channel_opts.get("entry_partitions") or 1) > 1:
-            parts["entry"] = int(self.plane.channel_opts["entry_partitions"])
-        if parts:
-            raise ValueError(f"{what}() does not yet run on a deployment with partitioned operators "
-                             f"({', '.join(f'{n}: {p}' for n, p in sorted(parts.items()))}); deploy without "
-                             f"parallelism= to change the running query")
+    def _partitions_allow(self, what: str) -> None:
+        """Refuse, in one line and before anything changes, a change of the running query that does
+        not yet run beside partitions: with entry partitions (``parallelism={"entry": p}``: the feeder
+        sends a marker to one entry partition per chunk, not to all), on a partitioned application
+        (``parallelism={app: p}``: its replicas' groups are not handed to added readers), or while a
+        rescale moves bins (a change's replicas and links would miss the new partitions). Operator
+        partitions are fine: markers go to every partition (:meth:`~replistream.partition.Router.route`)."""
+        opts = self.plane.channel_opts
+        entry = int(opts.get("entry_partitions") or 1)
+        if entry > 1:
+            raise ValueError(f"{what}() does not yet run beside entry partitions (entry: {entry}): the marker would "
+                             f"reach one entry partition; deploy without parallelism['entry'] to change the running query")
+        parts = dict(opts.get("partitions") or {})
+        apps = sorted(n for n in parts if n in self.plane.query.graph and self.plane.query.spec(n).kind == "sink")
+        if apps:
+            raise ValueError(f"{what}() does not yet run on a deployment with partitioned applications "
+                             f"({', '.join(f'{n}: {parts[n]}' for n in apps)}); deploy them unpartitioned to change "
+                             f"the running query")
+        if self.plane.rescaling.is_set() or self._changing.locked():
+            raise RuntimeError(f"{what}() cannot run while a rescale moves bins or another change is made; "
+                               f"call it again once that has returned")
+
+    @contextmanager
+    def _exclusive(self, what: str, change: bool = True):
+        """Run a change of the running query (``change``) or a rescale alone: refused in one line if
+        another one or a rescale runs (a rescale reads the query and topology a change rewrites)."""
+        if change:
+            self._partitions_allow(what)
+        if not self._changing.acquire(blocking=False):
+            raise RuntimeError(f"{what}() cannot run while a rescale moves bins or another change is made; "
+                               f"call it again once that has returned")
+        try:
+            yield
+        finally:
+            self._changing.release()
 
     def transfers(self) -> list[dict]:
         """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""
@@ -164,8 +193,8 @@ class Changes:
         >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
         15000000
         """
-        self._unpartitioned("replace_function")
-        return reconfigure.replace_function(self.plane, operator, fn)
+        with self._exclusive("replace_function"):
+            return reconfigure.replace_function(self.plane, operator, fn)
 
     def add_operator(self, upstream: str, build: Callable, servers=None) -> dict:
         """Add operators and their application(s) reading stream ``upstream``; they see its
@@ -178,8 +207,8 @@ class Changes:
         ...                  .sink("very_hot_alerts"))["added"]                      # doctest: +SKIP
         ['very_hot', 'very_hot_alerts']
         """
-        self._unpartitioned("add_operator")
-        return reconfigure.add_operator(self.plane, upstream, build, servers)
+        with self._exclusive("add_operator"):
+            return reconfigure.add_operator(self.plane, upstream, build, servers)
 
     def remove_operator(self, operator: str) -> dict:
         """Remove ``operator`` and the part of the query only it feeds: it sees its input up to
@@ -189,8 +218,8 @@ class Changes:
         >>> dep.remove_operator("load_per_minute")["removed"]      # doctest: +SKIP
         ['load_per_minute', 'load_stats']
         """
-        self._unpartitioned("remove_operator")
-        return reconfigure.remove_operator(self.plane, operator)
+        with self._exclusive("remove_operator"):
+            return reconfigure.remove_operator(self.plane, operator)
 
     def set_replication(self, operator: str, k: int) -> dict:
         """Run ``k`` live replicas of ``operator``: new ones by hand-over from a live peer,
@@ -199,5 +228,5 @@ class Changes:
         >>> dep.set_replication("correlate", 3)["added"]      # doctest: +SKIP
         ['correlate#2']
         """
-        self._unpartitioned("set_replication")
-        return reconfigure.set_replication(self.plane, operator, k)
+        with self._exclusive("set_replication"):
+            return reconfigure.set_replication(self.plane, operator, k)

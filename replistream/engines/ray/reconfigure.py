@@ -36,7 +36,8 @@ import ray
 
 from ...errors import QueryError
 from ...gc import OperatorReplica, StreamReplica
-from ...plan import PhysicalPlan, group_of
+from ...partition import parse_partition_label, partition_label
+from ...plan import PhysicalPlan, group_of, replica_partition
 from ...replica.changes import PENDING, AddOperator, CutSpec, RemoveOperator, ReplaceFunction, new_marker, set_spec
 from ...schema import END, as_seconds
 from .topology import kind_of
@@ -174,9 +175,8 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
         p = dep.feeder.marker_time()  # raises before anything starts if no change can be placed
         q2, add = AddOperator(upstream, build).extend(dep.query, PENDING)
         group = group_of(q2, upstream)
-        ups = topo.running(group)
-        if not ups:
-            raise RuntimeError(f"add_operator: no live replica produces {upstream!r}")
+        parts = _partitions(dep)
+        ups = _producers(dep, group, parts.get(group))
         for n in add.added:
             if n in dep.plan:
                 raise QueryError(f"add_operator: {n!r} was a node of this deployment; pick a new name")
@@ -191,8 +191,19 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
         new_placement = {n: [servers[0]] if q2.spec(n).kind == "sink" else [servers[i % len(servers)]
                                                                             for i in range(dep.k)]
                          for n in add.added}
-        plan = PhysicalPlan(q2, {**dep.plan, group: [topo.server(label) for label, _ in ups], **new_placement})
-        created = {r.label: dep.new_actor(q2, n, r.index, plan.server(r), plan.channels(n))
+        # the upstream group as it runs now: its running replicas (per partition, if partitioned)
+        if group in parts:
+            running = {partition_label(group, q): [topo.server(label) for label, _ in ups if replica_partition(label) == q]
+                       for q in range(parts[group])}
+        else:
+            running = {group: [topo.server(label) for label, _ in ups]}
+        placed = {n: where for n, where in dep.plan.items()  # (partitions a rescale retired: gone)
+                  if parse_partition_label(n)[1] is None or parse_partition_label(n)[1] < parts.get(
+                      parse_partition_label(n)[0], 0)}
+        plan = PhysicalPlan(q2, {**placed, **running, **new_placement}, parallelism=parts,
+                            bits=dep.channel_opts.get("bits"), keep_single=True)
+        created = {r.label: dep.new_actor(q2, n, r.index, plan.server(r), plan.channels(n),
+                                          groups=plan.channel_groups(n))
                    for n in add.added for r in plan.replicas(n)}
         dep.set_clock(created.values())
         with dep.delivered.lock:
@@ -211,7 +222,7 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
         links: dict[str, list] = {}
         for e in new_edges:
             if e.src.node == group and e.stream == upstream:
-                links.setdefault(ups[e.src.index][0], []).append(
+                links.setdefault(ups[plan.position(e.src)][0], []).append(
                     (upstream, e.dst.label, plan.server(e.dst), created[e.dst.label], e.port, e.channel))
         change = replace(add, links=links)
         for n in add.added:
@@ -227,6 +238,28 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
             {"change": "add_operator", "upstream": upstream, "added": list(add.added), "p": p, "marker": mid,
              "placement": new_placement, "text": text})))
     return rec
+
+
+def _partitions(dep) -> dict[str, int]:
+    """``{operator: partitions}`` of the deployment's partitioned operators now (after any rescale)."""
+    return {n: int(p) for n, p in (dep.channel_opts.get("partitions") or {}).items()}
+
+
+def _producers(dep, group: str, partitions: int | None) -> list:
+    """``(label, handle)`` of the running replicas of ``group`` (a partitioned one's partition by
+    partition, each partition's in the order added: their positions in a plan of the changed
+    query); raises, naming it, if none runs (or none of some partition: its tuples would be lost)."""
+    ups = dep.topology.running(group)
+    if partitions is None:
+        if not ups:
+            raise RuntimeError(f"add_operator: no live replica produces {group!r}")
+        return ups
+    by_part = [[(label, h) for label, h in ups if replica_partition(label) == q] for q in range(partitions)]
+    lost = [f"{group}.{q}" for q, reps in enumerate(by_part) if not reps]
+    if lost:
+        raise RuntimeError(f"add_operator: no live replica of partition(s) {lost} of {group!r}; call it again once "
+                           f"they are repaired (dep.repairs)")
+    return [r for reps in by_part for r in reps]
 
 
 def _enter_streams(dep, plan: PhysicalPlan, added, upstream: str, connected: list[str]) -> None:
@@ -265,15 +298,30 @@ def set_replication(dep, operator: str, k: int) -> dict:
     mgr = dep.control_loop()
     topo = dep.topology
     added, discarded = [], []
+    # a partitioned operator: k in every partition, each from and among its own partition's replicas
+    parts = _partitions(dep).get(operator)
+    groups = [operator] if parts is None else [partition_label(operator, q) for q in range(parts)]
     with mgr.lock:
         mgr.meter.notice_failures()
-        live = sorted(r.label for r in topo.replicas(operator, state="live") if topo.is_running(r.label))
-        for _ in range(max(0, k - len(live))):
-            ev = dep.reconfig.add_replica(operator)
-            added.extend(r["label"] for r in ev.get("new_replicas", []))
-        for label in live[k:][::-1] if len(live) > k else []:
-            mgr.handover.discard(label, f"set_replication({operator!r}, {k}): {label} discarded")
-            discarded.append(label)
+        for group in groups:
+            live = sorted((r.label for r in topo.replicas(group, state="live") if topo.is_running(r.label)),
+                          key=_label_order)
+            if not live:
+                raise RuntimeError(f"set_replication: no live replica of {group!r} to hand its state over from "
+                                   f"(added so far: {added}); call it again once it is repaired (dep.repairs)")
+            for _ in range(max(0, k - len(live))):
+                ev = dep.reconfig.add_replica(group)
+                added.extend(r["label"] for r in ev.get("new_replicas", []))
+            for label in live[k:][::-1] if len(live) > k else []:
+                mgr.handover.discard(label, f"set_replication({operator!r}, {k}): {label} discarded")
+                discarded.append(label)
+    each = f" in each of its {parts} partitions" if parts is not None else ""
     return dep.record_change({"change": "set_replication", "operator": operator, "k": k, "added": added,
                               "discarded": discarded, "p": None,
-                              "text": f"{operator!r} now has {k} live replica(s)"})
+                              "text": f"{operator!r} now has {k} live replica(s){each}"})
+
+
+def _label_order(label: str) -> tuple:
+    """Replica labels by partition, then by number (``"agg#10"`` after ``"agg#9"``)."""
+    head, _, tail = label.rpartition("#")
+    return (head, int(tail) if tail.isdigit() else -1, label)
