@@ -50,16 +50,20 @@ def change(recs, fn):
 @pytest.mark.slow
 def test_replace_function_of_a_partitioned_map_and_of_its_unpartitioned_neighbour_with_a_kill():
     """p=2, k=2: m (partitioned) and hot (not) get new functions; m.1#0 is killed between the two
-    changes; every replica of every partition switched at p (the output is the changed reference's)."""
+    changes; every replica of every partition switched at p (the output is the changed reference's);
+    then an operator is added on hot's (unpartitioned) stream, beside the partitions."""
     data, recs = inputs(), []
     s = inject_at(data["s"], seconds(6), change(recs, lambda d: d.replace_function(
         "m", lambda t: {"k": t["k"], "x": t["x"] * 10})))
     s = inject_at(s, seconds(9), KillReplica("m.1", 0))
     s = inject_at(s, seconds(12), change(recs, lambda d: d.replace_function("hot", lambda t: t["x"] > 0.6)))
+    s = inject_at(s, seconds(14), change(recs, lambda d: d.add_operator(  # an unpartitioned stream, too
+        "hot", lambda st: st.window(size=seconds(1), by="k", aggs={"n": "count"}, name="hot_k").sink("hot_counts"))))
     with deploy(query(), servers=SERVERS, k=2, network="zero", parallelism={"m": 2, "per_k": 2}) as dep:
         res = dep.run({"s": s}, pace=None, timeout=180)
-        check_all(dep, data, res)
-        assert [r["change"] for r in recs] == ["replace_function"] * 2
+        sizes = check_all(dep, data, res)
+        assert [r["change"] for r in recs] == ["replace_function"] * 2 + ["add_operator"]
+        assert sizes["hot_counts"] > 0
         assert seconds(5.9) <= recs[0]["p"] < seconds(6) and seconds(11.9) <= recs[1]["p"] < seconds(12)
         # both changes did something: the unchanged query's reference differs
         orig = run_reference(query(), data).outputs["sums"]

@@ -190,6 +190,12 @@ class Changes:
         output equals a reference run of ``dep.query``, which now holds both
         functions (:class:`~replistream.replica.changes.TimeSwitch`).
 
+        With partitioned operators (``parallelism={op: p}``) the marker reaches every replica of
+        every partition (routers give markers to every partition), so a partitioned operator's
+        replicas all switch at ``p`` too. Refused in one line, before anything changes: with
+        entry partitions (``parallelism={"entry": p}``), with a partitioned application, while a
+        rescale moves bins or another change is made (:meth:`_partitions_allow`).
+
         >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
         15000000
         """
@@ -201,7 +207,11 @@ class Changes:
         tuples with ``ts > p`` (``p``: the largest timestamp fed so far). ``build(stream)``
         adds them with the usual :class:`~replistream.query.Stream` methods. Each new
         operator gets ``k`` replicas on distinct servers, by default those of ``upstream``'s
-        running replicas (then other servers, in order, if they are fewer than ``k``).
+        running replicas (then other servers, in order, if they are fewer than ``k``). The new
+        operators are not partitioned; reading a partitioned operator's stream, each new replica
+        receives from every running replica of every partition (a channel group per partition,
+        so its punctuation is the one every partition has promised); a partition with no running
+        replica is refused, naming it. Refused as :meth:`replace_function` is.
 
         >>> dep.add_operator("load", lambda s: s.filter(lambda b: b["cpu"] > 0.9, name="very_hot")
         ...                  .sink("very_hot_alerts"))["added"]                      # doctest: +SKIP
@@ -213,7 +223,9 @@ class Changes:
     def remove_operator(self, operator: str) -> dict:
         """Remove ``operator`` and the part of the query only it feeds: it sees its input up to
         ``p`` (the largest timestamp fed so far), then its inputs close, its windows flush and
-        its applications complete; its replicas are then stopped (``changes[-1]["retired"]``).
+        its applications complete; its replicas are then stopped (``changes[-1]["retired"]``):
+        a partitioned operator's, every partition's (``agg.0#0``, ``agg.1#0``, ...). Refused as
+        :meth:`replace_function` is.
 
         >>> dep.remove_operator("load_per_minute")["removed"]      # doctest: +SKIP
         ['load_per_minute', 'load_stats']
@@ -225,8 +237,18 @@ class Changes:
         """Run ``k`` live replicas of ``operator``: new ones by hand-over from a live peer,
         surplus ones discarded (their stream replicas first).
 
+        A partitioned operator gets ``k`` live replicas in *every* partition: each partition's new
+        replicas by hand-over from a live peer of that partition (the only replicas holding its
+        keys' state), its surplus discarded among its own. Per partition, because a partition's
+        replicas are the copies of one another (``deploy(k=, parallelism=)`` gives each partition
+        ``k``, and each masks ``k - 1`` losses of its own); a total over partitions, which hold
+        disjoint keys, would say nothing about fault tolerance. A partition with no live replica is
+        refused, naming it. Refused as :meth:`replace_function` is.
+
         >>> dep.set_replication("correlate", 3)["added"]      # doctest: +SKIP
         ['correlate#2']
+        >>> dep.set_replication("per_key", 2)["added"]        # doctest: +SKIP
+        ['per_key.0#1', 'per_key.1#1']
         """
         with self._exclusive("set_replication"):
             return reconfigure.set_replication(self.plane, operator, k)

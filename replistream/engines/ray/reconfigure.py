@@ -21,6 +21,14 @@ operator, and the stream replicas into them, come from a
 :class:`~replistream.plan.PhysicalPlan` of the changed query; they are entered
 in the deployment's :class:`~.topology.Topology`.
 
+Partitioned operators (``parallelism={op: p}``, issue #41): every sender's router gives a marker
+to every partition, so every replica of every partition applies the change at ``p``. That plan
+is made with the deployment's partitions and, for a partitioned upstream, with its running
+replicas partition by partition, so an added reader gets a duplicate-filter channel group per
+partition; a removed partitioned operator's replicas are every partition's; ``set_replication``
+counts per partition. What does not run yet is refused by
+:meth:`~.changes.Changes._partitions_allow`.
+
 >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.6)["change"]   # doctest: +SKIP
 'replace_function'
 """
