@@ -1,8 +1,9 @@
 """Changes of a running query on a deployment with partitioned operators (issue #41; Bartnik §3):
 ``replace_function``, ``add_operator``, ``remove_operator`` and ``set_replication`` with
 ``parallelism={op: 2}``, each application equal (as a multiset) to the reference run of the query as
-changed (``dep.query``), with a partition replica killed mid-run; and what is still refused, in one
-line, before anything changes (entry partitions, a change while a rescale moves bins)."""
+changed (``dep.query``), with a partition replica killed mid-run; the same with entry partitions;
+and what is still refused, in one line, before anything changes (a change while a rescale moves
+bins, a partitioned application)."""
 from __future__ import annotations
 
 import time
@@ -134,21 +135,44 @@ def test_set_replication_of_a_partitioned_operator_is_per_partition():
 
 
 @pytest.mark.slow
+def test_changes_with_entry_partitions_and_an_entry_replica_killed():
+    """Entry partitions (p=2, k=2) and m partitioned: an operator added on the source itself gets a
+    channel group per entry partition; entry.1#0 killed; then m's function replaced."""
+    data, recs = inputs(), []
+    s = inject_at(data["s"], seconds(5), change(recs, lambda d: d.add_operator(
+        "s", lambda st: st.window(size=seconds(1), by="k", aggs={"n": "count"}, name="raw_k").sink("raw_counts"))))
+    s = inject_at(s, seconds(8), KillReplica("entry.1", 0))
+    s = inject_at(s, seconds(10), change(recs, lambda d: d.replace_function(
+        "m", lambda t: {"k": t["k"], "x": t["x"] * 10})))
+    with deploy(query(), servers=SERVERS, k=2, network="zero", parallelism={"entry": 2, "m": 2}) as dep:
+        res = dep.run({"s": s}, pace=None, timeout=180)
+        sizes = check_all(dep, data, res)
+        assert [r["change"] for r in recs] == ["add_operator", "replace_function"] and sizes["raw_counts"] > 0
+        assert not dep.alive["entry.1#0"]
+        filt = ray.get(dep.topology.handle("raw_k#0").stats.remote(), timeout=60)["core"]["filters"][0]
+        assert len(filt["weights"]) == 4, filt  # a channel per entry replica of both partitions
+
+
+@pytest.mark.slow
 def test_what_is_refused_in_one_line():
-    """Entry partitions, and any change while a rescale moves bins, are refused before anything changes."""
+    """A change while a rescale moves bins (or another change is made), and a change on a deployment
+    with a partitioned application, are refused before anything changes."""
     q = query()
-    with deploy(q, servers=SERVERS, k=1, network="zero", parallelism={"entry": 2, "m": 2}) as dep:
-        with pytest.raises(ValueError, match=r"entry partitions \(entry: 2\).*deploy without parallelism\['entry'\]"):
-            dep.replace_function("m", lambda t: {"k": t["k"], "x": t["x"]})
-        with pytest.raises(ValueError, match="entry partitions"):
-            dep.set_replication("m", 2)
     with deploy(q, servers=SERVERS, k=1, network="zero", parallelism={"per_k": 2}) as dep:
         dep.rescaling.set()  # as rescale() does while it moves bins
         try:
             for call in (lambda: dep.remove_operator("per_k"), lambda: dep.set_replication("per_k", 2),
-                         lambda: dep.add_operator("m", lambda st: st.sink("raw"))):
+                         lambda: dep.add_operator("m", lambda st: st.sink("raw")),
+                         lambda: dep.replace_function("m", lambda t: t)):
                 with pytest.raises(RuntimeError, match="while a rescale moves bins"):
                     call()
         finally:
             dep.rescaling.clear()
+        opts = dep.channel_opts  # a partitioned application (parallelism={app: p}, not on this branch)
+        dep.channel_opts = {**opts, "partitions": {**opts["partitions"], "sums": 2}}
+        try:
+            with pytest.raises(ValueError, match=r"partitioned applications \(sums: 2\); deploy them unpartitioned"):
+                dep.set_replication("per_k", 2)
+        finally:
+            dep.channel_opts = opts
         assert dep.changes == [] and dep.query.sinks == ["sums"]

@@ -135,18 +135,16 @@ class Changes:
 
     def _partitions_allow(self, what: str) -> None:
         """Refuse, in one line and before anything changes, a change of the running query that does
-        not yet run beside partitions: with entry partitions (``parallelism={"entry": p}``: the feeder
-        sends a marker to one entry partition per chunk, not to all), on a partitioned application
-        (``parallelism={app: p}``: its replicas' groups are not handed to added readers), or while a
-        rescale moves bins (a change's replicas and links would miss the new partitions). Operator
-        partitions are fine: markers go to every partition (:meth:`~replistream.partition.Router.route`)."""
-        opts = self.plane.channel_opts
-        entry = int(opts.get("entry_partitions") or 1)
-        if entry > 1:
-            raise ValueError(f"{what}() does not yet run beside entry partitions (entry: {entry}): the marker would "
-                             f"reach one entry partition; deploy without parallelism['entry'] to change the running query")
-        parts = dict(opts.get("partitions") or {})
-        apps = sorted(n for n in parts if n in self.plane.query.graph and self.plane.query.spec(n).kind == "sink")
+        not yet run beside partitions: on a partitioned application (``parallelism={app: p}``: a
+        removal retires operator replicas only, and an application's replicas are not grouped
+        by partition in a plan of the changed query yet; deploy it unpartitioned), or while a
+        rescale moves bins (its new partitions are built from the query and topology a change
+        rewrites; call again once it returned). Partitioned operators and entry partitions are
+        fine: every sender gives a marker to every partition
+        (:meth:`~replistream.partition.Router.route`, :class:`~replistream.operators.entry.EntrySplit`)."""
+        parts = dict(self.plane.channel_opts.get("partitions") or {})
+        query = self.plane.query
+        apps = sorted(n for n in parts if n in query.graph and query.spec(n).kind == "sink")
         if apps:
             raise ValueError(f"{what}() does not yet run on a deployment with partitioned applications "
                              f"({', '.join(f'{n}: {parts[n]}' for n in apps)}); deploy them unpartitioned to change "
@@ -192,8 +190,8 @@ class Changes:
 
         With partitioned operators (``parallelism={op: p}``) the marker reaches every replica of
         every partition (routers give markers to every partition), so a partitioned operator's
-        replicas all switch at ``p`` too. Refused in one line, before anything changes: with
-        entry partitions (``parallelism={"entry": p}``), with a partitioned application, while a
+        replicas all switch at ``p`` too; so do entry partitions (``parallelism={"entry": p}``).
+        Refused in one line, before anything changes: with a partitioned application, while a
         rescale moves bins or another change is made (:meth:`_partitions_allow`).
 
         >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
@@ -208,8 +206,9 @@ class Changes:
         adds them with the usual :class:`~replistream.query.Stream` methods. Each new
         operator gets ``k`` replicas on distinct servers, by default those of ``upstream``'s
         running replicas (then other servers, in order, if they are fewer than ``k``). The new
-        operators are not partitioned; reading a partitioned operator's stream, each new replica
-        receives from every running replica of every partition (a channel group per partition,
+        operators are not partitioned; reading a partitioned operator's stream (or a source, with
+        entry partitions), each new replica receives from every running replica of every
+        partition (a channel group per partition,
         so its punctuation is the one every partition has promised); a partition with no running
         replica is refused, naming it. Refused as :meth:`replace_function` is.
 
