@@ -97,6 +97,8 @@ def test_add_operator_reading_a_partitioned_stream_then_remove_a_partitioned_ope
             time.sleep(0.05)
         assert recs[1]["replicas"] == ["per_k.0#0", "per_k.1#0"] and recs[1]["retired"] is not None
         assert {"per_k.0#0", "per_k.1#0"} <= dep.removed
+        with pytest.raises(ValueError, match="'per_k' was removed from the running query"):
+            dep.rescale("per_k", 1)  # it would start partitions of an operator that is gone
 
 
 def test_a_removed_partitioned_operator_still_splits_as_what_it_wraps():
@@ -168,6 +170,14 @@ def test_what_is_refused_in_one_line():
                     call()
         finally:
             dep.rescaling.clear()
+        changing = dep.reconfig._changing  # as a change holds it while it is made
+        changing.acquire()
+        try:
+            with pytest.raises(RuntimeError, match=r"rescale\(\) cannot run while .* another change is made"):
+                dep.rescale("per_k", 3)
+        finally:
+            changing.release()
+        assert dep.partitions("per_k") == 2
         opts = dep.channel_opts  # a partitioned application (parallelism={app: p}, not on this branch)
         dep.channel_opts = {**opts, "partitions": {**opts["partitions"], "sums": 2}}
         try:

@@ -115,6 +115,10 @@ class Changes:
             raise ValueError("rescale() does not yet run " + ("on the entry points" if operator == "entry" else
                              f"beside entry partitions (entry: {entry_parts})") + "; deploy with "
                              "parallelism={'entry': p} for the entry partitions you want, or without it to rescale")
+        gone = {n for c in self.plane.changes if c.get("change") == "remove_operator" for n in c.get("removed", ())}
+        if operator in gone:
+            raise ValueError(f"rescale(): {operator!r} was removed from the running query (remove_operator); there "
+                             f"is nothing left to rescale")
         with self._exclusive("rescale", change=False):
             return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, gap_us=int(gap_ms * 1000),
                                    timeout=timeout)
