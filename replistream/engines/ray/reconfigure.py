@@ -22,11 +22,11 @@ operator, and the stream replicas into them, come from a
 in the deployment's :class:`~.topology.Topology`.
 
 Partitioned operators (``parallelism={op: p}``, issue #41): every sender's router gives a marker
-to every partition, so every replica of every partition applies the change at ``p``. That plan
-is made with the deployment's partitions and, for a partitioned upstream, with its running
-replicas partition by partition, so an added reader gets a duplicate-filter channel group per
-partition; a removed partitioned operator's replicas are every partition's; ``set_replication``
-counts per partition. What does not run yet is refused by
+to every partition (entry partitions alike), so every replica of every partition applies the
+change at ``p``. An added reader of a partitioned stream reads every running replica of every
+partition, its duplicate filter's channels grouped by partition; the plan of the changed query
+is made with the partitions as they run now (after any rescale); a removed partitioned
+operator's replicas are every partition's; ``set_replication`` counts per partition. What does not run yet is refused by
 :meth:`~.changes.Changes._partitions_allow`.
 
 >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.6)["change"]   # doctest: +SKIP
@@ -332,12 +332,13 @@ def set_replication(dep, operator: str, k: int) -> dict:
     groups = [operator] if parts is None else [partition_label(operator, q) for q in range(parts)]
     with mgr.lock:
         mgr.meter.notice_failures()
-        for group in groups:
-            live = sorted((r.label for r in topo.replicas(group, state="live") if topo.is_running(r.label)),
-                          key=_label_order)
-            if not live:
-                raise RuntimeError(f"set_replication: no live replica of {group!r} to hand its state over from "
-                                   f"(added so far: {added}); call it again once it is repaired (dep.repairs)")
+        lives = {group: sorted((r.label for r in topo.replicas(group, state="live") if topo.is_running(r.label)),
+                               key=_label_order) for group in groups}
+        lost = [group for group, live in lives.items() if not live]
+        if lost:  # (before anything changes)
+            raise RuntimeError(f"set_replication: no live replica of {lost} to hand the state over from; call it "
+                               f"again once repaired (dep.repairs)")
+        for group, live in lives.items():
             for _ in range(max(0, k - len(live))):
                 ev = dep.reconfig.add_replica(group)
                 added.extend(r["label"] for r in ev.get("new_replicas", []))
