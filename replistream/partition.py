@@ -206,6 +206,8 @@ def partition_key(query, node: str, applications: bool = False) -> str:
     replistream.errors.QueryError: parallelism: 'total' is a window with no by= key (a global aggregate: every output may depend on every tuple), so it cannot be partitioned; give it by=... or leave it out of parallelism
     """
     spec = query.spec(node)
+    while type(spec).__name__ == "CutSpec":  # added or removed while running: split as the operator it wraps
+        spec = spec.inner
     kind = type(spec).__name__
     fix = "or leave it out of parallelism"
     if spec.kind == "source":

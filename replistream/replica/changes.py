@@ -17,7 +17,11 @@ the first copy of a marker it receives before anything it emits later, so on
 every stream replica the marker precedes every tuple and punctuation above
 ``p`` (an output above ``p`` needs an input above ``p``, which came after the
 marker on its channel). A replica applies the change when the first copy
-arrives, so it never processes a tuple above ``p`` without it.
+arrives, so it never processes a tuple above ``p`` without it. Into a
+partitioned operator, each sender cuts a stream into one share per partition
+and gives the marker to every share, in place
+(:meth:`~replistream.partition.Router.route`), so the argument holds per
+partition: every replica of every partition applies the change at ``p``.
 
 The changes:
 

@@ -63,8 +63,8 @@ def test_a_partition_replica_is_repaired_from_its_own_partition_and_its_peer_may
     with deploy(q, servers=SERVERS, k=2, repair=True, parallelism={"per_k": 2, "m": 2}) as dep:
         assert sorted(dep.handles) == ["entry#0", "entry#1", "m.0#0", "m.0#1", "m.1#0", "m.1#1", "out",
                                        "per_k.0#0", "per_k.0#1", "per_k.1#0", "per_k.1#1"]
-        with pytest.raises(ValueError, match="partitioned operators"):
-            dep.remove_operator("per_k")  # refused in one line, before anything changes
+        with pytest.raises(RuntimeError, match="feed"):
+            dep.remove_operator("per_k")  # (changes run on partitions: test_changes_partitions_ray.py) not unfed
         res = dep.run({"s": s}, pace=None, timeout=300)
         done = [r for r in dep.repairs if r.get("repaired")]
         assert done and done[0]["replica"] == "per_k.1#0" and done[0]["new"] == "per_k.1#2", dep.repairs

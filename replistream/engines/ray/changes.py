@@ -6,8 +6,9 @@
 """
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from typing import Callable
-
 
 from . import reconfigure
 
@@ -22,6 +23,8 @@ class Changes:
 
     def __init__(self, plane):
         self.plane = plane  # the :class:`~.plane.ControlPlane` this part belongs to
+        #: held while a change of the running query or a rescale is made: neither starts meanwhile
+        self._changing = threading.Lock()
 
     def revive_replica(self, operator: str, replica: int, strategy: str | None = None,
                        bins_per_step: int | None = None, bits: int | None = None,
@@ -112,8 +115,13 @@ class Changes:
             raise ValueError("rescale() does not yet run " + ("on the entry points" if operator == "entry" else
                              f"beside entry partitions (entry: {entry_parts})") + "; deploy with "
                              "parallelism={'entry': p} for the entry partitions you want, or without it to rescale")
-        return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, gap_us=int(gap_ms * 1000),
-                               timeout=timeout)
+        gone = {n for c in self.plane.changes if c.get("change") == "remove_operator" for n in c.get("removed", ())}
+        if operator in gone:
+            raise ValueError(f"rescale(): {operator!r} was removed from the running query (remove_operator); there "
+                             f"is nothing left to rescale")
+        with self._exclusive("rescale", change=False):
+            return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, gap_us=int(gap_ms * 1000),
+                                   timeout=timeout)
 
     def partitions(self, operator: str) -> int:
         """How many partitions ``operator`` runs as now (1: not partitioned; ``"entry"``: the entry
@@ -129,16 +137,39 @@ class Changes:
 
         return rescale.partitions(self.plane, operator)
 
-    def _unpartitioned(self, what: str) -> None:
-        """Changes of the running query are not yet made to a deployment with partitioned operators:
-        said in one line before anything changes."""
+    def _partitions_allow(self, what: str) -> None:
+        """Refuse, in one line and before anything changes, a change of the running query that does
+        not yet run beside partitions: on a partitioned application (``parallelism={app: p}``: a
+        removal retires operator replicas only, and an application's replicas are not grouped
+        by partition in a plan of the changed query yet; deploy it unpartitioned), or while a
+        rescale moves bins (its new partitions are built from the query and topology a change
+        rewrites; call again once it returned). Partitioned operators and entry partitions are
+        fine: every sender gives a marker to every partition
+        (:meth:`~replistream.partition.Router.route`, :class:`~replistream.operators.entry.EntrySplit`)."""
         parts = dict(self.plane.channel_opts.get("partitions") or {})
-        if int(self.plane.channel_opts.get("entry_partitions") or 1) > 1:
-            parts["entry"] = int(self.plane.channel_opts["entry_partitions"])
-        if parts:
-            raise ValueError(f"{what}() does not yet run on a deployment with partitioned operators "
-                             f"({', '.join(f'{n}: {p}' for n, p in sorted(parts.items()))}); deploy without "
-                             f"parallelism= to change the running query")
+        query = self.plane.query
+        apps = sorted(n for n in parts if n in query.graph and query.spec(n).kind == "sink")
+        if apps:
+            raise ValueError(f"{what}() does not yet run on a deployment with partitioned applications "
+                             f"({', '.join(f'{n}: {parts[n]}' for n in apps)}); deploy them unpartitioned to change "
+                             f"the running query")
+        if self.plane.rescaling.is_set() or self._changing.locked():
+            raise RuntimeError(f"{what}() cannot run while a rescale moves bins or another change is made; "
+                               f"call it again once that has returned")
+
+    @contextmanager
+    def _exclusive(self, what: str, change: bool = True):
+        """Run a change of the running query (``change``) or a rescale alone: refused in one line if
+        another one or a rescale runs (a rescale reads the query and topology a change rewrites)."""
+        if change:
+            self._partitions_allow(what)
+        if not self._changing.acquire(blocking=False):
+            raise RuntimeError(f"{what}() cannot run while a rescale moves bins or another change is made; "
+                               f"call it again once that has returned")
+        try:
+            yield
+        finally:
+            self._changing.release()
 
     def transfers(self) -> list[dict]:
         """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""
@@ -161,43 +192,66 @@ class Changes:
         output equals a reference run of ``dep.query``, which now holds both
         functions (:class:`~replistream.replica.changes.TimeSwitch`).
 
+        With partitioned operators (``parallelism={op: p}``) the marker reaches every replica of
+        every partition (routers give markers to every partition), so a partitioned operator's
+        replicas all switch at ``p`` too; so do entry partitions (``parallelism={"entry": p}``).
+        Refused in one line, before anything changes: with a partitioned application, while a
+        rescale moves bins or another change is made (:meth:`_partitions_allow`).
+
         >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.9)["p"]   # doctest: +SKIP
         15000000
         """
-        self._unpartitioned("replace_function")
-        return reconfigure.replace_function(self.plane, operator, fn)
+        with self._exclusive("replace_function"):
+            return reconfigure.replace_function(self.plane, operator, fn)
 
     def add_operator(self, upstream: str, build: Callable, servers=None) -> dict:
         """Add operators and their application(s) reading stream ``upstream``; they see its
         tuples with ``ts > p`` (``p``: the largest timestamp fed so far). ``build(stream)``
         adds them with the usual :class:`~replistream.query.Stream` methods. Each new
         operator gets ``k`` replicas on distinct servers, by default those of ``upstream``'s
-        running replicas (then other servers, in order, if they are fewer than ``k``).
+        running replicas (then other servers, in order, if they are fewer than ``k``). The new
+        operators are not partitioned; reading a partitioned operator's stream (or a source, with
+        entry partitions), each new replica receives from every running replica of every
+        partition (a channel group per partition,
+        so its punctuation is the one every partition has promised); a partition with no running
+        replica is refused, naming it. Refused as :meth:`replace_function` is.
 
         >>> dep.add_operator("load", lambda s: s.filter(lambda b: b["cpu"] > 0.9, name="very_hot")
         ...                  .sink("very_hot_alerts"))["added"]                      # doctest: +SKIP
         ['very_hot', 'very_hot_alerts']
         """
-        self._unpartitioned("add_operator")
-        return reconfigure.add_operator(self.plane, upstream, build, servers)
+        with self._exclusive("add_operator"):
+            return reconfigure.add_operator(self.plane, upstream, build, servers)
 
     def remove_operator(self, operator: str) -> dict:
         """Remove ``operator`` and the part of the query only it feeds: it sees its input up to
         ``p`` (the largest timestamp fed so far), then its inputs close, its windows flush and
-        its applications complete; its replicas are then stopped (``changes[-1]["retired"]``).
+        its applications complete; its replicas are then stopped (``changes[-1]["retired"]``):
+        a partitioned operator's, every partition's (``agg.0#0``, ``agg.1#0``, ...). Refused as
+        :meth:`replace_function` is.
 
         >>> dep.remove_operator("load_per_minute")["removed"]      # doctest: +SKIP
         ['load_per_minute', 'load_stats']
         """
-        self._unpartitioned("remove_operator")
-        return reconfigure.remove_operator(self.plane, operator)
+        with self._exclusive("remove_operator"):
+            return reconfigure.remove_operator(self.plane, operator)
 
     def set_replication(self, operator: str, k: int) -> dict:
         """Run ``k`` live replicas of ``operator``: new ones by hand-over from a live peer,
         surplus ones discarded (their stream replicas first).
 
+        A partitioned operator gets ``k`` live replicas in *every* partition: each partition's new
+        replicas by hand-over from a live peer of that partition (the only replicas holding its
+        keys' state), its surplus discarded among its own. Per partition, because a partition's
+        replicas are the copies of one another (``deploy(k=, parallelism=)`` gives each partition
+        ``k``, and each masks ``k - 1`` losses of its own); a total over partitions, which hold
+        disjoint keys, would say nothing about fault tolerance. A partition with no live replica is
+        refused, naming it. Refused as :meth:`replace_function` is.
+
         >>> dep.set_replication("correlate", 3)["added"]      # doctest: +SKIP
         ['correlate#2']
+        >>> dep.set_replication("per_key", 2)["added"]        # doctest: +SKIP
+        ['per_key.0#1', 'per_key.1#1']
         """
-        self._unpartitioned("set_replication")
-        return reconfigure.set_replication(self.plane, operator, k)
+        with self._exclusive("set_replication"):
+            return reconfigure.set_replication(self.plane, operator, k)

@@ -21,6 +21,14 @@ operator, and the stream replicas into them, come from a
 :class:`~replistream.plan.PhysicalPlan` of the changed query; they are entered
 in the deployment's :class:`~.topology.Topology`.
 
+Partitioned operators (``parallelism={op: p}``, issue #41): every sender's router gives a marker
+to every partition (entry partitions alike), so every replica of every partition applies the
+change at ``p``. An added reader of a partitioned stream reads every running replica of every
+partition, its duplicate filter's channels grouped by partition; the plan of the changed query
+is made with the partitions as they run now (after any rescale); a removed partitioned
+operator's replicas are every partition's; ``set_replication`` counts per partition. What does not run yet is refused by
+:meth:`~.changes.Changes._partitions_allow`.
+
 >>> dep.replace_function("hot", lambda b: b["cpu"] > 0.6)["change"]   # doctest: +SKIP
 'replace_function'
 """
@@ -36,7 +44,8 @@ import ray
 
 from ...errors import QueryError
 from ...gc import OperatorReplica, StreamReplica
-from ...plan import PhysicalPlan, group_of
+from ...partition import parse_partition_label, partition_label
+from ...plan import ENTRY, PhysicalPlan, group_of, replica_partition
 from ...replica.changes import PENDING, AddOperator, CutSpec, RemoveOperator, ReplaceFunction, new_marker, set_spec
 from ...schema import END, as_seconds
 from .topology import kind_of
@@ -162,10 +171,11 @@ def _retire(dep, labels: list[str]) -> None:
 def add_operator(dep, upstream: str, build, servers=None) -> dict:
     """See :meth:`Deployment.add_operator <replistream.engines.ray.deployment.Deployment.add_operator>`.
 
-    The new replicas and their stream replicas are those of a
-    :class:`~replistream.plan.PhysicalPlan` of the changed query in which ``upstream``'s
-    replica group is its running replicas (so their channels are those replicas'
-    positions); links among the new replicas open now, links from ``upstream``'s
+    The new replicas and the stream replicas among them are those of a
+    :class:`~replistream.plan.PhysicalPlan` of the changed query; they read ``upstream``
+    from its running replicas, each on the channel of its position among them (for a
+    partitioned upstream, operator or entry points, partition by partition, the channels
+    grouped by partition). Links among the new replicas open now, links from ``upstream``'s
     replicas when the marker passes each of them (:class:`~replistream.replica.changes.AddOperator`)."""
     topo = dep.topology
     with dep.quiet(), _written_whole(dep):
@@ -174,9 +184,10 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
         p = dep.feeder.marker_time()  # raises before anything starts if no change can be placed
         q2, add = AddOperator(upstream, build).extend(dep.query, PENDING)
         group = group_of(q2, upstream)
-        ups = topo.running(group)
-        if not ups:
-            raise RuntimeError(f"add_operator: no live replica produces {upstream!r}")
+        parts = _partitions(dep)
+        entry_parts = int(dep.channel_opts.get("entry_partitions") or 1)
+        up_parts = parts.get(group) if group != ENTRY else (entry_parts if entry_parts > 1 else None)
+        ups = _producers(dep, group, up_parts)
         for n in add.added:
             if n in dep.plan:
                 raise QueryError(f"add_operator: {n!r} was a node of this deployment; pick a new name")
@@ -191,8 +202,20 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
         new_placement = {n: [servers[0]] if q2.spec(n).kind == "sink" else [servers[i % len(servers)]
                                                                             for i in range(dep.k)]
                          for n in add.added}
-        plan = PhysicalPlan(q2, {**dep.plan, group: [topo.server(label) for label, _ in ups], **new_placement})
-        created = {r.label: dep.new_actor(q2, n, r.index, plan.server(r), plan.channels(n))
+        plan = PhysicalPlan(q2, {**_placement(dep, parts), **new_placement}, parallelism=parts,
+                            bits=dep.channel_opts.get("bits"), keep_single=True, entry_partitions=entry_parts)
+        # what the new replicas read from upstream's running replicas (each on the channel of its
+        # position among them; a partitioned upstream's channels grouped by partition)
+        up_groups = [replica_partition(label) for label, _ in ups] if up_parts is not None else None
+
+        def inputs(n: str) -> dict:
+            chans, grps = plan.channels(n), plan.channel_groups(n)
+            for port, u in enumerate(q2.inputs_of(n)):
+                if u == upstream:
+                    chans[port], grps[port] = len(ups), up_groups
+            return {"channels": chans, "groups": grps}
+
+        created = {r.label: dep.new_actor(q2, n, r.index, plan.server(r), **inputs(n))
                    for n in add.added for r in plan.replicas(n)}
         dep.set_clock(created.values())
         with dep.delivered.lock:
@@ -204,15 +227,16 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
                                                      stateful=plan.stateful(n)))
                     topo.attach(r.label, created[r.label])
         # links among the new replicas now; from the stream's producers when the marker passes them
-        new_edges = [e for e in plan.streams() if e.dst.node in add.added]
         ray.get([created[e.src.label].connect.remote(e.stream, e.dst.label, plan.server(e.dst), created[e.dst.label],
                                                      e.port, e.channel)
-                 for e in new_edges if e.src.node in add.added], timeout=120)
+                 for e in plan.streams() if e.src.node in add.added and e.dst.node in add.added], timeout=120)
         links: dict[str, list] = {}
-        for e in new_edges:
-            if e.src.node == group and e.stream == upstream:
-                links.setdefault(ups[e.src.index][0], []).append(
-                    (upstream, e.dst.label, plan.server(e.dst), created[e.dst.label], e.port, e.channel))
+        for n in add.added:
+            for port, u in enumerate(q2.inputs_of(n)):
+                if u == upstream:
+                    for ch, (label, _) in enumerate(ups):
+                        links.setdefault(label, []).extend(
+                            (upstream, r.label, plan.server(r), created[r.label], port, ch) for r in plan.replicas(n))
         change = replace(add, links=links)
         for n in add.added:
             spec = q2.spec(n)
@@ -227,6 +251,44 @@ def add_operator(dep, upstream: str, build, servers=None) -> dict:
             {"change": "add_operator", "upstream": upstream, "added": list(add.added), "p": p, "marker": mid,
              "placement": new_placement, "text": text})))
     return rec
+
+
+def _partitions(dep) -> dict[str, int]:
+    """``{operator: partitions}`` of the deployment's partitioned operators now (after any rescale)."""
+    return {n: int(p) for n, p in (dep.channel_opts.get("partitions") or {}).items()}
+
+
+def _placement(dep, parts: dict[str, int]) -> dict[str, list[str]]:
+    """The deployment's placement as it runs now, for a plan of the changed query: without the
+    partitions a rescale retired, with the servers of those it started."""
+    placed = {}
+    for n, where in dep.plan.items():
+        base, q = parse_partition_label(n)
+        if q is None or base not in parts or q < parts[base]:
+            placed[n] = list(where)
+    for op, p in parts.items():
+        for q in range(p):
+            key = partition_label(op, q)
+            if key not in placed and op not in placed:
+                placed[key] = list(dict.fromkeys(r.server for r in dep.topology.replicas(key)))
+    return placed
+
+
+def _producers(dep, group: str, partitions: int | None) -> list:
+    """``(label, handle)`` of the running replicas of ``group`` (a partitioned one's, operator or
+    entry points, partition by partition, each partition's in the order added: a new reader's
+    channels); raises, naming it, if none runs (or none of some partition: its tuples would be lost)."""
+    ups = dep.topology.running(group)
+    if partitions is None:
+        if not ups:
+            raise RuntimeError(f"add_operator: no live replica produces {group!r}")
+        return ups
+    by_part = [[(label, h) for label, h in ups if replica_partition(label) == q] for q in range(partitions)]
+    lost = [partition_label(group, q) for q, reps in enumerate(by_part) if not reps]
+    if lost:
+        raise RuntimeError(f"add_operator: no live replica of partition(s) {lost} of {group!r}; call it again once "
+                           f"they are repaired (dep.repairs)")
+    return [r for reps in by_part for r in reps]
 
 
 def _enter_streams(dep, plan: PhysicalPlan, added, upstream: str, connected: list[str]) -> None:
@@ -265,15 +327,31 @@ def set_replication(dep, operator: str, k: int) -> dict:
     mgr = dep.control_loop()
     topo = dep.topology
     added, discarded = [], []
+    # a partitioned operator: k in every partition, each from and among its own partition's replicas
+    parts = _partitions(dep).get(operator)
+    groups = [operator] if parts is None else [partition_label(operator, q) for q in range(parts)]
     with mgr.lock:
         mgr.meter.notice_failures()
-        live = sorted(r.label for r in topo.replicas(operator, state="live") if topo.is_running(r.label))
-        for _ in range(max(0, k - len(live))):
-            ev = dep.reconfig.add_replica(operator)
-            added.extend(r["label"] for r in ev.get("new_replicas", []))
-        for label in live[k:][::-1] if len(live) > k else []:
-            mgr.handover.discard(label, f"set_replication({operator!r}, {k}): {label} discarded")
-            discarded.append(label)
+        lives = {group: sorted((r.label for r in topo.replicas(group, state="live") if topo.is_running(r.label)),
+                               key=_label_order) for group in groups}
+        lost = [group for group, live in lives.items() if not live]
+        if lost:  # (before anything changes)
+            raise RuntimeError(f"set_replication: no live replica of {lost} to hand the state over from; call it "
+                               f"again once repaired (dep.repairs)")
+        for group, live in lives.items():
+            for _ in range(max(0, k - len(live))):
+                ev = dep.reconfig.add_replica(group)
+                added.extend(r["label"] for r in ev.get("new_replicas", []))
+            for label in live[k:][::-1] if len(live) > k else []:
+                mgr.handover.discard(label, f"set_replication({operator!r}, {k}): {label} discarded")
+                discarded.append(label)
+    each = f" in each of its {parts} partitions" if parts is not None else ""
     return dep.record_change({"change": "set_replication", "operator": operator, "k": k, "added": added,
                               "discarded": discarded, "p": None,
-                              "text": f"{operator!r} now has {k} live replica(s)"})
+                              "text": f"{operator!r} now has {k} live replica(s){each}"})
+
+
+def _label_order(label: str) -> tuple:
+    """Replica labels by partition, then by number (``"agg#10"`` after ``"agg#9"``)."""
+    head, _, tail = label.rpartition("#")
+    return (head, int(tail) if tail.isdigit() else -1, label)
