@@ -57,6 +57,8 @@ def run(operator: str, keys: int, rate: int, steady_s: float, skip_s: float, che
         stats = {label: ray.get(h.stats.remote(), timeout=30) for label, h in dep.handles.items()}
         t0 = dep.t0  # the feed's start: arrival times are seconds since it
     out["complete"] = bool(res.complete)
+    order = np.argsort(lat)[::-1][:5]
+    out["worst"] = [(round(float(arrival[i]), 3), round(float(lat[i]), 1)) for i in order]  # (arrival s, ms)
     run_start = 0.0
     edges = np.arange(run_start, arrival.max() + WINDOW_S, WINDOW_S)
     idx = np.searchsorted(edges, arrival, side="right") - 1
@@ -176,6 +178,7 @@ def main(argv=None) -> None:
                   f"{r['target_ms']:.0f}; {r['windows_over_target']} windows over), steady {r['max_steady_ms']:.1f} ms, "
                   f"p99 {r['p99_ms']:.1f} ms, exact {r.get('exact')}; longest collection {worst[1]:.1f} ms ({worst[0]})",
                   flush=True)
+            print("  worst outputs (arrival s, latency ms):", r["worst"], flush=True)
             print("  windows:", ", ".join(f"{w['max_ms']:.0f}" if w["max_ms"] is not None else "-"
                                           for w in r["windows"]), flush=True)
             for label, g in r["actors"].items():

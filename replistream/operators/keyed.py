@@ -131,10 +131,11 @@ class KeyedState:
     two are of comparable size (the logarithmic method: an entry is copied ``O(log n)``
     times overall), and every run is merged into one once lookups in the extra runs
     have cost about as much as that merge. A bin, the top bits of the hash, is one
-    contiguous range of each run. Once no new key has come for lookups of a 16th of
-    the rows (the state stopped growing), the rows are put in hash order, so a
-    snapshot copies slices again instead of gathering rows; a full snapshot does it at
-    once.
+    contiguous range of each run. A full snapshot (and a load) puts the rows themselves in
+    hash order, so a snapshot of some bins copies slices instead of gathering rows; an update
+    never does: at a million keys of 112 bytes that copy took 0.37 s, a pause of the data
+    path with no fault and no move (issue #42, ``bench/steady.py``), while gathering one bin's
+    rows costs that bin's rows only.
 
     >>> st = KeyedState({"n": "i8"}, bits=2)
     >>> slots = st.upsert(np.array([5, 2**63], dtype=np.uint64))
@@ -156,7 +157,6 @@ class KeyedState:
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted hashes, their rows), oldest first
         self._probes = 0  # lookups in runs beyond the first since the last full merge
         self._ordered = True  # the storage's rows are in hash order (whatever runs index them)
-        self._since_append = 0  # lookups since new rows last came
         self.cols = _Columns(self)
         self.versions = np.zeros(1 << self.bits, dtype=np.int64)
         self.clock = 0
@@ -211,7 +211,6 @@ class KeyedState:
     def locate(self, hashes: np.ndarray) -> np.ndarray:
         """Row of each hash, -1 where absent."""
         hashes = np.asarray(hashes, dtype=np.uint64)
-        self._since_append += len(hashes)
         if len(self._runs) > 1:
             self._probes += len(hashes) * (len(self._runs) - 1)
             if 8 * self._probes > self._n:  # lookups in the extra runs have paid for merging them
@@ -247,7 +246,6 @@ class KeyedState:
             a[n:n + m] = np.zeros(m, dtype=a.dtype) if values is None or c not in values else \
                 np.asarray(values[c], dtype=a.dtype)
         self._n = n + m
-        self._since_append = 0
         rows = np.arange(n, n + m, dtype=np.int64)
         self._add_run(np.asarray(hashes, dtype=np.uint64), rows)
         return rows
@@ -277,8 +275,6 @@ class KeyedState:
         i-th hash); returns the rows, valid until the next ``upsert``, removal or full snapshot
         (each may renumber rows; :meth:`locate` never does)."""
         hashes = np.asarray(hashes, dtype=np.uint64)
-        if not self._ordered and 16 * self._since_append > self._n:
-            self._merge_runs()  # it stopped growing, and lookups since have paid for the new order
         pos = self.locate(hashes)
         new = pos < 0
         if new.any():
