@@ -121,7 +121,7 @@ class _Base:
         # Python's garbage collector: pauses measured (stats()["gc"]), young collections rarer,
         # everything built so far frozen out of later collections (gcpause.py, issue #42)
         self.gc_watch = gcpause.watch()
-        gcpause.settle()
+        gcpause.settle(collect=True)  # before any data flows: no garbage (a pooled life's) frozen for good
 
     def _punct_times(self, started: float, before: int, after: int, out: list) -> None:
         """Keep when the input punctuation rose from ``before`` to ``after`` (the call that brought
@@ -249,6 +249,7 @@ class _Base:
             self.sender.join(timeout=1.0)
         if not getattr(self, "quiet", False) or self.sender.is_alive():
             raise RuntimeError(f"{self.label}: reinit of an actor still in use")
+        gcpause.thaw()  # the earlier life's state, frozen at its install, collectable again (_setup collects)
         for name in [n for n in self.__dict__ if not n.startswith("_ray")]:
             del self.__dict__[name]
         self.__init__(*args, **kwargs)

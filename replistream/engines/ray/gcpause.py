@@ -15,7 +15,9 @@ store is 70% full: a latency spike with no fault and no move. So each data-path 
   (:func:`settle`: ``gc.freeze()`` moves every object alive now into a permanent generation no
   collection walks again; the operator's state lives in numpy arrays, so what is frozen is mostly
   code, modules and Ray's own objects). Frozen objects are still freed by reference counting;
-  only a reference cycle among them would stay until the process exits;
+  a reference cycle among them would stay until the process exits, so the set-up collects once
+  before it freezes (no data flows yet), and a pooled actor puts its earlier life's objects back
+  under the collector (:func:`thaw`) before it drops them;
 * **collects young objects less often** (:data:`THRESHOLDS`): a batch makes a few hundred
   containers, so the default (a young collection every 700 net new containers) ran several per
   batch.
@@ -34,7 +36,7 @@ import os
 import time
 from collections import deque
 
-__all__ = ["GcWatch", "THRESHOLDS", "settle", "watch"]
+__all__ = ["GcWatch", "THRESHOLDS", "settle", "thaw", "watch"]
 
 #: ``gc.set_threshold`` of a data-path process: young collections after 50,000 net new containers
 #: (default 700), the older generations as by default (every 10th collection of the one below).
@@ -135,15 +137,29 @@ def watch() -> GcWatch:
     return _WATCH[0]
 
 
-def settle() -> None:
-    """Freeze every object alive now (``gc.freeze()``, microseconds): called when a data-path
-    actor is set up and after it installs a state, so later collections walk only what was made
-    since. No collection first: a full one in a fresh worker would itself be the pause this
-    avoids, at the first data call.
+def settle(collect: bool = False) -> None:
+    """Freeze every object alive now (``gc.freeze()``, microseconds), after one full collection
+    with ``collect`` (an actor's set-up, before any data flows: so that no garbage, reference
+    cycles included, is frozen for good): called when a data-path actor is set up and after it
+    installs a state, so later collections walk only what was made since. An install does not
+    collect: a full collection there would itself be the pause this avoids.
 
-    >>> settle(); import gc; gc.get_freeze_count() > 0
+    >>> settle(collect=True); import gc; gc.get_freeze_count() > 0
     True
-    >>> gc.unfreeze()
+    >>> thaw()
     """
     if tuned():
+        if collect:
+            gc.collect()
         gc.freeze()
+
+
+def thaw() -> None:
+    """Put every frozen object back under the collector (``gc.unfreeze()``): a pooled actor does it
+    before it drops its earlier life's attributes (``reinit``), so the state of that life, frozen
+    at its install, is collected like any garbage instead of staying in the process for good.
+
+    >>> import gc; gc.freeze(); thaw(); gc.get_freeze_count()
+    0
+    """
+    gc.unfreeze()
