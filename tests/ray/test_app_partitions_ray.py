@@ -98,7 +98,7 @@ def test_one_replica_per_partition_and_the_refusals(tmp_path):
         deploy(q, servers=SERVERS, k=1, parallelism={"out": 2}, parquet_dir=str(tmp_path / "pq"))
     sink = ParquetSink(str(tmp_path / "pos"), every=seconds(3), keep=True)
     with deploy(q, servers=SERVERS, k=1, parallelism={"out": 3, "pos": 2, "entry": 2}, sinks={"pos": sink}) as dep:
-        with pytest.raises(ValueError, match="partitioned operators"):
+        with pytest.raises(ValueError, match="partitioned applications"):
             dep.remove_operator("per_k")  # changes of the running query: refused in one line
         res = dep.run(data, pace=None, timeout=120)
     assert res.complete
