@@ -129,16 +129,22 @@ def ceiling(events: int, rounds: int) -> dict:
 
     n = len(scope["cpu_inputs"](events)["s"])
     t = time.perf_counter()
+    def joined(ps) -> None:
+        for p in ps:
+            p.join(timeout=3600)
+            if p.is_alive() or p.exitcode != 0:
+                p.kill()
+                raise RuntimeError(f"ceiling: a worker process did not finish within an hour (exit code {p.exitcode})")
+
     p = ctx.Process(target=work, args=(0, n))
     p.start()
-    p.join()
+    joined([p])
     one = time.perf_counter() - t
     t = time.perf_counter()
     ps = [ctx.Process(target=work, args=(0, n // 2)), ctx.Process(target=work, args=(n // 2, n))]
     for p in ps:
         p.start()
-    for p in ps:
-        p.join()
+    joined(ps)
     two = time.perf_counter() - t
     return {"one_process_s": round(one, 3), "two_processes_s": round(two, 3), "speed_up": round(one / two, 3)}
 
