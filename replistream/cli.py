@@ -245,9 +245,11 @@ def _check_place_loads(args) -> dict[str, float]:
 
 
 def _check_place_parallelism(args) -> dict[str, int]:
-    """``--parallelism OP=P`` (repeatable) and ``--bits B`` of ``place``, checked against the query's
-    operators with :func:`~replistream.partition.check_parallelism`'s messages; ``{operator: p}``
-    with ``p >= 2`` (one partition is the operator as it is).
+    """``--parallelism NODE=P`` (repeatable) and ``--bits B`` of ``place``, checked against the query
+    with :func:`~replistream.partition.check_parallelism`'s messages; ``{node: p}`` with ``p >= 2``
+    (one partition is the node as it is). NODE is an operator, ``entry`` (the entry points' partitions,
+    laid out on the entry points' servers) or an application (its partitions spread from its server,
+    as ``deploy()`` runs them).
 
     >>> args = build_parser().parse_args(["place", "--parallelism", "corelate=2"])
     >>> _check_place_parallelism(args)
@@ -256,14 +258,33 @@ def _check_place_parallelism(args) -> dict[str, int]:
     replistream.cli.CliError: --parallelism: query 'fig1' has no operator 'corelate' (operators: loads, pings, correlate, hot); did you mean 'correlate'?
     >>> _check_place_parallelism(build_parser().parse_args(["place", "--parallelism", "correlate=2", "--bits", "4"]))
     {'correlate': 2}
+    >>> _check_place_parallelism(build_parser().parse_args(["place", "--parallelism", "entry=2",
+    ...                                                     "--parallelism", "alerts=3"]))
+    {'entry': 2, 'alerts': 3}
     """
-    from .partition import parallelism_from_options
+    from .partition import ENTRY, check_parallelism, entry_parallelism, parallelism_from_options
 
+    query = _place_query(args) if args.parallelism else None
+    apps = set(query.sinks) if query is not None else set()
+    operators, others = [], {}
+    for item in args.parallelism or []:
+        name, sep, p = item.partition("=")
+        if name != ENTRY and name not in apps:
+            operators.append(item)
+            continue
+        if not sep or not p.strip().lstrip("-").isdigit():
+            raise CliError(f"--parallelism takes NODE=PARTITIONS, e.g. --parallelism {name}=2; got {item!r}")
+        if name in others:
+            raise CliError(f"--parallelism names {name!r} twice; give each node once")
+        others[name] = int(p)
     try:  # (--bits checked even without --parallelism)
-        return parallelism_from_options(args.parallelism or [], args.bits,
-                                        _place_query(args) if args.parallelism else None)
+        out = parallelism_from_options(operators, args.bits, query)
+        entry, others = entry_parallelism(others)
+        out.update(check_parallelism(query, others, args.bits, applications=True) if others else {})
     except ValueError as e:
-        raise CliError(str(e)) from None
+        msg = str(e)
+        raise CliError(msg if msg.startswith("--") else f"--parallelism: {msg.removeprefix('parallelism: ')}") from None
+    return {**({ENTRY: entry} if entry > 1 else {}), **out}
 
 
 def check_reconfigure(args) -> None:
@@ -731,7 +752,8 @@ def _place_inputs(args):
 
 
 def _place(args) -> int:
-    from .placement import D_MIN, ALPHA, PlacementError, place, problem_from_query
+    from .placement import (D_MIN, ALPHA, PlacementError, application_partition_layout, cost_with_application_partitions,
+                            entry_partition_layout, place, problem_from_query)
 
     try:
         servers, ss, query, stats, sources, rates = _place_inputs(args)
@@ -745,8 +767,13 @@ def _place(args) -> int:
             from .placement import QueryStats
 
             stats = QueryStats(stats.rates, {**stats.loads, **loads}, stats.unit)
+        # the model partitions operators (Algorithm 5 per partition); the entry points and each application
+        # are placed as one node, and their partitions laid out from it as deploy() lays them out
+        entry_parts = partitions.get("entry", 1)
+        apps = {a: p for a, p in partitions.items() if a in query.sinks}
+        operators = {n: p for n, p in partitions.items() if n != "entry" and n not in apps}
         problem = problem_from_query(query, servers, ss.latency(), stats, sources=sources,
-                                     parallelism=partitions, bits=args.bits)
+                                     parallelism=operators, bits=args.bits)
         params: dict = {}
         alpha = ALPHA if args.alpha is None else args.alpha
         d_min = D_MIN if args.d_min is None else args.d_min
@@ -762,21 +789,38 @@ def _place(args) -> int:
             params = {"alpha": alpha}
         placed = place(problem, args.k, args.strategy, **params)
         base = place(problem, 1, "non-replicated", alpha=alpha)
+        names = [s.name if hasattr(s, "name") else s for s in servers]
+        layout = {**entry_partition_layout(placed.plan(), entry_parts),
+                  **application_partition_layout(placed.plan(), names, args.k, apps)}
+        cost, bandwidth = placed.network_cost, placed.bandwidth
+        base_cost, base_bandwidth = base.network_cost, base.bandwidth
+        if apps:  # the applications' input reaches each partition where it runs
+            cost, bandwidth = cost_with_application_partitions(problem, placed.replicas, layout, apps)
+            base_cost, base_bandwidth = cost_with_application_partitions(
+                problem, base.replicas, application_partition_layout(base.plan(), names, 1, apps), apps)
     except (PlacementError, ValueError, ImportError, AttributeError) as e:
         print(f"replistream place: {e}", file=sys.stderr)
         return 2
-    rel = placed.relative_to(base)
+    rel = {"bandwidth": bandwidth / base_bandwidth if base_bandwidth else float("nan"),
+           "network_cost": cost / base_cost if base_cost else float("nan")}
+    if not apps:
+        rel = placed.relative_to(base)
+    plan = placed.plan()
+    plan.update({n: v for n, v in layout.items() if not n.startswith("entry.")})  # deploy(placement=) takes "app.P"
     summary = {
         "query": args.query, "servers": len(servers), "strategy": args.strategy, "k": args.k,
-        "parallelism": dict(problem.parallelism), "bits": args.bits,
+        "parallelism": {**({"entry": entry_parts} if entry_parts > 1 else {}), **problem.parallelism, **apps},
+        "bits": args.bits,
         "params": {k: v for k, v in placed.params.items() if k != "k"},
-        "network_cost": placed.network_cost, "bandwidth": placed.bandwidth,
+        "network_cost": cost, "bandwidth": bandwidth,
         "relative_bandwidth": rel["bandwidth"], "relative_network_cost": rel["network_cost"],
-        "baseline": {"strategy": "non-replicated", "k": 1, "network_cost": base.network_cost,
-                     "bandwidth": base.bandwidth},
+        "baseline": {"strategy": "non-replicated", "k": 1, "network_cost": base_cost,
+                     "bandwidth": base_bandwidth},
         "units": {"rate": stats.unit, "latency": "ms", "network_cost": f"{stats.unit} x ms"},
         "rates": rates,
-        "placement": placed.plan(),
+        "placement": plan,
+        # entry and application partitions, laid out from their node's servers as deploy() lays them out
+        "partitions": layout,
         "replicas": [{"node": d.node, "replica": d.replica, "phase": d.phase, "server": d.server, "cost": d.cost,
                       "how": d.how, "rejected": [vars(a) for a in d.alternatives]} for d in placed.decisions],
     }
@@ -796,12 +840,20 @@ def _place(args) -> int:
     from rich.table import Table
 
     console = Console()
-    parts = "".join(f", {op} in {p} partitions" for op, p in problem.parallelism.items())
+    parts = "".join(f", {op} in {p} partitions" for op, p in summary["parallelism"].items())
     table = Table(title=f"{args.strategy} placement of {query.name!r}, k={args.k}, {len(servers)} servers{parts}")
     table.add_column("node (op.P: partition P)" if parts else "node")
     table.add_column("servers (replica 0, 1, ...)")
-    for node, where in summary["placement"].items():
-        table.add_row(node, ", ".join(where))
+    rows = dict(placed.plan())
+    for node in list(rows):  # each entry or application partition under its node
+        if node == "entry" or node in apps:
+            rows.update({n: v for n, v in layout.items() if n.rpartition(".")[0] == node})
+    rows = {n: rows[n] for n in sorted(rows, key=lambda n: list(placed.plan()).index(n.rpartition(".")[0])
+                                       if n in layout else list(placed.plan()).index(n))}
+    for node, where in rows.items():
+        how = " (with the entry points)" if node.startswith("entry.") else \
+            " (spread from the application's server)" if node in layout else ""
+        table.add_row(node, ", ".join(where) + how)
     console.print(table)
     console.print(f"network cost {placed.network_cost:.6g} ({summary['units']['network_cost']}), "
                   f"bandwidth {placed.bandwidth:.6g} ({stats.unit})")
@@ -1147,9 +1199,11 @@ def build_parser() -> argparse.ArgumentParser:
     place.add_argument("--explain", action="store_true", help="also print why every replica went where it did")
     place.add_argument("--plot", metavar="FILE.png", default=None,
                        help="draw servers, replicas and stream replicas on a world map")
-    place.add_argument("--parallelism", metavar="OP=P", action="append", default=[],
-                       help="run operator OP as P key partitions, each with k replicas placed on its own "
-                            "(Algorithm 5 per partition; repeatable, e.g. --parallelism correlate=2)")
+    place.add_argument("--parallelism", metavar="NODE=P", action="append", default=[],
+                       help="run operator NODE as P key partitions, each with k replicas placed on its own "
+                            "(Algorithm 5 per partition; repeatable, e.g. --parallelism correlate=2); NODE may also "
+                            "be entry (P entry partitions, all on the entry points' servers) or an application (P "
+                            "partitions of k replicas, spread from its server as deploy() spreads them)")
     place.add_argument("--load", metavar="NODE=L", action="append", default=[],
                        help="load of one replica of NODE (entry, an operator, an application) in server "
                             "capacities, for the load test load(s) + load(o) < alpha x capacity(s); a partition "

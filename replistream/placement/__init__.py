@@ -14,7 +14,9 @@ simulator:
 * results that explain themselves: :class:`Placement`, :class:`Decision`;
 * servers from files (:func:`load_servers`) and on Ray nodes
   (:func:`ray_options`, :func:`servers_on_nodes`, :func:`cluster_servers`);
-* :class:`PlacementPolicy`: what ``replistream.deploy(..., placement=...)`` calls.
+* :class:`PlacementPolicy`: what ``replistream.deploy(..., placement=...)`` calls;
+* where entry and application partitions run once their node is placed, as ``deploy()`` lays them
+  out, and the cost with them there (:mod:`~replistream.placement.layout`).
 
 >>> from replistream.network import default_servers
 >>> from replistream.placement import fig1_sources, place, problem_from_query
@@ -37,6 +39,8 @@ _LAZY = {
     **dict.fromkeys(["ALPHA", "D_MIN", "Placer", "min_cost"], ".mincost"),
     **dict.fromkeys(["ENTRY", "Flow", "PlacementError", "PlacementProblem", "QueryStats", "latency_matrix",
                      "problem_from_query", "with_stats"], ".model"),
+    **dict.fromkeys(["application_partition_layout", "cost_with_application_partitions", "entry_partition_layout"],
+                    ".layout"),
     **dict.fromkeys(["cluster_servers", "ray_options", "servers_on_nodes"], ".nodes"),
     **dict.fromkeys(["STRATEGIES", "PlacementPolicy", "fig1_sources", "place"], ".policy"),
     **dict.fromkeys(["Alternative", "Decision", "Placement"], ".result"),
@@ -68,4 +72,5 @@ __all__ = [
     "ALPHA", "D_MIN", "Placer", "min_cost", "random_placement", "non_replicated", "STRATEGIES", "place",
     "PlacementPolicy", "fig1_sources", "Alternative", "Decision", "Placement", "ServerSet", "load_servers",
     "servers_from_rows", "ray_options", "servers_on_nodes", "cluster_servers",
+    "entry_partition_layout", "application_partition_layout", "cost_with_application_partitions",
 ]

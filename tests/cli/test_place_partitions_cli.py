@@ -23,8 +23,6 @@ from replistream.workloads import fig1_inputs, fig1_query
     (["--parallelism", "correlate"], "--parallelism takes OPERATOR=PARTITIONS, e.g. --parallelism correlate=2; "
                                      "got 'correlate'"),
     (["--parallelism", "hot=2", "--parallelism", "hot=3"], "--parallelism names 'hot' twice"),
-    (["--parallelism", "entry=2"], "the entry points are not partitioned"),
-    (["--parallelism", "alerts=2"], "'alerts' is an application, which is not partitioned"),
     (["--bits", "21"], "--bits must be an integer from 0 to 20"),
     (["--load", "hot=x"], "--load takes NODE=LOAD with LOAD a number >= 0"),
     (["--load", "hot=-1"], "--load takes NODE=LOAD with LOAD a number >= 0"),
