@@ -119,3 +119,25 @@ def test_remove_then_add_with_results_polled_midway():
         assert [r["change"] for r in recs] == ["remove_operator", "add_operator"]
         assert len(counts) == 5 and counts == sorted(counts) and counts[-1] <= sizes["counts2"]
         assert len(res.outputs["counts2"]) == sizes["counts2"] > 0
+
+
+@pytest.mark.slow
+def test_a_feed_that_has_not_ended_is_not_a_complete_run():
+    """k=2: per_k removed, its application got the end, and the feed is then held (on an event the
+    test sets afterwards): every application there is has ended, but a change still to come could
+    add one, so run() does not return as complete; it raises at its timeout, saying the feed has
+    not ended."""
+    from replistream.errors import RunFailed
+    import threading
+
+    data, ended, release = inputs(), [], threading.Event()
+    s = inject_at(data["s"], seconds(5), Call(lambda d: d.remove_operator("per_k")))
+    s = inject_at(s, seconds(8), _until_ended("sums", ended), Call(lambda d: release.wait(120)))
+    with deploy(query(), servers=SERVERS, k=2, network="zero") as dep:
+        try:
+            with pytest.raises(RunFailed, match="every application received the end of the stream but the feed "
+                                                "had not ended"):
+                dep.run({"s": s}, pace=None, timeout=30)
+        finally:
+            release.set()
+        assert ended == [True]
