@@ -217,6 +217,11 @@ class Ingest:
         if not ok:
             waiting = {n: "none yet" if p == NO_PUNCTUATION else f"{p / 1e6:.6g} s"
                        for n, p in res.punctuation.items() if p != END}
+            if not waiting:  # every application there is ended, but the feed had not (Results.wait)
+                raise RunFailed(f"the run did not complete within {timeout:g} s: every application received the "
+                                f"end of the stream but the feed had not ended (a change it makes, add_operator, "
+                                f"may still add an application); raise the timeout if the input is that long",
+                                logical_time=self.plane.output.reached(), result=res)
             node, text = self.plane.output.holdup()
             raise RunFailed(f"the run did not complete within {timeout:g} s and no failure explains it: "
                             f"applications {sorted(waiting)} have not received the end of the stream "

@@ -164,7 +164,9 @@ class Results:
         raising, when the run can no longer complete exactly (docs/reliability.md): a replica's own
         code raised (:class:`~replistream.errors.UserFunctionError` for a user function, else
         :class:`~replistream.errors.RunFailed`), or every replica of an operator, application or of
-        the entry points is lost (``RunFailed`` naming it); returns a falsy one after ``timeout`` s."""
+        the entry points is lost (``RunFailed`` naming it); returns a falsy one after ``timeout`` s.
+        The applications waited for are those there are once the feed has ended: one added by a
+        change during the feed (``add_operator``) is waited for even if every other one had ended."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             self.poll(wait_s=0.05)
@@ -172,8 +174,15 @@ class Results:
                 progress({n: self.plane.delivered.count(n) for n in self.plane.query.sinks})
             self.plane.monitor.check_failures()
             if self.plane.delivered.complete():
-                if self.plane.feeder.thread is not None:  # every chunk's call has returned (or raised)
-                    self.plane.feeder.fed_all.wait(max(0.0, deadline - time.time()))
+                feeder = self.plane.feeder
+                # every chunk's call has returned (or raised)
+                if feeder.thread is not None and not feeder.fed_all.wait(max(0.0, deadline - time.time())):
+                    break  # the feed has not ended within the timeout
+                if not self.plane.delivered.complete():
+                    # the applications that had ended were not all there will be: while the feed
+                    # ran, a change (add_operator, after a remove_operator ended every application
+                    # there was) added one; wait for its end too
+                    continue
                 self.plane.monitor.check_failures()  # a failure reported as the end arrived still ends the run in error
                 return WaitSummary.of(self._client(), True)
             time.sleep(0.05)
