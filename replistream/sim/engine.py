@@ -622,10 +622,12 @@ class Simulator:
         bar, task = self._progress_bar(progress, until, horizon_s, inputs)
         heap = self._heap
         step = 0
+        self._cut = False  # stopped at ``until`` with events left
         try:
             while heap:
                 t, _, kind, payload = heapq.heappop(heap)
                 if until is not None and t > until:
+                    self._cut = True
                     break
                 self.now = t
                 if kind == _ARRIVE:
@@ -1203,7 +1205,7 @@ class Simulator:
         stats = {"cpu_s": {r.label: r.cpu_s for g in self.groups.values() for r in g},
                  "weights": {n: [f.weights.tolist() for f in self.groups[n][0].core.filters] for n in self.query.sinks}}
         if self.rescaler is not None and self.rescaler.records:
-            if not self._heap:  # the run ended (not stopped at ``until``): every rescale must be done
+            if not getattr(self, "_cut", False):  # the run ended (not stopped at ``until``): every rescale must be done
                 undone = self.rescaler.problems()
                 if undone:
                     raise RuntimeError("rescales did not complete:\n  " + "\n  ".join(undone[:10]))
