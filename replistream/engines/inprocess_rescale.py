@@ -3,7 +3,8 @@
 :class:`~replistream.sources.Rescale` sentinel. The replica-side protocol (giving and taking bins
 at a logical time, why the output stays exact) is :mod:`replistream.replica.rescale`, shared with
 Ray; the routing change is :class:`~replistream.partition.Switch`; this module is the engine's
-control side, as :mod:`replistream.engines.ray.rescale` is Ray's:
+control side, as :mod:`replistream.engines.ray.rescale` is Ray's. Its engine-neutral part,
+:class:`RescaleControl`, is shared with the simulator (:mod:`replistream.sim.rescale`):
 
 1. ``T0`` is the largest timestamp any sender routed to the operator so far (:class:`TrackedRouter`;
    every sender shares one router in process), or the largest punctuation its upstream replicas
@@ -71,7 +72,8 @@ from ..sources import Rescale
 if TYPE_CHECKING:
     from .inprocess import InProcessEngine, HarnessReplica
 
-__all__ = ["STRATEGIES", "GAP", "TrackedRouter", "StateMessage", "Rescaler", "plan_steps", "check_rescales"]
+__all__ = ["STRATEGIES", "GAP", "TrackedRouter", "StateMessage", "RescaleControl", "Rescaler", "plan_steps",
+           "check_rescales"]
 
 #: How the moving bins are cut into steps (as on Ray).
 STRATEGIES = ("fluid", "batched", "all-at-once")
@@ -101,10 +103,11 @@ class TrackedRouter(Router):
         return super().split(port, batch)
 
 
-def check_rescales(query, parallelism: dict, bits: int, events: Iterable[Rescale]) -> dict[str, int]:
+def check_rescales(query, parallelism: dict, bits: int, events: Iterable[Rescale],
+                   engine: str = "the in-process engine") -> dict[str, int]:
     """Check ``events`` (in the order they come) before a run; returns ``{operator: the most
     partitions it will have}``. A one-line ``QueryError`` (``ValueError`` for a wrong number)
-    names the mistake and the fix.
+    names the mistake and the fix; ``engine`` names the engine in a refusal of what it cannot do.
 
     >>> from replistream import Query
     >>> q = Query(); s = q.source("s", {"k": "i8"}); _ = s.window(10, by="k", name="w").sink("o"); q = q.build()
@@ -137,18 +140,18 @@ def check_rescales(query, parallelism: dict, bits: int, events: Iterable[Rescale
             raise ValueError("Rescale: strategy='batched' needs bins_per_step >= 1 (bins moved per step)")
         if isinstance(ev.gap, bool) or not isinstance(ev.gap, (int, np.integer)) or ev.gap < 1:
             raise ValueError(f"Rescale: gap (event time between steps) must be an integer >= 1, got {ev.gap!r}")
-        _refuse_restart(node, now[node], p, retired.get(node, set()))
+        _refuse_restart(node, now[node], p, retired.get(node, set()), engine)
         retired.setdefault(node, set()).update(range(p, now[node]))
         now[node] = p
         most[node] = max(most[node], p)
     return most
 
 
-def _refuse_restart(node: str, old_p: int, p: int, retired: set[int]) -> None:
+def _refuse_restart(node: str, old_p: int, p: int, retired: set[int], engine: str) -> None:
     again = sorted(set(range(old_p, p)) & retired)
     if again:
         raise QueryError(f"Rescale: {node!r} to {p} partitions would start {partition_label(node, again[0])} again after "
-                         f"a rescale retired it; the in-process engine does not restart retired partitions yet: "
+                         f"a rescale retired it; {engine} does not restart retired partitions yet: "
                          f"rescale to at most {min(again)} partitions")
 
 
@@ -177,17 +180,30 @@ class StateMessage:
         return True
 
 
-class Rescaler:
-    """The rescales of one run of ``engine`` (made by the engine at the first :class:`Rescale`).
+class RescaleControl:
+    """The engine-neutral control side of the rescales of one run of ``engine`` (an engine with
+    ``query``, ``groups`` (node -> replicas with ``label``, ``partition``, ``alive``, ``core``),
+    ``routers`` (:class:`TrackedRouter` per partitioned operator) and ``parallelism``): the steps,
+    the routing switch, the replicas' :class:`~replistream.replica.rescale.Moves`, the state
+    messages' grouping and bookkeeping, the retiring partitions' closing. The in-process engine
+    (:class:`Rescaler`) and the simulator (:mod:`replistream.sim.rescale`) give the hooks: the
+    rescale's ``T0`` (``_t0``), starting new partitions (``_start_partitions``), sending a
+    :class:`StateMessage` (``_send``), emitting a replica's outputs (``_emit``), whether a replica
+    still works (``_working``) and a new record (``_new_record``).
 
     ``records``: one dict per rescale (``from``, ``to``, ``strategy``, ``at`` (``T0``), ``steps``,
     ``bins_moved``, ``new_replicas``, ``retired_replicas``, ``sent``/``lost`` state messages);
-    ``inflight``: the state messages not delivered yet; ``ever``: per operator, how many
-    partitions it has had at most."""
+    ``ever``: per operator, how many partitions it has had at most.
 
-    def __init__(self, engine: "InProcessEngine"):
+    >>> RescaleControl.engine_name
+    'this engine'
+    """
+
+    #: the engine's name in a refusal of what it cannot do
+    engine_name = "this engine"
+
+    def __init__(self, engine):
         self.e = engine
-        self.inflight: list[StateMessage] = []
         self.records: list[dict] = []
         self.ever: dict[str, int] = dict(engine.parallelism)
         self.retired: dict[str, set[int]] = {}
@@ -198,29 +214,47 @@ class Rescaler:
         self._record_of: dict[str, dict] = {}  # step id -> its rescale's record
         self._last_at: dict[str, int] = {}  # operator -> the time of its last rescale's last step
 
-    # -- starting ------------------------------------------------------------------------------
-    def begin(self, ev: Rescale) -> None:
-        """Run ``ev`` now."""
-        self._begin(ev)
+    # -- the engine's hooks -----------------------------------------------------------------------
+    def _t0(self, node: str) -> int:
+        raise NotImplementedError
 
-    def _begin(self, ev: Rescale) -> None:
+    def _start_partitions(self, node: str, old_p: int, p: int) -> list[str]:
+        raise NotImplementedError
+
+    def _send(self, msg: StateMessage) -> None:
+        raise NotImplementedError
+
+    def _emit(self, r, out: list) -> None:
+        raise NotImplementedError
+
+    def _working(self, r) -> bool:
+        return r.alive and r.core is not None
+
+    def _new_record(self, rec: dict) -> None:
+        pass
+
+    # -- starting ------------------------------------------------------------------------------
+    def begin(self, ev: Rescale) -> dict:
+        """Run ``ev`` now; its record."""
+        return self._begin(ev)
+
+    def _begin(self, ev: Rescale) -> dict:
         e, q = self.e, self.e.query
         node, p = ev.operator, int(ev.p)
         old_p = e.parallelism[node]
         rec = {"operator": node, "from": old_p, "to": p, "strategy": ev.strategy, "at": None, "steps": 0,
-               "bins_moved": 0, "new_replicas": [], "retired_replicas": [], "sent": 0, "lost": 0,
-               "harness_step": e.stats.steps}
+               "bins_moved": 0, "new_replicas": [], "retired_replicas": [], "sent": 0, "lost": 0}
         self.records.append(rec)
-        e.stats.rescales.append(rec)
+        self._new_record(rec)
         if p == old_p:
-            return
+            return rec
         t0 = self._t0(node)
         if node in self._last_at:  # after every step of the rescales before (a slow replica may not have taken them)
             t0 = max(t0, self._last_at[node] + 1)
         if t0 >= END:
             rec["skipped"] = "the operator's stream had ended"
-            return
-        _refuse_restart(node, old_p, p, self.retired.get(node, set()))
+            return rec
+        _refuse_restart(node, old_p, p, self.retired.get(node, set()), self.engine_name)
         router = e.routers[node]
         current, bits = router.final(), router.binmap.bits
         new = BinMap.even(p, bits)
@@ -254,8 +288,105 @@ class Rescaler:
                     self.closing[id(r)] = last
                     rec["retired_replicas"].append(r.label)
             for r in list(e.groups[node]):
-                if id(r) in self.closing and r.ready:
-                    e._emit(r, self._close_if_done(r, []))
+                if id(r) in self.closing and self._working(r):
+                    self._emit(r, self._close_if_done(r, []))
+        return rec
+
+    # -- the data path ---------------------------------------------------------------------------
+    def after(self, r, out: list) -> list:
+        """What ``r`` emits of ``out`` (its core's outputs, a replica of a rescaled operator): its
+        given bins' state goes out as messages; a closed replica emits nothing more; a leaving one
+        closes when it can."""
+        if id(r) in self.closed:
+            if any(not isinstance(it, Punctuation) and len(it) for it in out):
+                raise RuntimeError(f"{r.label} emitted tuples after its partition was retired by a rescale "
+                                   f"(it had given every bin): {sum(len(it) for it in out if not isinstance(it, Punctuation))} lost")
+            return []
+        moves = r.core.moves
+        if moves is not None and moves.shipped:
+            per_dst: dict[int, list] = {}
+            for group, state in moves.shipped:
+                per_dst.setdefault(int(group[0].dst), []).append((group, state))
+            moves.shipped.clear()
+            for dst, given in per_dst.items():
+                batch = [(tuple(m.id for m in group), state) for group, state in given]
+                steps = tuple(m for group, _ in given for m in group)
+                for t in self.e.groups[r.node]:
+                    if t.partition == dst and t.alive and t.core is not None and id(t) not in self.closed:
+                        self._send(StateMessage(r, t, batch, steps))
+                        self._record(steps[0])["sent"] += 1
+        out = self._close_if_done(r, out)
+        return out
+
+    def _record(self, step: Move) -> dict:
+        return self._record_of.get(step.id, {"sent": 0, "lost": 0})
+
+    def _close_if_done(self, r, out: list) -> list:
+        after = self.closing.get(id(r))
+        m = r.core.moves
+        if after is None or r.core.logic.watermark < after or (m is not None and (m.give or m.take)):
+            return out
+        del self.closing[id(r)]
+        self.closed.add(id(r))
+        return [*out, Punctuation(END)]
+
+    def install(self, msg: StateMessage) -> list:
+        """Install ``msg`` at its receiver (deliverable, alive); what the receiver emits then."""
+        r = msg.receiver
+        core = r.core
+        out = core.moves.install_many(core, msg.batch)
+        if core.output_log is not None and out:
+            core.output_log.append(out)
+        return self.after(r, out)
+
+    # -- the end ---------------------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """What a run that ended left undone (steps not given or installed by a working replica,
+        tuples held, partitions not closed): empty when all is done."""
+        out = []
+        for node in self._steps:
+            for r in self.e.groups[node]:
+                m = r.core.moves if self._working(r) else None
+                if m is None:
+                    continue
+                if m.take or m.give or m.waiting:
+                    out.append(f"{r.label}: {len(m.take)} step(s) to take, {len(m.give)} to give, "
+                               f"{m.waiting} item(s) held")
+        for node, group in self.e.groups.items():
+            for r in group:
+                if id(r) in self.closing and self._working(r):
+                    out.append(f"{r.label}: its partition was to retire but never closed")
+        return out
+
+    def is_closed(self, r) -> bool:
+        """``r``'s partition was retired by a rescale and ``r`` closed."""
+        return id(r) in self.closed
+
+
+class Rescaler(RescaleControl):
+    """The rescales of one run of the in-process ``engine`` (made by the engine at the first
+    :class:`Rescale`): :class:`RescaleControl` with the engine's hooks. ``inflight``: the state
+    messages not delivered yet, which its scheduler delivers at random like a channel's head
+    (:meth:`candidates`, :meth:`deliver`)."""
+
+    engine_name = "the in-process engine"
+
+    def __init__(self, engine: "InProcessEngine"):
+        super().__init__(engine)
+        self.inflight: list[StateMessage] = []
+
+    def _new_record(self, rec: dict) -> None:
+        rec["harness_step"] = self.e.stats.steps
+        self.e.stats.rescales.append(rec)
+
+    def _working(self, r: "HarnessReplica") -> bool:
+        return r.ready
+
+    def _emit(self, r: "HarnessReplica", out: list) -> None:
+        self.e._emit(r, out)
+
+    def _send(self, msg: StateMessage) -> None:
+        self.inflight.append(msg)
 
     def _t0(self, node: str) -> int:
         """The largest timestamp routed to ``node`` so far, or punctuation its upstream replicas
@@ -308,44 +439,6 @@ class Rescaler:
                 labels.append(new.label)
         return labels
 
-    # -- the data path ---------------------------------------------------------------------------
-    def after(self, r: "HarnessReplica", out: list) -> list:
-        """What ``r`` emits of ``out`` (its core's outputs, a replica of a rescaled operator): its
-        given bins' state goes out as messages; a closed replica emits nothing more; a leaving one
-        closes when it can."""
-        if id(r) in self.closed:
-            if any(not isinstance(it, Punctuation) and len(it) for it in out):
-                raise RuntimeError(f"{r.label} emitted tuples after its partition was retired by a rescale "
-                                   f"(it had given every bin): {sum(len(it) for it in out if not isinstance(it, Punctuation))} lost")
-            return []
-        moves = r.core.moves
-        if moves is not None and moves.shipped:
-            per_dst: dict[int, list] = {}
-            for group, state in moves.shipped:
-                per_dst.setdefault(int(group[0].dst), []).append((group, state))
-            moves.shipped.clear()
-            for dst, given in per_dst.items():
-                batch = [(tuple(m.id for m in group), state) for group, state in given]
-                steps = tuple(m for group, _ in given for m in group)
-                for t in self.e.groups[r.node]:
-                    if t.partition == dst and t.alive and t.core is not None and id(t) not in self.closed:
-                        self.inflight.append(StateMessage(r, t, batch, steps))
-                        self._record(steps[0])["sent"] += 1
-        out = self._close_if_done(r, out)
-        return out
-
-    def _record(self, step: Move) -> dict:
-        return self._record_of.get(step.id, {"sent": 0, "lost": 0})
-
-    def _close_if_done(self, r: "HarnessReplica", out: list) -> list:
-        after = self.closing.get(id(r))
-        m = r.core.moves
-        if after is None or r.core.logic.watermark < after or (m is not None and (m.give or m.take)):
-            return out
-        del self.closing[id(r)]
-        self.closed.add(id(r))
-        return [*out, Punctuation(END)]
-
     def candidates(self) -> list[StateMessage]:
         """The state messages the scheduler may deliver now (those of a dead sender or to a dead
         receiver are lost and dropped)."""
@@ -361,32 +454,4 @@ class Rescaler:
     def deliver(self, msg: StateMessage) -> None:
         """Install a state message at its receiver and emit what it lets through."""
         self.inflight.remove(msg)
-        r = msg.receiver
-        core = r.core
-        out = core.moves.install_many(core, msg.batch)
-        if core.output_log is not None and out:
-            core.output_log.append(out)
-        self.e._emit(r, self.after(r, out))
-
-    # -- the end ---------------------------------------------------------------------------------
-    def problems(self) -> list[str]:
-        """What a run that ended left undone (steps not given or installed by a working replica,
-        tuples held, partitions not closed): empty when all is done."""
-        out = []
-        for node in self._steps:
-            for r in self.e.groups[node]:
-                m = r.core.moves if r.ready else None
-                if m is None:
-                    continue
-                if m.take or m.give or m.waiting:
-                    out.append(f"{r.label}: {len(m.take)} step(s) to take, {len(m.give)} to give, "
-                               f"{m.waiting} item(s) held")
-        for node, group in self.e.groups.items():
-            for r in group:
-                if id(r) in self.closing and r.ready:
-                    out.append(f"{r.label}: its partition was to retire but never closed")
-        return out
-
-    def is_closed(self, r: "HarnessReplica") -> bool:
-        """``r``'s partition was retired by a rescale and ``r`` closed."""
-        return id(r) in self.closed
+        self.e._emit(msg.receiver, self.install(msg))

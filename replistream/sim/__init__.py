@@ -11,9 +11,11 @@ communication differs from the Ray runtime, as in the paper's simulator.
   packet and tuple keeping its own virtual time (the network through
   :func:`replistream.network.delivery_times`, the duplicate filters through
   ``DuplicateFilter.on_rows``, the CPU queue vectorised);
+* :mod:`replistream.sim.rescale`: live rescaling of partitioned operators
+  (``Simulator(rescales=...)`` or a ``Rescale`` sentinel; issue #41);
 * :class:`CpuModel` (per-server CPU, defaults fitted to the runtime's measured Table I);
 * :mod:`replistream.sim.traces`: month-long latency traces over >= 100 real cities;
-* :mod:`replistream.sim.experiments`: the paper's Fig. 2-5 and Table I;
+* :mod:`replistream.sim.experiments`: the paper's Fig. 2-5 and Table I, and live rescaling;
 * :mod:`replistream.sim.cli`: ``replistream sim <experiment>``.
 
 >>> from replistream.sim import Simulator, MODES

@@ -8,6 +8,7 @@
     replistream sim fig5 --out r/ --resume       # kmax rows in parallel; keeps rows done earlier
     replistream sim trace --out t/ --servers 30  # a CSV latency trace
     replistream sim fig4 --quick --parallelism correlate=2 --bits 8   # the Join in 2 key partitions
+    replistream sim rescale --quick --json       # live rescaling, each strategy, in simulated time
 
 >>> import argparse
 >>> p = argparse.ArgumentParser(prog="replistream"); sub = p.add_subparsers(dest="command")
@@ -35,6 +36,7 @@ ABOUT = {
     "fig4": "latency distribution (CCDF) of random against min-cost placement, kmax = 1..5 (Sec. VI-E)",
     "fig5": "network cost of static replication, GC, and GC with revival at one latency guarantee (Sec. VI-F)",
     "table1": "per-replica CPU cost by degree of replication (Sec. VI-D)",
+    "rescale": "live rescaling 1 -> 2 -> 4 partitions: fluid, batched, all-at-once in simulated time (issue #41)",
     "trace": "write a CSV latency trace of the built-in wide-area network model (no experiment)",
 }
 

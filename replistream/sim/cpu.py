@@ -116,20 +116,26 @@ class CpuModel:
     (``"entry"``, ``"sink"`` and ``"other"`` included; missing kinds take
     ``default_us``); ``per_packet_us``: fixed cost per packet. ``scale``
     multiplies everything (e.g. a slower machine, or 0 to turn CPU off).
+    ``per_state_row_us``: microseconds per row of keyed state a rescale moves, at the giving
+    replica (taking it out) and again at each taking one (installing it); an assumption, not
+    measured: 0 by default (:mod:`replistream.sim.rescale`).
 
     >>> CpuModel(scale=0).cost("join", 10**6)
     0.0
+    >>> CpuModel(per_state_row_us=2.0).state_cost(1000)
+    0.002
     """
 
     per_copy_us: dict[str, float] = field(default_factory=fit_costs)
     per_packet_us: float = 20.0
     default_us: float = 2.0
     scale: float = 1.0
+    per_state_row_us: float = 0.0
 
     def __post_init__(self):
-        if not (self.scale >= 0 and self.per_packet_us >= 0 and self.default_us >= 0):
-            raise ValueError(f"CpuModel: scale, per_packet_us and default_us must be >= 0, got "
-                             f"{self.scale}, {self.per_packet_us}, {self.default_us}")
+        if not (self.scale >= 0 and self.per_packet_us >= 0 and self.default_us >= 0 and self.per_state_row_us >= 0):
+            raise ValueError(f"CpuModel: scale, per_packet_us, default_us and per_state_row_us must be >= 0, got "
+                             f"{self.scale}, {self.per_packet_us}, {self.default_us}, {self.per_state_row_us}")
         bad = {k: v for k, v in self.per_copy_us.items() if not v >= 0}
         if bad:
             raise ValueError(f"CpuModel: per_copy_us must be >= 0, got {bad}")
@@ -140,3 +146,7 @@ class CpuModel:
             return 0.0
         us = self.per_packet_us + self.per_copy_us.get(kind, self.default_us) * tuples
         return us * 1e-6 * self.scale * slowdown
+
+    def state_cost(self, rows: int, slowdown: float = 1.0) -> float:
+        """Seconds of CPU to take ``rows`` rows of keyed state out of a replica, or to install them."""
+        return self.per_state_row_us * rows * 1e-6 * self.scale * slowdown

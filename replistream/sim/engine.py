@@ -34,8 +34,10 @@ earliest first timestamp over the sources, as the runtime's paced feeder does):
   :class:`~replistream.sources.KillServer`) are the same kills, at the virtual
   time the feeder reaches them: the release time of the source's preceding
   chunk (0 before the first), once that chunk has been handed to the entry
-  points. The other sentinels (``Pause``, ``Call``, ``Revive``, ``AddReplica``)
-  need a deployment: the run stops with a ``QueryError`` naming them;
+  points. A :class:`~replistream.sources.Rescale` among a source's input fires then too, and
+  ``rescales=[(at_s, Rescale(...))]`` schedules one at a virtual time: a partitioned operator's
+  live rescaling (:mod:`replistream.sim.rescale`). The other sentinels (``Pause``, ``Call``,
+  ``Revive``, ``AddReplica``) need a deployment: the run stops with a ``QueryError`` naming them;
 * the replicas and stream replicas are those of the
   :class:`~replistream.plan.PhysicalPlan` of ``(query, plan)``; a run returns
   the engines' one result type, :class:`~replistream.engines.result.RunResult`.
@@ -74,7 +76,7 @@ import heapq
 import math
 from array import array
 from itertools import chain
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -82,13 +84,14 @@ from replistream.engines.result import RunResult, latency_s
 from replistream.errors import QueryError, merge_dead_letters
 from replistream.network import LatencyModel, NetworkConditions, ZeroLatency, delivery_time
 from replistream.operators.sorter import canonical_order
-from replistream.partition import BinMap, Router, partition_label
+from replistream.partition import BinMap, parse_partition_label, partition_label
 from replistream.plan import ENTRY, PhysicalPlan, ReplicaId, StreamEdge
 from replistream.query import Query
 from replistream.replica import ReplayLog, ReplicaCore
 from replistream.scenario import Event, Scenario
 from replistream.schema import TS, Punctuation
-from replistream.sources import KillReplica, KillServer, Sentinel, chunk_time, iter_chunks
+from replistream.engines.inprocess_rescale import TrackedRouter, check_rescales
+from replistream.sources import KillReplica, KillServer, Rescale, Sentinel, chunk_time, iter_chunks
 
 from .cpu import CpuModel, operator_kind
 
@@ -98,7 +101,7 @@ MODES = ("replication", "synchronization", "deterministic")
 _NO_P = int(np.iinfo(np.int64).min)
 
 # event kinds (heap entries are (time, seq, kind, payload))
-_FEED, _ENTRY_IN, _ARRIVE, _EMIT, _KILL, _FAILOVER, _CALL = range(7)
+_FEED, _ENTRY_IN, _ARRIVE, _EMIT, _KILL, _FAILOVER, _CALL, _RESCALE, _STATE = range(9)
 
 
 class _Replica:
@@ -248,15 +251,49 @@ def sentinel_kill(sentinel: Sentinel, at: float, source: str) -> Event:
     >>> sentinel_kill(Pause(1.0), 0.0, "pings")
     Traceback (most recent call last):
     ...
-    replistream.errors.QueryError: Pause in the input of source 'pings': the simulator cannot run this sentinel; it runs KillReplica and KillServer (script other events with a Scenario or a coordinator)
+    replistream.errors.QueryError: Pause in the input of source 'pings': the simulator cannot run this sentinel; it runs KillReplica, KillServer and Rescale (script other events with a Scenario or a coordinator)
     """
     if isinstance(sentinel, KillReplica):
         return Event(float(at), "kill_replica", operator=sentinel.operator, replica=sentinel.replica)
     if isinstance(sentinel, KillServer):
         return Event(float(at), "kill_server", server=sentinel.server)
     raise QueryError(f"{type(sentinel).__name__} in the input of source {source!r}: the simulator cannot run this "
-                     f"sentinel; it runs KillReplica and KillServer (script other events with a Scenario or a "
+                     f"sentinel; it runs KillReplica, KillServer and Rescale (script other events with a Scenario or a "
                      f"coordinator)")
+
+
+def _later_partitions(plan: Mapping[str, list[str]], parallelism: Mapping[str, int] | None) -> dict[str, list[str]]:
+    """The entries ``"op.P"`` of ``plan`` that place a partition ``P >= p`` of a partitioned
+    operator (``parallelism[op] == p``): partitions a rescale may start.
+
+    >>> _later_partitions({"w": ["a"], "w.0": ["a"], "w.2": ["b"]}, {"w": 1})
+    {'w.2': ['b']}
+    """
+    out = {}
+    for key, servers in plan.items():
+        base, part = parse_partition_label(key)
+        p = (parallelism or {}).get(base)
+        if part is not None and isinstance(p, (int, np.integer)) and not isinstance(p, bool) and part >= p:
+            out[key] = list(servers)
+    return out
+
+
+def _check_scheduled_rescales(query: Query, parallelism: Mapping[str, int], bits: int,
+                              rescales) -> list[tuple[float, Rescale]]:
+    """``rescales`` as ``[(at_s, Rescale)]`` sorted by time (stable), checked: a one-line error
+    names a mistake and the fix."""
+    out = []
+    for item in rescales or ():
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Rescale)):
+            raise ValueError(f"rescales: each entry must be (at_s, Rescale(...)), got {item!r}")
+        at, ev = item
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not (at >= 0 and math.isfinite(at)):
+            raise ValueError(f"rescales: the time of {ev!r} must be virtual seconds >= 0, got {at!r}")
+        if ev.operator in query.operators and ev.operator not in parallelism:
+            raise QueryError(f"Rescale: {ev.operator!r} is not partitioned; run it with "
+                             f"parallelism={{{ev.operator!r}: 1}} (or more) to rescale it while it runs")
+        out.append((float(at), ev))
+    return sorted(out, key=lambda x: x[0])
 
 
 class RunProgress:
@@ -347,6 +384,15 @@ class Simulator:
     per-partition placement (Algorithm 5 per partition) is the plan of
     ``PlacementPolicy(...).placement(query, servers, k, parallelism=...)``, or of a strategy run on
     ``fig1_setting(..., parallelism=...).problem`` (:mod:`replistream.sim.experiments`).
+    Entry partitions (``parallelism={"entry": p}``) and partitioned applications are not simulated
+    (a one-line ``QueryError`` from :func:`~replistream.partition.check_parallelism` says so and
+    names the engines that run them): the simulator runs one entry logic per source for every entry
+    replica and records each application at one replica.
+    ``rescales``: ``[(at_s, Rescale(...)), ...]``, live rescalings of partitioned operators at virtual
+    times ``at_s`` (a ``Rescale`` sentinel among a source's input works too; :mod:`replistream.sim.rescale`;
+    ``plan["op.P"]`` may place a partition ``P`` a rescale starts). Each one's record, with its
+    simulated duration and the latency during it (outputs arriving until ``rescale_after_s`` past
+    its end), is in ``RunResult.stats["rescales"]``.
 
     >>> from replistream.workloads import fig1_query
     >>> Simulator(fig1_query(1), {"entry": ["a"]}, ZeroLatency(["a"]))
@@ -361,7 +407,8 @@ class Simulator:
                  coordinator: tuple[float, Callable] | None = None, strict: bool = False,
                  keep_outputs: bool = True, retain: bool = False, batch_s: float | None = None,
                  on_malformed: str = "dead_letter", parallelism: Mapping[str, int] | None = None,
-                 bits: int | None = None):
+                 bits: int | None = None, rescales: Sequence[tuple[float, Rescale]] | None = None,
+                 rescale_after_s: float = 1.0):
         query.build()
         if on_malformed not in ("raise", "dead_letter"):
             raise ValueError(f"on_malformed must be 'raise' or 'dead_letter', got {on_malformed!r}")
@@ -373,7 +420,11 @@ class Simulator:
                 raise ValueError(f"batch_s must be a number of seconds > 0, got {batch_s!r}")
             if mode != "replication":
                 raise ValueError(f"batch_s (batched execution) supports mode 'replication' only, got {mode!r}")
-        self.physical = PhysicalPlan(query, plan, parallelism=parallelism, bits=bits)  # checks the plan
+        #: ``plan["op.P"]`` of partitions a rescale may start (beyond the ``p`` the run starts with)
+        self.later_plan = _later_partitions(plan, parallelism)
+        plan = {n: v for n, v in plan.items() if n not in self.later_plan}
+        self.physical = PhysicalPlan(query, plan, parallelism=parallelism, bits=bits,
+                                     keep_single=True)  # checks the plan ({op: 1}: one partition, as deploy())
         self.physical.require_one_replica_per_application("the simulator")
         #: ``{operator: p}`` of the partitioned operators (issue #41), as the plan checked it
         self.parallelism = dict(self.physical.parallelism)
@@ -382,9 +433,17 @@ class Simulator:
         if self.parallelism and batch_s is not None:
             raise ValueError("partitioned operators (parallelism=) run on the per-packet engine only: the batched "
                              "engine (batch_s) does not route partitions yet; leave batch_s unset")
-        self.routers = {n: Router(query, n, BinMap.even(p, self.physical.bits)) for n, p in self.parallelism.items()}
+        self.routers = {n: TrackedRouter(query, n, BinMap.even(p, self.physical.bits))
+                        for n, p in self.parallelism.items()}
         self.query = query
         self.plan = {n: list(v) for n, v in plan.items()}
+        if not (isinstance(rescale_after_s, (int, float)) and rescale_after_s >= 0 and math.isfinite(rescale_after_s)):
+            raise ValueError(f"rescale_after_s must be virtual seconds >= 0, got {rescale_after_s!r}")
+        self.rescale_after_s = float(rescale_after_s)
+        self.rescales = _check_scheduled_rescales(query, self.parallelism, self.physical.bits, rescales)
+        #: per partitioned operator, the most partitions its scheduled rescales give it
+        self.most = check_rescales(query, self.parallelism, self.physical.bits, [ev for _, ev in self.rescales],
+                                   engine="the simulator")
         used = sorted({self.physical.server(r) for r in self.physical.replicas()})
         if network is None:
             network = ZeroLatency(used)
@@ -401,7 +460,7 @@ class Simulator:
             net = NetworkConditions(network)
         known = set(net.names)
         if known:
-            unknown = sorted(set(used) - known)
+            unknown = sorted((set(used) | {x for v in self.later_plan.values() for x in v}) - known)
             if unknown:
                 raise ValueError(f"plan names servers the network does not know: {unknown}")
         self.net = net
@@ -432,6 +491,9 @@ class Simulator:
             ops = {n: len(self.physical.replicas(n)) for n in query.operators if n not in self.parallelism}
             ops.update({partition_label(n, i): len(self.physical.replicas(partition_label(n, i)))
                         for n, p in self.parallelism.items() for i in range(p)})
+            ops.update({partition_label(n, i): len(self.later_plan.get(partition_label(n, i),
+                                                                        self.physical.replicas(partition_label(n, 0))))
+                        for n, p in self.most.items() for i in range(self.parallelism[n], p)})
             ops[ENTRY] = len(self.plan[ENTRY])
             scenario.validate(servers=sorted(known) or None, operators=ops)
             self.kills = scenario.apply_to(self.net, 0.0)
@@ -476,6 +538,11 @@ class Simulator:
         if sink:
             r.recorder = _Recorder(q.schema_of(rid.node), self.keep_outputs)
         return r
+
+    @staticmethod
+    def _new_link(sender: _Replica, receiver: _Replica, port: int, channel: int) -> _Link:
+        """A virtual link from ``sender`` to input ``port``, channel ``channel``, of ``receiver``."""
+        return _Link(sender, receiver, port, channel)
 
     def _connect(self, e: StreamEdge, by_label: Mapping[str, _Replica]) -> _Link:
         """The virtual link of stream replica ``e``, on its sender's list of output links."""
@@ -529,6 +596,17 @@ class Simulator:
         self.ts0 = min(times) if times else 0
         self._last_feed = {s: 0.0 for s in q.sources}
         self.aborted: str | None = None
+        #: per source, the largest punctuation its entry logic emitted (a rescale's T0 is at least it)
+        self.entry_punct: dict[str, int] = {}
+        if getattr(self, "rescaler", None) is not None and self.rescaler.records:
+            raise RuntimeError("this Simulator rescaled an operator in an earlier run (its replicas changed): "
+                               "make a new Simulator for each run with rescales")
+        if self.parallelism:
+            from .rescale import SimRescaler
+
+            self.rescaler = SimRescaler(self)
+        else:
+            self.rescaler = None
         if abort is not None and self.batch_s is None:
             raise ValueError("abort= needs the batched engine (Simulator(..., batch_s=...))")
         if self.batch_s is not None:
@@ -537,15 +615,19 @@ class Simulator:
             self._schedule_feed(s, self._next_chunk(s))
         for ev in self.kills:
             self._push(ev.at, _KILL, ev)
+        for at, ev in self.rescales:
+            self._push(at, _RESCALE, ev)
         if self.coordinator is not None:
             self._push(self.coordinator[0], _CALL, None)
         bar, task = self._progress_bar(progress, until, horizon_s, inputs)
         heap = self._heap
         step = 0
+        self._cut = False  # stopped at ``until`` with events left
         try:
             while heap:
                 t, _, kind, payload = heapq.heappop(heap)
                 if until is not None and t > until:
+                    self._cut = True
                     break
                 self.now = t
                 if kind == _ARRIVE:
@@ -558,6 +640,10 @@ class Simulator:
                     self._feed(t, *payload)
                 elif kind == _KILL:
                     self._kill(t, payload)
+                elif kind == _STATE:
+                    self.rescaler.arrive(t, payload)
+                elif kind == _RESCALE:
+                    self._rescale(t, payload)
                 elif kind == _FAILOVER:
                     self._failover(t, payload)
                 elif kind == _CALL:
@@ -657,11 +743,17 @@ class Simulator:
         entry = self.entries[src]
         if chunk is None:
             items = entry.close()
+        elif isinstance(chunk, Rescale):  # the feeder reached it: the rescale starts now
+            self._rescale(t, chunk)
+            items = []
         elif isinstance(chunk, Sentinel):  # the feeder reached it: a kill now (module docs)
             self._kill(t, sentinel_kill(chunk, t, src))
             items = []
         else:
             items = entry.push(chunk)
+        for it in items:
+            if isinstance(it, Punctuation) and it.p > self.entry_punct.get(src, _NO_P):
+                self.entry_punct[src] = int(it.p)
         if items:
             where = self.sources.get(src)
             for e in self.groups[ENTRY]:
@@ -751,6 +843,10 @@ class Simulator:
         if r.is_sink:
             r.recorder.add(out, done)
             return
+        if self.rescaler is not None and r.node in self.rescaler.ever:
+            out = self.rescaler.after(r, out)  # bins' state to send, a retiring partition to close
+            done = self.rescaler.flush(done, r)
+            self.rescaler.retry(t, r)
         if not out:
             return
         if self.mode == "synchronization":
@@ -779,6 +875,35 @@ class Simulator:
             back = delivery_time(self.net, b.server, r.server, there)
             rtt = max(rtt, back - done)
         return done + rtt
+
+    def _emit_at(self, done: float, t: float, r: _Replica, out: list) -> None:
+        """``r``'s outputs ``out`` leave at ``done`` (its CPU done; now is ``t``)."""
+        if done > t:
+            self._push(done, _EMIT, (r, out, None))
+        else:
+            self._emit(t, r, out, None)
+
+    def _state_cpu(self, r: _Replica, t: float, rows: int) -> float:
+        """``r``'s server's CPU takes out or installs ``rows`` rows of a rescale's state from ``t``:
+        when it is done."""
+        cost = self.cpu.state_cost(rows, self.net.slowdown(r.server, t) if self._has_slow else 1.0)
+        if cost <= 0:
+            return t
+        done = max(t, self.busy.get(r.server, 0.0)) + cost
+        self.busy[r.server] = done
+        r.cpu_s += cost
+        return done
+
+    def _push_state(self, at: float, msg) -> None:
+        self._push(at, _STATE, msg)
+
+    def _rescale(self, t: float, ev: Rescale) -> None:
+        """Start the live rescaling ``ev`` at virtual time ``t`` (:mod:`replistream.sim.rescale`)."""
+        if self.rescaler is None:
+            raise QueryError(f"Rescale: {ev.operator!r} is not partitioned; run it with "
+                             f"parallelism={{{ev.operator!r}: 1}} (or more) to rescale it while it runs")
+        check_rescales(self.query, self.parallelism, self.physical.bits, [ev], engine="the simulator")
+        self.rescaler.begin(ev)
 
     def _emit(self, t: float, r: _Replica, items: list, src: str | None) -> None:
         if not r.alive:
@@ -886,6 +1011,8 @@ class Simulator:
             self.events.append({"t": t, "event": "killed", "replica": v.label, "server": v.server})
         if self.mode != "replication" and victims:
             self._push(t + self.detect_s, _FAILOVER, victims)
+        if victims and self.rescaler is not None and self.rescaler.open:
+            self.rescaler.check()  # (the victim may have been the last replica a rescale waited for)
 
     def _failover(self, t: float, victims: list[_Replica]) -> None:
         """Failover modes: downstream replicas of a dead replica switch to the next live upstream one."""
@@ -1077,5 +1204,12 @@ class Simulator:
                   "live": lk.live} for lk in self.links]
         stats = {"cpu_s": {r.label: r.cpu_s for g in self.groups.values() for r in g},
                  "weights": {n: [f.weights.tolist() for f in self.groups[n][0].core.filters] for n in self.query.sinks}}
+        if self.rescaler is not None and self.rescaler.records:
+            if not getattr(self, "_cut", False):  # the run ended (not stopped at ``until``): every rescale must be done
+                undone = self.rescaler.problems()
+                if undone:
+                    raise RuntimeError("rescales did not complete:\n  " + "\n  ".join(undone[:10]))
+            self.rescaler.summarise(outputs, arrivals, self.ts0, self.rescale_after_s)
+            stats["rescales"] = self.rescaler.records
         return RunResult(outputs, punctuation=punct, dead_letters=dead, stats=stats, arrivals=arrivals, ts0=self.ts0,
                          pace=1.0, end_time=self.now, events=self.events, links=links)

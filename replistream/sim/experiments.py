@@ -18,8 +18,11 @@ server ``i`` (:func:`~replistream.placement.fig1_sources`) reporting every
 :func:`~replistream.placement.min_cost` (Algorithm 5 after spring
 relaxation; alpha 0.8, d_min 30 ms) or random.
 
+Beyond the paper, :func:`rescale` runs a partitioned operator's live rescaling (issue #41;
+Megaphone §5) with each strategy in simulated time.
+
 >>> sorted(EXPERIMENTS)
-['fig2', 'fig3', 'fig4', 'fig5', 'table1']
+['fig2', 'fig3', 'fig4', 'fig5', 'rescale', 'table1']
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from replistream.engines import run_reference
+from replistream.engines.result import latency_s
 from replistream.network import default_servers
 from replistream.placement import QueryStats, fig1_sources, latency_matrix, min_cost, place, problem_from_query
 from replistream.placement.result import Placement
@@ -46,7 +50,8 @@ from .engine import Simulator
 from .traces import month_model
 
 __all__ = ["EXPERIMENTS", "CCDF_POINTS", "ccdf", "Setting", "fig1_setting", "random_extension",
-           "fig2", "fig3", "fig4", "fig5", "table1", "table", "verdict", "run_experiment"]
+           "fig2", "fig3", "fig4", "fig5", "table1", "rescale", "RESCALE_STRATEGIES", "table", "verdict",
+           "run_experiment"]
 
 #: Latencies (s) at which the CCDF is reported: the x axis of the paper's Fig. 4.
 CCDF_POINTS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -501,6 +506,139 @@ def _table_table1(data: dict) -> str:
         paper = f"{r['paper_pct'][0]} / " + "  ".join(f"{v} ({q:.2f}x)" for v, q in zip(r["paper_pct"][1:], r["paper_ratio_vs_k1"]))
         lines.append(f"{r['operator']:<10} {ours:<52} {paper}")
     return "\n".join(lines)
+
+
+# -- live rescaling (issue #41) ------------------------------------------------------------------
+
+#: The strategies :func:`rescale` compares, and how each cuts the moving bins (as on Ray).
+RESCALE_STRATEGIES = {"fluid": {}, "batched": {"bins_per_step": 16}, "all-at-once": {}}
+
+
+def rescale(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
+            state_row_us: float = 20.0) -> dict:
+    """Live rescaling in simulated time (issue #41; Megaphone, Hoffmann et al. 2019, §5): a keyed
+    tumbling count (one-second windows; 2,000 keys quick, 20,000 full, so about that many open
+    windows: the state that moves) over six built-in cities (:func:`~replistream.network.default_servers`,
+    a :class:`~replistream.network.GeoLatencyModel`), k = 2, 2^8 bins, rescaled 1 -> 2 at a third
+    of the run and 2 -> 4 at two thirds, once per strategy of :data:`RESCALE_STRATEGIES` (step gap
+    1 ms of event time, as on Ray), and once without a rescale (the baseline). The entry points
+    and partition 0 run on the first two cities, partitions 1 and 3 on the next two, partition 2
+    on the last two (the bins' state crosses the wide-area network). The CPU model is the measured
+    default plus ``state_row_us`` per row of state moved at the giver and again at each taker:
+    an assumption, not a measurement (``assumptions`` in the data).
+
+    Per strategy and move: the simulated duration (from the rescale to every working replica
+    having given and installed every step), the latency of the outputs arriving from the start to
+    one window past the end (max, p99, median), the baseline's max over the same span, the max over
+    as long a span right after it (the new partitions settled: what the placement costs, not the
+    move), and whether the run equals the reference run. ``quick``: 12 simulated seconds at 1,000 tuples/s; full: 60 s
+    at 5,000 tuples/s.
+
+    >>> list(RESCALE_STRATEGIES), RESCALE_STRATEGIES["batched"]
+    (['fluid', 'batched', 'all-at-once'], {'bins_per_step': 16})
+    """
+    from replistream import Query
+    from replistream.network import GeoLatencyModel
+    from replistream.sources import Rescale
+    from replistream.testing import assert_same_output, chunked
+
+    from .cpu import CpuModel
+
+    seconds, rate, keys = (12.0, 1_000, 2_000) if quick else (60.0, 5_000, 20_000)
+    window_us = 1_000_000
+    q = Query(name="keyed_count")
+    src = q.source("s", {"k": "i8"}, punctuate_every=20)
+    src.window(size=window_us, by="k", name="per_key").sink("out")
+    rng = np.random.default_rng(seed)
+    n = int(seconds * rate)
+    step_us = int(1e6 / rate)
+    recs = [{"ts": i * step_us, "k": int(k)} for i, k in enumerate(rng.integers(0, keys, n))]
+    data = {"s": chunked(recs, 20)}
+    ref = run_reference(q, data).outputs["out"]
+    cities = default_servers(6)
+    names = [c.name for c in cities]
+    net = GeoLatencyModel(cities, seed=seed)
+    plan = {"entry": names[:2], "per_key": names[:2], "per_key.1": names[2:4], "per_key.2": names[4:6],
+            "per_key.3": names[2:4], "out": [names[5]]}
+    cpu = CpuModel(per_state_row_us=state_row_us)
+    at = [seconds / 3, 2 * seconds / 3]
+    after_s = window_us / 1e6
+
+    def simulate(label, rescales):
+        sim = Simulator(q, plan, net, cpu=cpu, parallelism={"per_key": 1}, bits=8, rescales=rescales,
+                        rescale_after_s=after_s)
+        res = sim.run(data, progress=f"rescale {label}" if progress else False, horizon_s=seconds)
+        try:
+            assert_same_output(ref, res.outputs["out"])
+            exact = True
+        except AssertionError:
+            exact = False
+        return res, exact
+
+    base, base_exact = simulate("baseline", [])
+    b_arr = base.arrivals["out"]
+    b_lat = latency_s(b_arr, base.outputs["out"]["ts"], base.ts0)
+    rows = []
+    for strategy, opts in RESCALE_STRATEGIES.items():
+        res, exact = simulate(strategy, [(at[0], Rescale("per_key", 2, strategy, **opts)),
+                                         (at[1], Rescale("per_key", 4, strategy, **opts))])
+        arr = res.arrivals["out"]
+        lat = latency_s(arr, res.outputs["out"]["ts"], res.ts0)
+        for rec in res.stats["rescales"]:
+            a, b = rec["latency_window_s"] if rec.get("latency_window_s") else (rec["start_s"], rec["start_s"])
+            span = (b_arr >= a) & (b_arr <= b)
+            later = (arr > b) & (arr <= 2 * b - a)  # as long a span right after: the new placement, settled
+            rows.append({"strategy": strategy, "move": f"{rec['from']}->{rec['to']}", "steps": rec["steps"],
+                         "bins_moved": rec["bins_moved"], "start_s": rec["start_s"], "duration_s": rec["duration_s"],
+                         "max_s": rec.get("latency_during_max_s"), "p99_s": rec.get("latency_during_p99_s"),
+                         "median_s": rec.get("latency_during_median_s"), "outputs": rec.get("outputs_during", 0),
+                         "baseline_max_s": float(b_lat[span].max()) if span.any() else None,
+                         "after_max_s": float(lat[later].max()) if later.any() else None, "exact": exact})
+    data_out = {"experiment": "rescale", "seconds": seconds, "rate": rate, "keys": keys, "bits": 8, "k": 2,
+                "window_s": window_us / 1e6, "baseline_exact": base_exact, "rows": rows,
+                "assumptions": {"state_row_us": state_row_us,
+                                "note": "CPU per row of state moved, at the giver and at each taker: not measured"}}
+    if out:
+        _write(out, "rescale", data_out, rows)
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names_ = [f"{r['strategy']} {r['move']}" for r in rows]
+        ax.bar(range(len(rows)), [r["max_s"] or 0.0 for r in rows], color="C0", label="max latency during")
+        ax.plot(range(len(rows)), [r["baseline_max_s"] or 0.0 for r in rows], "k_", markersize=20,
+                label="no rescale, same span")
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(names_, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("latency (simulated s)")
+        ax.set_title("Live rescaling in the simulator")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "rescale.png"), dpi=110)
+        plt.close(fig)
+    return data_out
+
+
+def _table_rescale(data: dict) -> str:
+    lines = [f"{'strategy':<12} {'move':<5} {'steps':>5} {'duration s':>10} {'max s':>7} {'p99 s':>7} "
+             f"{'after max s':>11} {'no-rescale max s':>16}  exact"]
+    for r in data["rows"]:
+        lines.append(f"{r['strategy']:<12} {r['move']:<5} {r['steps']:>5} {_fmt(r['duration_s']):>10} "
+                     f"{_fmt(r['max_s']):>7} {_fmt(r['p99_s']):>7} {_fmt(r.get('after_max_s')):>11} "
+                     f"{_fmt(r['baseline_max_s']):>16}  {r['exact']}")
+    return "\n".join(lines)
+
+
+def _verdict_rescale(data: dict) -> str:
+    """One line: fluid's max latency during each move against all-at-once's (Megaphone: lower)."""
+    by = {(r["strategy"], r["move"]): r for r in data["rows"]}
+    moves = [m for s, m in by if s == "fluid" and ("all-at-once", m) in by]
+    exact = all(r["exact"] for r in data["rows"])
+    parts, lower = [], True
+    for m in moves:
+        f, a = by[("fluid", m)]["max_s"], by[("all-at-once", m)]["max_s"]
+        parts.append(f"{m} {_fmt(f)} s against {_fmt(a)} s")
+        lower = lower and f is not None and a is not None and f < a
+    return (f"rescale: max latency during the move, fluid against all-at-once: {'; '.join(parts) or 'none ran'}"
+            f"{'' if exact else ' (NOT EXACT)'}; Megaphone: fluid lower: {'holds' if moves and lower else 'does not hold'}")
 
 
 # -- Fig. 5 --------------------------------------------------------------------------------------
@@ -1324,14 +1462,16 @@ def _verdict_fig5(data: dict) -> str:
 
 
 _VERDICTS: dict[str, Callable[[dict], str]] = {"fig2": _verdict_fig2, "fig3": _verdict_fig3, "fig4": _verdict_fig4,
-                                               "fig5": _verdict_fig5, "table1": _verdict_table1}
+                                               "fig5": _verdict_fig5, "table1": _verdict_table1,
+                                               "rescale": _verdict_rescale}
 
 
 _TABLES: dict[str, Callable[[dict], str]] = {"fig2": _table_fig2, "fig3": _table_fig3, "fig4": _table_fig4,
-                                             "fig5": _table_fig5, "table1": _table_table1}
+                                             "fig5": _table_fig5, "table1": _table_table1,
+                                             "rescale": _table_rescale}
 
 EXPERIMENTS: dict[str, Callable[..., dict]] = {"fig2": fig2, "fig3": fig3, "fig4": fig4, "fig5": fig5,
-                                               "table1": table1}
+                                               "table1": table1, "rescale": rescale}
 
 
 def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | None = None,
@@ -1343,7 +1483,7 @@ def run_experiment(name: str, quick: bool = False, seed: int = 0, out: str | Non
     >>> run_experiment("fig9")
     Traceback (most recent call last):
     ...
-    ValueError: unknown experiment 'fig9'; known: fig2, fig3, fig4, fig5, table1
+    ValueError: unknown experiment 'fig9'; known: fig2, fig3, fig4, fig5, rescale, table1
     """
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
