@@ -376,6 +376,8 @@ class ReplicaManager:
                                  "live_replicas": sum(r.live for r in snap.replicas),
                                  "min_live": {op: snap.live_count(op) for op in snap.operators},
                                  "max_delay_s": max(self.delays.values(), default=0.0)})
+            if getattr(self.dep, "rescaling", None) is not None and self.dep.rescaling.is_set():
+                return  # a rescale builds its partitions from the topology: no discard, revival or move meanwhile
             if self.cfg.gc and self.now() >= self.next_gc:
                 self.next_gc = self.now() + self.cfg.gc_period_s
                 if cost > self.theta and self.now() >= self.hold_gc_until:

@@ -23,14 +23,20 @@ the control plane's side. The protocol at the replicas and why the output stays 
 
 :func:`rescale` returns once every live replica of the taking partitions installed every step
 (or raises :class:`~replistream.errors.RunFailed` naming the steps not done after ``timeout``).
-Repairs wait until then.
+Repairs wait until then, and so do garbage collection, revival and rebalancing (a control-loop
+period only measures meanwhile; one in progress when the rescale begins ends first): they
+change the topology the new partitions are built from and connected by.
 
 For ``p' < p`` the same steps move the bins of the partitions that go (``p'..p-1``) into those that
 stay (the balanced map of ``p'`` partitions: each bin back to the partition it came from, so no
 bin moves between two staying ones); nothing is started, and once every step is installed the
 leaving partitions retire (:func:`_retire_partitions`): closed with ``END`` once their watermark
 passed the last step, disconnected from every sender, forgotten by the topology (``dep.removed``),
-their actors killed. Not yet: a host lost in the middle of a rescale.
+their actors killed. A server lost in the middle of the move (a replica of a giving and one of a
+taking partition on it) is left to their peers, which give and install every step; a taking
+partition with no replica left fails the rescale, naming it (tests/ray/test_rescale_faults_ray.py).
+Not yet: the deployment's host process lost in the middle of a rescale (the next host does not
+resume it).
 
 >>> dep.rescale("per_key", 4, strategy="fluid")["steps"]     # doctest: +SKIP
 2048
@@ -111,6 +117,8 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
     dep.rescaling.set()
     started = time.time()
     try:
+        with (dep.manager.lock if dep.manager is not None else nullcontext()):
+            pass  # a control-loop period in progress ends first; the next ones hold their actions (control.tick)
         p0, switches = (dep.channel_opts.get("routing") or {}).get(node, (old_p, []))
         current = Router(dep.query, node, BinMap.even(p0, bits), switches).final()
         new_labels: list[str] = []
@@ -315,8 +323,9 @@ def _answers(dep, asked: dict) -> dict:
 
 def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
     """Until every live replica of each taking partition installed its steps (and every giving
-    one gave them); a replica lost meanwhile is left to its peers. Raises RunFailed naming the
-    steps not done after ``timeout`` s."""
+    one gave them); a replica lost meanwhile is left to its peers, but a taking partition with no
+    running replica left is never done (the run's failure check names it: every replica lost).
+    Raises RunFailed naming the steps not done after ``timeout`` s."""
     take: dict[int, set[str]] = {}
     give: dict[int, set[str]] = {}
     for m in steps:
@@ -329,6 +338,8 @@ def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
         for role, parts in (("take", take), ("give", give)):
             for q, want in parts.items():
                 asked = {label: h.moves_status.remote() for label, h in dep.topology.running(partition_label(node, q))}
+                if not asked and role == "take":  # every replica of a taking partition lost: nothing holds its
+                    missing.append((partition_label(node, q), role, ["(no running replica)"], len(want)))  # bins
                 for label, ref in asked.items():
                     try:
                         st = ray.get(ref, timeout=30)
