@@ -279,3 +279,29 @@ def test_single_string_key_of_different_widths_matches():
     j.process(0, A.from_columns({"ts": [1], "s": ["xy"]}, ids=[1]))
     out = j.process(1, B.from_columns({"ts": [2], "s": ["xy"]}, ids=[2]))
     assert len(as_rows(out, j.out_schema)) == 1
+
+
+def test_a_probe_gives_one_batch_whatever_the_chunks_it_meets():
+    # the right buffer holds two chunks (the second less than half the first: not merged); a left
+    # tuple matching rows of both comes out as one batch, the first chunk's pairs first
+    S = Schema({"k": "i8"})
+    j = JoinLogic("j", [S, S], window=100, left_key="k", right_key="k")
+    j.process(1, S.from_columns({"ts": [10, 11, 12, 13], "k": [1, 1, 1, 2]}, ids=[1, 2, 3, 4]))
+    j.process(1, S.from_columns({"ts": [20], "k": [1]}, ids=[5]))
+    assert len(j.buffers[1].chunks) == 2
+    out = j.process(0, S.from_columns({"ts": [30], "k": [1]}, ids=[9]))
+    assert len(out) == 1
+    assert out[0]["ts"].tolist() == [30] * 4
+    assert out[0]["id"].tolist() == mix(np.uint64(9), np.array([1, 2, 3, 5], dtype=np.uint64)).tolist()
+
+
+def test_concat_rows_is_numpys_concatenate():
+    from replistream.operators.join import concat_rows
+
+    a = np.array([(1, 2.5, "x")], dtype=[("ts", "i8"), ("v", "f8"), ("s", "U2")])
+    assert concat_rows([a, a[:0], a]).tolist() == np.concatenate([a, a]).tolist()
+    wide = a.astype([("ts", "i8"), ("v", "f8"), ("s", "U4")])  # another dtype: numpy's own casts
+    assert concat_rows([a, wide]).dtype == np.concatenate([a, wide]).dtype
+    o = np.array([(1, {"k": 1})], dtype=[("ts", "i8"), ("o", "O")])  # Python objects: never as raw bytes
+    got = concat_rows([o, o])
+    assert got["o"][1] is o["o"][0]
