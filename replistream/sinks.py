@@ -58,6 +58,7 @@ import json
 import os
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -306,6 +307,11 @@ class ParquetSink:
         df.insert(1, "time", pd.to_datetime(out[TS], unit="us"))
         return df
 
+    def _warm_up(self, label: str) -> None:
+        """Load Parquet's writer in replica ``label``'s process before its first commit (run on a
+        thread of its own by :class:`SinkWriter`); a test's subclass may slow one replica's down."""
+        _warm_parquet()
+
     def __len__(self) -> int:
         """Rows of the finished run (the marker's count; the files are checked by :meth:`read`)."""
         return int(self.manifest()["rows"])
@@ -371,6 +377,11 @@ def dictionary_columns(table, sample: int = 1024) -> list[str]:
             if len(head) and len(col.unique()) * 2 <= len(head)]
 
 
+#: The longest a commit waits for its writer's warm-up (:meth:`SinkWriter.wait_warm`, seconds); then
+#: it goes on and loads Parquet's writer itself.
+WARM_WAIT_S = 60.0
+
+
 def _warm_parquet() -> None:
     """Import Parquet's writer and write one row to memory (what the first real write would load)."""
     import pyarrow as pa
@@ -407,8 +418,40 @@ class SinkWriter:
         self.done = False
         # Parquet's writer costs 1.5-5 s of imports on its first use (pyarrow.parquet, then pandas,
         # which pyarrow loads for a table's metadata): paid while the deployment starts, not when the
-        # first cell is committed on the data path (measured with py-spy: a third of a 1M-event run)
-        threading.Thread(target=_warm_parquet, daemon=True, name="replistream-parquet-warm").start()
+        # first cell is committed on the data path (measured with py-spy: a third of a 1M-event run).
+        # On loaded cores it took up to 9 s: a commit before then waits for it (wait_warm), and the
+        # Ray application replica does not count that wait as its data path's silence.
+        self.warm = threading.Event()  # set once the warm-up has ended (loaded, or failed: the commit says why)
+        self.warm_wait_s = 0.0  # how long commits waited for the warm-up
+        threading.Thread(target=self._warm_up, daemon=True, name="replistream-parquet-warm").start()
+
+    def _warm_up(self) -> None:
+        try:
+            self.sink._warm_up(self.label)
+        finally:
+            self.warm.set()
+
+    def due(self, p: int) -> bool:
+        """Whether :meth:`punctuate` ``(p)`` would commit something (a cell it closes, or the end).
+
+        >>> import tempfile
+        >>> w = SinkWriter(ParquetSink(tempfile.mkdtemp(), every=10), "app", "app#0")
+        >>> w.add(np.array([(3, 1.0)], dtype=[("ts", "i8"), ("v", "f8")]))
+        >>> w.due(5), w.due(9), w.due(END)
+        (False, True, True)
+        """
+        return not self.done and (p == END or any((c + 1) * self.sink.every - 1 <= p for c in self.cells))
+
+    def wait_warm(self, timeout: float = WARM_WAIT_S) -> float:
+        """Wait until Parquet's writer is loaded (at most ``timeout`` s; then a commit loads it
+        itself). Returns the seconds waited (also added to ``warm_wait_s``)."""
+        if self.warm.is_set():
+            return 0.0
+        t = time.monotonic()
+        self.warm.wait(timeout)
+        waited = time.monotonic() - t
+        self.warm_wait_s += waited
+        return waited
 
     def add(self, batch: np.ndarray) -> None:
         """Tuples delivered to the application: each waits in its cell."""
@@ -424,6 +467,8 @@ class SinkWriter:
         if self.done:
             return []
         ready = sorted(c for c in self.cells if p == END or (c + 1) * self.sink.every - 1 <= p)
+        if ready or p == END:
+            self.wait_warm()
         for c in ready:
             self._commit(c, np.concatenate(self.cells.pop(c)))
         if p == END:
@@ -482,9 +527,9 @@ class SinkWriter:
         self.done = True
 
     def stats(self) -> dict:
-        """``{"path", "files", "rows", "won", "complete"}`` for this replica (``"partition"`` too, of a partitioned application)."""
+        """``{"path", "files", "rows", "won", "complete", "warm_wait_s"}`` for this replica (``"partition"`` too, of a partitioned application)."""
         out = {"path": self.sink.path, "files": len(self.written), "rows": int(sum(self.written.values())),
-               "won": self.won, "complete": self.done}
+               "won": self.won, "complete": self.done, "warm_wait_s": round(self.warm_wait_s, 3)}
         if self.partition is not None:
             out["partition"] = self.partition
         return out

@@ -1438,6 +1438,7 @@ class SinkActor(_Base):
                 if isinstance(out, Punctuation):
                     self.punctuation = max(self.punctuation, out.p)
                     if self.writer is not None:
+                        self._await_parquet(out.p)
                         self._write(self.writer.punctuate, out.p)  # commits the cells it closes
                     if out.p == END:
                         self.done.set()
@@ -1453,6 +1454,22 @@ class SinkActor(_Base):
                         self.writer.add(out)
                     if self.parquet_dir:
                         self._write_parquet(out)
+
+    def _await_parquet(self, p: int) -> None:
+        """Before a commit at ``p``: wait for the writer to have loaded Parquet (its warm-up thread;
+        seconds of imports on loaded cores), with the probe's busy clock stopped. That wait is this
+        process setting up, not its data path hanging: counted, a first commit behind a slow import
+        made a healthy replica look silent and be declared failed (``fail_after_s``). Its probes
+        are answered meanwhile (their own concurrency group); a commit itself still counts."""
+        if self.writer.warm.is_set() or not self.writer.due(p):
+            return
+        started, self.call_started = self.call_started, None  # probe(): busy_s 0 while it waits
+        t = time.time()
+        try:
+            self.writer.wait_warm()
+        finally:
+            if started is not None:
+                self.call_started = started + (time.time() - t)
 
     def _write(self, fn, p: int) -> None:
         """Run a sink step; an error (a full disk, a folder removed) is the run's failure, named."""

@@ -26,6 +26,12 @@ keeps a machine that is slow as a whole, or a node whose every replica is slow
 (nothing to mask with), from being declared failed: then the run's own timeout
 names what holds it back.
 
+A replica's peers are its copies: the replicas of its node, or for a partitioned node
+(``parallelism={node: p}``, labels ``node.P#R``) the replicas of its partition only. Replicas of
+two partitions carry different shares of the stream, so their positions (an application's
+tuples delivered, above all) do not compare, and one partition progressing masks nothing of
+another's.
+
 The detector is plain bookkeeping, no Ray and no clock of its own (callers pass
 ``now``), so the process that owns the control loop can host it.
 
@@ -43,6 +49,8 @@ The detector is plain bookkeeping, no Ray and no clock of its own (callers pass
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ...plan import label_group
 
 __all__ = ["FailureDetector", "Verdict", "DEFAULT_SUSPECT_AFTER_S", "DEFAULT_FAIL_AFTER_S"]
 
@@ -74,6 +82,7 @@ class Verdict:
 @dataclass
 class _Watch:
     node: str
+    group: str  # its copies: the node, or ``node.P`` for partition P of a partitioned node (_peer_group)
     last_answer: float
     asked: float | None = None  # when the outstanding probe was sent (None: none outstanding)
     busy_s: float = 0.0  # how long its current call had run at its last answer
@@ -98,10 +107,11 @@ class FailureDetector:
         self.watches: dict[str, _Watch] = {}
 
     def watch(self, label: str, node: str, now: float) -> None:
-        """Start watching ``label`` (a replica of ``node``), as if it had just answered (its
-        silence counts from ``now``); it is a peer that progresses only once it really answers."""
+        """Start watching ``label`` (a replica of ``node``; of its partition ``P`` when the label is
+        ``node.P#R``), as if it had just answered (its silence counts from ``now``); it is a peer
+        that progresses only once it really answers."""
         if label not in self.watches:
-            self.watches[label] = _Watch(node, last_answer=now)
+            self.watches[label] = _Watch(node, _peer_group(label, node), last_answer=now)
 
     def forget(self, label: str) -> None:
         """Stop watching ``label``."""
@@ -122,7 +132,7 @@ class FailureDetector:
                  pending: bool = False) -> None:
         """``label`` answered its probe at ``now``; ``busy_s``: how long its current call had been
         running (0 when idle between calls); ``position``: its logical position (larger is
-        further; comparable among the replicas of one node); ``pending``: it still waits for its
+        further; comparable among the replicas of one node, or of one partition); ``pending``: it still waits for its
         state (a new replica during a hand-over or a transfer), so it is no peer that progresses."""
         w = self.watches.get(label)
         if w is None:
@@ -175,14 +185,15 @@ class FailureDetector:
 
     def check(self, now: float) -> list[Verdict]:
         """The state changes at ``now``: replicas newly suspected or declared failed (only while a
-        peer of the same node makes progress), and suspected ones answering again."""
+        peer of the same node, or of the same partition, makes progress), and suspected ones
+        answering again."""
         silent = {label: self.silent_s(label, now) for label in self.watches}
         progressing: dict[str, list[_Watch]] = {}
         for label, w in self.watches.items():
             # a replica just watched has said nothing yet (a new one may still wait for its state): it
             # is no evidence that the node progresses until it answers, whatever the grace of its watch
             if w.state != "failed" and w.heard and not w.pending and silent[label] < self.suspect_after_s:
-                progressing.setdefault(w.node, []).append(w)
+                progressing.setdefault(w.group, []).append(w)
         out = []
         for label, w in self.watches.items():
             s = silent[label]
@@ -193,7 +204,7 @@ class FailureDetector:
                     w.state = "ok"
                     out.append(Verdict(label, w.node, "cleared", s))
                 continue
-            peers = progressing.get(w.node)
+            peers = progressing.get(w.group)
             if not peers:
                 continue  # no peer progresses: nothing to mask with (the run's timeout names it)
             ahead = any(w.position is None or p.position is None or p.position > w.position for p in peers)
@@ -204,6 +215,18 @@ class FailureDetector:
                 w.state = "suspected"
                 out.append(Verdict(label, w.node, "suspected", s))
         return out
+
+
+def _peer_group(label: str, node: str) -> str:
+    """The copies ``label`` is compared with: ``"out.1"`` for ``"out.1#0"``, partition 1 of the
+    partitioned node ``out`` (its replicas alone carry that partition's share), else ``node``.
+
+    >>> _peer_group("out.1#0", "out"), _peer_group("out#1", "out"), _peer_group("f.2#0", "f")
+    ('out.1', 'out', 'f.2')
+    """
+    group = label_group(label)
+    base, dot, part = group.rpartition(".")
+    return group if dot and base == node and part.isdigit() else node
 
 
 def check_bounds(suspect_after_s, fail_after_s) -> tuple[float, float]:
