@@ -159,3 +159,43 @@ def test_a_detached_deployment_with_entry_and_application_partitions_outlives_it
     sink = ParquetSink(out_dir)
     assert sink.complete()
     assert_same_output(ref.outputs["out"], sink.read())
+
+
+@pytest.mark.slow
+def test_losing_the_host_of_a_detached_deployment_with_entry_partitions_mid_feed_is_a_loud_failure(tmp_path):
+    """What does not run yet, said: the serving host SIGKILLed while it feeds entry partitions, the
+    host standing by restores the deployment, but its feeder cannot resume a partitioned feed; the
+    run fails naming why and the fix (never a silent gap in the output)."""
+    from replistream.engines.ray.standby import pair, serving_host
+    from replistream.engines.ray.host import NAMESPACE
+    from replistream.engines.ray.lifecycle import Persister, get_value
+
+    name = "parts-host-lost"
+    in_dir = write_inputs(tmp_path / "in")
+    q = driver.build(in_dir)
+    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, fail_after_s=3.0,
+                    parallelism=driver.PARALLELISM, sinks={"out": ParquetSink(str(tmp_path / "out"), every=seconds(2))})
+    try:
+        deadline, tick = time.monotonic() + 60, threading.Event()
+        while True:  # the second host stands by before the loss
+            try:
+                if ray.get(ray.get_actor(pair(name)[1], namespace=NAMESPACE).process.remote(),
+                           timeout=30)["role"] == "standby":
+                    break
+            except ValueError:
+                pass  # not started yet
+            assert time.monotonic() < deadline, "no host stands by"
+            tick.wait(0.1)
+        dep.feed({"s": FileSource(in_dir, time="t")}, pace=2.0)
+        while not (get_value(Persister.key(name, "state")) or {}).get("fed"):  # kept: the next host resumes
+            assert time.monotonic() < deadline + 60, "the feed was never kept"
+            tick.wait(0.1)
+        assert not dep.status()["complete"]
+        os.kill(ray.get(serving_host(name, NAMESPACE).process.remote(), timeout=30)["pid"], signal.SIGKILL)
+        with pytest.raises(Exception) as e:
+            dep.wait(180)
+        said = str(e.value)
+        assert "entry partitions" in said and "deploy without parallelism['entry']" in said, said
+    finally:
+        dep.stop()
+    assert name not in list_deployments()
