@@ -25,7 +25,6 @@ import replistream as rs
 from replistream import FileSource, ParquetSink, seconds
 from replistream.engines.ray import GCConfig, deploy
 from replistream.engines.ray.host import list_deployments
-from replistream.plan import label_group, replica_partition
 from replistream.sinks import MARKER
 from replistream.sources import Call
 from replistream.testing import assert_same_output, run_reference
@@ -149,6 +148,9 @@ def test_a_detached_deployment_with_entry_and_application_partitions_outlives_it
     finally:
         if proc.poll() is None:
             proc.kill()
+        proc.wait(30)
+        proc.stdout.close()
+        proc.stderr.close()
         try:
             rs.attach("parts").stop()
         except LookupError:
