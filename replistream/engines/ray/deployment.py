@@ -358,10 +358,6 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
     entry_parts, parallelism = entry_parallelism(parallelism)
     parallelism = check_parallelism(query, parallelism, int(bits), keep_single=True, applications=True)
     partitioned_apps = sorted(n for n in parallelism if n in query.sinks)
-    if entry_parts > 1 and (gc is not None or detached or name is not None):
-        what = "gc=" if gc is not None else "a detached or named deployment"
-        raise ValueError(f"parallelism['entry']={entry_parts}: {what} cannot take entry partitions yet; drop "
-                         f"parallelism['entry'] (the entry points then read every source on each replica)")
     plan, placed = resolve_placement_with_cost(query, servers, k, placement, placement_net, parallelism, int(bits))
     if isinstance(app_replicas, bool) or not isinstance(app_replicas, (int, np.integer)) or \
             not 1 <= app_replicas <= len(servers):
@@ -400,10 +396,6 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
         if not isinstance(gc, GCConfig):
             raise ValueError(f"gc must be a GCConfig or a mapping of its fields, got {type(gc).__name__}")
         gc.validate()
-        if partitioned_apps:
-            raise ValueError(f"gc= does not yet run with a partitioned application ({partitioned_apps[0]!r}: "
-                             f"{parallelism[partitioned_apps[0]]} partitions); drop gc= or leave the application "
-                             f"out of parallelism")
         if gc.kmin is not None and gc.kmin > k:
             raise ValueError(f"GCConfig.kmin={gc.kmin} is more than k={k} replicas")
     for app in on_output or {}:

@@ -338,8 +338,11 @@ class Feeder:
                 from ...operators.entry import EntrySplit
 
                 if resume is not None:
-                    raise RuntimeError("a feed with entry partitions cannot resume after a restore (yet): deploy "
-                                       "without parallelism['entry'] to use detached deployments")
+                    raise RuntimeError(f"the host of this detached deployment was lost while it fed "
+                                       f"{self.entry_partitions} entry partitions: a restored feeder cannot tell "
+                                       f"which rows each partition took (its chunks are cut anew), so the input "
+                                       f"after the loss is not fed and the run cannot complete; deploy without "
+                                       f"parallelism['entry'] for a detached deployment that survives losing its host")
                 self.splits = {s: EntrySplit(self.entry_of(s), self.entry_partitions, offset=i)
                                for i, s in enumerate(sources)}
                 self.part_seqs = [{s: 0 for s in sources} for _ in range(self.entry_partitions)]

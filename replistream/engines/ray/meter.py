@@ -14,6 +14,7 @@ from dataclasses import replace
 import ray
 
 from ...gc import ENTRY, Snapshot, StreamReplica, partition_view
+from ...plan import label_group, replica_partition
 from .channels import gone_key
 from .common import READY_S
 
@@ -178,18 +179,22 @@ class Meter:
 
     def _floor_dormant_entries(self, reports: dict) -> None:
         """A dormant entry replica (still fed, no links) trims its retention to what the live entry
-        replicas' consumers acknowledged."""
+        replicas' consumers acknowledged: the live replicas of its own entry partition's, with
+        ``parallelism={"entry": p}`` (each partition carries other tuples)."""
         topo = self.mgr.topology
-        entries = topo.replicas(ENTRY)
-        live = [reports[r.label] for r in entries if r.live and r.label in reports]
-        dormant = [r.label for r in entries if r.state == "dormant" and topo.is_running(r.label)]
-        if not live or not dormant:
-            return
-        acks = [a for rep in live for a in rep.get("min_ack", {}).values()]
-        if acks:
-            floor = min(acks)
-            for l in dormant:
-                topo.handle(l).set_floor.remote(floor)
+        groups: dict[str, list] = {}
+        for r in topo.replicas(ENTRY):
+            groups.setdefault(label_group(r.label) if replica_partition(r.label) is not None else ENTRY, []).append(r)
+        for entries in groups.values():
+            live = [reports[r.label] for r in entries if r.live and r.label in reports]
+            dormant = [r.label for r in entries if r.state == "dormant" and topo.is_running(r.label)]
+            if not live or not dormant:
+                continue
+            acks = [a for rep in live for a in rep.get("min_ack", {}).values()]
+            if acks:
+                floor = min(acks)
+                for l in dormant:
+                    topo.handle(l).set_floor.remote(floor)
 
     def _measure_loads(self, reports: dict) -> None:
         """Each reporting replica's load over the last period, as a share of one core: ``work_s``
