@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from replistream import ParquetSink, Query, deploy, seconds
-from replistream.engines.ray import GCConfig
 from replistream.sinks import MARKER, RUN_RECORD
 from replistream.sources import Call, KillReplica, inject_at
 from replistream.testing import assert_same_output, run_reference, run_replicated
@@ -96,8 +95,6 @@ def test_partitioned_applications_lose_nothing_to_a_lost_replica_of_a_partition(
 def test_one_replica_per_partition_and_the_refusals(tmp_path):
     q, data = query(), inputs(n=1_500)
     ref = run_reference(q, data)
-    with pytest.raises(ValueError, match=r"^gc= does not yet run with a partitioned application \('out'"):
-        deploy(q, servers=SERVERS, k=1, parallelism={"out": 2}, gc=GCConfig())
     with pytest.raises(ValueError, match=r"partitioned application 'out' runs several: write it with sinks="):
         deploy(q, servers=SERVERS, k=1, parallelism={"out": 2}, parquet_dir=str(tmp_path / "pq"))
     sink = ParquetSink(str(tmp_path / "pos"), every=seconds(3), keep=True)
