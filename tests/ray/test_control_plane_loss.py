@@ -541,3 +541,31 @@ def test_a_host_stopped_before_its_watcher_ever_heard_from_it_is_fenced(tmp_path
     assert any(e.get("event") == "control_restored" for e in events)
     assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
     assert _left_behind(name) == ([], [])
+
+
+def test_the_host_killed_as_soon_as_feed_returned_resumes_the_feed(tmp_path):
+    """The host SIGKILLed right after ``feed()`` returned to the client (who then never sends it
+    again): the state kept says the input was fed before ``feed()`` returns, so the next host resumes
+    the feed and the output is exact. Before, "fed" reached the kept state only at the persister's
+    next write (every half second): a host lost in between was followed by one that never fed, and
+    the run sat incomplete."""
+    in_dir = detached.write_inputs(tmp_path / "in", files=2, rows=1500)
+    out_dir = str(tmp_path / "out")
+    q = driver.build(in_dir)
+    ref = run_reference(q, {"s": FileSource(in_dir, time="t")})
+    pid = None
+    dep = rs.deploy(q, servers=3, k=2, name="cp-fed", detached=True,
+                    sinks={"out": ParquetSink(out_dir, every=seconds(2))})
+    try:
+        pid = ray.get(_host("cp-fed").process.remote(), timeout=60)["pid"]  # asked first: the kill follows feed() at once
+        dep.feed({"s": FileSource(in_dir, time="t")}, pace=3.0)
+        os.kill(pid, signal.SIGKILL)
+        assert dep.wait(180), dep.status()
+        events = dep.events
+        _epochs["cp-fed"] = dep.channel_opts["epoch"]
+    finally:
+        dep.stop()
+    restored = [e for e in events if e.get("event") == "control_restored"]
+    assert len(restored) == 1 and restored[0]["resumed"] is not None, restored
+    assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
+    assert _left_behind("cp-fed") == ([], [])

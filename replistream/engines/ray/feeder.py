@@ -361,8 +361,9 @@ class Feeder:
         else:
             merge = TimeMerge(iters)  # the sources in event-time order (a sentinel keeps its source's time)
         ts0 = float(merge.first) if merge.first is not None else 0.0
-        if resume is not None:
-            ts0 = float(resume["ts0"])  # the run's clock, not the rest of the input's
+        if resume is not None and resume.get("ts0") is not None:
+            ts0 = float(resume["ts0"])  # the run's clock, not the rest of the input's (a lost host
+            # that kept "fed" before its feeder knew the clock sent nothing under one: a fresh start)
         elif pace is not None:  # paced from when the first chunks are there (a Spark job, a file), not from feed()
             self.t0 = max(self.t0, time.time())
             if self.merge is not None:  # heartbeats follow the replay's clock too

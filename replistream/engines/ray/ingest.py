@@ -103,6 +103,11 @@ class Ingest:
         disorder = {src: self.plane.query.spec(src).max_disorder for src in self.plane.query.sources}
         self.plane.feeder.start(self.plane.query.sources, inputs, pace, chunk_size, self.plane.t0, idle=idle, disorder=disorder,
                                 chunk_ms=chunk_ms, punct=self._punctuation_rules())
+        if self.plane._persister is not None:
+            # "fed" kept before feed() returns: a host lost after the caller was answered (who then
+            # never sends the call again) is followed by one that resumes the feed; the state's
+            # next periodic write was too late for that (the new host stood idle, never feeding)
+            self.plane._persister.persist_now()
 
     def heartbeats(self) -> list[Heartbeat]:
         """The heartbeat punctuations put on idle sources so far (:class:`replistream.idle.Heartbeat`:
