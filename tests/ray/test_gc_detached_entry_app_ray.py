@@ -15,9 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import ray
 
@@ -36,6 +33,11 @@ SCRIPT = Path(__file__).parent / "scripts" / "detached_partitions_driver.py"
 spec = importlib.util.spec_from_file_location("detached_partitions_driver", SCRIPT)
 driver = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(driver)
+
+_spec = importlib.util.spec_from_file_location("test_detached", Path(__file__).parent / "test_detached.py")
+detached = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(detached)
+write_inputs, wait_for_line = detached.write_inputs, detached.wait_for_line  # (shared with test_detached.py)
 
 GROUPS = ("entry.0", "entry.1", "alerts.0", "alerts.1")
 
@@ -92,32 +94,6 @@ def test_gc_collects_per_entry_and_application_partition_replica_through_a_kill(
         assert states["alerts.0#0"] == "failed" and states["alerts.0#1"] == "live", states
         for g in GROUPS:  # every partition still has a live, running replica
             assert any(dep.alive.get(r.label) for r in dep.topology.replicas(g, state="live")), g
-
-
-def write_inputs(folder: Path, files: int = 4, rows: int = 1500, span_s: int = 24, seed: int = 3) -> str:
-    rng = np.random.default_rng(seed)
-    folder.mkdir()
-    t = np.sort(rng.integers(0, seconds(span_s), files * rows))
-    for i in range(files):
-        part = slice(i * rows, (i + 1) * rows)
-        pq.write_table(pa.table({"t": t[part], "k": rng.integers(0, 20, rows), "v": rng.normal(size=rows)}),
-                       folder / f"part-{i}.parquet")
-    return str(folder)
-
-
-def wait_for_line(proc, text: str, timeout: float) -> None:
-    seen = threading.Event()
-
-    def read():
-        for line in proc.stdout:
-            if text in line:
-                seen.set()
-                return
-
-    threading.Thread(target=read, daemon=True).start()
-    if not seen.wait(timeout):
-        proc.kill()
-        raise AssertionError(f"the driver never printed {text!r} within {timeout} s; stderr: {proc.stderr.read()}")
 
 
 @pytest.mark.slow
