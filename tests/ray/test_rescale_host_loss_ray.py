@@ -98,10 +98,10 @@ def _gate(where: str):
     return gate
 
 
-def _mid_move():
+def _mid_move(taking: str):
     """The second sentinel of the mid-move case (the feed waits there, before the last steps' times):
     once a replica of the taking partition installed a step, the host is killed (made here: a
-    nested function travels by value to the host)."""
+    nested function travels by value to the host). ``taking``: the taking partition ("per_k.1")."""
 
     def kill_mid_move(dep):
         import os
@@ -115,7 +115,7 @@ def _mid_move():
             return
         deadline, tick = time.time() + 120, threading.Event()
         while True:
-            st = [_ray.get(h.moves_status.remote(), timeout=60) for _, h in dep.topology.running("per_k.1")]
+            st = [_ray.get(h.moves_status.remote(), timeout=60) for _, h in dep.topology.running(taking)]
             if any(s["installed"] >= 1 for s in st):
                 break
             assert time.time() < deadline, f"no step installed within 120 s: {st}"
@@ -134,45 +134,49 @@ def _events_until(dep, event: str, limit: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("where", ["mid_move", "before_start", "partitions_started", "steps_installed", "recorded"])
+@pytest.mark.parametrize("where", ["mid_move", "before_start", "partitions_started", "steps_installed", "recorded",
+                                   "fewer_mid_move"])
 def test_the_host_lost_around_a_rescale_finishes_it_once_and_the_call_gets_its_record(tmp_path, where):
-    """1 -> 2 partitions, fluid, 64 steps 100 ms of event time apart from T0 (at 6 s of input): the
-    host is lost at ``where``; the next host resumes (``control_restored["rescale"]``: the phase it
+    """1 -> 2 partitions (``fewer_mid_move``: 2 -> 1, the leaving partition retired by the next host),
+    fluid, 64 steps 100 ms of event time apart from T0 (at 6 s of input): the host is lost at ``where``; the next host resumes (``control_restored["rescale"]``: the phase it
     found) and finishes the rescale, the client's call (the same id, sent again by the client to the
     host that serves) returns the record of the one rescale made, and the output is exact."""
     name = f"rs-loss-{where.replace('_', '-')}"
     in_dir = detached.write_inputs(tmp_path / "in", files=1, rows=10)  # (only for the query's schema)
     q = driver.build(in_dir)
     chunks = _chunks(seed=17)
-    data = inject_at(chunks, seconds(6), Call(_gate(where if where != "mid_move" else "none")))
-    if where == "mid_move":
-        data = inject_at(data, seconds(7), Call(_mid_move()))
+    mid, fewer = where.endswith("mid_move"), where.startswith("fewer")
+    data = inject_at(chunks, seconds(6), Call(_gate("none" if mid else where)))
+    if mid:
+        data = inject_at(data, seconds(7), Call(_mid_move("per_k.0" if fewer else "per_k.1")))
     ref = run_reference(q, {"s": chunks})
     out_dir = str(tmp_path / "out")
-    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, parallelism={"per_k": 1}, bits=7,
+    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, parallelism={"per_k": 2 if fewer else 1}, bits=7,
                     sinks={"out": ParquetSink(out_dir, every=seconds(2))})
     try:
         dep.feed({"s": data}, pace=4.0)
         _events_until(dep, "test_gate")
-        rec = dep.rescale("per_k", 2, strategy="fluid", gap_ms=100.0, timeout=120.0)
+        rec = dep.rescale("per_k", 1 if fewer else 2, strategy="fluid", gap_ms=100.0, timeout=120.0)
         assert dep.wait(180)
         events, changes, parts = dep.events, dep.changes, dep.partitions("per_k")
     finally:
         dep.stop()
     (restored,) = [e for e in events if e.get("event") == "control_restored"]
-    phase = {"mid_move": "moving", "before_start": "starting", "partitions_started": "starting",
+    phase = {"mid_move": "moving", "fewer_mid_move": "moving", "before_start": "starting", "partitions_started": "starting",
              "steps_installed": "moving", "recorded": None}[where]
     assert (restored["rescale"] or {}).get("phase") == phase, restored["rescale"]
     assert rec.get("resumed") == phase, rec  # (the record made by the host that resumed it)
-    assert rec["steps"] == 64 and rec["bins_moved"] == 64 and (rec["from"], rec["to"]) == (1, 2), rec
+    assert rec["steps"] == 64 and rec["bins_moved"] == 64 and (rec["from"], rec["to"]) == ((2, 1) if fewer else (1, 2)), rec
     assert rec.get("call"), rec
     made = [c for c in changes if c.get("change") == "rescale"]
     assert len(made) == 1 and made[0]["at"] == rec["at"] and made[0]["call"] == rec["call"], made
-    assert parts == 2
+    assert parts == (1 if fewer else 2)
+    if fewer:  # the leaving partition retired by the host that resumed the rescale
+        assert sorted(rec["retired_replicas"]) == ["per_k.1#0", "per_k.1#1"], rec
     if where == "partitions_started":  # the new partition's replicas, never recorded, were stopped; new ones started
         assert sorted(restored["rolled_back"]) == ["per_k.1#0", "per_k.1#1"], restored
         assert sorted(rec["new_replicas"]) == ["per_k.1#2", "per_k.1#3"], rec
-    if where == "mid_move":
+    if mid:
         assert any(e.get("event") == "test_mid_move" for e in events)
     assert not any(e.get("event") == "run_failed" for e in events), [e for e in events if e.get("event") == "run_failed"]
     assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())

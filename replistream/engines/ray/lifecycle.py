@@ -262,7 +262,7 @@ class Persister:
         d = self.dep
         mgr = d.manager
         return (d.topology.version, len(d.events), len(d.changes), len(d.repairer.repairs), len(d._retired_letters),
-                d.monitor._reports_seen, d.failure,
+                d.monitor._reports_seen, d.failure, id(getattr(d, "_rescale_in_flight", None)),
                 id(d.coordinator), id(d.coord._standby), d.t0, d.ts0, d.feeder.started,
                 tuple(sorted(d.feeder.sentinels_run.items())),
                 None if mgr is None else (len(mgr.events), len(mgr.transfers), mgr._thread is not None))

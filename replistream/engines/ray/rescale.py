@@ -35,8 +35,9 @@ passed the last step, disconnected from every sender, forgotten by the topology 
 their actors killed. A server lost in the middle of the move (a replica of a giving and one of a
 taking partition on it) is left to their peers, which give and install every step; a taking
 partition with no replica left fails the rescale, naming it (tests/ray/test_rescale_faults_ray.py).
-Not yet: the deployment's host process lost in the middle of a rescale (the next host does not
-resume it).
+A detached deployment's host lost meanwhile is followed by one that finishes the rescale once
+(:func:`resume`): what it needs is kept with the deployment's state (:mod:`.lifecycle`), and the
+client's call sent again gets the record (tests/ray/test_rescale_host_loss_ray.py).
 
 >>> dep.rescale("per_key", 4, strategy="fluid")["steps"]     # doctest: +SKIP
 2048
@@ -128,8 +129,14 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
             "started": time.time()}
     try:
         _keep(dep, kept)  # before anything changes: a host lost from here on is followed by one that resumes it
-        _begin(dep, kept)
-        return _finish(dep, kept)
+        try:
+            _begin(dep, kept)
+            return _finish(dep, kept)
+        except BaseException:
+            if dep._rescale_in_flight is not None:  # failed (raised to the caller): not resumed by a later host
+                dep._rescale_in_flight = None
+                dep.topology.changed.set()
+            raise
     finally:
         dep.rescaling.clear()
         dep.rescale_done.set()
@@ -234,7 +241,12 @@ def _finish(dep, kept: dict) -> dict:
     stepped = time.time()
     if p < old_p:
         last = max([t0, *(m.at for m in steps)])
-        rec["retired_replicas"] = _retire_partitions(dep, node, p, old_p, last, timeout)
+        left = [r.label for q in range(p, old_p) for r in dep.topology.replicas(partition_label(node, q))]
+        if left or not kept.get("resumed"):
+            rec["retired_replicas"] = _retire_partitions(dep, node, p, old_p, last, timeout)
+        else:  # (retired whole by the lost host, which was lost before it logged the record)
+            rec["retired_replicas"] = sorted(label for label in dep.topology.removed()
+                                             if label_group(label) in {partition_label(node, q) for q in range(p, old_p)})
         rec["text"] += f"; retired {', '.join(partition_label(node, q) for q in range(p, old_p))}"
     rec["seconds"] = round(time.time() - started, 3)
     # where the time went: telling the senders of the new partitions, starting them (the query
@@ -245,7 +257,10 @@ def _finish(dep, kept: dict) -> dict:
                        "retire": round(time.time() - stepped, 3)}
     dep.events.append({"t": dep.now(), "event": "rescaled", **{k: v for k, v in rec.items() if k != "text"}})
     rec = dep.record_change(rec)
-    _keep(dep, None)  # the record and the end of the rescale in flight in one write
+    try:
+        _keep(dep, None)  # the record and the end of the rescale in flight in one write
+    except Exception as e:  # noqa: BLE001 - said; the persister's thread writes both on its next look
+        dep.events.append({"t": dep.now(), "event": "persist_failed", "error": repr(e)[:300]})
     return rec
 
 
