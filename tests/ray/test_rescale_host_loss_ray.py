@@ -180,3 +180,36 @@ def test_the_host_lost_around_a_rescale_finishes_it_once_and_the_call_gets_its_r
         assert any(e.get("event") == "test_mid_move" for e in events)
     assert not any(e.get("event") == "run_failed" for e in events), [e for e in events if e.get("event") == "run_failed"]
     assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
+
+
+def test_a_rescale_the_next_host_cannot_finish_ends_the_run_loudly_and_the_call_says_why(tmp_path):
+    """The host is lost just as a rescale begins (its record written, nothing else) with the whole
+    input fed: the next host starts the new partition again, but once the resumed feed has ended
+    the source, no switch time past every tuple fed can be placed. The run ends loudly
+    (``status()["failure"]``, ``wait()`` raises) naming the operator, the partition and that the
+    switch time was never taken, and the client's call raises the same ``RunFailed`` (no hang)."""
+    from replistream.errors import RunFailed
+
+    name = "rs-loss-unfinishable"
+    in_dir = detached.write_inputs(tmp_path / "in", files=1, rows=10)  # (only for the query's schema)
+    q = driver.build(in_dir)
+    chunks = _chunks(seed=19, n=2000, span_s=8.0)
+    data = [*chunks, Call(_gate("before_start"))]  # (after the last chunk, before the source's end)
+    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, parallelism={"per_k": 1}, bits=7,
+                    sinks={"out": ParquetSink(str(tmp_path / "out"), every=seconds(2))})
+    try:
+        dep.feed({"s": data}, pace=None)
+        _events_until(dep, "test_gate")
+        with pytest.raises(RunFailed) as raised:
+            dep.rescale("per_k", 2, strategy="fluid", gap_ms=100.0, timeout=60.0)
+        failure = dep.status()["failure"]
+        with pytest.raises(RunFailed):
+            dep.wait(60)
+        events = dep.events
+    finally:
+        dep.stop()
+    (restored,) = [e for e in events if e.get("event") == "control_restored"]
+    assert (restored["rescale"] or {}).get("phase") == "starting", restored["rescale"]
+    for said in (str(raised.value), failure):
+        assert said and "'per_k' from 1 to 2 partitions" in said and "per_k.1" in said, said
+        assert "cut short before its switch time was taken" in said and "every source has ended" in said, said

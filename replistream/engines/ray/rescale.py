@@ -335,9 +335,17 @@ def resume(dep) -> dict | None:
             msg = (f"the rescale of {node!r} from {kept['from']} to {kept['to']} partitions (partitions {parts}; "
                    + (f"switch at ts {at}" if at is not None else "cut short before its switch time was taken")
                    + f") could not be finished after the deployment's host was lost: {type(e).__name__}: {e}")
-            out["error"] = RunFailed(msg, operator=node)
+            out["error"] = RunFailed(msg, operator=node, logical_time=at)
             dep.failure = f"RunFailed: {msg}"
             dep.events.append({"t": dep.now(), "event": "run_failed", "error": dep.failure})
+            try:  # the run's failure, as a replica's own: every wait() raises it (Monitor.check_failures)
+                dep.coordinator.report.remote("fatal", {
+                    "replica": parts, "operator": node, "logical_time": at, "user_function": False,
+                    "error": "RunFailed", "message": msg, "row": None, "cause": None, "traceback": None,
+                    "rid": f"rescale-resume/{node}/{kept['call']}/{kept['started']}"})
+            except Exception as e2:  # noqa: BLE001 - status() and this call's error still say it
+                dep.events.append({"t": dep.now(), "event": "no_answer", "actor": "coordinator", "call": "report",
+                                   "error": repr(e2)[:300]})
             try:
                 _keep(dep, None)  # (ended: not resumed again by a later host)
             except Exception:  # noqa: BLE001 - the failure is kept by the persister's next write
