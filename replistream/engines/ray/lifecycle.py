@@ -20,6 +20,10 @@ from it:
   coordinator's handle and key, the number of sentinels run per source; written by a thread
   (:class:`Persister`) within milliseconds of a change to the topology, and every half second
   when anything else changed;
+* ``state["rescale"]``: a rescale in flight (:func:`~.rescale.resume`): written as it begins and
+  again, whole, once its switch and steps are cut and before any sender hears of them; the next
+  host sends them again and finishes it (or runs one cut short before its switch again), and the
+  client's call sent again gets its record; dropped with the record logged, in one write;
 * ``feed``: what ``feed()`` was given (lists, arrays, file sources: anything the host can
   read again), written before the first chunk is sent.
 
@@ -248,6 +252,7 @@ class Persister:
                                             "transfers": [dict(t) for t in mgr.transfers]},
             "fed": d.feeder.started, "sentinels": dict(d.feeder.sentinels_run),
             "markers_in_flight": list(getattr(d, "_markers_in_flight", [])), "failure": d.failure,
+            "rescale": getattr(d, "_rescale_in_flight", None),
             "reports_seen": d.monitor._reports_seen, "dropped_links": set(d.monitor._dropped_links),
             "link_drops": {k: {f: v for f, v in drop.items() if f != "busy"} for k, drop in d.monitor._link_drops.items()},
             "written": time.time(),
@@ -257,7 +262,7 @@ class Persister:
         d = self.dep
         mgr = d.manager
         return (d.topology.version, len(d.events), len(d.changes), len(d.repairer.repairs), len(d._retired_letters),
-                d.monitor._reports_seen, d.failure,
+                d.monitor._reports_seen, d.failure, id(getattr(d, "_rescale_in_flight", None)),
                 id(d.coordinator), id(d.coord._standby), d.t0, d.ts0, d.feeder.started,
                 tuple(sorted(d.feeder.sentinels_run.items())),
                 None if mgr is None else (len(mgr.events), len(mgr.transfers), mgr._thread is not None))
@@ -371,8 +376,16 @@ def restore(name: str):
         dep.manager.events, dep.manager.history = list(gc["events"]), list(gc["history"])
         dep.manager.transfers = list(gc["transfers"])
     dep.feeder.sentinels_run.update(st["sentinels"])
+    dep._rescale_in_flight = st.get("rescale")
+    if dep._rescale_in_flight is not None:  # repairs wait for the rescale resumed below (rescale.resume)
+        dep.rescale_done.clear()
+        dep.rescaling.set()
     dep._persister = Persister(dep)  # before anything starts an actor (a repair registers it)
     info = _settle_replicas(dep)
+    from .rescale import resume as resume_rescale
+
+    # a rescale the lost host had in flight: its switch and steps sent again before the feed goes on
+    info["rescale"] = resume_rescale(dep)
     resumed = None
     if st["fed"]:
         feed = get_value(Persister.key(name, "feed"))

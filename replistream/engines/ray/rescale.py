@@ -35,8 +35,9 @@ passed the last step, disconnected from every sender, forgotten by the topology 
 their actors killed. A server lost in the middle of the move (a replica of a giving and one of a
 taking partition on it) is left to their peers, which give and install every step; a taking
 partition with no replica left fails the rescale, naming it (tests/ray/test_rescale_faults_ray.py).
-Not yet: the deployment's host process lost in the middle of a rescale (the next host does not
-resume it).
+A detached deployment's host lost meanwhile is followed by one that finishes the rescale once
+(:func:`resume`): what it needs is kept with the deployment's state (:mod:`.lifecycle`), and the
+client's call sent again gets the record (tests/ray/test_rescale_host_loss_ray.py).
 
 >>> dep.rescale("per_key", 4, strategy="fluid")["steps"]     # doctest: +SKIP
 2048
@@ -55,13 +56,13 @@ import ray
 from ...errors import RunFailed
 from ...gc import OperatorReplica, StreamReplica
 from ...partition import BinMap, Router, Switch, partition_label
-from ...plan import group_of, is_stateful, label_group, replica_partition
+from ...plan import group_of, is_stateful, label_group, replica_index, replica_partition
 from ...query import resolve_operator
 from ...replica.rescale import Move, plan_steps
 from ...schema import as_seconds
 from .common import is_actor_death
 
-__all__ = ["STRATEGIES", "partitions", "rescale"]
+__all__ = ["STRATEGIES", "partitions", "rescale", "resume"]
 
 #: How the moving bins are cut into steps.
 STRATEGIES = ("fluid", "batched", "all-at-once")
@@ -96,6 +97,12 @@ def partitions(dep, operator: str) -> int:
 def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: int | None = None,
             gap_us: int = GAP_US, timeout: float = 300.0) -> dict:
     """See :meth:`Deployment.rescale <replistream.engines.ray.changes.Changes.rescale>`."""
+    made = dep.change_made()  # the same call sent again after its host was lost: made once
+    if made is not None:
+        return made
+    resumed = _resumed_call(dep)
+    if resumed is not None:  # the same call, whose rescale the next host resumed: its outcome
+        return resumed
     node = _node(dep, operator)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown rescale strategy {strategy!r}; choose one of {STRATEGIES}")
@@ -115,62 +122,290 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
         raise RuntimeError("a rescale is in progress; wait for it to finish")
     dep.rescale_done.clear()
     dep.rescaling.set()
-    started = time.time()
+    from .plane import CALL_ID
+
+    kept = {"operator": node, "from": old_p, "to": p, "strategy": strategy, "bins_per_step": bins_per_step,
+            "gap_us": int(gap_us), "timeout": float(timeout), "call": CALL_ID.get(), "phase": "starting",
+            "started": time.time()}
     try:
-        with (dep.manager.lock if dep.manager is not None else nullcontext()):
-            pass  # a control-loop period in progress ends first; the next ones hold their actions (control.tick)
-        p0, switches = (dep.channel_opts.get("routing") or {}).get(node, (old_p, []))
-        current = Router(dep.query, node, BinMap.even(p0, bits), switches).final()
-        new_labels: list[str] = []
-        if p > old_p:
-            # the new partitions first, while the query runs: every sender knows them (a switch that
-            # moves nothing yet), they start and are connected; nothing is routed to them until the switch
-            idle = Switch(np.full(len(current.owner), Switch.NEVER, dtype=np.int64), current.owner.copy(), p)
-            _set_routing(dep, node, p, p0, [*switches, idle])
-            routed = time.time()
-            new_labels = _start_partitions(dep, node, old_p, p)
-        else:  # fewer: the partitions p..old_p-1 give their bins to those that stay, then retire
-            routed = time.time()
-        begun = time.time()
-        with dep.quiet():  # no chunk fed meanwhile: no tuple later than t0 exists anywhere
-            t0 = dep.feeder.marker_time()
-            new = BinMap.even(p, bits)
-            steps, times = plan_steps(node, current, new, t0, strategy, bins_per_step, gap_us)
-            switch = Switch.between(current, new, times)
-            routing = {**(dep.channel_opts.get("routing") or {}), node: (p0, [*switches, switch])}
-            dep.channel_opts = {**dep.channel_opts, "routing": routing,
-                                "partitions": {**dep.channel_opts["partitions"], node: p}}
-            _set_routing(dep, node, p, p0, [*switches, switch])
-            targets = {q: [(r.label, dep.topology.handle(r.label)) for r in dep.topology.replicas(partition_label(node, q))
-                           if dep.topology.is_running(r.label)] for q in range(max(p, old_p))}
-            # a stateless operator has no state to move: the switch alone moves its bins
-            involved = {m.src for m in steps} | {m.dst for m in steps} if is_stateful(dep.query, node) else set()
-            _all_or_fenced(dep, {label: h.add_moves.remote(steps, targets) for q in sorted(involved)
-                                 for label, h in targets[q]}, "its rescale steps")
-        held = time.time()
-        rec = {"change": "rescale", "operator": node, "from": old_p, "to": p, "strategy": strategy, "at": t0,
-               "steps": len(steps), "bins_moved": len(times), "new_replicas": new_labels, "retired_replicas": [],
-               "text": f"{node}: {old_p} -> {p} partitions, {len(times)} of {1 << bits} bins in {len(steps)} "
-                       f"step(s) from ts {as_seconds(t0)}"}
-        if involved:
-            _wait(dep, node, steps, timeout)
-        stepped = time.time()
-        if p < old_p:
-            last = max([t0, *(m.at for m in steps)])
-            rec["retired_replicas"] = _retire_partitions(dep, node, p, old_p, last, timeout)
-            rec["text"] += f"; retired {', '.join(partition_label(node, q) for q in range(p, old_p))}"
-        rec["seconds"] = round(time.time() - started, 3)
-        # where the time went: telling the senders of the new partitions, starting them (the query
-        # runs meanwhile), switching and handing out the steps (the feed held), then the steps
-        # themselves as the event time passes theirs, then (fewer partitions) retiring the leaving ones
-        rec["phases_s"] = {"routing": round(routed - started, 3), "new_partitions": round(begun - routed, 3),
-                           "feed_held": round(held - begun, 3), "steps": round(stepped - held, 3),
-                           "retire": round(time.time() - stepped, 3)}
-        dep.events.append({"t": dep.now(), "event": "rescaled", **{k: v for k, v in rec.items() if k != "text"}})
-        return dep.record_change(rec)
+        _keep(dep, kept)  # before anything changes: a host lost from here on is followed by one that resumes it
+        try:
+            _begin(dep, kept)
+            return _finish(dep, kept)
+        except BaseException:
+            if dep._rescale_in_flight is not None:  # failed (raised to the caller): not resumed by a later host
+                dep._rescale_in_flight = None
+                dep.topology.changed.set()
+            raise
     finally:
         dep.rescaling.clear()
         dep.rescale_done.set()
+
+
+def _keep(dep, kept: dict | None) -> None:
+    """The rescale in flight (or none), written with the deployment's state at once (a detached
+    deployment's, :mod:`.lifecycle`): the next host resumes it from there (:func:`resume`)."""
+    dep._rescale_in_flight = None if kept is None else dict(kept)
+    if dep._persister is not None:
+        dep._persister.persist_now()
+
+
+def _begin(dep, kept: dict) -> None:
+    """The rescale up to its steps handed out (:func:`_start_new`, then :func:`_switch`). A detached
+    deployment writes nothing of it until the steps are cut (:meth:`~.lifecycle.Persister.held`),
+    then writes it whole (the commit point, ``kept["phase"] = "moving"``) before any sender hears
+    of the switch: a host lost before is restored without the new partitions' replicas (stopped as
+    never recorded) and runs the rescale again; one lost after sends the switch and the steps again
+    (both idempotent) before the feed goes on (:func:`resume`)."""
+    with (dep._persister.held() if dep._persister is not None else nullcontext()):
+        _start_new(dep, kept)
+        _switch(dep, kept)
+
+
+def _start_new(dep, kept: dict) -> None:
+    """More partitions: every sender learns of them (a switch that moves nothing yet), then they
+    start and are connected, while the query runs; nothing is routed to them until the switch."""
+    node, old_p, p = kept["operator"], kept["from"], kept["to"]
+    bits = int(dep.channel_opts["bits"])
+    started = kept["started"]
+    with (dep.manager.lock if dep.manager is not None else nullcontext()):
+        pass  # a control-loop period in progress ends first; the next ones hold their actions (control.tick)
+    kept["new_replicas"] = []
+    if p > old_p:
+        p0, switches = (dep.channel_opts.get("routing") or {}).get(node, (old_p, []))
+        current = Router(dep.query, node, BinMap.even(p0, bits), switches).final()
+        idle = Switch(np.full(len(current.owner), Switch.NEVER, dtype=np.int64), current.owner.copy(), p)
+        _set_routing(dep, node, p, p0, [*switches, idle])
+        kept["routed"] = time.time() - started
+        kept["new_replicas"] = _start_partitions(dep, node, old_p, p)
+    else:  # fewer: the partitions p..old_p-1 give their bins to those that stay, then retire
+        kept["routed"] = time.time() - started
+    kept["begun"] = time.time() - started
+
+
+def _switch(dep, kept: dict, slack: int = 0) -> None:
+    """With the feed held: ``T0`` (the largest timestamp fed, plus ``slack``), the steps, the switch;
+    written whole (the commit point), then handed out (:func:`_hand_out`)."""
+    node, p = kept["operator"], kept["to"]
+    bits = int(dep.channel_opts["bits"])
+    with dep.quiet():  # no chunk fed meanwhile: no tuple later than t0 exists anywhere
+        p0, switches = (dep.channel_opts.get("routing") or {}).get(node, (kept["from"], []))
+        current = Router(dep.query, node, BinMap.even(p0, bits), switches).final()
+        t0 = dep.feeder.marker_time() + int(slack)
+        new = BinMap.even(p, bits)
+        steps, times = plan_steps(node, current, new, t0, kept["strategy"], kept["bins_per_step"], kept["gap_us"])
+        switch = Switch.between(current, new, times)
+        routing = {**(dep.channel_opts.get("routing") or {}), node: (p0, [*switches, switch])}
+        dep.channel_opts = {**dep.channel_opts, "routing": routing,
+                            "partitions": {**dep.channel_opts["partitions"], node: p}}
+        # a stateless operator has no state to move: the switch alone moves its bins
+        involved = {m.src for m in steps} | {m.dst for m in steps} if is_stateful(dep.query, node) else set()
+        kept.update(phase="moving", at=int(t0), steps=steps, bins_moved=len(times), p0=int(p0),
+                    switches=[*switches, switch], involved=sorted(involved))
+        _keep(dep, kept)  # the commit point: topology, routing, steps written whole
+        _hand_out(dep, kept)
+    kept["held"] = time.time() - kept["started"]
+
+
+def _hand_out(dep, kept: dict) -> None:
+    """Every sender gets the rescale's switch, every running replica of a giving or taking partition
+    its steps (awaited; a replica that cannot take them is declared failed). Both idempotent: a host
+    that resumes the rescale sends them again (:func:`resume`)."""
+    node, p = kept["operator"], kept["to"]
+    _set_routing(dep, node, p, kept["p0"], kept["switches"])
+    targets = {q: [(r.label, dep.topology.handle(r.label)) for r in dep.topology.replicas(partition_label(node, q))
+                   if dep.topology.is_running(r.label)] for q in range(max(p, kept["from"]))}
+    steps = kept["steps"]
+    _all_or_fenced(dep, {label: h.add_moves.remote(steps, targets) for q in kept["involved"]
+                         for label, h in targets[q]}, "its rescale steps")
+
+
+def _finish(dep, kept: dict) -> dict:
+    """The rescale from its steps handed out to its record: every step installed, then (fewer
+    partitions) the leaving partitions retired; the record logged and, with the rescale no longer in
+    flight, written at once (a host lost after this returns the record to the call sent again)."""
+    node, old_p, p, t0, steps = kept["operator"], kept["from"], kept["to"], kept["at"], kept["steps"]
+    bits = int(dep.channel_opts["bits"])
+    timeout = kept["timeout"]
+    started = kept["started"]
+    rec = {"change": "rescale", "operator": node, "from": old_p, "to": p, "strategy": kept["strategy"], "at": t0,
+           "steps": len(steps), "bins_moved": kept["bins_moved"], "new_replicas": list(kept["new_replicas"]),
+           "retired_replicas": [],
+           "text": f"{node}: {old_p} -> {p} partitions, {kept['bins_moved']} of {1 << bits} bins in {len(steps)} "
+                   f"step(s) from ts {as_seconds(t0)}"}
+    if kept.get("resumed"):
+        rec["resumed"] = kept["resumed"]  # by a host that took the deployment up after the one running it was lost
+    held = started + kept.get("held", time.time() - started)
+    if kept["involved"]:
+        _wait(dep, node, steps, timeout)
+    stepped = time.time()
+    if p < old_p:
+        last = max([t0, *(m.at for m in steps)])
+        left = [r.label for q in range(p, old_p) for r in dep.topology.replicas(partition_label(node, q))]
+        if left or not kept.get("resumed"):
+            rec["retired_replicas"] = _retire_partitions(dep, node, p, old_p, last, timeout)
+        else:  # (retired whole by the lost host, which was lost before it logged the record)
+            rec["retired_replicas"] = sorted(label for label in dep.topology.removed()
+                                             if label_group(label) in {partition_label(node, q) for q in range(p, old_p)})
+        rec["text"] += f"; retired {', '.join(partition_label(node, q) for q in range(p, old_p))}"
+    rec["seconds"] = round(time.time() - started, 3)
+    # where the time went: telling the senders of the new partitions, starting them (the query
+    # runs meanwhile), switching and handing out the steps (the feed held), then the steps
+    # themselves as the event time passes theirs, then (fewer partitions) retiring the leaving ones
+    rec["phases_s"] = {"routing": round(kept["routed"], 3), "new_partitions": round(kept["begun"] - kept["routed"], 3),
+                       "feed_held": round(held - started - kept["begun"], 3), "steps": round(stepped - held, 3),
+                       "retire": round(time.time() - stepped, 3)}
+    dep.events.append({"t": dep.now(), "event": "rescaled", **{k: v for k, v in rec.items() if k != "text"}})
+    rec = dep.record_change(rec)
+    try:
+        _keep(dep, None)  # the record and the end of the rescale in flight in one write
+    except Exception as e:  # noqa: BLE001 - said; the persister's thread writes both on its next look
+        dep.events.append({"t": dep.now(), "event": "persist_failed", "error": repr(e)[:300]})
+    return rec
+
+
+def resume(dep) -> dict | None:
+    """After a restore (:func:`~.lifecycle.restore`, before the feed goes on): the rescale the lost
+    host had in flight (``dep._rescale_in_flight``, kept with the state), resumed; None if there
+    was none. Its switch and steps were cut and written before any sender heard of them
+    (``phase == "moving"``): they are sent again (every sender and replica takes them once), then a
+    thread waits for the steps (the replicas move the bins by themselves meanwhile: the host only
+    watches), retires the leaving partitions (fewer) and logs the record under the client's call
+    id, so the call sent again to this host returns it (:func:`_resumed_call`). Cut short before
+    (``"starting"``): nothing of it was written, its new partitions' replicas were stopped as
+    never recorded (:func:`~.lifecycle._settle_replicas`), and the thread runs it again once the
+    feed goes on. If it cannot be finished, the deployment ends loudly (``dep.failure``, the run's
+    failure; :class:`~replistream.errors.RunFailed`) naming the operator, the partitions and ``T0``,
+    and so does the call sent again.
+
+    >>> resume(dep)["phase"]   # doctest: +SKIP
+    'moving'
+    """
+    kept = getattr(dep, "_rescale_in_flight", None)
+    if kept is None:
+        return None
+    kept = {**kept, "resumed": kept["phase"], "started": time.time()}
+    dep.rescale_done.clear()
+    dep.rescaling.set()  # repairs, GC, revival and rebalancing wait for it, as for any rescale
+    out: dict = {"call": kept["call"], "done": threading.Event(), "timeout": kept["timeout"]}
+    dep._rescale_resume = out
+    node = kept["operator"]
+    info = {"operator": node, "from": kept["from"], "to": kept["to"], "phase": kept["phase"], "at": kept.get("at")}
+    done = next((c for c in dep.changes if c.get("change") == "rescale" and c.get("operator") == node
+                 and kept.get("at") is not None and c.get("at") == kept["at"]), None)
+    if done is not None:  # its record was written (by the persister's thread) just before the host was lost
+        dep._rescale_in_flight = None
+        out.update(rec=done)
+        dep.rescaling.clear()
+        dep.rescale_done.set()
+        out["done"].set()
+        return {**info, "recorded": True}
+    held = None
+    try:
+        if kept["phase"] == "moving":
+            _hand_out(dep, kept)  # before the feed goes on: no tuple later than T0 is fed before every sender has the switch
+        else:  # cut short before its commit point: run again, the new partitions started before the feed goes on
+            if dep._persister is not None:  # (written whole at the commit point, as a first run: released by the thread)
+                held = dep._persister.held()
+                held.__enter__()
+            _start_new(dep, kept)
+    except Exception as e:  # noqa: BLE001 - the deployment ends loudly (below, in the thread)
+        out["error0"] = e
+
+    def run():
+        from .plane import CALL_ID
+
+        token = CALL_ID.set(kept["call"])
+        try:
+            if "error0" in out:
+                if held is not None:
+                    held.__exit__(None, None, None)
+                raise out["error0"]
+            if kept["phase"] == "starting":
+                try:
+                    _switch(dep, kept, _resumed_floor(dep))
+                finally:
+                    if held is not None:
+                        held.__exit__(None, None, None)
+            out["rec"] = _finish(dep, kept)
+        except Exception as e:  # noqa: BLE001 - said loudly: the run's failure, and the call's error
+            parts = ", ".join(partition_label(node, q) for q in range(min(kept["from"], kept["to"]),
+                                                                       max(kept["from"], kept["to"])))
+            at = kept.get("at")
+            msg = (f"the rescale of {node!r} from {kept['from']} to {kept['to']} partitions (partitions {parts}; "
+                   + (f"switch at ts {at}" if at is not None else "cut short before its switch time was taken")
+                   + f") could not be finished after the deployment's host was lost: {type(e).__name__}: {e}")
+            out["error"] = RunFailed(msg, operator=node, logical_time=at)
+            dep.failure = f"RunFailed: {msg}"
+            dep.events.append({"t": dep.now(), "event": "run_failed", "error": dep.failure})
+            try:  # the run's failure, as a replica's own: every wait() raises it (Monitor.check_failures)
+                dep.coordinator.report.remote("fatal", {
+                    "replica": parts, "operator": node, "logical_time": at, "user_function": False,
+                    "error": "RunFailed", "message": msg, "row": None, "cause": None, "traceback": None,
+                    "rid": f"rescale-resume/{node}/{kept['call']}/{kept['started']}"})
+            except Exception as e2:  # noqa: BLE001 - status() and this call's error still say it
+                dep.events.append({"t": dep.now(), "event": "no_answer", "actor": "coordinator", "call": "report",
+                                   "error": repr(e2)[:300]})
+            try:
+                _keep(dep, None)  # (ended: not resumed again by a later host)
+            except Exception:  # noqa: BLE001 - the failure is kept by the persister's next write
+                pass
+        finally:
+            CALL_ID.reset(token)
+            dep.rescaling.clear()
+            dep.rescale_done.set()
+            out["done"].set()
+
+    threading.Thread(target=run, daemon=True, name=f"replistream-rescale-resume-{node}").start()
+    return info
+
+
+def _resumed_floor(dep, limit: float = 120.0) -> int:
+    """For a rescale run again after a restore: once the resumed feed has sent a chunk of every
+    source (waited for, at most ``limit`` s), the slack to add to the largest timestamp fed since
+    then for ``T0`` to be past every tuple fed before the host was lost too (which the restored
+    feeder never saw): the sources' largest ``max_disorder`` (a tuple fed earlier is at most that
+    much later than one fed after it). Raises ``RuntimeError`` naming the sources for which no
+    bound is known: one that had ended before the restore, or sent nothing since in ``limit`` s."""
+    f = dep.feeder
+    deadline = time.time() + limit
+    wake = threading.Event()
+    while not f.feeding or f.resumed is None:
+        if time.time() > deadline or dep.shut_down:
+            raise RuntimeError(f"the feed did not resume within {limit:g} s")
+        wake.wait(0.001)
+    at = f.resumed["at"]
+    ended = sorted(src for src in f.sources if at[src]["closed"])
+    if ended:
+        raise RuntimeError(f"source(s) {ended} had ended before the host was lost: no switch time can be placed "
+                           f"past every tuple they fed")
+    while True:
+        behind = sorted(src for src in f.sources if f.seqs.get(src, 0) <= at[src]["seq"])
+        if not behind:
+            return max([int(dep.query.spec(src).max_disorder or 0) for src in f.sources] or [0])
+        if time.time() > deadline or dep.shut_down:
+            raise RuntimeError(f"source(s) {behind} sent nothing within {limit:g} s of the feed's resuming: no "
+                               f"switch time past what they fed before the host was lost is known")
+        wake.wait(0.001)
+
+
+def _resumed_call(dep) -> dict | None:
+    """The outcome of the rescale a restored host resumed (:func:`resume`) for the client's call
+    running now (the same call, sent again to this host): its record once done, or its error
+    raised; None if this call is not the resumed one. Waits at most the rescale's ``timeout`` plus
+    a minute, then raises naming it."""
+    from .plane import CALL_ID
+
+    res = getattr(dep, "_rescale_resume", None)
+    call = CALL_ID.get()
+    if res is None or call is None or res["call"] != call:
+        return None
+    if not res["done"].wait(res["timeout"] + 60):
+        raise RunFailed(f"the rescale resumed after the deployment's host was lost did not end within "
+                        f"{res['timeout'] + 60:g} s", operator="rescale")
+    if "error" in res:
+        raise res["error"]
+    return res["rec"]
 
 
 def _set_routing(dep, node: str, p: int, p0: int, switches: list) -> None:
@@ -213,6 +448,9 @@ def _start_partitions(dep, node: str, old_p: int, p: int) -> list[str]:
     for part in range(old_p, p):
         for i, server in enumerate(servers):
             label = f"{partition_label(node, part)}#{i}"
+            if label in getattr(topo, "_burned", ()):  # (its start was rolled back after a restore)
+                label = topo.next_label(partition_label(node, part))
+            i = replica_index(label)
             ins = []
             for port, up in enumerate(q.inputs_of(node)):
                 ins += [StreamReplica(r, label, port, 0.0, 0.0, 0.0, True, up) for r, _ in topo.running(group_of(q, up))]
