@@ -137,7 +137,7 @@ def test_a_feed_that_has_not_ended_is_not_a_complete_run():
         try:
             with pytest.raises(RunFailed, match="every application received the end of the stream but the feed "
                                                 "had not ended"):
-                dep.run({"s": s}, pace=None, timeout=30)
+                dep.run({"s": s}, pace=None, timeout=12)
         finally:
             release.set()
         assert ended == [True]
