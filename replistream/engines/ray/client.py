@@ -26,7 +26,7 @@ import ray
 from ray import cloudpickle
 
 from ...errors import RunFailed
-from .common import READY_S
+from .common import READY_S, own_timeout
 from .changes import Changes
 from .coordlink import CoordinatorLink
 from .faults import Faults
@@ -140,7 +140,7 @@ class Hosted:
                 ref = send(self.host)
 
     def call(self, method: str, args: tuple, kwargs: dict):
-        limit = self.call_timeout_s + float(kwargs.get("timeout", 0) or 0)
+        limit = self.call_timeout_s + own_timeout(getattr(Deployment, method, None), args, kwargs)
         call_id = uuid.uuid4().hex  # (the same id each time the call is sent: it is made once)
         return self._ask(method, lambda h: h.call.remote(method, args, kwargs, call_id), limit)
 

@@ -174,3 +174,30 @@ def inside(folder: str, name: str) -> str:
 #: Seconds to fetch the value of a call ``ray.wait`` already found ready (it may still have to
 #: travel from another node's object store): a deadline all the same.
 READY_S = 30.0
+
+
+def own_timeout(fn, args: tuple, kwargs: dict) -> float:
+    """Seconds ``fn`` (a deployment's method) may itself take when called with ``args`` and
+    ``kwargs``: its ``timeout`` argument, given by keyword, by position or left at its default (0
+    for a method without one, or none given). A detached deployment's client waits that long plus
+    ``Hosted.call_timeout_s`` for the host's answer; counting only a keyword ``timeout`` made
+    ``dep.rescale(op, 2)`` (300 s by default) give up after 120 s while the host went on.
+
+    >>> def rescale(self, operator, p, strategy="fluid", timeout=300.0): ...
+    >>> own_timeout(rescale, ("agg", 2), {}), own_timeout(rescale, ("agg", 2, "fluid", 30), {})
+    (300.0, 30.0)
+    >>> own_timeout(lambda self, op: None, ("agg",), {}), own_timeout(None, (), {"timeout": 5})
+    (0.0, 5.0)
+    """
+    import inspect
+
+    t = kwargs.get("timeout")
+    if callable(fn):
+        try:
+            bound = inspect.signature(fn).bind_partial(None, *args, **kwargs)
+            bound.apply_defaults()
+            t = bound.arguments.get("timeout", t)
+        except (TypeError, ValueError):
+            pass  # (arguments the method would refuse: it says so itself)
+    ok = isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf")
+    return float(t) if ok else 0.0
