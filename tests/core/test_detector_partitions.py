@@ -64,5 +64,22 @@ def test_unpartitioned_replicas_and_other_nodes_keep_their_grouping():
         d.watch(label, node, now=0.0)
     d.asked("f#0", 0.0)
     d.answered("out.0#0", 2.5, position=100)  # another node, partitioned: no peer of f#0
-    d.answered("f#1", 2.5, position=3)
+    d.answered("f#1", 1.0, position=1)
+    d.answered("f#1", 2.5, position=3)  # its peer moved
     assert states(d, 2.5) == [("f#0", "failed")]
+
+
+def test_a_replica_slow_to_answer_its_first_probe_fails_only_once_its_peer_moved():
+    """f#1 has not answered its first probe (a slow actor start on loaded cores) while f#0 answers
+    from where the run starts: not declared failed for starting slower, only suspected; once f#0
+    moves past its first position, f#1's silence is no progress while a peer progresses."""
+    d = FailureDetector(suspect_after_s=1.0, fail_after_s=3.0)
+    d.watch("f#0", "f", now=0.0)
+    d.watch("f#1", "f", now=0.0)
+    d.asked("f#1", 0.1)
+    for t in (0.5, 1.5, 2.5, 3.5, 4.5):
+        d.answered("f#0", t, position=7)  # nothing flowed yet
+        d.check(t)
+    assert d.watches["f#1"].state == "suspected"  # nothing waits on it
+    d.answered("f#0", 5.0, position=9)
+    assert [(v.label, v.state) for v in d.check(5.0)] == [("f#1", "failed")]

@@ -11,7 +11,9 @@ swapping). This detector turns "not answering" into a failure with two bounds:
 * **declared failed** after ``fail_after_s`` while a peer progresses *and has
   gone past it* (a logical position further than the one it last reported:
   the punctuation an operator replica reached, the chunks an entry replica
-  took): treated exactly as a crash (killed, so anything it would send later
+  took; one that never answered is behind a peer that moved since its own first
+  report, so a slow actor start is not a failure before anything flowed):
+  treated exactly as a crash (killed, so anything it would send later
   is fenced off, its links dropped, repaired with ``repair=True``). A user
   function that hangs on some rows hangs every replica at the same position,
   so a replica that merely reached those rows first is never declared failed
@@ -38,7 +40,7 @@ The detector is plain bookkeeping, no Ray and no clock of its own (callers pass
 >>> d = FailureDetector(suspect_after_s=1.0, fail_after_s=3.0)
 >>> for r in ("f#0", "f#1"):
 ...     d.watch(r, "f", now=0.0)
->>> d.answered("f#1", now=2.0); d.asked("f#0", now=0.1)
+>>> d.answered("f#1", now=2.0, position=3); d.asked("f#0", now=0.1)
 >>> [(v.label, v.state) for v in d.check(now=2.0)]
 [('f#0', 'suspected')]
 >>> d.answered("f#1", now=3.5, position=7); [(v.label, v.state) for v in d.check(now=3.5)]
@@ -88,6 +90,7 @@ class _Watch:
     busy_s: float = 0.0  # how long its current call had run at its last answer
     state: str = "ok"  # ok | suspected | failed
     position: int | None = None  # its logical position at its last answer (None: never reported)
+    first_position: int | None = None  # its position at its first answer that had one
     slowest_s: float = 0.0  # the longest a probe of it waited for its answer
     pending: bool = False  # still waiting for its state (a hand-over, a transfer): not a progressing peer
     heard: bool = False  # answered a probe since it was watched: only then can it be a progressing peer
@@ -143,6 +146,8 @@ class FailureDetector:
         w.heard = True
         if position is not None:
             w.position = int(position)
+            if w.first_position is None:
+                w.first_position = w.position
 
     def silent_s(self, label: str, now: float) -> float:
         """Seconds ``label`` has made no progress: since its last answer while a probe is
@@ -207,7 +212,7 @@ class FailureDetector:
             peers = progressing.get(w.group)
             if not peers:
                 continue  # no peer progresses: nothing to mask with (the run's timeout names it)
-            ahead = any(w.position is None or p.position is None or p.position > w.position for p in peers)
+            ahead = any(_ahead(p, w) for p in peers)
             if s >= self.fail_after_s and ahead:
                 w.state = "failed"
                 out.append(Verdict(label, w.node, "failed", s))
@@ -215,6 +220,18 @@ class FailureDetector:
                 w.state = "suspected"
                 out.append(Verdict(label, w.node, "suspected", s))
         return out
+
+
+def _ahead(peer: _Watch, w: _Watch) -> bool:
+    """Whether ``peer`` is further than ``w``: by position; a peer that reports none is (its answers
+    are its progress). A replica that never reported a position (it has not answered yet: a slow
+    actor start on loaded cores) is behind only a peer that moved since its own first report, so a
+    replica is not declared failed for starting slower than its peers before anything flowed."""
+    if peer.position is None:
+        return True
+    if w.position is None:
+        return peer.first_position is not None and peer.position > peer.first_position
+    return peer.position > w.position
 
 
 def _peer_group(label: str, node: str) -> str:
