@@ -497,3 +497,6 @@ class Monitor:
                             result=self.plane.output.collect())
         if self.plane.feeder.error is not None:
             raise RunFailed(f"feeding the sources failed: {self.plane.feeder.error}") from self.plane.feeder.error
+        if getattr(self.plane, "failure", None) is not None:  # kept when found (and by a restored host), even
+            # if the coordinator that was told it can no longer say it: every later wait() raises it
+            raise RunFailed(f"the run failed earlier: {self.plane.failure}", result=self.plane.output.collect())
