@@ -34,7 +34,7 @@ def test_gc_discards_per_partition_replica_and_keeps_every_partition_and_the_out
     partitions it touched), every partition keeps a live replica at every period and at the end, and
     the alerts are exactly the reference run's."""
     q = fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.5)
-    data = fig1_inputs(n_servers=3, duration_s=20, period_s=0.25, seed=4, chunk=2)
+    data = fig1_inputs(n_servers=3, duration_s=30, period_s=0.25, seed=4, chunk=2)
     cfg = GCConfig(utility_period_s=0.5, gc_period_s=0.5, theta_fraction=0.05, max_steps=None, kmin=1)
     with deploy(q, servers=4, k=2, network="geo", gc=cfg, parallelism={"correlate": 2, "hot": 3}, bits=4) as dep:
         ref = run_reference(q, data)
