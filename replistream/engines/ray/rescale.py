@@ -348,8 +348,8 @@ def resume(dep) -> dict | None:
                                    "error": repr(e2)[:300]})
             try:
                 _keep(dep, None)  # (ended: not resumed again by a later host)
-            except Exception:  # noqa: BLE001 - the failure is kept by the persister's next write
-                pass
+            except Exception as e3:  # noqa: BLE001 - the failure is kept by the persister's next write; said
+                dep.events.append({"t": dep.now(), "event": "persist_failed", "error": repr(e3)[:300]})
         finally:
             CALL_ID.reset(token)
             dep.rescaling.clear()
