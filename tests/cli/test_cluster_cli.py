@@ -88,6 +88,12 @@ def test_up_deploy_detached_status_stop_down(tmp_path):
             dep.feed({"s": [{"ts": ts, "k": ts %% 7}]})
             print("fed", flush=True)
         """ % str(tmp_path / "out"))
+        # RAY_ADDRESS=auto finds this cluster and joins it on loopback (Ray alone waited for its GCS
+        # at the machine's own address, where this cluster does not listen, without end)
+        joined = subprocess.run([sys.executable, "-c", "from replistream.engines.ray import init_ray; import ray; "
+                                 "init_ray('auto'); print(ray.get_runtime_context().gcs_address)"],
+                                env={**env, "RAY_ADDRESS": "auto"}, capture_output=True, text=True, timeout=120)
+        assert joined.returncode == 0 and joined.stdout.strip() == f"127.0.0.1:{port}", joined.stderr[-2000:]
         fed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
         assert fed.returncode == 0 and "fed" in fed.stdout, fed.stderr  # the script joined the cluster and ended
         status = run(["status", "--json"], env)

@@ -68,6 +68,8 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
     if not verbose:
         opts.update(logging_level="ERROR", log_to_driver=False)
         quiet_ray_messages()
+    if address == "auto":
+        address = _running_cluster()
     local = address is None or address == "local"
     if local:
         opts["address"] = "local"
@@ -77,7 +79,7 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
     opts.update(kwargs)
     if not local:
         hostport = str(address).split("://")[-1]
-        if address != "auto" and "://" not in str(address) and re.fullmatch(r"[\w.-]+:\d+", hostport):
+        if "://" not in str(address) and re.fullmatch(r"[\w.-]+:\d+", hostport):
             from .cluster import answers
 
             if not answers(hostport, timeout=2.0):  # ray.init would retry for minutes
@@ -91,7 +93,7 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
     else:
         with _loopback():
             ray.init(**opts)
-    if local and opts.get("log_to_driver") is False:  # no worker log lines come here: a quicker exit
+    if opts.get("log_to_driver") is False:  # no worker log lines come here: a quicker exit
         from .rayexit import install
 
         install()
@@ -99,6 +101,45 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
         from . import warm
 
         warm.use_cluster(True)
+
+
+def _file_reader() -> None:
+    """For a query with a declared file source: a process for its file reads, ready before the
+    feed (issue #42). Joined to a cluster, a reader taken from its warm pool (:mod:`.reader`), once
+    per script; else (or none idle) a Ray worker started now beside the replicas (``warm_reader``)."""
+    from ... import files
+
+    if files.reader() is None:
+        from . import warm
+
+        h = warm.take("ReaderActor")
+        if h is not None:
+            files.use_reader(h)
+            return
+    files.warm_reader()
+
+
+def _running_cluster() -> str:
+    """The ``host:port`` that ``address="auto"`` (or ``RAY_ADDRESS=auto``) means: the cluster
+    ``ray start`` recorded on this machine, found as Ray finds it but kept as recorded. Ray itself
+    turns a recorded 127.0.0.1 into the machine's own address, where a cluster started on the
+    loopback interface (``replistream up``) does not listen, and then waits without end for its
+    GCS; this address is checked and joined on the loopback interface instead.
+
+    >>> _running_cluster()   # doctest: +SKIP
+    '127.0.0.1:6379'
+    """
+    from ray._private import services
+
+    try:
+        found = services.get_ray_address_from_environment("auto", None)
+    except ConnectionError:
+        found = None
+    if not found or found == "auto":
+        raise ConnectionError("address='auto' (or RAY_ADDRESS=auto) but no Ray cluster runs on this machine: "
+                              "start one (`replistream up`), or unset RAY_ADDRESS to run on a Ray of this "
+                              "script's own")
+    return found
 
 
 #: Messages the raylet sends every driver that are routine for replistream: each replica is an
@@ -430,10 +471,8 @@ def deploy(query: Query, servers=None, k: int = 2, placement=None, network="zero
             address = cluster_address()  # a cluster kept between scripts (replistream up) is joined
         init_ray(address, **(ray_init or {}))
         ship_user_code(query)
-        from ...files import warm_reader
-
         if any(query.graph.nodes[s].get("files") for s in query.sources):
-            warm_reader()  # a worker for file reads starts beside the replicas (issue #42)
+            _file_reader()
         channel_opts = {"max_batch": max_batch, "flush_ms": flush_ms, "max_inflight": max_inflight,
                         "drop_after_s": drop_after_s, "partitions": dict(parallelism), "bits": int(bits),
                         "entry_partitions": entry_parts,

@@ -16,6 +16,10 @@ processes stopped in two waves (the raylet, then the rest together) before Ray's
 runs over them and finds them gone. Each wave waits at most one second, then kills what is
 left, as Ray does. If Ray's internals are not what this expects, Ray's own stop does it all.
 
+A script that joined a running cluster stops no process at its exit, only disconnects; Ray's hook
+sleeps the same 0.5 s first, and its exit took 0.98 s against 0.13 s after ``ray.shutdown()``
+(a quiet machine, a driver joined to ``replistream up``'s cluster). The hook disconnects at once.
+
 >>> install()   # doctest: +SKIP
 """
 from __future__ import annotations
@@ -77,8 +81,11 @@ def _at_exit() -> None:
         from ray._private import worker as ray_worker
 
         node = ray_worker._global_node
-        if node is None or not ray.is_initialized() or not node.is_head():
-            return  # joined a cluster, or already stopped: Ray's own hook (a disconnect)
+        if node is None or not ray.is_initialized():
+            return  # already stopped
+        if not node.is_head():
+            ray.shutdown()  # joined a cluster: a disconnect, without Ray's sleep for log lines no one sends
+            return
         own = node.kill_all_processes
 
         def kill_all_processes(check_alive: bool = True, allow_graceful: bool = False, wait: bool = False):
