@@ -193,6 +193,28 @@ def _read_file_task():
 
 _TASK = None
 _WARMED: set = set()
+_READER = None  # an actor reading this process's files instead of tasks (use_reader)
+
+
+def use_reader(handle) -> None:
+    """Read the files of every :class:`FileSource` fed from this process through ``handle``, an
+    actor whose ``read`` is :func:`read_file` as a streaming generator (``deploy()`` gives one the
+    running cluster's pool kept warm, engines/ray/reader.py), instead of Ray tasks; ``None``: tasks
+    again. A reader lost while it reads is replaced by a task that goes on from the next chunk.
+
+    >>> use_reader(None)
+    """
+    global _READER
+    _READER = handle
+
+
+def reader():
+    """The actor :func:`use_reader` gave, or None (files are read by Ray tasks).
+
+    >>> use_reader(None); reader() is None
+    True
+    """
+    return _READER
 
 
 def warm_reader() -> None:
@@ -534,6 +556,12 @@ class FileSource:
         files = self._files()
         ended = False
 
+        def start(f: str):
+            """Begin reading ``f``: by the reader actor when there is one (:func:`use_reader`), else a task."""
+            reader = _READER
+            run = task if reader is None else reader.read
+            return run.options(num_returns="streaming").remote(f, self.format, plan, self.chunk_size)
+
         def launch() -> bool:
             """Start reading the next file; False when there is none (yet, or any more)."""
             nonlocal plan, ended
@@ -546,7 +574,7 @@ class FileSource:
             plan = plan or self._plan(f)
             self.files_read.append(f)
             self.stats["files"] += 1
-            pending.append((f, task.options(num_returns="streaming").remote(f, self.format, plan, self.chunk_size)))
+            pending.append((f, start(f)))
             return True
 
         while True:
@@ -558,13 +586,26 @@ class FileSource:
                 time.sleep(self.poll)  # watching: nothing new yet
                 continue
             f, gen = pending.popleft()
-            for meta_ref in gen:
+            done = skip = 0  # chunks of f yielded; chunks a new reading of f passes over
+            while True:
                 try:
-                    meta = ray.get(meta_ref)
+                    meta = ray.get(next(gen))
+                    data_ref = next(gen)
+                except StopIteration:
+                    break
+                except ray.exceptions.RayActorError:
+                    # the reader actor was lost: a task reads f again and passes over the chunks
+                    # already yielded (the same ones: read_file cuts a file the same way each time)
+                    use_reader(None)
+                    gen, skip = start(f), done
+                    continue
                 except ray.exceptions.RayTaskError as e:
                     cause = e.as_instanceof_cause()
                     raise (cause if isinstance(cause, SchemaError) else
                            SchemaError(f"source {plan.source!r}: reading {f} failed: {e}")) from None
-                data_ref = next(gen)
+                if skip:
+                    skip -= 1
+                    continue
+                done += 1
                 self._account(meta)
                 yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])

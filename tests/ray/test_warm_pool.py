@@ -63,7 +63,9 @@ def test_a_script_that_joins_the_cluster_takes_warm_actors_and_gets_the_referenc
 
 
 def test_the_pool_kills_an_actor_leased_to_a_taker_that_died():
-    keeper = warm.WarmPool.remote(2)  # a pool of this test's own (not the cluster's named one)
+    # a pool of this test's own (not the cluster's named one), which keeps its actors apart: sharing
+    # the named pool's, it took up that pool's idle actors when it started and killed them at its end
+    keeper = warm.WarmPool.remote(2, "replistream/warm-test-own/")
     try:
         deadline = time.time() + 120
         while not ray.get(keeper.stats.remote(), timeout=30)["idle"]["ReplicaActor"]:
@@ -93,3 +95,44 @@ def test_the_pool_kills_an_actor_leased_to_a_taker_that_died():
     finally:
         ray.get(keeper.shutdown.remote(), timeout=60)
         ray.kill(keeper)
+
+
+FILES_DRIVER = r"""
+import json, sys, tempfile
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+import replistream as rs
+from replistream import files
+from replistream.engines.ray import deploy, init_ray, warm
+from replistream.testing import run_reference
+import ray
+init_ray(address=sys.argv[1])
+folder = tempfile.mkdtemp()
+rng = np.random.default_rng(1)
+for i in range(3):
+    pq.write_table(pa.table({"t": i * 1_000_000 + np.arange(1500) * 600, "key": rng.integers(0, 7, 1500)}),
+                   f"{folder}/part-{i}.parquet")
+q = rs.Query("warm-files")
+rs.FileSource(folder, time="t").declare(q, "load", punctuate_every=100_000).window(
+    500_000, by="key", aggs={"n": "count"}, name="per_key").sink("out")
+q = q.build()
+warm.start()
+warm.wait_warm(120)
+with deploy(q, servers=2, k=1, network="zero") as dep:
+    res = dep.run({"load": rs.FileSource(folder, time="t")}, timeout=120)
+ref = run_reference(q, {"load": rs.FileSource(folder, time="t")})
+key = lambda o: sorted(zip(o["window_start"].tolist(), o["key"].tolist(), o["n"].tolist()))
+print(json.dumps({"exact": key(res.outputs["out"]) == key(ref.outputs["out"]),
+                  "reader": files.reader() is not None}))
+print(ray.get(warm._keeper().stats.remote(), timeout=60), file=sys.stderr)
+"""
+
+
+def test_a_script_that_joins_the_cluster_reads_its_files_through_a_warm_reader():
+    """Issue #42: joined to a cluster, the first file read of a script waited for a new Ray worker
+    process of its own job; the pool keeps a reader process warm, and deploy() takes it."""
+    env = {**os.environ, "RAY_ADDRESS": _address(), "REPLISTREAM_CLUSTER_POOL": "5"}
+    out = subprocess.run([sys.executable, "-c", FILES_DRIVER, _address()], env=env, capture_output=True, text=True,
+                         timeout=300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    assert json.loads(lines[-1]) == {"exact": True, "reader": True}, out.stderr[-2000:]

@@ -28,6 +28,7 @@ import contextvars
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterable
@@ -170,6 +171,12 @@ class ControlPlane:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        wanted = Counter({"CoordinatorActor": 2})  # it and its standby
+        for r in physical.replicas():
+            if not ray_options(self.servers[physical.server(r)]):  # a local logical server: a kept or warm actor
+                wanted["EntryActor" if r.node == ENTRY else
+                       "SinkActor" if query.spec(r.node).kind == "sink" else "ReplicaActor"] += 1
+        pool.prefetch(wanted)
         rep.phase("starting the coordinator")
         # its state in Ray's key-value store, under the deployment's epoch (the last part of the key)
         self.coordinator_key = f"replistream/coordinator/{self.channel_opts.get('epoch') or uuid.uuid4().hex}"

@@ -45,7 +45,7 @@ import ray
 
 from .common import is_actor_death
 
-__all__ = ["pool_size", "set_pool_size", "clear_pool", "take", "recycle", "pooled", "keep_spare"]
+__all__ = ["pool_size", "set_pool_size", "clear_pool", "take", "prefetch", "recycle", "pooled", "keep_spare"]
 
 _lock = threading.Lock()
 _pool: dict[str, list] = {}  # actor class name -> handles, oldest first
@@ -130,6 +130,32 @@ def take(cls_name: str) -> Any | None:
     from . import warm
 
     return warm.take(cls_name)
+
+
+def prefetch(counts: dict[str, int]) -> int:
+    """Before a deployment starts its actors: take from the running cluster's warm pool, in one call,
+    what it will ask :func:`take` for (``counts`` per class) beyond what this script keeps already;
+    they wait here for those calls. A round trip to the pool cost 70-90 ms per actor, sent one
+    after another (a k=1 deployment asks for five). Returns how many were taken.
+
+    >>> prefetch({"EntryActor": 1, "ReplicaActor": 1, "SinkActor": 1, "CoordinatorActor": 2})  # doctest: +SKIP
+    5
+    """
+    if pool_size() == 0:
+        return 0
+    with _lock:
+        _check_job()
+        need = {c: n - len(_pool.get(c, ())) for c, n in counts.items()}
+    need = {c: n for c, n in need.items() if n > 0}
+    if not need:
+        return 0
+    from . import warm
+
+    got = warm.take_many(need)
+    with _lock:
+        for cls_name, h in got:
+            _pool.setdefault(cls_name, []).insert(0, h)  # take() pops the newest: the script's own kept ones first
+    return len(got)
 
 
 def keep_spare(cls_name: str, handle: Any) -> bool:

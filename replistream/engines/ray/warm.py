@@ -7,7 +7,7 @@ script; this module keeps started processes in the cluster itself, so that a scr
 a running cluster (``replistream up``, ``RAY_ADDRESS``) finds them ready.
 
 :class:`WarmPool` is a detached, named actor (``replistream-warm`` in namespace ``replistream``)
-that starts idle actors of each class (entry, operator, application, coordinator) with a blank
+that starts idle actors of each class (entry, operator, application, coordinator, file reader) with a blank
 query and keeps :func:`warm_size` of them (``REPLISTREAM_CLUSTER_POOL``, default 16; 0 turns it
 off). A deployment takes one (:meth:`WarmPool.take`) and re-initialises it exactly as it does a
 kept actor of its own script (``reinit``); the pool starts a replacement in the background.
@@ -41,15 +41,15 @@ import ray
 from . import lockorder
 from .common import is_actor_death
 
-__all__ = ["WarmPool", "warm_size", "use_cluster", "take", "start", "NAME"]
+__all__ = ["WarmPool", "warm_size", "use_cluster", "take", "take_many", "start", "NAME"]
 
 NAME = "replistream-warm"
 NAMESPACE = "replistream"
 
 #: The share of each actor class among the idle actors kept (a k=1 query of 4 actors and a k=3
 #: query of 10 take from it in about these proportions, and each deployment 2 coordinators: it and
-#: its standby).
-MIX = {"EntryActor": 3, "ReplicaActor": 8, "SinkActor": 2, "CoordinatorActor": 3}
+#: its standby; a script that reads files, one reader: :mod:`.reader`).
+MIX = {"EntryActor": 3, "ReplicaActor": 8, "SinkActor": 2, "CoordinatorActor": 3, "ReaderActor": 1}
 
 #: Where the pool keeps its idle actors and leases in Ray's key-value store (namespace
 #: :data:`~.coordinator.KV_NAMESPACE`): ``<prefix>idle/<actor id>``, ``<prefix>lease/<actor id>``.
@@ -57,6 +57,39 @@ KV_PREFIX = "replistream/warm/"
 
 #: Seconds between two looks for actors leased to a taker that has ended.
 REAP_EVERY_S = 1.0
+
+#: Seconds a script waits for the pool to answer a take, then starts processes of its own. A
+#: script's first call to the pool also finds the pool's process (2 s was too short on loaded
+#: cores: a script started every actor anew with the pool full).
+TAKE_TIMEOUT_S = 10.0
+
+#: Replacements for taken actors start only when they cost the takers nothing: starting one is a
+#: process and replistream's imports (about a CPU-second each here), and a deployment takes its
+#: actors all at once and then runs. Starting five replacements beside a two-core run halved its
+#: rate (W1 joined to a cluster). The pool waits until :data:`REFILL_AFTER_TAKE_S` seconds passed
+#: since the last take and the machine's CPUs were less than :data:`REFILL_BUSY` busy over the last
+#: round, or until it has waited :data:`REFILL_MAX_WAIT_S` seconds (a machine that never quiets).
+REFILL_AFTER_TAKE_S = 3.0
+REFILL_BUSY = 0.5
+REFILL_MAX_WAIT_S = 60.0
+
+
+def refill_due(short_for_s: float, since_take_s: float, busy: float) -> bool:
+    """Whether the pool starts its missing actors now: short of some for ``short_for_s`` seconds,
+    the last take ``since_take_s`` seconds ago, the CPUs ``busy`` (0 to 1) over the last round.
+
+    >>> refill_due(short_for_s=2.0, since_take_s=1.0, busy=0.1)    # a deployment is starting
+    False
+    >>> refill_due(short_for_s=5.0, since_take_s=5.0, busy=0.9)    # it runs on every core
+    False
+    >>> refill_due(short_for_s=5.0, since_take_s=5.0, busy=0.2)    # quiet again
+    True
+    >>> refill_due(short_for_s=61.0, since_take_s=61.0, busy=1.0)  # never quiet: started anyway
+    True
+    """
+    if short_for_s >= REFILL_MAX_WAIT_S:
+        return True
+    return since_take_s >= REFILL_AFTER_TAKE_S and busy < REFILL_BUSY
 
 _joined = False  # this process joined a running cluster (init_ray with an address, or a host actor)
 
@@ -108,7 +141,7 @@ def start() -> Any | None:
     return _keeper(create=True)
 
 
-def take(cls_name: str, timeout: float = 2.0) -> Any | None:
+def take(cls_name: str, timeout: float = TAKE_TIMEOUT_S) -> Any | None:
     """A warm actor of class ``cls_name`` from the cluster's pool, leased to this script (or
     host), to ``reinit``; None when this process did not join a cluster, the pool is off or
     empty, or it does not answer within ``timeout`` s."""
@@ -125,6 +158,27 @@ def take(cls_name: str, timeout: float = 2.0) -> Any | None:
         return None
 
 
+def take_many(counts: dict[str, int], timeout: float = TAKE_TIMEOUT_S) -> list[tuple[str, Any]]:
+    """Up to ``counts[c]`` warm actors of each class ``c`` in one call to the pool (a deployment's
+    actors: one round trip, not one per actor), leased as :func:`take` leases them; as many as it
+    has idle, ``[(class name, handle)]``; empty when :func:`take` would give None.
+
+    >>> take_many({"ReplicaActor": 2, "CoordinatorActor": 2})   # doctest: +SKIP
+    [('ReplicaActor', Actor(ReplicaActor, ...)), ...]
+    """
+    global _handle
+    if not _joined or warm_size() == 0 or not ray.is_initialized() or not counts:
+        return []
+    keeper = _keeper(create=True)
+    try:
+        return ray.get(keeper.take_many.remote(dict(counts), _owner()), timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        return []  # (busy starting its actors): new processes instead
+    except ray.exceptions.RayActorError:
+        _handle = None  # it died: started again next time
+        return []
+
+
 def _blank_query():
     from ...query import Query
 
@@ -133,23 +187,23 @@ def _blank_query():
     return q.build()
 
 
-def _kv_put(key: str, value) -> None:
+def _kv_put(key: str, value, prefix: str = KV_PREFIX) -> None:
     from .lifecycle import put_value
 
-    put_value(KV_PREFIX + key, value)
+    put_value(prefix + key, value)
 
 
-def _kv_del(key: str) -> None:
+def _kv_del(key: str, prefix: str = KV_PREFIX) -> None:
     from .lifecycle import delete_value
 
-    delete_value(KV_PREFIX + key)
+    delete_value(prefix + key)
 
 
-def _kv_items(prefix: str) -> list[tuple[str, object]]:
-    """``(key after the prefix, value)`` of what the pool kept under ``prefix``."""
+def _kv_items(sub: str, prefix: str = KV_PREFIX) -> list[tuple[str, object]]:
+    """``(key after the prefix, value)`` of what the pool kept under ``prefix + sub``."""
     from .lifecycle import get_value, keys
 
-    return [(key[len(KV_PREFIX) + len(prefix):], get_value(key)) for key in keys(KV_PREFIX + prefix)]
+    return [(key[len(prefix) + len(sub):], get_value(key)) for key in keys(prefix + sub)]
 
 
 #: Seconds a restarted pool waits, all at once, for its idle actors to answer; one silent by then is
@@ -160,14 +214,16 @@ RESTORE_ASK_S = 15.0
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=4)
 class WarmPool:
     """The cluster's pool of idle actors (see the module doc). ``size`` idle actors are kept,
-    shared among the classes as :data:`MIX`.
+    shared among the classes as :data:`MIX`; they and the leases are kept under ``kv_prefix`` in
+    Ray's key-value store (a pool of a test's own keeps its own apart from the cluster's).
 
     >>> keeper = start()                                  # doctest: +SKIP
     >>> ray.get(keeper.stats.remote())["idle"]            # doctest: +SKIP
     {'EntryActor': 3, 'ReplicaActor': 8, 'SinkActor': 2, 'CoordinatorActor': 3}
     """
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, kv_prefix: str = KV_PREFIX):
+        self.kv = kv_prefix  # where it keeps its idle actors and leases (a pool of a test's own: one of its own)
         total = sum(MIX.values())
         self.want = {c: max(1, round(size * n / total)) for c, n in MIX.items()} if size > 0 else {}
         self.idle: dict[str, list] = {c: [] for c in MIX}
@@ -177,6 +233,9 @@ class WarmPool:
         self.lock = lockorder.lock("WarmPool.lock", 1)
         self.query = _blank_query()
         self.stop = threading.Event()
+        self.last_take = float("-inf")  # time.monotonic() of the last take
+        self.short_since: float | None = None  # since when some idle actor is missing (after the first fill)
+        self.filled_once = False  # the first fill, and one asked for (hurry), start at once
         self.restored = self._restore()
         threading.Thread(target=self._loop, daemon=True, name="replistream-warm").start()
 
@@ -185,7 +244,7 @@ class WarmPool:
         and Ray restarted it): idle ones that still answer are kept, the others forgotten."""
         from .lifecycle import kill_actors
 
-        idle = [(key, cls_name, h) for key, (cls_name, h) in _kv_items("idle/")]
+        idle = [(key, cls_name, h) for key, (cls_name, h) in _kv_items("idle/", self.kv)]
         asked = [h.settled.remote() for _, _, h in idle]
         ready = set(ray.wait(asked, num_returns=len(asked), timeout=RESTORE_ASK_S)[0]) if asked else set()
         lost, broken = [], []
@@ -198,13 +257,13 @@ class WarmPool:
             except Exception as e:  # noqa: BLE001 - gone or broken: forgotten below, like a silent one
                 if not is_actor_death(e):
                     broken.append(f"{cls_name}: {e!r}"[:200])
-            _kv_del("idle/" + key)  # gone, or not answering: forgotten (killed in case it only hangs)
+            _kv_del("idle/" + key, self.kv)  # gone, or not answering: forgotten (killed in case it only hangs)
             lost.append(h)
         if broken:
             warnings.warn(f"replistream: the warm pool forgot {len(broken)} idle actor(s) that answered with an error: "
                           f"{broken[:3]}", RuntimeWarning, stacklevel=1)
         kill_actors(lost)
-        for key, (owner, h) in _kv_items("lease/"):
+        for key, (owner, h) in _kv_items("lease/", self.kv):
             self.leases[key] = (owner, h)
         return {"idle": sum(len(v) for v in self.idle.values()), "leases": len(self.leases), "forgotten": len(lost)}
 
@@ -218,6 +277,10 @@ class WarmPool:
             return actors.EntryActor.options(**detached).remote(q, 0, "warm", None, 0.0, {})
         if cls_name == "ReplicaActor":
             return actors.ReplicaActor.options(**detached).remote(q, "f", 0, "warm", [1], None, 0.0, {})
+        if cls_name == "ReaderActor":
+            from .reader import ReaderActor
+
+            return ReaderActor.options(**detached).remote()
         if cls_name == "SinkActor":
             return actors.SinkActor.options(**detached).remote(q, "out", "warm", [1], None, 0.0, {})
         return CoordinatorActor.options(**detached).remote(0.0, None)
@@ -242,7 +305,7 @@ class WarmPool:
                 continue
             with self.lock:
                 self.idle[cls_name].append(h)
-                _kv_put("idle/" + h._actor_id.hex(), (cls_name, h))
+                _kv_put("idle/" + h._actor_id.hex(), (cls_name, h), self.kv)
 
     def _reap(self) -> None:
         import ray._private.state as state
@@ -259,18 +322,37 @@ class WarmPool:
             if mine == "DEAD":
                 with self.lock:
                     self.leases.pop(actor_id, None)
-                    _kv_del("lease/" + actor_id)
+                    _kv_del("lease/" + actor_id, self.kv)
             elif gone:
                 ray.kill(h, no_restart=True)
                 with self.lock:
                     self.leases.pop(actor_id, None)
-                    _kv_del("lease/" + actor_id)
+                    _kv_del("lease/" + actor_id, self.kv)
                     self.reaped += 1
+
+    def _fill_due(self) -> bool:
+        """The first fill at once; later ones when :func:`refill_due` says so."""
+        import psutil
+
+        busy = psutil.cpu_percent(interval=None) / 100.0  # over the time since the last call (a round)
+        if not self.filled_once:
+            self.filled_once = True
+            return True
+        now = time.monotonic()
+        with self.lock:
+            short = any(len(self.idle[c]) < n for c, n in self.want.items())
+        if not short:
+            self.short_since = None
+            return False
+        if self.short_since is None:
+            self.short_since = now
+        return refill_due(now - self.short_since, now - self.last_take, busy)
 
     def _loop(self) -> None:
         while not self.stop.is_set():
             try:
-                self._fill()
+                if self._fill_due():
+                    self._fill()
                 self._reap()
             except Exception as e:  # kept for stats(); the loop goes on
                 self.last_error = f"{type(e).__name__}: {e}"
@@ -285,17 +367,36 @@ class WarmPool:
             h = idle.pop(0)
             aid = h._actor_id.hex()
             self.leases[aid] = (owner, h)
-            _kv_put("lease/" + aid, (owner, h))
-            _kv_del("idle/" + aid)
+            _kv_put("lease/" + aid, (owner, h), self.kv)
+            _kv_del("idle/" + aid, self.kv)
             self.taken += 1
+            self.last_take = time.monotonic()
             return h
+
+    def take_many(self, counts: dict[str, int], owner: str) -> list[tuple[str, Any]]:
+        """Up to ``counts[c]`` idle actors of each class ``c``, leased to ``owner`` (:meth:`take`)."""
+        got = []
+        for cls_name, n in counts.items():
+            for _ in range(int(n)):
+                h = self.take(cls_name, owner)
+                if h is None:
+                    break
+                got.append((cls_name, h))
+        return got
+
+    def hurry(self) -> None:
+        """Start the missing idle actors at the next round, whatever the machine's load
+        (:func:`wait_warm` asks it: who waits for a full pool wants it full)."""
+        self.filled_once = False
 
     def stats(self) -> dict:
         """Idle actors per class, leases, actors taken and reaped so far, the last start error."""
         with self.lock:
             return {"idle": {c: len(v) for c, v in self.idle.items()}, "want": dict(self.want),
                     "leased": len(self.leases), "taken": self.taken, "reaped": self.reaped,
-                    "last_error": getattr(self, "last_error", None), "restored": self.restored}
+                    "last_error": getattr(self, "last_error", None), "restored": self.restored,
+                    "refill_waiting_s": (None if self.short_since is None
+                                         else round(time.monotonic() - self.short_since, 1))}
 
     def shutdown(self) -> int:
         """Kill every idle actor (leased ones stay with their takers); returns how many."""
@@ -304,7 +405,7 @@ class WarmPool:
             idle = [h for v in self.idle.values() for h in v]
             self.idle = {c: [] for c in MIX}
         for h in idle:
-            _kv_del("idle/" + h._actor_id.hex())
+            _kv_del("idle/" + h._actor_id.hex(), self.kv)
             ray.kill(h, no_restart=True)
         return len(idle)
 
@@ -316,7 +417,7 @@ class WarmPool:
             for aid in actor_ids:
                 if self.leases.pop(aid, None) is not None:
                     n += 1
-                _kv_del("lease/" + aid)
+                _kv_del("lease/" + aid, self.kv)
         return n
 
 
@@ -327,6 +428,7 @@ def wait_warm(timeout: float = 60.0) -> dict:
     if keeper is None:
         return {}
     deadline = time.time() + timeout
+    keeper.hurry.remote()
     st = ray.get(keeper.stats.remote(), timeout=timeout)
     while (any(st["idle"].get(c, 0) < n for c, n in st["want"].items()) and st["last_error"] is None
            and time.time() < deadline):

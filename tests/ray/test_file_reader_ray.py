@@ -1,0 +1,102 @@
+"""File reads through a reader actor (engines/ray/reader.py, issue #42): a script joined to a
+cluster reads its files in a process the cluster's pool kept warm instead of a Ray task of its own.
+The chunks are the tasks' chunks; a reader lost in the middle of a file is replaced by a task that
+passes over the chunks already read, so no row is lost or read twice."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+import replistream as rs
+from replistream import files
+from replistream.engines.ray.reader import ReaderActor
+from replistream.files import FileSource, read_file
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class DyingReader:
+    """A reader that yields the first ``after`` chunks of a file, then waits for :meth:`die` (the
+    test has taken those chunks by then) and its process ends."""
+
+    def __init__(self, after: int):
+        import threading
+
+        self.after, self.dying = after, threading.Event()
+
+    def die(self) -> None:
+        self.dying.set()
+
+    def read(self, path, fmt, plan, chunk_size):
+        for i, (meta, batch) in enumerate(read_file(path, fmt, plan, chunk_size)):
+            if i == self.after:
+                self.dying.wait(60)
+                os._exit(1)
+            yield meta
+            yield batch
+
+
+def write_parts(folder, parts=3, n=2_500):
+    for i in range(parts):
+        rng = np.random.default_rng(i)
+        pq.write_table(pa.table({"t": i * 1_000_000 + np.arange(n) * 7, "key": rng.integers(0, 9, n),
+                                 "x": rng.random(n)}), str(folder / f"part-{i:02d}.parquet"))
+
+
+def rows(src, remote: bool, at=None):
+    """Every row ``src`` gives (read here, or by reference through Ray), and its chunk count;
+    ``at``: ``(i, f)``, call ``f()`` once ``i`` chunks were taken."""
+    if remote:
+        q = rs.Query("r")
+        src.declare(q, "s").sink("out")
+        src.bind("s", q.build().schema_of("s"))
+    got, chunks = [], iter(src)
+    while True:
+        if at is not None and len(got) == at[0]:
+            at[1]()  # before the next chunk is asked for
+        c = next(chunks, None)
+        if c is None:
+            break
+        got.append(ray.get(c.ref, timeout=60) if remote else c)
+    data = np.concatenate([b.data for b in got])
+    return data[["ts", "key", "x"]].tolist(), len(got)
+
+
+@pytest.fixture
+def no_reader():
+    files.use_reader(None)
+    yield
+    files.use_reader(None)
+
+
+def test_a_reader_actor_gives_the_chunks_a_task_gives(tmp_path, no_reader):
+    write_parts(tmp_path)
+    want, n = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=False)
+    reader = ReaderActor.remote()
+    try:
+        assert ray.get(reader.preload.remote(), timeout=120) > 0
+        files.use_reader(reader)
+        got, m = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=True)
+        assert files.reader() is reader  # it read every file: still in use
+    finally:
+        ray.kill(reader)
+    assert (got, m) == (want, n) and n == 9
+
+
+@pytest.mark.parametrize("after", [0, 2])
+def test_a_reader_lost_mid_file_is_replaced_by_a_task_that_skips_what_was_read(tmp_path, no_reader, after):
+    write_parts(tmp_path)
+    want, n = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=False)
+    reader = DyingReader.remote(after)
+    files.use_reader(reader)
+    # it dies at chunk `after` of the first file, once this side has taken the ones before
+    got, m = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=True,
+                  at=(after, lambda: reader.die.remote()))  # (its answer may never come: not awaited)
+    assert files.reader() is None  # lost: the tasks read from then on
+    assert (got, m) == (want, n)  # every row once, in order
