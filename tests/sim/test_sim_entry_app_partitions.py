@@ -203,3 +203,29 @@ def test_what_stays_unsupported_beside_entry_partitions_is_refused_in_one_line()
     with pytest.raises(QueryError, match=r"does not rescale beside entry partitions") as e:
         Simulator(q, small, z, parallelism={"entry": 2, "w": 1}).run(data)
     assert "\n" not in str(e.value)
+
+
+def test_the_plan_replistream_place_prints_simulates_exactly(capsys):
+    """Placement tuning: `replistream place --parallelism entry=2 --parallelism alerts=2 --json`
+    lays out the entry and application partitions; its placement, parallelism and bits go to the
+    simulator as they are, and the run (one replica of an application partition killed mid-run) is exact."""
+    import json
+
+    from replistream.cli import main as cli_main
+    from replistream.workloads import fig1_inputs, fig1_query
+
+    assert cli_main(["place", "--servers", "6", "--k", "2", "--parallelism", "entry=2",
+                     "--parallelism", "alerts=2", "--json"]) == 0
+    placed = json.loads(capsys.readouterr().out)
+    assert placed["parallelism"] == {"entry": 2, "alerts": 2}
+    q = fig1_query(2, window_s=10)
+    data = fig1_inputs(2, duration_s=120, period_s=10, seed=4)
+    scenario = Scenario([Event(60.0, "kill_replica", operator="alerts.1", replica=0)])
+    sim = Simulator(q, placed["placement"], GeoLatencyModel(default_servers(6), seed=0),
+                    parallelism=placed["parallelism"], bits=placed["bits"], scenario=scenario)
+    res = sim.run(data)
+    ref = run_reference(q, data).outputs["alerts"]
+    assert len(ref) > 0
+    assert_same_output(ref, res.outputs["alerts"])
+    assert [r.server for r in sim.replicas("alerts")] == placed["placement"]["alerts.0"] + placed["placement"]["alerts.1"]
+    assert any(e["event"] == "killed" and e["replica"] == "alerts.1#0" for e in res.events)
