@@ -229,3 +229,25 @@ def test_the_plan_replistream_place_prints_simulates_exactly(capsys):
     assert_same_output(ref, res.outputs["alerts"])
     assert [r.server for r in sim.replicas("alerts")] == placed["placement"]["alerts.0"] + placed["placement"]["alerts.1"]
     assert any(e["event"] == "killed" and e["replica"] == "alerts.1#0" for e in res.events)
+
+
+def test_stream_replicas_discarded_then_revived_replay_each_entry_partition_s_own_log():
+    """``retain=True``: from 2 s to 6 s the coordinator discards the stream replicas of entry.0#0,
+    entry.1#1 and w.1#0 (as GC would), then revives them; each revived one first replays what its
+    sender retains (an entry partition's replica its own partition's items), and the output is exact."""
+    from types import SimpleNamespace
+
+    q, data = keyed_window(), window_data(2)
+    cut = {"entry.0#0", "entry.1#1", "w.1#0"}
+
+    def coordinator(sim, t):
+        live = [SimpleNamespace(id=lk.id, live=not (2.0 <= t < 6.0 and lk.sender.label in cut))
+                for lk in sim.stream_replicas()]
+        sim.apply_snapshot(SimpleNamespace(streams=live))
+
+    sim = Simulator(q, window_plan(), NET, parallelism={"entry": 2, "w": 2, "out": 2}, bits=4, retain=True,
+                    coordinator=(1.0, coordinator))
+    res = sim.run(data)
+    assert_same_output(run_reference(q, data).outputs["out"], res.outputs["out"])
+    assert sorted(sim.entry_logs) == [("s", f"entry.{p}#{r}") for p in range(2) for r in range(2)]
+    assert not any(lk["live"] is False for lk in res.links)
