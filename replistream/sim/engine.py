@@ -20,7 +20,10 @@ earliest first timestamp over the sources, as the runtime's paced feeder does):
   group (``"entry"`` in the plan), as ``EntryActor`` does. The k entry replicas
   run identical, deterministic entry logic on identical chunks, so the engine
   runs one :class:`EntryLogic` per source and gives its output to every entry
-  replica (each replica's server still pays the CPU);
+  replica (each replica's server still pays the CPU). With entry partitions
+  (``parallelism={"entry": p}``, issue #41) the feeder cuts each source's chunks
+  between them (:class:`~replistream.operators.entry.EntrySplit`), and the engine
+  runs one entry logic per source and partition, given to that partition's replicas;
 * a packet delivered to a replica is processed by its ``ReplicaCore`` in
   arrival order; its server's CPU (:class:`~replistream.sim.cpu.CpuModel`) is
   busy for the packet's cost, and the outputs leave when the CPU is done, as one
