@@ -20,7 +20,10 @@ earliest first timestamp over the sources, as the runtime's paced feeder does):
   group (``"entry"`` in the plan), as ``EntryActor`` does. The k entry replicas
   run identical, deterministic entry logic on identical chunks, so the engine
   runs one :class:`EntryLogic` per source and gives its output to every entry
-  replica (each replica's server still pays the CPU);
+  replica (each replica's server still pays the CPU). With entry partitions
+  (``parallelism={"entry": p}``, issue #41) the feeder cuts each source's chunks
+  between them (:class:`~replistream.operators.entry.EntrySplit`), and the engine
+  runs one entry logic per source and partition, given to that partition's replicas;
 * a packet delivered to a replica is processed by its ``ReplicaCore`` in
   arrival order; its server's CPU (:class:`~replistream.sim.cpu.CpuModel`) is
   busy for the packet's cost, and the outputs leave when the CPU is done, as one
@@ -83,8 +86,9 @@ import numpy as np
 from replistream.engines.result import RunResult, latency_s
 from replistream.errors import QueryError, merge_dead_letters
 from replistream.network import LatencyModel, NetworkConditions, ZeroLatency, delivery_time
+from replistream.operators.entry import EntrySplit
 from replistream.operators.sorter import canonical_order
-from replistream.partition import BinMap, parse_partition_label, partition_label
+from replistream.partition import BinMap, entry_parallelism, parse_partition_label, partition_label
 from replistream.plan import ENTRY, PhysicalPlan, ReplicaId, StreamEdge
 from replistream.query import Query
 from replistream.replica import ReplayLog, ReplicaCore
@@ -99,6 +103,8 @@ __all__ = ["Simulator", "MODES", "ENTRY", "sentinel_kill", "RunProgress"]
 
 MODES = ("replication", "synchronization", "deterministic")
 _NO_P = int(np.iinfo(np.int64).min)
+_RESCALE_BESIDE_ENTRY = ("Rescale: the simulator does not rescale beside entry partitions (yet), as the in-process "
+                         "engine does not; drop parallelism['entry'], or rescale without it")
 
 # event kinds (heap entries are (time, seq, kind, payload))
 _FEED, _ENTRY_IN, _ARRIVE, _EMIT, _KILL, _FAILOVER, _CALL, _RESCALE, _STATE = range(9)
@@ -236,6 +242,124 @@ class _Recorder:
             return out, np.frombuffer(self.at, dtype=np.float64).copy() if len(self.at) else np.zeros(0)
         out = np.concatenate(self.batches) if self.batches else self.schema.empty()
         return out, (np.concatenate(self.times) if self.times else np.zeros(0))
+
+
+class _PartitionRecorder:
+    """A partitioned application's output (issue #41), as the in-process engine's
+    :class:`~replistream.engines.inprocess.PartitionCollector` gathers it: from every replica of
+    every partition, the first copy of each tuple (by id; a partition's ``k`` replicas deliver the
+    same share, the partitions disjoint ones), at the virtual time the first replica to process it
+    was done; its punctuation is the smallest over the partitions of the largest any replica of
+    the partition reached. Each replica records through :meth:`replica` (its partition's view).
+
+    >>> from replistream import Schema
+    >>> s = Schema({"x": "i8"}); rec = _PartitionRecorder(s, 2)
+    >>> b = s.from_columns({"ts": [1], "x": [2]}, ids=[7])
+    >>> rec.replica(0).add([b, Punctuation(5)], 1.0); rec.replica(0).add([b], 2.0)
+    >>> rec.replica(1).add([Punctuation(3)], 2.5)
+    >>> out, at = rec.result(); len(out), at.tolist(), rec.punct
+    (1, [1.0], 3)
+    """
+
+    def __init__(self, schema, partitions: int, keep: bool = True):
+        self.inner = _Recorder(schema, keep)
+        self.seen: set = set()
+        self.puncts = [_NO_P] * int(partitions)
+
+    @property
+    def punct(self) -> int:
+        """The punctuation every partition reached."""
+        return min(self.puncts)
+
+    def add(self, items, t, partition: int) -> None:
+        """Items a replica of ``partition`` delivered at ``t``: the tuples not delivered before are kept."""
+        fresh = []
+        for it in items:
+            if isinstance(it, Punctuation):
+                if it.p > self.puncts[partition]:
+                    self.puncts[partition] = int(it.p)
+            elif len(it):
+                ids = it["id"].tolist()
+                new = np.fromiter((i not in self.seen for i in ids), dtype=bool, count=len(ids))
+                self.seen.update(ids)
+                if new.all():
+                    fresh.append(it)
+                elif new.any():
+                    fresh.append(it[new])
+        if fresh:
+            self.inner.add(fresh, t)
+
+    def replica(self, partition: int) -> "_PartitionView":
+        """What one replica of ``partition`` records through."""
+        return _PartitionView(self, partition)
+
+    def latencies_since(self, i: int, ts0: int):
+        return self.inner.latencies_since(i, ts0)
+
+    def result(self):
+        return self.inner.result()
+
+
+class _PartitionView:
+    """One partitioned application replica's recorder: its partition's entry to the shared
+    :class:`_PartitionRecorder` (``result``, ``punct`` and ``latencies_since`` are the application's)."""
+
+    __slots__ = ("shared", "partition")
+
+    def __init__(self, shared: _PartitionRecorder, partition: int):
+        self.shared, self.partition = shared, int(partition)
+
+    def add(self, items, t) -> None:
+        self.shared.add(items, t, self.partition)
+
+    @property
+    def punct(self) -> int:
+        return self.shared.punct
+
+    def latencies_since(self, i: int, ts0: int):
+        return self.shared.latencies_since(i, ts0)
+
+    def result(self):
+        return self.shared.result()
+
+
+def _entry_key(r) -> int | str:
+    """An entry replica's key in ``entry_links`` and ``entry_logs``: its index, or with entry
+    partitions its label (``entry.P#R``: indexes repeat across partitions)."""
+    return r.index if r.partition is None else r.label
+
+
+def _entry_plan(plan: Mapping[str, list[str]], partitions: int) -> dict[str, list[str]]:
+    """``plan`` without its ``"entry.P"`` entries (``replistream place`` lays entry partitions out
+    as ``{"entry.P": plan["entry"]}``, placement/layout.py), checked: every entry partition runs on
+    the entry points' servers, as a deployment runs them; a one-line ``ValueError`` otherwise.
+
+    >>> _entry_plan({"entry": ["a", "b"], "entry.0": ["a", "b"], "entry.1": ["a", "b"], "w": ["a"]}, 2)
+    {'entry': ['a', 'b'], 'w': ['a']}
+    >>> _entry_plan({"entry.0": ["a"], "entry.1": ["b"], "w": ["a"]}, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: placement puts entry.1 on ['b'], entry.0 on ['a']: every entry partition runs on the entry points' servers; give plan['entry'] once (or the same servers to every 'entry.P')
+    """
+    out = {n: list(v) for n, v in plan.items() if parse_partition_label(n)[0] != ENTRY or n == ENTRY}
+    parts = {n: list(v) for n, v in plan.items() if n != ENTRY and parse_partition_label(n)[0] == ENTRY
+             and parse_partition_label(n)[1] is not None}
+    if not parts:
+        return out
+    for n in parts:
+        part = parse_partition_label(n)[1]
+        if part >= partitions:
+            raise ValueError(f"placement names {n!r}, but the entry points run as {partitions} partition(s) "
+                             f"(parallelism={{'entry': {partitions}}}); name entry.0 to entry.{partitions - 1}, or none")
+    base = out.get(ENTRY)
+    first_name, first = (ENTRY, base) if base is not None else next(iter(sorted(parts.items())))
+    for n, where in sorted(parts.items()):
+        if where != first:
+            raise ValueError(f"placement puts {n} on {where}, {first_name} on {first}: every entry partition runs "
+                             f"on the entry points' servers; give plan['entry'] once (or the same servers to every "
+                             f"'entry.P')")
+    out[ENTRY] = list(first)
+    return out
 
 
 def sentinel_kill(sentinel: Sentinel, at: float, source: str) -> Event:
@@ -384,10 +508,20 @@ class Simulator:
     per-partition placement (Algorithm 5 per partition) is the plan of
     ``PlacementPolicy(...).placement(query, servers, k, parallelism=...)``, or of a strategy run on
     ``fig1_setting(..., parallelism=...).problem`` (:mod:`replistream.sim.experiments`).
-    Entry partitions (``parallelism={"entry": p}``) and partitioned applications are not simulated
-    (a one-line ``QueryError`` from :func:`~replistream.partition.check_parallelism` says so and
-    names the engines that run them): the simulator runs one entry logic per source for every entry
-    replica and records each application at one replica.
+    Entry partitions (``parallelism={"entry": p}``) run as the in-process engine runs them: the
+    feeder cuts each source's chunks between ``p`` entry partitions
+    (:class:`~replistream.operators.entry.EntrySplit`, each chunk to one partition with the position
+    an unpartitioned entry point would be in, progress notes to the others); each partition runs its
+    own entry logic, given to its ``k`` replicas (``entry.P#R``, all on ``plan["entry"]``'s servers; a
+    plan from ``replistream place`` may name them ``"entry.P"`` too, with those same servers), and
+    the readers' duplicate filters merge the partitions' streams per partition. A partitioned
+    application (``parallelism={app: p}``) runs ``k`` replicas per partition (``plan["app.P"]``, or
+    ``plan["app"]``'s servers for every partition), its input routed by tuple id; its output is the
+    first copy of each tuple from any replica of its partition, at the time the first replica to
+    process it was done, and its punctuation the smallest over the partitions.
+    ``kill_replica`` names ``"entry.P"`` (``"entry"`` alone is refused, naming the partitions) and
+    ``"app.P"``. Beside entry partitions the simulator neither rescales nor adds replicas (a one-line
+    error, as the in-process engine).
     ``rescales``: ``[(at_s, Rescale(...)), ...]``, live rescalings of partitioned operators at virtual
     times ``at_s`` (a ``Rescale`` sentinel among a source's input works too; :mod:`replistream.sim.rescale`;
     ``plan["op.P"]`` may place a partition ``P`` a rescale starts). Each one's record, with its
@@ -420,19 +554,26 @@ class Simulator:
                 raise ValueError(f"batch_s must be a number of seconds > 0, got {batch_s!r}")
             if mode != "replication":
                 raise ValueError(f"batch_s (batched execution) supports mode 'replication' only, got {mode!r}")
+        #: the entry points' partitions (``parallelism={"entry": p}``; 1: unpartitioned): the feeder
+        #: cuts each source's chunks between them as the in-process engine and Ray do (module docs)
+        self.entry_partitions, parallelism = entry_parallelism(parallelism)
+        plan = _entry_plan(plan, self.entry_partitions)
         #: ``plan["op.P"]`` of partitions a rescale may start (beyond the ``p`` the run starts with)
         self.later_plan = _later_partitions(plan, parallelism)
         plan = {n: v for n, v in plan.items() if n not in self.later_plan}
-        self.physical = PhysicalPlan(query, plan, parallelism=parallelism, bits=bits,
-                                     keep_single=True)  # checks the plan ({op: 1}: one partition, as deploy())
+        self.physical = PhysicalPlan(query, plan, parallelism=parallelism, bits=bits, keep_single=True,
+                                     entry_partitions=self.entry_partitions, applications=True)
+        # (checks the plan; {op: 1}: one partition, as deploy(); applications may be partitioned)
         self.physical.require_one_replica_per_application("the simulator")
-        #: ``{operator: p}`` of the partitioned operators (issue #41), as the plan checked it
+        #: ``{operator or application: p}`` of the partitioned nodes (issue #41), as the plan checked it
         self.parallelism = dict(self.physical.parallelism)
-        if self.parallelism and mode != "replication":
-            raise ValueError(f"partitioned operators (parallelism=) run in mode 'replication' only, got {mode!r}")
-        if self.parallelism and batch_s is not None:
-            raise ValueError("partitioned operators (parallelism=) run on the per-packet engine only: the batched "
-                             "engine (batch_s) does not route partitions yet; leave batch_s unset")
+        parted = ("partitioned operators or applications (parallelism=)" if self.parallelism else
+                  "entry partitions (parallelism={'entry': p})" if self.entry_partitions > 1 else None)
+        if parted and mode != "replication":
+            raise ValueError(f"{parted} run in mode 'replication' only, got {mode!r}")
+        if parted and batch_s is not None:
+            raise ValueError(f"{parted} run on the per-packet engine only: the batched engine (batch_s) does not "
+                             f"route partitions yet; leave batch_s unset")
         self.routers = {n: TrackedRouter(query, n, BinMap.even(p, self.physical.bits))
                         for n, p in self.parallelism.items()}
         self.query = query
@@ -441,6 +582,8 @@ class Simulator:
             raise ValueError(f"rescale_after_s must be virtual seconds >= 0, got {rescale_after_s!r}")
         self.rescale_after_s = float(rescale_after_s)
         self.rescales = _check_scheduled_rescales(query, self.parallelism, self.physical.bits, rescales)
+        if self.rescales and self.entry_partitions > 1:
+            raise QueryError(_RESCALE_BESIDE_ENTRY)
         #: per partitioned operator, the most partitions its scheduled rescales give it
         self.most = check_rescales(query, self.parallelism, self.physical.bits, [ev for _, ev in self.rescales],
                                    engine="the simulator")
@@ -495,16 +638,23 @@ class Simulator:
                                                                         self.physical.replicas(partition_label(n, 0))))
                         for n, p in self.most.items() for i in range(self.parallelism[n], p)})
             ops[ENTRY] = len(self.plan[ENTRY])
+            if self.entry_partitions > 1:
+                ops.update({partition_label(ENTRY, i): len(self.plan[ENTRY]) for i in range(self.entry_partitions)})
             scenario.validate(servers=sorted(known) or None, operators=ops)
             self.kills = scenario.apply_to(self.net, 0.0)
         self._has_slow = any(o[0] == "slow" for o in self.net.overrides())
         # without scripted link overrides, ask the base model directly (same answers, one call less)
         self._lat = self.net if any(o[0] != "slow" for o in self.net.overrides()) else self.net.base
         self._build()
+        for ev in self.kills:  # with entry partitions, "entry" alone is refused before the run
+            if ev.action == "kill_replica" and self.entry_partitions > 1 and ev.operator == ENTRY:
+                self._victims(ev)
 
     # -- construction --------------------------------------------------------------------
     def _build(self) -> None:
         plan = self.physical
+        #: per partitioned application, the output its partitions' replicas record together
+        self._app_recorders: dict[str, _PartitionRecorder] = {}
         self.groups: dict[str, list[_Replica]] = {
             node: [self._new_replica(r, plan.server(r), plan.channels(node) if node != ENTRY else [],
                                      plan.channel_groups(node) if node != ENTRY else None)
@@ -516,7 +666,7 @@ class Simulator:
         self.entry_links: dict[str, dict[int, list[_Link]]] = {s: {} for s in self.query.sources}
         for e in sorted(plan.streams(), key=lambda e: (rank[e.dst.node], e.port, e.channel, plan.position(e.dst))):
             self._connect(e, by_label)
-        self.entry_logs = {(s, r.index): ReplayLog() for s in self.query.sources for r in self.groups[ENTRY]} \
+        self.entry_logs = {(s, _entry_key(r)): ReplayLog() for s in self.query.sources for r in self.groups[ENTRY]} \
             if self.retain else {}
         self.links = [lk for g in self.groups.values() for r in g for lk in r.out]
         self.links += [lk for d in self.entry_links.values() for ls in d.values() for lk in ls]
@@ -526,7 +676,7 @@ class Simulator:
         (``groups``: per port, each channel's upstream partition when the upstream is partitioned)."""
         q = self.query
         if rid.node == ENTRY:
-            return _Replica(rid.label, ENTRY, rid.index, server, None, "entry")
+            return _Replica(rid.label, ENTRY, rid.index, server, None, "entry", partition=rid.partition)
         sink = rid.application
         core = ReplicaCore(q, rid.node, channels, self.strict, retain=self.retain and not sink, groups=groups)
         r = _Replica(rid.label, rid.node, rid.index, server, core, "sink" if sink else operator_kind(q.spec(rid.node)),
@@ -535,7 +685,13 @@ class Simulator:
             r.active = [0] * len(channels)
             if self.mode == "deterministic" and not sink:
                 r.merger = _Merger(len(channels))
-        if sink:
+        if sink and rid.partition is not None:  # a partitioned application: one output, every replica's first copy
+            shared = self._app_recorders.get(rid.node)
+            if shared is None:
+                shared = self._app_recorders[rid.node] = _PartitionRecorder(
+                    q.schema_of(rid.node), self.physical.partitions(rid.node), self.keep_outputs)
+            r.recorder = shared.replica(rid.partition)
+        elif sink:
             r.recorder = _Recorder(q.schema_of(rid.node), self.keep_outputs)
         return r
 
@@ -549,7 +705,7 @@ class Simulator:
         up = by_label[e.src.label]
         lk = _Link(up, by_label[e.dst.label], e.port, e.channel)
         if up.node == ENTRY:
-            self.entry_links[e.stream].setdefault(up.index, []).append(lk)
+            self.entry_links[e.stream].setdefault(_entry_key(up), []).append(lk)
         else:
             up.out.append(lk)
         return lk
@@ -586,6 +742,17 @@ class Simulator:
         self.events: list[dict] = []
         self.busy: dict[str, float] = {}
         self.entries = {s: q.build_entry(s, self.strict, self.on_malformed) for s in q.sources}
+        #: with entry partitions: per source, the feeder's cut (:class:`~replistream.operators.entry.EntrySplit`,
+        #: offset by the source's place, as in process) and each partition's entry logic (``entries`` then
+        #: runs nothing)
+        self.splits: dict[str, EntrySplit] = {}
+        self.part_entries: dict[str, list] = {}
+        if self.entry_partitions > 1:
+            for i, s in enumerate(q.sources):
+                self.splits[s] = EntrySplit(q.build_entry(s, self.strict, self.on_malformed), self.entry_partitions,
+                                            offset=i)
+                self.part_entries[s] = [q.build_entry(s, self.strict, self.on_malformed)
+                                        for _ in range(self.entry_partitions)]
         self._iters = {s: iter(iter_chunks(inputs.get(s, ()))) for s in q.sources}
         self._src_last: dict[tuple[str, int], float] = {}
         self._ended: set[str] = set()  # sources whose input is exhausted
@@ -740,29 +907,41 @@ class Simulator:
         self._push(t, _FEED, (src, chunk))
 
     def _feed(self, t: float, src: str, chunk) -> None:
-        entry = self.entries[src]
-        if chunk is None:
-            items = entry.close()
-        elif isinstance(chunk, Rescale):  # the feeder reached it: the rescale starts now
+        if isinstance(chunk, Rescale):  # the feeder reached it: the rescale starts now
+            if self.entry_partitions > 1:
+                raise QueryError(_RESCALE_BESIDE_ENTRY)
             self._rescale(t, chunk)
-            items = []
+            shares = {}
         elif isinstance(chunk, Sentinel):  # the feeder reached it: a kill now (module docs)
             self._kill(t, sentinel_kill(chunk, t, src))
-            items = []
+            shares = {}
+        elif self.entry_partitions > 1:  # each chunk to one entry partition, progress notes to the others
+            logics = self.part_entries[src]
+            shares = {}
+            if chunk is None:
+                for part, logic in enumerate(logics):
+                    shares[part] = logic.close()
+            else:
+                for part, item, start in self.splits[src].route(chunk):
+                    shares.setdefault(part, []).extend(logics[part].push(item, start=start))
         else:
-            items = entry.push(chunk)
-        for it in items:
-            if isinstance(it, Punctuation) and it.p > self.entry_punct.get(src, _NO_P):
-                self.entry_punct[src] = int(it.p)
-        if items:
-            where = self.sources.get(src)
+            entry = self.entries[src]
+            shares = {None: entry.close() if chunk is None else entry.push(chunk)}
+        for items in shares.values():
+            for it in items:
+                if isinstance(it, Punctuation) and it.p > self.entry_punct.get(src, _NO_P):
+                    self.entry_punct[src] = int(it.p)
+        where = self.sources.get(src)
+        for part, items in shares.items():
+            if not items:
+                continue
             for e in self.groups[ENTRY]:
-                if not e.alive:
+                if not e.alive or e.partition != part:
                     continue
                 if where is None:
                     at = t
                 else:
-                    key = (src, e.index)
+                    key = (src, _entry_key(e))
                     at = max(self._src_last.get(key, -math.inf), delivery_time(self.net, where, e.server, t))
                     if math.isinf(at):
                         continue
@@ -908,7 +1087,7 @@ class Simulator:
     def _emit(self, t: float, r: _Replica, items: list, src: str | None) -> None:
         if not r.alive:
             return
-        links = self.entry_links[src][r.index] if src is not None else r.out
+        links = self.entry_links[src][_entry_key(r)] if src is not None else r.out
         n = sum(len(it) for it in items if not isinstance(it, Punctuation))
         r.sent_tuples += n
         shares: dict = {}  # (partitioned receiver's node, port) -> items per partition
@@ -926,7 +1105,7 @@ class Simulator:
                 if share:
                     self._send(lk, share, t, m)
         if self.retain:
-            log = self.entry_logs[(src, r.index)] if src is not None else r.core.output_log
+            log = self.entry_logs[(src, _entry_key(r))] if src is not None else r.core.output_log
             if src is not None:
                 log.append(items)
             if any(isinstance(it, Punctuation) for it in items):
@@ -991,6 +1170,13 @@ class Simulator:
                 raise QueryError(f"kill_server: no server {ev.server!r} in this simulation")
             return [r for g in self.groups.values() for r in g if r.server == ev.server]
         g = self.groups.get(ev.operator)
+        if ev.operator == ENTRY and self.entry_partitions > 1:
+            p = self.entry_partitions
+            raise QueryError(f"kill_replica: the entry points run as {p} entry partitions; name one of them: "
+                             f"{', '.join(partition_label(ENTRY, i) for i in range(p))}")
+        if g is None and self.entry_partitions > 1 and parse_partition_label(ev.operator)[0] == ENTRY:
+            part = parse_partition_label(ev.operator)[1]
+            g = [r for r in self.groups[ENTRY] if r.partition == part] or None
         if g is not None and ev.operator in self.parallelism:
             p = self.parallelism[ev.operator]
             raise QueryError(f"kill_replica: {ev.operator!r} runs as {p} partitions; name one of them: "
@@ -1067,7 +1253,7 @@ class Simulator:
                 if not (lk.sender.alive and lk.receiver.alive):
                     continue
                 if lk.sender.node == ENTRY:
-                    log_key = (self.query.inputs_of(lk.receiver.node)[lk.port], lk.sender.index)
+                    log_key = (self.query.inputs_of(lk.receiver.node)[lk.port], _entry_key(lk.sender))
                     items = self.entry_logs[log_key].items()
                 else:
                     log_key = lk.sender.label
@@ -1098,6 +1284,9 @@ class Simulator:
         """
         if self.mode != "replication":
             raise ValueError(f"add_replica needs mode 'replication', not {self.mode!r}")
+        if self.entry_partitions > 1:
+            raise ValueError(f"add_replica: the simulator does not add replicas beside entry partitions (yet), as "
+                             f"the in-process engine does not; drop parallelism['entry'] to add {node!r} replicas")
         self.mutations += 1
         q = self.query
         if node in q.sinks or node not in self.groups:
@@ -1192,7 +1381,9 @@ class Simulator:
             rec = self.groups[node][0].recorder
             outputs[node], arrivals[node] = rec.result()
             punct[node] = rec.punct
-        for e in self.entries.values():
+        entries = list(self.entries.values()) if self.entry_partitions == 1 else \
+            [e for logics in self.part_entries.values() for e in logics]  # each partition's letters, once
+        for e in entries:
             dead.extend(e.dead_letters)
         for g in self.groups.values():  # every replica, the crashed ones too: peers set the same rows aside
             for r in g:

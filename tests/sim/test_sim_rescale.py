@@ -174,12 +174,11 @@ def test_refusals_are_one_line_and_name_the_fix():
     with pytest.raises(QueryError, match=r"'w' is not partitioned") as e:
         Simulator(q, small, z).run(data)
     assert "\n" not in str(e.value)
-    # entry partitions and partitioned applications stay refused in one line
-    for par, msg in (({"entry": 2}, "entry points are not partitioned here"),
-                     ({"out": 2}, "is an application, which is not partitioned here")):
-        with pytest.raises(QueryError, match=msg) as e:
-            Simulator(q, small, z, parallelism=par)
-        assert "\n" not in str(e.value)
+    # entry partitions and partitioned applications run (tests/sim/test_sim_entry_app_partitions.py);
+    # beside entry partitions a rescale is refused in one line
+    with pytest.raises(QueryError, match="does not rescale beside entry partitions") as e:
+        Simulator(q, small, z, parallelism={"entry": 2, "w": 1}, rescales=[(1.0, Rescale("w", 2))])
+    assert "\n" not in str(e.value)
 
 
 def test_a_simulator_that_rescaled_refuses_a_second_run():
