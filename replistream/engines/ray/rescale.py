@@ -49,6 +49,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 
 import numpy as np
 import ray
@@ -468,16 +469,52 @@ def _start_partitions(dep, node: str, old_p: int, p: int) -> list[str]:
         topo.attach(label, h)
         chan = [0] * n_ports
         for s in ins:
-            calls.append(topo.handle(s.src).connect.remote(s.stream, label, server, h, s.port, chan[s.port], False))
+            calls.append((label, s, topo.handle(s.src).connect.remote(s.stream, label, server, h, s.port,
+                                                                      chan[s.port], False)))
             topo.put_stream(s, chan[s.port])
             chan[s.port] += 1
-    ray.get(calls, timeout=60)
+    _connected(dep, node, calls, n_ports)
     handover = dep.control_loop().handover
     for label, _, _, _ in begun:
         for v, port in q.outputs_of(node):
             for r, _ in topo.running(v):
                 handover._connect(StreamReplica(label, r, port, 0.0, 0.0, 0.0, False, node))
     return [label for label, _, _, _ in begun]
+
+
+def _connected(dep, node: str, calls: list, n_ports: int, timeout: float = 60.0) -> None:
+    """Wait for the new partitions' upstream links (``calls``: ``(new label, stream replica, its
+    connect call)``). An upstream replica that died meanwhile (a crash within the fault model) is
+    marked failed, as a hand-over does (:meth:`~.handover.HandOver._connect`): its link is not live,
+    every running actor drops it, and its surviving peers feed the new replicas. A new replica none
+    of whose upstream replicas of some input port survived raises
+    :class:`~replistream.errors.RunFailed` naming the replicas lost; any other error is raised."""
+    topo = dep.topology
+    deadline = time.time() + timeout
+    fed: dict[str, set[int]] = {}
+    lost: dict[str, str] = {}
+    for label, s, ref in calls:
+        try:
+            ray.get(ref, timeout=max(0.0, deadline - time.time()))
+        except Exception as e:
+            if not is_actor_death(e):
+                raise
+            lost[s.src] = type(e).__name__
+            topo.put_stream(replace(s, live=False))  # (mark_failed does nothing if the detector was first)
+            dep.repairer.mark_failed(s.src, f"died while the rescale of {node} connected it to {label}: "
+                                            f"{type(e).__name__}")
+            continue
+        fed.setdefault(label, set()).add(s.port)
+    if lost:
+        dep.events.append({"t": dep.now(), "event": "rescale_upstream_lost", "operator": node,
+                           "replicas": sorted(lost)})
+    unfed = sorted({(label, port) for label, _, _ in calls for port in range(n_ports)
+                    if port not in fed.get(label, set())})
+    if unfed:
+        raise RunFailed(f"rescale of {node!r}: every upstream replica feeding its new partitions was lost while "
+                        f"they connected ({', '.join(sorted(lost))}); no input reaches "
+                        + ", ".join(f"{label} port {port}" for label, port in unfed[:4])
+                        + (f" and {len(unfed) - 4} more" if len(unfed) > 4 else ""), operator=node)
 
 
 def _retire_partitions(dep, node: str, p: int, old_p: int, after: int, timeout: float) -> list[str]:
