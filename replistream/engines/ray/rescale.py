@@ -35,6 +35,9 @@ passed the last step, disconnected from every sender, forgotten by the topology 
 their actors killed. A server lost in the middle of the move (a replica of a giving and one of a
 taking partition on it) is left to their peers, which give and install every step; a taking
 partition with no replica left fails the rescale, naming it (tests/ray/test_rescale_faults_ray.py).
+An upstream replica that dies while the new partitions connect to it is marked failed and its
+peers feed them; with none left for an input, the rescale fails naming the replicas lost
+(:func:`_connected`, tests/ray/test_rescale_upstream_loss_ray.py).
 A detached deployment's host lost meanwhile is followed by one that finishes the rescale once
 (:func:`resume`): what it needs is kept with the deployment's state (:mod:`.lifecycle`), and the
 client's call sent again gets the record (tests/ray/test_rescale_host_loss_ray.py).
