@@ -327,7 +327,8 @@ def resume(dep) -> dict | None:
                 raise out["error0"]
             if kept["phase"] == "starting":
                 try:
-                    _switch(dep, kept, _resumed_floor(dep))
+                    _resumed_floor(dep)  # (marker_time then adds the sources' max_disorder: T0 past what was fed)
+                    _switch(dep, kept)
                 finally:
                     if held is not None:
                         held.__exit__(None, None, None)
@@ -364,13 +365,14 @@ def resume(dep) -> dict | None:
     return info
 
 
-def _resumed_floor(dep, limit: float = 120.0) -> int:
-    """For a rescale run again after a restore: once the resumed feed has sent a chunk of every
-    source (waited for, at most ``limit`` s), the slack to add to the largest timestamp fed since
-    then for ``T0`` to be past every tuple fed before the host was lost too (which the restored
-    feeder never saw): the sources' largest ``max_disorder`` (a tuple fed earlier is at most that
-    much later than one fed after it). Raises ``RuntimeError`` naming the sources for which no
-    bound is known: one that had ended before the restore, or sent nothing since in ``limit`` s."""
+def _resumed_floor(dep, limit: float = 120.0) -> None:
+    """For a rescale run again after a restore: wait (at most ``limit`` s) until the resumed feed has
+    sent a chunk of every source, so that ``T0`` can be placed past every tuple fed before the host
+    was lost too (which the restored feeder never saw): :meth:`~.feeder.Feeder.marker_time` then
+    adds the sources' largest ``max_disorder`` to the largest timestamp fed since (a tuple fed
+    earlier is at most that much later than one fed after it). Raises ``RuntimeError`` naming the
+    sources for which no bound is known: one that had ended before the restore, or sent nothing
+    since in ``limit`` s."""
     f = dep.feeder
     deadline = time.time() + limit
     wake = threading.Event()
@@ -384,9 +386,9 @@ def _resumed_floor(dep, limit: float = 120.0) -> int:
         raise RuntimeError(f"source(s) {ended} had ended before the host was lost: no switch time can be placed "
                            f"past every tuple they fed")
     while True:
-        behind = sorted(src for src in f.sources if f.seqs.get(src, 0) <= at[src]["seq"])
+        behind = f.unsent_since_resume()
         if not behind:
-            return max([int(dep.query.spec(src).max_disorder or 0) for src in f.sources] or [0])
+            return
         if time.time() > deadline or dep.shut_down:
             raise RuntimeError(f"source(s) {behind} sent nothing within {limit:g} s of the feed's resuming: no "
                                f"switch time past what they fed before the host was lost is known")
