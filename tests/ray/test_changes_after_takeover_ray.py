@@ -45,7 +45,8 @@ def _die(dep):
 
 def _hold(dep):
     """In the restored host, before the resumed feed sends anything: wait (120 s at most) until a
-    change was made or a change waits for the feed (a ``change_waits_for_feed`` event)."""
+    change was made (a rescale: its switch time cut) or a change waits for the feed (a
+    ``change_waits_for_feed`` event)."""
     import threading
     import time
 
@@ -53,7 +54,8 @@ def _hold(dep):
         return
     dep.events.append({"t": dep.now(), "event": "test_hold"})
     deadline, tick = time.time() + 120, threading.Event()
-    while not (dep.changes or any(e.get("event") == "change_waits_for_feed" for e in dep.events)):
+    while not (dep.changes or any(e.get("event") == "change_waits_for_feed" for e in dep.events)
+               or (dep._rescale_in_flight or {}).get("phase") == "moving"):  # (a rescale: its switch time cut)
         assert time.time() < deadline, "no change was issued within 120 s of the take-over"
         tick.wait(0.01)
 
@@ -65,12 +67,13 @@ def _until(fn, what: str, limit: float = 120.0):
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("change", ["replace_function", "add_operator"])
+@pytest.mark.parametrize("change", ["replace_function", "add_operator", "rescale"])
 def test_a_change_right_after_the_take_over_is_placed_after_everything_fed_before_the_loss(tmp_path, change):
     """The host is SIGKILLed at 6 s of event time; once the next host took the deployment up (its
     resumed feed held before its first chunk), ``change`` is issued: its time ``p`` is at least the
     largest timestamp fed before the loss, and the output of every application equals the
-    reference run of the changed query."""
+    reference run of the changed query. A rescale (``per_k`` deployed as one partition, to two, all
+    at once) is placed likewise: its switch time ``at`` is past what was fed before the loss."""
     name = f"cp-takeover-{change.replace('_', '-')}"
     q = Query("takeover-change")
     s = q.source("s", {"k": "i8", "v": "f8"}, punctuate_every=seconds(1))
@@ -80,7 +83,9 @@ def test_a_change_right_after_the_take_over_is_placed_after_everything_fed_befor
     chunks = cp_loss._keyed_chunks(seed=17, n=4000, keys=20)
     fed_before = max(int(t) for c in chunks for t in c["ts"] if t < AT)
     out_dir = str(tmp_path / "out")
-    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, sinks={"out": ParquetSink(out_dir, every=seconds(2))})
+    parts = {"parallelism": {"per_k": 1}, "bits": 6} if change == "rescale" else {}
+    dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, sinks={"out": ParquetSink(out_dir, every=seconds(2))},
+                    **parts)
     try:
         pid = ray.get(cp_loss._host(name).process.remote(), timeout=60)["pid"]
         dep.feed({"s": inject_at(chunks, AT, Call(_die), Call(_hold))}, pace=2.0)
@@ -94,6 +99,8 @@ def test_a_change_right_after_the_take_over_is_placed_after_everything_fed_befor
             try:
                 if change == "replace_function":
                     out["rec"] = dep.replace_function("keep", lambda b: b["v"] > 0.0)
+                elif change == "rescale":
+                    out["rec"] = dep.rescale("per_k", 2, strategy="all-at-once", timeout=120.0)
                 else:
                     out["rec"] = dep.add_operator("per_k", lambda st: st.filter(lambda b: b["n"] > 1, name="busy")
                                                   .sink("busy_out"))
@@ -106,8 +113,9 @@ def test_a_change_right_after_the_take_over_is_placed_after_everything_fed_befor
         assert not t.is_alive(), f"{change}() did not return within 180 s of the take-over"
         assert "error" not in out, f"{change}() failed after the take-over: {out.get('error')!r}"
         rec = out["rec"]
-        assert rec["p"] >= fed_before, (f"{change}() was placed at ts {rec['p']}, before ts {fed_before} that was "
-                                         f"fed before the host was lost", rec)
+        at = rec["at"] if change == "rescale" else rec["p"]
+        assert at >= fed_before, (f"{change}() was placed at ts {at}, before ts {fed_before} that was fed before "
+                                  f"the host was lost", rec)
         assert dep.wait(180)
         events, changed = dep.events, dep.query
         got = {app: dep.results(app) for app in changed.sinks if app != "out"}
@@ -120,7 +128,7 @@ def test_a_change_right_after_the_take_over_is_placed_after_everything_fed_befor
     plain = run_reference(q, {"s": chunks})
     if change == "replace_function":  # (the change changes the output: the test can tell)
         assert sorted(ref.outputs["out"].tolist()) != sorted(plain.outputs["out"].tolist())
-    else:
+    elif change == "add_operator":
         assert len(ref.outputs["busy_out"]) > 0
     assert_same_output(ref.outputs["out"], ParquetSink(out_dir).read())
     for app, rows in got.items():
