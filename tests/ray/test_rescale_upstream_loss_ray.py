@@ -10,7 +10,6 @@ to kill the upstream replicas (unannounced, as a crash) and wait until Ray repor
 from __future__ import annotations
 
 import importlib.util
-import threading
 from pathlib import Path
 
 import pytest
