@@ -7,12 +7,17 @@
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable
 
 from . import reconfigure
 
 __all__ = ["Changes"]
+
+#: Seconds a change (or a rescale) issued right after a restore waits for the resumed feed to send
+#: a chunk of every open source (:meth:`Changes._fed_since_resume`) before it is refused.
+RESUME_WAIT_S = 60.0
 
 
 class Changes:
@@ -160,16 +165,36 @@ class Changes:
     @contextmanager
     def _exclusive(self, what: str, change: bool = True):
         """Run a change of the running query (``change``) or a rescale alone: refused in one line if
-        another one or a rescale runs (a rescale reads the query and topology a change rewrites)."""
+        another one or a rescale runs (a rescale reads the query and topology a change rewrites).
+        Right after a restore it first waits for the resumed feed (:meth:`_fed_since_resume`)."""
         if change:
             self._partitions_allow(what)
         if not self._changing.acquire(blocking=False):
             raise RuntimeError(f"{what}() cannot run while a rescale moves bins or another change is made; "
                                f"call it again once that has returned")
         try:
+            self._fed_since_resume(what)
             yield
         finally:
             self._changing.release()
+
+    def _fed_since_resume(self, what: str, limit: float | None = None) -> None:
+        """After a restore (a detached deployment's host lost, :mod:`.lifecycle`): wait, at most
+        ``limit`` s (:data:`RESUME_WAIT_S`), until the resumed feed has sent a chunk of every open
+        source (:meth:`~.feeder.Feeder.unsent_since_resume`), so that the change's time is past
+        everything the lost host fed (:meth:`~.feeder.Feeder.marker_time`, which refuses in one line
+        naming the sources if the wait ran out). Logs a ``change_waits_for_feed`` event when it waits."""
+        feeder = self.plane.feeder
+        behind = feeder.unsent_since_resume()
+        if not behind:
+            return
+        self.plane.events.append({"t": self.plane.now(), "event": "change_waits_for_feed", "change": what,
+                                  "sources": behind})
+        deadline = time.time() + (RESUME_WAIT_S if limit is None else limit)
+        wake = threading.Event()
+        while behind and time.time() < deadline and not self.plane.shut_down:
+            wake.wait(0.005)
+            behind = feeder.unsent_since_resume()
 
     def transfers(self) -> list[dict]:
         """Progress of every staged state transfer (strategy, steps done of all, peer, restarts, times)."""

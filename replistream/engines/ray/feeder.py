@@ -576,8 +576,17 @@ class Feeder:
 
     def marker_time(self) -> int:
         """``p`` for a change now: the largest timestamp or punctuation sent so far (call under
-        :meth:`held`). Raises ``RuntimeError`` when no change can be placed: not feeding,
-        a chunk whose largest timestamp is unknown, every source ended."""
+        :meth:`held`). After a restore (:attr:`resumed`) the feeder never saw what the lost host
+        fed: once every open source has sent a chunk since the resume, ``p`` is the largest
+        timestamp sent since then plus the sources' largest ``max_disorder`` (a tuple fed before
+        is at most that much later than one fed after it). Raises ``RuntimeError`` when no
+        change can be placed: not feeding, a chunk whose largest timestamp is unknown, every
+        source ended, or (after a restore) an open source the resumed feed sent nothing of yet
+        (:meth:`unsent_since_resume`; ``Changes._exclusive`` waits for it first).
+
+        >>> feeder.marker_time()     # doctest: +SKIP
+        15000000
+        """
         with self.lock:
             if not self.feeding:
                 raise RuntimeError("a running query changes while it is fed: call feed() first (before it, deploy "
@@ -587,7 +596,33 @@ class Feeder:
                                    "cannot place a change after it; give chunks with a 'ts' column")
             if not any(s in self.open_sources for s in self.sources):
                 raise RuntimeError("every source has ended: nothing is left to change")
-            return NO_PUNCTUATION if self.max_fed is None else int(self.max_fed)
+            behind = self.unsent_since_resume()
+            if behind:
+                raise RuntimeError(f"the feed resumed after the deployment's host was lost has sent nothing of "
+                                   f"source(s) {behind} yet, so no time past what the lost host fed is known; "
+                                   f"call again once it has")
+            if self.max_fed is None:
+                return NO_PUNCTUATION
+            slack = 0 if self.resumed is None else max([int(d or 0) for d in self.disorder.values()] or [0])
+            return int(self.max_fed) + slack
+
+    def unsent_since_resume(self) -> list[str]:
+        """After a restore (:attr:`resumed`): the sources still open that the resumed feed has sent
+        no chunk of yet (the markers it sent first not counted); ``[]`` otherwise. Until it is
+        empty, :meth:`marker_time` cannot place a change after what the lost host fed.
+
+        >>> feeder.unsent_since_resume()     # doctest: +SKIP
+        ['s']
+        """
+        with self.lock:
+            res = self.resumed
+            if res is None or not self.feeding:
+                return []
+            markers: dict[str, int] = {}
+            for src, _ in res.get("markers", ()):
+                markers[src] = markers.get(src, 0) + 1
+            return sorted(src for src in self.sources if src in self.open_sources
+                          and self.seqs.get(src, 0) <= res["at"][src]["seq"] + markers.get(src, 0))
 
     def send_marker(self, marker) -> None:
         """Put ``marker`` after everything sent so far on every source that has not ended, on

@@ -35,6 +35,9 @@ passed the last step, disconnected from every sender, forgotten by the topology 
 their actors killed. A server lost in the middle of the move (a replica of a giving and one of a
 taking partition on it) is left to their peers, which give and install every step; a taking
 partition with no replica left fails the rescale, naming it (tests/ray/test_rescale_faults_ray.py).
+An upstream replica that dies while the new partitions connect to it is marked failed and its
+peers feed them; with none left for an input, the rescale fails naming the replicas lost
+(:func:`_connected`, tests/ray/test_rescale_upstream_loss_ray.py).
 A detached deployment's host lost meanwhile is followed by one that finishes the rescale once
 (:func:`resume`): what it needs is kept with the deployment's state (:mod:`.lifecycle`), and the
 client's call sent again gets the record (tests/ray/test_rescale_host_loss_ray.py).
@@ -49,6 +52,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 
 import numpy as np
 import ray
@@ -323,7 +327,8 @@ def resume(dep) -> dict | None:
                 raise out["error0"]
             if kept["phase"] == "starting":
                 try:
-                    _switch(dep, kept, _resumed_floor(dep))
+                    _resumed_floor(dep)  # (marker_time then adds the sources' max_disorder: T0 past what was fed)
+                    _switch(dep, kept)
                 finally:
                     if held is not None:
                         held.__exit__(None, None, None)
@@ -360,13 +365,14 @@ def resume(dep) -> dict | None:
     return info
 
 
-def _resumed_floor(dep, limit: float = 120.0) -> int:
-    """For a rescale run again after a restore: once the resumed feed has sent a chunk of every
-    source (waited for, at most ``limit`` s), the slack to add to the largest timestamp fed since
-    then for ``T0`` to be past every tuple fed before the host was lost too (which the restored
-    feeder never saw): the sources' largest ``max_disorder`` (a tuple fed earlier is at most that
-    much later than one fed after it). Raises ``RuntimeError`` naming the sources for which no
-    bound is known: one that had ended before the restore, or sent nothing since in ``limit`` s."""
+def _resumed_floor(dep, limit: float = 120.0) -> None:
+    """For a rescale run again after a restore: wait (at most ``limit`` s) until the resumed feed has
+    sent a chunk of every source, so that ``T0`` can be placed past every tuple fed before the host
+    was lost too (which the restored feeder never saw): :meth:`~.feeder.Feeder.marker_time` then
+    adds the sources' largest ``max_disorder`` to the largest timestamp fed since (a tuple fed
+    earlier is at most that much later than one fed after it). Raises ``RuntimeError`` naming the
+    sources for which no bound is known: one that had ended before the restore, or sent nothing
+    since in ``limit`` s."""
     f = dep.feeder
     deadline = time.time() + limit
     wake = threading.Event()
@@ -380,9 +386,9 @@ def _resumed_floor(dep, limit: float = 120.0) -> int:
         raise RuntimeError(f"source(s) {ended} had ended before the host was lost: no switch time can be placed "
                            f"past every tuple they fed")
     while True:
-        behind = sorted(src for src in f.sources if f.seqs.get(src, 0) <= at[src]["seq"])
+        behind = f.unsent_since_resume()
         if not behind:
-            return max([int(dep.query.spec(src).max_disorder or 0) for src in f.sources] or [0])
+            return
         if time.time() > deadline or dep.shut_down:
             raise RuntimeError(f"source(s) {behind} sent nothing within {limit:g} s of the feed's resuming: no "
                                f"switch time past what they fed before the host was lost is known")
@@ -468,16 +474,52 @@ def _start_partitions(dep, node: str, old_p: int, p: int) -> list[str]:
         topo.attach(label, h)
         chan = [0] * n_ports
         for s in ins:
-            calls.append(topo.handle(s.src).connect.remote(s.stream, label, server, h, s.port, chan[s.port], False))
+            calls.append((label, s, topo.handle(s.src).connect.remote(s.stream, label, server, h, s.port,
+                                                                      chan[s.port], False)))
             topo.put_stream(s, chan[s.port])
             chan[s.port] += 1
-    ray.get(calls, timeout=60)
+    _connected(dep, node, calls, n_ports)
     handover = dep.control_loop().handover
     for label, _, _, _ in begun:
         for v, port in q.outputs_of(node):
             for r, _ in topo.running(v):
                 handover._connect(StreamReplica(label, r, port, 0.0, 0.0, 0.0, False, node))
     return [label for label, _, _, _ in begun]
+
+
+def _connected(dep, node: str, calls: list, n_ports: int, timeout: float = 60.0) -> None:
+    """Wait for the new partitions' upstream links (``calls``: ``(new label, stream replica, its
+    connect call)``). An upstream replica that died meanwhile (a crash within the fault model) is
+    marked failed, as a hand-over does (:meth:`~.handover.HandOver._connect`): its link is not live,
+    every running actor drops it, and its surviving peers feed the new replicas. A new replica none
+    of whose upstream replicas of some input port survived raises
+    :class:`~replistream.errors.RunFailed` naming the replicas lost; any other error is raised."""
+    topo = dep.topology
+    deadline = time.time() + timeout
+    fed: dict[str, set[int]] = {}
+    lost: dict[str, str] = {}
+    for label, s, ref in calls:
+        try:
+            ray.get(ref, timeout=max(0.0, deadline - time.time()))
+        except Exception as e:
+            if not is_actor_death(e):
+                raise
+            lost[s.src] = type(e).__name__
+            topo.put_stream(replace(s, live=False))  # (mark_failed does nothing if the detector was first)
+            dep.repairer.mark_failed(s.src, f"died while the rescale of {node} connected it to {label}: "
+                                            f"{type(e).__name__}")
+            continue
+        fed.setdefault(label, set()).add(s.port)
+    if lost:
+        dep.events.append({"t": dep.now(), "event": "rescale_upstream_lost", "operator": node,
+                           "replicas": sorted(lost)})
+    unfed = sorted({(label, port) for label, _, _ in calls for port in range(n_ports)
+                    if port not in fed.get(label, set())})
+    if unfed:
+        raise RunFailed(f"rescale of {node!r}: every upstream replica feeding its new partitions was lost while "
+                        f"they connected ({', '.join(sorted(lost))}); no input reaches "
+                        + ", ".join(f"{label} port {port}" for label, port in unfed[:4])
+                        + (f" and {len(unfed) - 4} more" if len(unfed) > 4 else ""), operator=node)
 
 
 def _retire_partitions(dep, node: str, p: int, old_p: int, after: int, timeout: float) -> list[str]:
