@@ -26,7 +26,10 @@ group only (:class:`~replistream.operators.entry.EntrySplit`, which decides by t
 in the feed), with the state an unpartitioned entry point would be in before it; the other
 groups get a progress note (the new punctuation) when it rises; the end goes to every group.
 Chunk numbers, backpressure, skipping, ``keep_from`` and catching up from a peer then work per
-group: a replica catches up from a copy of its own partition.
+group: a replica catches up from a copy of its own partition. A feed resumed after its host was
+lost (:mod:`.lifecycle`) cuts and routes the input again from its start, as the lost host did, and
+sends each partition only what follows its own furthest replica's position (:meth:`Feeder._taken`);
+that needs chunks cut by ``chunk_size`` alone (a feed cut by wall time is refused, saying so).
 
 With idle timeouts (``idle``: ``{source: seconds}``) the sources are merged by
 :class:`~replistream.idle.IdleMerge` instead: a source with nothing to send for its
@@ -290,7 +293,10 @@ class Feeder:
         goes on at chunk ``seq`` without its first ``rows`` records (and without the sentinels
         already run, :attr:`sentinels_run`), a closed one is not sent again, the entry replicas
         ``behind`` catch up from a peer first, and the clock (``t0``, ``ts0``) is the one the run
-        started with."""
+        started with. With entry partitions ``resume["parts"]`` (``[{source: {"seq", "rows",
+        "closed"}}]``, per partition its furthest replica's) replaces the skip by ``rows``: the
+        input is routed again from its start and partition ``P`` goes on at chunk ``seq`` with what
+        follows its ``rows`` (:meth:`_taken`)."""
         self.resumed = resume
         self.t0 = t0
         self.done_wall = None
