@@ -140,17 +140,24 @@ def test_a_detached_deployment_with_entry_and_application_partitions_outlives_it
 
 
 @pytest.mark.slow
-def test_losing_the_host_of_a_detached_deployment_with_entry_partitions_mid_feed_is_a_loud_failure(tmp_path):
-    """What does not run yet, said: the serving host SIGKILLed while it feeds entry partitions, the
-    host standing by restores the deployment, but its feeder cannot resume a partitioned feed; the
-    run fails naming why and the fix (never a silent gap in the output)."""
+@pytest.mark.parametrize("chunk_ms", [None, 20.0])
+def test_losing_the_host_of_a_detached_deployment_with_entry_partitions_mid_feed(tmp_path, chunk_ms):
+    """The serving host SIGKILLed while it feeds entry partitions from Parquet files (chunks read by
+    Ray tasks, sent by reference); the host standing by restores the deployment. Fed paced with
+    ``chunk_ms=None`` (chunks cut by ``chunk_size`` alone) the restored feeder cuts and routes the
+    files again as the lost host did and sends each partition what follows its own position: the
+    Parquet output equals the reference run exactly. Fed paced with ``chunk_ms`` (pieces cut by
+    wall time) which rows each partition took cannot be told again: the run fails naming why and
+    the fix (never a silent gap in the output). (Killed at a chosen point, between the partitions:
+    tests/ray/test_entry_partitions_resume_ray.py.)"""
     from replistream.engines.ray.standby import pair, serving_host
     from replistream.engines.ray.host import NAMESPACE
     from replistream.engines.ray.lifecycle import Persister, get_value
 
-    name = "parts-host-lost"
+    name = f"parts-host-lost-{0 if chunk_ms is None else 1}"
     in_dir = write_inputs(tmp_path / "in")
     q = driver.build(in_dir)
+    ref = run_reference(q, {"s": FileSource(in_dir, time="t")})
     dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, fail_after_s=3.0,
                     parallelism=driver.PARALLELISM, sinks={"out": ParquetSink(str(tmp_path / "out"), every=seconds(2))})
     try:
@@ -164,16 +171,23 @@ def test_losing_the_host_of_a_detached_deployment_with_entry_partitions_mid_feed
                 pass  # not started yet
             assert time.monotonic() < deadline, "no host stands by"
             tick.wait(0.1)
-        dep.feed({"s": FileSource(in_dir, time="t")}, pace=2.0)
+        dep.feed({"s": FileSource(in_dir, time="t")}, pace=2.0, chunk_ms=chunk_ms, chunk_size=500)
         while not (get_value(Persister.key(name, "state")) or {}).get("fed"):  # kept: the next host resumes
             assert time.monotonic() < deadline + 60, "the feed was never kept"
             tick.wait(0.1)
         assert not dep.status()["complete"]
         os.kill(ray.get(serving_host(name, NAMESPACE).process.remote(), timeout=30)["pid"], signal.SIGKILL)
-        with pytest.raises(Exception) as e:
-            dep.wait(180)
-        said = str(e.value)
-        assert "entry partitions" in said and "deploy without parallelism['entry']" in said, said
+        if chunk_ms is None:
+            assert dep.wait(180)
+            (restored,) = [e for e in dep.events if e.get("event") == "control_restored"]
+        else:
+            with pytest.raises(Exception) as e:
+                dep.wait(180)
+            said = str(e.value)
+            assert "entry partitions" in said and "chunk_ms=None" in said, said
     finally:
         dep.stop()
+    if chunk_ms is None:
+        assert len(restored["resumed"]["parts"]) == 2, restored
+        assert_same_output(ref.outputs["out"], ParquetSink(str(tmp_path / "out")).read())
     assert name not in list_deployments()

@@ -26,7 +26,10 @@ group only (:class:`~replistream.operators.entry.EntrySplit`, which decides by t
 in the feed), with the state an unpartitioned entry point would be in before it; the other
 groups get a progress note (the new punctuation) when it rises; the end goes to every group.
 Chunk numbers, backpressure, skipping, ``keep_from`` and catching up from a peer then work per
-group: a replica catches up from a copy of its own partition.
+group: a replica catches up from a copy of its own partition. A feed resumed after its host was
+lost (:mod:`.lifecycle`) cuts and routes the input again from its start, as the lost host did, and
+sends each partition only what follows its own furthest replica's position (:meth:`Feeder._taken`);
+that needs chunks cut by ``chunk_size`` alone (a feed cut by wall time is refused, saying so).
 
 With idle timeouts (``idle``: ``{source: seconds}``) the sources are merged by
 :class:`~replistream.idle.IdleMerge` instead: a source with nothing to send for its
@@ -260,6 +263,10 @@ class Feeder:
         #: Sentinels run so far per source (counted before each runs: a resumed feed skips them).
         self.sentinels_run: dict[str, int] = {}
         self.resumed: dict | None = None
+        #: after a restore with entry partitions: per partition, ``{source: (rows, closed)}`` of its
+        #: furthest replica (what it took is not sent again), and the sources sent anything since
+        self.part_skip: list[dict[str, tuple[int, bool]]] | None = None
+        self.sent_since_resume: set[str] = set()
 
     @property
     def heartbeats(self) -> list[Heartbeat]:
@@ -286,7 +293,10 @@ class Feeder:
         goes on at chunk ``seq`` without its first ``rows`` records (and without the sentinels
         already run, :attr:`sentinels_run`), a closed one is not sent again, the entry replicas
         ``behind`` catch up from a peer first, and the clock (``t0``, ``ts0``) is the one the run
-        started with."""
+        started with. With entry partitions ``resume["parts"]`` (``[{source: {"seq", "rows",
+        "closed"}}]``, per partition its furthest replica's) replaces the skip by ``rows``: the
+        input is routed again from its start and partition ``P`` goes on at chunk ``seq`` with what
+        follows its ``rows`` (:meth:`_taken`)."""
         self.resumed = resume
         self.t0 = t0
         self.done_wall = None
@@ -319,7 +329,10 @@ class Feeder:
         if pace is not None and self.chunk_ms:  # chunks read by Ray tasks (files) come here to be cut too
             iters = {s: fetched(it) for s, it in iters.items()}
         resume = self.resumed
-        if resume is not None:
+        parts = None if resume is None else resume.get("parts")  # a partitioned feed resumed
+        if parts is not None:
+            self._refuse_unrepeatable_cuts(pace)
+        elif resume is not None:
             iters = {s: skip_rows(it, resume["at"][s]["rows"]) for s, it in iters.items()}
         cut = None
         if pace is not None and self.chunk_ms:  # a paced chunk in pieces of at most chunk_ms of wall time,
@@ -333,19 +346,24 @@ class Feeder:
             iters = {s: paced_pieces(it, lambda: cut.span_us(pace), self.punct.get(s)) for s, it in iters.items()}
         with self.lock:
             self.sources = list(sources)
-            self.seqs = {s: 0 if resume is None else resume["at"][s]["seq"] for s in sources}
+            self.seqs = {s: 0 if resume is None or parts is not None else resume["at"][s]["seq"] for s in sources}
             if self.entry_partitions > 1:
                 from ...operators.entry import EntrySplit
 
-                if resume is not None:
+                if resume is not None and parts is None:
                     raise RuntimeError(f"the host of this detached deployment was lost while it fed "
-                                       f"{self.entry_partitions} entry partitions: a restored feeder cannot tell "
-                                       f"which rows each partition took (its chunks are cut anew), so the input "
-                                       f"after the loss is not fed and the run cannot complete; deploy without "
-                                       f"parallelism['entry'] for a detached deployment that survives losing its host")
+                                       f"{self.entry_partitions} entry partitions, and the restored feeder was not "
+                                       f"told where each partition stands: the feed cannot resume")
                 self.splits = {s: EntrySplit(self.entry_of(s), self.entry_partitions, offset=i)
                                for i, s in enumerate(sources)}
-                self.part_seqs = [{s: 0 for s in sources} for _ in range(self.entry_partitions)]
+                # the split is replayed from the source's first chunk (its cuts are a function of the
+                # input and chunk_size): each partition is sent only what follows its own position
+                self.part_seqs = [{s: 0 if parts is None else int(parts[i][s]["seq"]) for s in sources}
+                                  for i in range(self.entry_partitions)]
+                self.part_skip = None if parts is None else [
+                    {s: (int(parts[i][s]["rows"]), bool(parts[i][s]["closed"])) for s in sources}
+                    for i in range(self.entry_partitions)]
+                self.sent_since_resume = set()
             closed = set() if resume is None else {s for s in sources if resume["at"][s]["closed"]}
             self.open_sources = set(sources) - closed
             self.inflight = {label: [] for label, _ in self.topology.running(ENTRY)}
@@ -399,6 +417,11 @@ class Feeder:
                 if cut is not None:
                     cut.sent(-delay)
             if chunk is not None and needs_stamp(chunk):
+                if self.part_skip is not None:
+                    raise RuntimeError(f"the host of this detached deployment was lost while it fed entry "
+                                       f"partitions, and source {src!r} has records without 'ts' (stamped by the "
+                                       f"lost host's clock): the feed cannot be cut again the same way; give a "
+                                       f"'ts' column for a detached deployment with entry partitions")
                 chunk = stamp(chunk, int((time.time() - self.t0) * 1e6))
                 hi = chunk_tmax(chunk)
             with self.lock:
@@ -433,11 +456,49 @@ class Feeder:
             self._send_to(ENTRY, src, seq, chunk, None)
         else:
             for part, item, start in self.splits[src].route(chunk):
+                if self.part_skip is not None and self._taken(part, src, item, start):
+                    continue  # the partition took it before its host was lost
+                self.sent_since_resume.add(src)
                 pseq = self.part_seqs[part][src]
                 self._send_to(partition_label(ENTRY, part), src, pseq, item, start)
                 self.part_seqs[part][src] = pseq + 1
         self.seqs[src] = seq + 1
         self._settle(MAX_INFLIGHT_CHUNKS, MAX_LAG_CHUNKS)
+
+    def _taken(self, part: int, src: str, item, start) -> bool:
+        """After a restore, with entry partitions: True if entry partition ``part`` took ``item`` (of
+        ``src``, routed from position ``start``) before the host was lost. The replayed split cuts and
+        routes the source as the lost host did, so a chunk of records was taken if it ends at or
+        before the partition's id counter (its furthest replica's ``rows``: the chunks of a partition
+        arrive in order); a punctuation or an end was taken if the split had not passed that point
+        yet when it made it (one sent again changes nothing); everything was taken once the
+        partition took the source's end."""
+        rows, closed = self.part_skip[part][src]
+        if closed:
+            return True
+        if start is not None:  # a chunk of records, from its place in the source
+            end = int(start.seq) + chunk_rows(item)
+            if end <= rows:
+                return True
+            if int(start.seq) < rows:
+                raise RuntimeError(f"the resumed feed of source {src!r} cut its input differently than the lost "
+                                   f"host did: entry partition {part} took rows up to {rows}, inside a chunk of rows "
+                                   f"{start.seq}..{end}; the rows of that partition cannot be told apart")
+            return False
+        return self.splits[src].shadow.seq < rows
+
+    def _refuse_unrepeatable_cuts(self, pace) -> None:
+        """A partitioned feed resumes by cutting and routing the input again as the lost host did: that
+        needs chunks cut by ``chunk_size`` alone. A paced feed cut by wall time (``chunk_ms``) or with
+        idle timeouts (heartbeats by wall time) cannot be cut again the same way: refused, saying so."""
+        why = ("it was paced with chunk_ms (chunks cut by wall time)" if pace is not None and self.chunk_ms else
+               "it had idle timeouts (heartbeats placed by wall time)" if self.idle else None)
+        if why is not None:
+            raise RuntimeError(f"the host of this detached deployment was lost while it fed {self.entry_partitions} "
+                               f"entry partitions, and the feed cannot resume exactly because {why}: which rows "
+                               f"each partition took cannot be told again; feed with chunk_ms=None and no "
+                               f"idle_timeout (or deploy without parallelism['entry']) for a detached deployment "
+                               f"with entry partitions that survives losing its host")
 
     def _group(self, label: str) -> str:
         """The entry replicas that are copies of ``label``: ``"entry"``, or its partition ``"entry.P"``."""
@@ -618,6 +679,9 @@ class Feeder:
             res = self.resumed
             if res is None or not self.feeding:
                 return []
+            if res.get("parts") is not None:  # a partitioned feed: what the replayed split actually sent
+                return sorted(src for src in self.sources if src in self.open_sources
+                              and src not in self.sent_since_resume)
             markers: dict[str, int] = {}
             for src, _ in res.get("markers", ()):
                 markers[src] = markers.get(src, 0) + 1

@@ -131,7 +131,10 @@ class Ingest:
         """Go on feeding after the control plane was restored (:mod:`.lifecycle`): ``feed`` is what
         :meth:`feed` was given. Per source, the furthest entry replica's next chunk and rows taken
         are where feeding resumes (the input is read again, the rows it took skipped); an entry
-        replica behind it catches up from a peer first. Returns ``{source: {"seq", "rows",
+        replica behind it catches up from a peer first. With entry partitions each partition's furthest
+        replica says where that partition stands (``"parts"``): the input is cut and routed again from
+        its start, as the lost host did, and each partition is sent only what follows its own
+        position (:meth:`~.feeder.Feeder._taken`). Returns ``{source: {"seq", "rows",
         "closed"}}`` and the replicas that catch up. Raises ``RunFailed`` if no entry replica
         answers, or the input was not kept."""
         if feed is None:
@@ -152,25 +155,53 @@ class Ingest:
         if not positions:
             raise RunFailed("no entry replica answered after the control plane was restored: where the input stands "
                             "is unknown", operator=ENTRY)
-        at = {}
-        for src in self.plane.query.sources:
-            best = max(positions.values(), key=lambda p: p[src]["expected"])[src]
-            at[src] = {"seq": int(best["expected"]), "rows": int(best["rows"]), "closed": bool(best["closed"])}
-        behind = {label: {src: int(p[src]["expected"]) for src in self.plane.query.sources
-                          if p[src]["expected"] < at[src]["seq"]} for label, p in positions.items()}
+        sources = self.plane.query.sources
+        parts = self.plane.feeder.entry_partitions
+        if parts > 1:  # each entry partition goes on from its own furthest replica (Feeder._taken)
+            from ...plan import label_group
+
+            group = {label: int(label_group(label).rpartition(".")[2]) for label in asked}
+            missing = [f"{ENTRY}.{i}" for i in range(parts) if not any(group[lb] == i for lb in positions)]
+            if missing:
+                raise RunFailed(f"no replica of entry partition(s) {missing} answered after the control plane was "
+                                f"restored: which rows they took is unknown, so the feed cannot resume exactly",
+                                operator=ENTRY)
+            if any(src in seqs for _, seqs in getattr(self.plane, "_markers_in_flight", []) for src in sources):
+                raise RunFailed("the host was lost while it sent a change's marker to the entry partitions: which "
+                                "partitions got it is unknown, so the feed cannot resume exactly", operator=ENTRY)
+            best = [{src: max((p for lb, p in positions.items() if group[lb] == i),
+                              key=lambda p: p[src]["expected"])[src] for src in sources} for i in range(parts)]
+            split = [{src: {"seq": int(b[src]["expected"]), "rows": int(b[src]["rows"]),
+                            "closed": bool(b[src]["closed"])} for src in sources} for b in best]
+            at = {src: {"seq": 0, "rows": max(sp[src]["rows"] for sp in split),
+                        "closed": all(sp[src]["closed"] for sp in split)} for src in sources}
+            behind = {label: {src: int(p[src]["expected"]) for src in sources
+                              if p[src]["expected"] < split[group[label]][src]["seq"]} for label, p in positions.items()}
+        else:
+            split = None
+            at = {}
+            for src in sources:
+                best = max(positions.values(), key=lambda p: p[src]["expected"])[src]
+                at[src] = {"seq": int(best["expected"]), "rows": int(best["rows"]), "closed": bool(best["closed"])}
+            behind = {label: {src: int(p[src]["expected"]) for src in sources
+                              if p[src]["expected"] < at[src]["seq"]} for label, p in positions.items()}
         behind = {label: b for label, b in behind.items() if b}
         behind.update({label: {src: 0 for src in self.plane.query.sources} for label in asked if label not in positions})
         # a change whose marker the lost host was sending: entry replicas that lack it get it from a
         # peer (it is in their input logs) or, if none got it, from the resumed feed (finished, not half)
-        markers = [(src, m) for m, seqs in getattr(self.plane, "_markers_in_flight", []) for src, seq in seqs.items()
-                   if at[src]["seq"] <= seq and not at[src]["closed"]]
+        markers = [] if split is not None else [
+            (src, m) for m, seqs in getattr(self.plane, "_markers_in_flight", []) for src, seq in seqs.items()
+            if at[src]["seq"] <= seq and not at[src]["closed"]]
         self.plane.feeder.start(self.plane.query.sources, feed["inputs"], feed["pace"], feed["chunk_size"], self.plane.t0,
                                 idle=feed["idle"], disorder={src: self.plane.query.spec(src).max_disorder
                                                              for src in self.plane.query.sources},
                                 chunk_ms=feed["chunk_ms"], punct=self._punctuation_rules(), resume={"at": at, "behind": behind, "ts0": self.plane.ts0,
-                                                                   "markers": markers})
+                                                                   "markers": markers, "parts": split})
         self.plane._markers_in_flight = []
-        return {"at": at, "behind": sorted(behind), "markers_sent": [(src, m.id) for src, m in markers]}
+        out = {"at": at, "behind": sorted(behind), "markers_sent": [(src, m.id) for src, m in markers]}
+        if split is not None:
+            out["parts"] = split
+        return out
 
     def _punctuation_rules(self) -> dict:
         """Per source with time windows downstream, the rule by which its entry points' punctuation
