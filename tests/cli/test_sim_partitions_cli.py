@@ -41,8 +41,9 @@ def test_mistakes_are_place_s_one_line_messages_before_any_simulation(args, caps
     (["--parallelism", "alerts=2"], "'alerts' is an application, which is not partitioned here"),
 ])
 def test_the_simulator_refuses_entry_and_application_partitions_in_one_line(args, says, capsys, monkeypatch):
-    """`replistream place` lays out entry and application partitions (placement/layout.py); the
-    simulator does not run them and says so in one line before any simulation."""
+    """`replistream place` lays out entry and application partitions (placement/layout.py), and
+    `Simulator(...)` runs them; the paper's experiments fig3 and fig4 place operators only, and
+    say so in one line before any simulation."""
     monkeypatch.setattr(experiments, "fig1_setting", lambda *a, **k: pytest.fail("the simulation started"))
     assert sim_main(["fig4", "--quick", *args]) == 2
     err = capsys.readouterr().err.strip()
