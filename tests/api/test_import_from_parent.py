@@ -58,14 +58,15 @@ def test_a_checkout_named_replistream_imports_from_its_parent(tmp_path):
     clone = tmp_path / "replistream"  # the folder a `git clone .../replistream` makes
     _copy_checkout(clone)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # no pip of its own (ensurepip takes seconds): this environment's pip installs into it (--python)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     # the dependencies come from this test's environment (a .pth line; its own .pth files are not read)
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    got = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(clone)],
-                         capture_output=True, text=True, timeout=600)
+    got = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "-e",
+                          str(clone)], capture_output=True, text=True, timeout=600)
     assert got.returncode == 0, got.stderr
     (tmp_path / "script.py").write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -83,10 +81,17 @@ def test_a_short_campaign_passes_on_both_queries():
 
 
 @pytest.mark.slow
-def test_the_command_line_prints_the_verdict_first(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "replistream.cli", "chaos", "--trials", "1", "--seed", "5"],
-                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    first = out.stdout.splitlines()[0]
+@pytest.mark.usefixtures("ray_session")
+def test_the_command_line_prints_the_verdict_first(tmp_path, monkeypatch, capsys):
+    """The command's own entry (``main``, as tests/cli/test_gc_cli.py runs ``demo``) in this session's
+    Ray: a fresh interpreter would start a Ray of its own (5-15 s; that start keeping stdout clean is
+    checked by test_cli_examples.py's Ray demo, through the same init_ray)."""
+    from replistream.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["chaos", "--trials", "1", "--seed", "5"])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    first = out.splitlines()[0]
     assert first.startswith("PASS: 1 trials") and "0 lost, 0 duplicated" in first
-    assert "trial 0 (fig1)" in out.stderr
+    assert "trial 0 (fig1)" in err

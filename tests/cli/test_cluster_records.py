@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -103,8 +104,17 @@ def test_up_refuses_token_authentication_turned_off(home, monkeypatch):
         cluster.up(port=7004)
 
 
+def _reaped_when_it_exits(proc: subprocess.Popen) -> None:
+    """Wait for ``proc`` in a thread of its own, as init waits for a head whose ``up`` has exited: a
+    stand-in stopped by another process (the ``down`` command) is then gone at once, not a zombie of
+    this one that ``down`` waits on for its whole grace (15 s)."""
+    threading.Thread(target=proc.wait, daemon=True).start()
+
+
 def test_down_cli_names_the_choice_in_one_line(home):
     procs = [_stand_in("127.0.0.1:7005"), _stand_in("127.0.0.1:7006")]
+    for p in procs:
+        _reaped_when_it_exits(p)
     try:
         env = {**os.environ, "HOME": str(home)}
         got = subprocess.run([sys.executable, "-m", "replistream.cli", "down"], env=env, capture_output=True,

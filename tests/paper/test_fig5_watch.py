@@ -28,13 +28,15 @@ def test_the_p99_watch_never_fails_a_run_whose_p99_holds():
         GuaranteeWatch("p50", 1.0, 10)
 
 
-def _cut_setting():
+def _cut_setting(duration_s: float = 2 * 3600.0):
+    """Fig. 1 on 8 servers for ``duration_s`` of input, one path left by garbage collection, and that
+    path cut from 1000 s to 1120 s."""
     from replistream.gc import collect_garbage
     from replistream.network import NetworkConditions
     from replistream.placement import place
     from replistream.sim.experiments import _snapshot, fig1_setting
 
-    st = fig1_setting(n_servers=8, monitored=3, duration_s=2 * 3600.0, seed=0)
+    st = fig1_setting(n_servers=8, monitored=3, duration_s=duration_s, seed=0)
     plan = place(st.problem, 2, "random", seed=1).plan()
     g = collect_garbage(_snapshot(st, plan).evolve(theta=0))  # one path left
     servers = {r.label: r.server for r in g.snapshot.replicas}
@@ -156,7 +158,7 @@ def test_a_shorter_silence_detects_a_cut_path_sooner():
     from replistream.engines import run_reference
     from replistream.sim.experiments import _gc_run
 
-    st, plan, snap = _cut_setting()
+    st, plan, snap = _cut_setting(duration_s=1800.0)  # the cut and 680 s after it (2 h: 10 s more here)
     ref = run_reference(st.query, st.inputs)
     slow = _gc_run(st, plan, snap, ref, revival=True, progress=False, silence_s=60.0)
     fast = _gc_run(st, plan, snap, ref, revival=True, progress=False, silence_s=10.0)

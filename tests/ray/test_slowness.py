@@ -244,7 +244,7 @@ def test_an_upstream_channel_added_while_a_staged_transfer_installs_steps():
     takes lock then staged_lock; the transfer worker never takes lock under staged_lock, so adding
     channels while a fluid move installs its steps cannot deadlock."""
     q = query()
-    data = inputs(n=4000, span_s=40)
+    data = inputs(n=2400, span_s=24)
     ref = run_reference(q, data)
     done, threads = {"channels": 0}, []
 
