@@ -144,18 +144,9 @@ def start() -> Any | None:
 def take(cls_name: str, timeout: float = TAKE_TIMEOUT_S) -> Any | None:
     """A warm actor of class ``cls_name`` from the cluster's pool, leased to this script (or
     host), to ``reinit``; None when this process did not join a cluster, the pool is off or
-    empty, or it does not answer within ``timeout`` s."""
-    global _handle
-    if not _joined or warm_size() == 0 or not ray.is_initialized():  # (never start Ray again at exit)
-        return None
-    keeper = _keeper(create=True)
-    try:
-        return ray.get(keeper.take.remote(cls_name, _owner()), timeout=timeout)
-    except ray.exceptions.GetTimeoutError:
-        return None  # (busy starting its actors): a new process instead
-    except ray.exceptions.RayActorError:
-        _handle = None  # it died: started again next time
-        return None
+    empty, or it does not answer within ``timeout`` s (then it is not asked again for
+    :data:`SKIP_AFTER_TIMEOUT_S`)."""
+    return _ask("take", cls_name, timeout)
 
 
 def take_many(counts: dict[str, int], timeout: float = TAKE_TIMEOUT_S) -> list[tuple[str, Any]]:
@@ -166,17 +157,33 @@ def take_many(counts: dict[str, int], timeout: float = TAKE_TIMEOUT_S) -> list[t
     >>> take_many({"ReplicaActor": 2, "CoordinatorActor": 2})   # doctest: +SKIP
     [('ReplicaActor', Actor(ReplicaActor, ...)), ...]
     """
-    global _handle
-    if not _joined or warm_size() == 0 or not ray.is_initialized() or not counts:
-        return []
+    return (_ask("take_many", dict(counts), timeout) or []) if counts else []
+
+
+#: Seconds a process leaves the pool alone after it did not answer a take in time: a deployment
+#: asks it several times (its actors, its standby coordinator, a file reader), and each would wait
+#: :data:`TAKE_TIMEOUT_S` again; it starts processes of its own meanwhile.
+SKIP_AFTER_TIMEOUT_S = 60.0
+
+_skip_until = 0.0  # time.monotonic() before which this process does not ask the pool
+
+
+def _ask(method: str, what, timeout: float):
+    """``keeper.<method>(what, owner)``, or None: not joined, no pool, or it did not answer."""
+    global _handle, _skip_until
+    if not _joined or warm_size() == 0 or not ray.is_initialized():  # (never start Ray again at exit)
+        return None
+    if time.monotonic() < _skip_until:
+        return None
     keeper = _keeper(create=True)
     try:
-        return ray.get(keeper.take_many.remote(dict(counts), _owner()), timeout=timeout)
+        return ray.get(getattr(keeper, method).remote(what, _owner()), timeout=timeout)
     except ray.exceptions.GetTimeoutError:
-        return []  # (busy starting its actors): new processes instead
+        _skip_until = time.monotonic() + SKIP_AFTER_TIMEOUT_S  # (busy or stuck): new processes instead
+        return None
     except ray.exceptions.RayActorError:
         _handle = None  # it died: started again next time
-        return []
+        return None
 
 
 def _blank_query():
