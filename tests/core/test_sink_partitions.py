@@ -181,10 +181,7 @@ def test_what_cannot_take_partitioned_applications_says_so():
         check_parallelism(q, {"out": 2})
     assert "\n" not in str(e.value)
     assert check_parallelism(q, {"out": 2}, applications=True) == {"out": 2}
-    from replistream.sim import Simulator  # the simulator runs one replica per application
-
-    with pytest.raises(QueryError, match="is an application, which is not partitioned here"):
-        Simulator(q, {"entry": ["a"], "w": ["a"], "f": ["a"], "out": ["a"], "pos": ["a"]}, parallelism={"out": 2})
+    # (the simulator runs partitioned applications: tests/sim/test_sim_entry_app_partitions.py)
     with pytest.raises(QueryError, match="'out' is not an operator"):
         run_replicated(q, {"s": data["s"] + [Rescale("out", 3)]}, k=1, parallelism={"out": 2})
     with pytest.raises(ValueError, match="exactly k=2 distinct servers"):

@@ -131,13 +131,7 @@ def test_entry_partitions_refuse_what_they_cannot_take_in_one_line():
         run_replicated(q, {**data, "a": [KillReplica("entry.1", 0), *data["a"]]}, k=2, seed=1)
     with pytest.raises(ValueError, match=r"parallelism\['entry'\] must be an integer >= 1"):
         run_replicated(q, data, k=2, parallelism={"entry": 0})
-    from replistream.sim import Simulator
-    from replistream.network import ZeroLatency
-
-    plan = {"entry": ["a", "b"], "pass": ["a", "b"], "m": ["a", "b"], "u": ["a", "b"], "w": ["a", "b"],
-            "rows": ["a"], "counts": ["a"]}
-    with pytest.raises(QueryError, match=r"not partitioned here \(deploy\(\) and run_replicated\(\) take"):
-        Simulator(q, plan, ZeroLatency(["a", "b"]), parallelism={"entry": 2})
+    # (the simulator runs entry partitions: tests/sim/test_sim_entry_app_partitions.py)
 
 
 @pytest.mark.parametrize("seed", range(6))
