@@ -512,12 +512,12 @@ def test_entry_and_app_cases_are_the_ones_ray_runs():
 @pytest.mark.slow
 @pytest.mark.parametrize("script", FAULT_SCRIPTS)
 @pytest.mark.parametrize("case, parallelism", ENTRY_APP, ids=ENTRY_APP_IDS)
-@pytest.mark.parametrize("engine_name", ["inprocess", "ray"])
+@pytest.mark.parametrize("engine_name", ["inprocess", "ray", "sim"])
 def test_entry_and_app_partitions_match_the_ideal_run(request, engine_name, case, parallelism, script):
-    """Entry and application partitions on the engines that run them (the in-process engine: 50 cases;
-    Ray: :data:`RAY_ENTRY_APP`), compared with the ideal run as a multiset, under the suite's fault
-    scripts (kills and stops naming ``entry.P`` or ``out.P``); a killed or stopped replica is one of
-    the named partition's. The simulator refuses both (:func:`test_simulator_refuses_entry_and_app_partitions`)."""
+    """Entry and application partitions on every engine (the in-process engine and the simulator: 50
+    cases each, the simulator without the scripts that stop a replica; Ray: :data:`RAY_ENTRY_APP`),
+    compared with the ideal run as a multiset, under the suite's fault scripts (kills and stops
+    naming ``entry.P`` or ``out.P``); a killed or stopped replica is one of the named partition's."""
     case_id = f"{case.name}-{'+'.join(parallelism)}"
     if engine_name == "ray" and (case_id, script) not in RAY_ENTRY_APP:
         pytest.skip("Ray runs the entry and application partition cases of RAY_ENTRY_APP only (the suite's time)")
@@ -548,17 +548,3 @@ def test_entry_and_app_partitions_match_the_ideal_run(request, engine_name, case
             assert any(label.split(".")[0] in query.sinks for label in killed), "no application replica was killed"
 
 
-@pytest.mark.parametrize("case, parallelism", ENTRY_APP, ids=ENTRY_APP_IDS)
-def test_simulator_refuses_entry_and_app_partitions(case, parallelism):
-    """The simulator does not run entry or application partitions yet: it refuses them in one line,
-    naming where they run (replistream/sim/ is another engineer's; when it takes them, this case
-    turns into a run of :data:`ENTRY_APP` on the simulator)."""
-    from replistream.sim import Simulator
-
-    query, _ = case.build()
-    plan = plan_for(query, parallelism)
-    why = ("the entry points are not partitioned here" if ENTRY in parallelism
-           else "is an application, which is not partitioned here")
-    with pytest.raises(QueryError, match=why) as err:
-        Simulator(query, engine_placement(plan), ZeroLatency(SERVERS), parallelism=engine_parallelism(plan))
-    assert "\n" not in str(err.value) and "parallelism" in str(err.value)
