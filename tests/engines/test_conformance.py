@@ -54,7 +54,6 @@ import numpy as np
 import pytest
 
 from replistream import Query, RunResult, seconds
-from replistream.errors import QueryError
 from replistream.network import ZeroLatency, default_servers
 from replistream.partition import entry_parallelism, parse_partition_label
 from replistream.plan import ENTRY, PhysicalPlan
