@@ -68,9 +68,9 @@ def test_an_upstream_replica_lost_while_new_partitions_connect_is_marked_failed_
         first.opened.set()
         t.join(timeout=300)
         assert not t.is_alive(), "the rescale did not return"
-        assert killed.get("killed") == ["keep#0"], killed
         if "error" in out:
             pytest.fail(f"the rescale failed although keep#1 survived: {type(out['error']).__name__}: {out['error']}")
+        assert killed.get("killed") == ["keep#0"], (killed, out)
         rec = out["rec"]
         assert (rec["steps"], rec["bins_moved"]) == (32, 32), rec
         assert dep.partitions("per_k") == 2
