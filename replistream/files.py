@@ -191,6 +191,22 @@ def _read_file_task():
     return read_file_remote
 
 
+#: Seconds a file's reading may go without giving its next chunk (its metadata, or its rows after
+#: them) before the feed fails, naming the file: a reading process that hangs does not hang the run.
+READ_TIMEOUT_S = 60.0
+
+
+def _next_ref(gen, path: str, source: str):
+    """The next reference of ``gen`` (a streaming read of ``path``), waited for at most
+    :data:`READ_TIMEOUT_S`; ``StopIteration`` once the read ended."""
+    import ray
+
+    if not ray.wait([gen], timeout=READ_TIMEOUT_S)[0]:
+        raise TimeoutError(f"source {source!r}: reading {path} gave no chunk within {READ_TIMEOUT_S:g} s (the "
+                           f"reading process hangs, or the machine is overloaded): the feed stops here")
+    return next(gen)
+
+
 _TASK = None
 _WARMED: set = set()
 _READER = None  # an actor reading this process's files instead of tasks (use_reader)
@@ -589,8 +605,8 @@ class FileSource:
             done = skip = 0  # chunks of f yielded; chunks a new reading of f passes over
             while True:
                 try:
-                    meta = ray.get(next(gen))
-                    data_ref = next(gen)
+                    meta = ray.get(_next_ref(gen, f, plan.source), timeout=READ_TIMEOUT_S)
+                    data_ref = _next_ref(gen, f, plan.source)
                 except StopIteration:
                     break
                 except ray.exceptions.RayActorError:

@@ -100,3 +100,17 @@ def test_a_reader_lost_mid_file_is_replaced_by_a_task_that_skips_what_was_read(t
                   at=(after, lambda: reader.die.remote()))  # (its answer may never come: not awaited)
     assert files.reader() is None  # lost: the tasks read from then on
     assert (got, m) == (want, n)  # every row once, in order
+
+
+def test_a_reader_that_hangs_fails_the_read_naming_the_file(tmp_path, no_reader, monkeypatch):
+    """No chunk within files.READ_TIMEOUT_S: a loud error naming the source and the file, not a
+    feed that waits for ever."""
+    write_parts(tmp_path, parts=1)
+    monkeypatch.setattr(files, "READ_TIMEOUT_S", 1.0)
+    reader = DyingReader.remote(0)  # it waits for die() before its first chunk: it hangs
+    files.use_reader(reader)
+    try:
+        with pytest.raises(TimeoutError, match=r"source 's': reading .*part-00\.parquet gave no chunk within 1 s"):
+            rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=True)
+    finally:
+        ray.kill(reader)
