@@ -174,8 +174,7 @@ class ControlPlane:
         wanted = Counter({"CoordinatorActor": 2})  # it and its standby
         for r in physical.replicas():
             if not ray_options(self.servers[physical.server(r)]):  # a local logical server: a kept or warm actor
-                wanted["EntryActor" if r.node == ENTRY else
-                       "SinkActor" if query.spec(r.node).kind == "sink" else "ReplicaActor"] += 1
+                wanted[self._actor_class(query, r.node).__ray_metadata__.class_name] += 1
         pool.prefetch(wanted)
         rep.phase("starting the coordinator")
         # its state in Ray's key-value store, under the deployment's epoch (the last part of the key)
@@ -288,13 +287,18 @@ class ControlPlane:
         return self._settle(*self._new_actor(query, node, index, server, channels, pending, parquet_dir,
                                              partition, groups))
 
+    @staticmethod
+    def _actor_class(query: Query, node: str):
+        """The actor class a replica of ``node`` runs in: entry point, application or operator."""
+        return EntryActor if node == ENTRY else SinkActor if query.spec(node).kind == "sink" else ReplicaActor
+
     def _new_actor(self, query: Query, node: str, index: int, server: str, channels: list[int],
                    pending: bool = False, parquet_dir: str | None = None, partition: int | None = None,
                    groups: list | None = None) -> tuple:
         opts = ray_options(self.servers[server])
         if groups is not None and all(g is None for g in groups):
             groups = None
-        if query.spec(node).kind == "sink":
+        if self._actor_class(query, node) is SinkActor:
             return self._start(SinkActor, opts, query, node, server, channels, self.conditions, self.t0,
                                self.channel_opts, self.coordinator, self.strict, parquet_dir,
                                label=ReplicaId(node, index, application=True, partition=partition).label,
