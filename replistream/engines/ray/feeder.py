@@ -649,6 +649,11 @@ class Feeder:
         15000000
         """
         with self.lock:
+            if not self.feeding and self.fed_all.is_set():  # (the feed over: ended, or failed)
+                if self.error is not None:
+                    raise RuntimeError(f"the feed failed ({type(self.error).__name__}: {self.error}): no change "
+                                       f"can be placed after it")
+                raise RuntimeError("every source has ended: nothing is left to change")
             if not self.feeding:
                 raise RuntimeError("a running query changes while it is fed: call feed() first (before it, deploy "
                                    "the query you want; once every source has ended, nothing is left to change)")

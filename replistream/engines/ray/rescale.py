@@ -376,7 +376,7 @@ def _resumed_floor(dep, limit: float = 120.0) -> None:
     f = dep.feeder
     deadline = time.time() + limit
     wake = threading.Event()
-    while not f.feeding or f.resumed is None:
+    while f.resumed is None or not (f.feeding or f.fed_all.is_set()):  # (a short rest may be fed whole already)
         if time.time() > deadline or dep.shut_down:
             raise RuntimeError(f"the feed did not resume within {limit:g} s")
         wake.wait(0.001)
