@@ -235,6 +235,9 @@ class Feeder:
         self.seqs: dict[str, int] = {}
         self.open_sources: set[str] = set()
         self.inflight: dict[str, list] = {}
+        #: ``{call: (source, chunk number)}`` of each push in :attr:`inflight` (a replica skipped with
+        #: pushes still queued lacks from the first of them: its peers keep that far back).
+        self.pushed: dict = {}
         self.max_fed: int | None = None
         self.tmax_unknown = False
         self.feeding = False
@@ -367,6 +370,7 @@ class Feeder:
             closed = set() if resume is None else {s for s in sources if resume["at"][s]["closed"]}
             self.open_sources = set(sources) - closed
             self.inflight = {label: [] for label, _ in self.topology.running(ENTRY)}
+            self.pushed = {}
             self.max_fed, self.tmax_unknown = None, False
             if resume is not None:  # behind its peers: it takes what it lacks from them before its next chunk
                 for label, missed in resume["behind"].items():
@@ -524,8 +528,14 @@ class Feeder:
         for label, _ in running:
             if (label not in self.skipped and label not in self.catching and self.suspected(label)
                     and len(self.inflight.get(label, ())) >= self.max_lag):
-                # it stopped answering: its calls would pile up; its peers keep what it misses
-                self.skipped[label] = dict(self._next_seqs(label))
+                # it stopped answering: its calls would pile up; its peers keep what it misses,
+                # from the first push it has not answered yet (one taken after it changes nothing)
+                missed = dict(self._next_seqs(label))
+                for call in self.inflight.get(label, ()):
+                    at = self.pushed.get(call)
+                    if at is not None:
+                        missed[at[0]] = min(missed.get(at[0], at[1]), at[1])
+                self.skipped[label] = missed
                 self.skips.append((time.time() - self.t0, label, "skipped"))
         keep = self._keep_from(src, seq, group)
         sent = False
@@ -535,6 +545,7 @@ class Feeder:
             call = h.push_chunk.remote(src, seq, ref, keep) if start is None else \
                 h.push_chunk.remote(src, seq, ref, keep, start)
             self.inflight.setdefault(label, []).append(call)
+            self.pushed[call] = (src, seq)
             sent = True
         if not sent:
             what = "every entry point replica is dead" if group == ENTRY else \
@@ -602,7 +613,7 @@ class Feeder:
             if not refs:
                 continue
             if not self.topology.is_running(label):
-                refs.clear()
+                self._forget(refs)
                 continue
             ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
             catching = self.catching.get(label)
@@ -615,18 +626,24 @@ class Feeder:
                         self.catching.pop(label, None)
                         ray.kill(self.topology.handle(label), no_restart=True)  # fenced off, as a crash
                         self.on_entry_failed(label, f"could not catch up from a peer entry point: {e}")
-                        refs.clear()
+                        self._forget(refs)
                         break
                     if not is_actor_death(e):
                         raise  # its code refused a chunk: it reported the run's failure; the feed ends here
                     self.catching.pop(label, None)
                     self.on_entry_failed(label, f"entry point died: {type(e).__name__}")  # its peers go on
-                    refs.clear()
+                    self._forget(refs)
                     break
                 if catch_up:
                     self.catching.pop(label, None)
                     self.skips.append((time.time() - self.t0, label, "caught up"))
-                refs.pop(0)
+                self.pushed.pop(refs.pop(0), None)
+
+    def _forget(self, refs: list) -> None:
+        """Drop the calls ``refs`` of one replica from :attr:`inflight` (it died or was fenced)."""
+        for call in refs:
+            self.pushed.pop(call, None)
+        refs.clear()
 
     # -- markers after everything fed (changes at logical times) ------------------------------
     @contextmanager
