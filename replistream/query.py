@@ -479,6 +479,36 @@ class Query:
                 grid = g if grid is None else math.gcd(grid, g)
         return grid
 
+    def release_grid(self, source: str) -> int | None:
+        """Spacing of the punctuations of ``source`` that release output downstream: the time
+        windows' grid (:meth:`window_grid`) and, when an operator downstream acts on every
+        punctuation (a user operator, a count window, an order-sensitive input sorted up to each
+        punctuation, an ordered application), the source's ``punctuate_every`` too (their gcd, as
+        its entry point punctuates). A paced replay ends a piece at each row that raises such a
+        punctuation (:func:`~replistream.sources.window_close_rule`), so batching never holds a
+        result back. None when nothing downstream waits on a punctuation (or none is declared).
+
+        >>> from replistream.operators.keyed import KeyedCount
+        >>> q = Query(); s = q.source("s", {"k": "i8"}, punctuate_every=20)
+        >>> s.window(size=100).sink("a")
+        'a'
+        >>> s.apply(KeyedCount(by="k")).sink("b")
+        'b'
+        >>> q.build().release_grid("s")
+        20
+        """
+        import networkx as nx
+
+        grid = self.window_grid(source)
+        every = self.spec(source).punctuate_every
+        if every is None:
+            return grid
+        for n in nx.descendants(self.graph, source):
+            spec = self.spec(n)
+            if isinstance(spec, (CustomSpec, CountWindowSpec)) or spec.order_sensitive:
+                return int(every) if grid is None else math.gcd(int(every), int(grid))
+        return grid
+
     def build_entry(self, source: str, strict: bool = False, on_malformed: str = "dead_letter") -> EntryLogic:
         """The entry-point logic of ``source``: its declared punctuation policy, plus
         punctuations at the expiry times of downstream time windows. ``on_malformed``:

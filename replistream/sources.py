@@ -196,11 +196,13 @@ def _punctuation_raises(t: np.ndarray, punct: Callable[[np.ndarray], np.ndarray]
 
 
 def window_close_rule(grid: int, max_disorder: int = 0) -> Callable[[np.ndarray], np.ndarray]:
-    """The punctuation a source's entry point has reached, counted on the grid of the window ends
-    downstream only (:meth:`~replistream.query.Query.window_grid`): a function of the running
-    maximum of the timestamps that rises exactly when a row lets a window close. A paced replay
-    ends its pieces at those rows (:func:`paced_pieces`), and only at those: a punctuation that
-    closes nothing (``punctuate_every`` finer than the windows) does not cut a piece.
+    """The punctuation a source's entry point has reached, counted on the grid of the punctuations
+    that release results downstream only (:meth:`~replistream.query.Query.release_grid`: the window
+    ends, or every punctuation when a user operator or a sorted input waits on each): a function of
+    the running maximum of the timestamps that rises exactly when a row lets a result out. A paced
+    replay ends its pieces at those rows (:func:`paced_pieces`), and only at those: a punctuation
+    that releases nothing (``punctuate_every`` finer than the windows, with only windows
+    downstream) does not cut a piece.
 
     >>> rule = window_close_rule(1_000, max_disorder=10)
     >>> rule(np.array([500, 1_009, 1_010, 2_500])).tolist()

@@ -204,13 +204,14 @@ class Ingest:
         return out
 
     def _punctuation_rules(self) -> dict:
-        """Per source with time windows downstream, the rule by which its entry points' punctuation
-        reaches a window's end (:func:`~replistream.sources.window_close_rule`): a paced feed ends a
-        piece at each row that lets a window close, so batching never holds a window back."""
+        """Per source with operators downstream that wait on its punctuations (time windows, user
+        operators, sorted inputs: :meth:`~replistream.query.Query.release_grid`), the rule by which
+        its entry points' punctuation reaches one of them (:func:`~replistream.sources.window_close_rule`):
+        a paced feed ends a piece at each row that releases a result, so batching never holds one back."""
         from ...sources import window_close_rule
 
         query = self.plane.query
-        grids = {src: query.window_grid(src) for src in query.sources}
+        grids = {src: query.release_grid(src) for src in query.sources}
         return {src: window_close_rule(g, query.spec(src).max_disorder) for src, g in grids.items() if g}
 
     def _run_sentinel(self, sentinel: Sentinel) -> None:
