@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .operators.entry import EntryLogic
     from .query import Query
 
-__all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "paced_pieces", "window_close_rule", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
+__all__ = ["ChunkRef", "iter_chunks", "cut_by_time", "paced_pieces", "window_close_rule", "release_rule", "AdaptiveCut", "chunk_time", "chunk_tmax", "needs_stamp", "stamp", "TimeMerge",
            "source_streams", "Sentinel", "Handed", "KillReplica", "StopReplica", "KillServer", "Pause", "Call", "Revive",
            "AddReplica", "Rescale", "inject_at"]
 
@@ -212,6 +212,31 @@ def window_close_rule(grid: int, max_disorder: int = 0) -> Callable[[np.ndarray]
     if grid <= 0:
         raise ValueError(f"window grid must be > 0, got {grid}")
     return lambda m: (np.asarray(m, dtype=np.int64) - d) // grid * grid - 1
+
+
+def release_rule(grid: int, max_disorder: int = 0, min_gap: int = 1,
+                 also: Callable[[np.ndarray], np.ndarray] | None = None) -> Callable[[np.ndarray], np.ndarray]:
+    """The rule by which a paced replay ends its pieces for an operator that acts on every
+    punctuation of the source (:meth:`~replistream.query.Query.release_grid`): the punctuations on
+    ``grid``, but at most one per ``min_gap`` µs of event time (the replay's span: the grid's
+    multiple at or above it), so that fine punctuations never make pieces smaller than the span
+    (each piece is a call to every entry replica); a row that raises it, or ``also`` (a window
+    close rule), ends its piece.
+
+    >>> rule = release_rule(20, min_gap=50)     # punctuations every 20 µs, pieces of 50: every 60 µs
+    >>> rule(np.array([59, 60, 119, 120])).tolist()
+    [-1, 59, 59, 119]
+    >>> both = release_rule(20, min_gap=50, also=window_close_rule(100))
+    >>> (np.diff(both(np.array([59, 60, 99, 100, 119, 120]))) > 0).tolist()
+    [True, False, True, False, True]
+    """
+    grid, gap = int(grid), max(1, int(min_gap))
+    if grid <= 0:
+        raise ValueError(f"punctuation grid must be > 0, got {grid}")
+    coarse = window_close_rule(grid * -(-gap // grid), max_disorder)
+    if also is None:
+        return coarse
+    return lambda m: coarse(m) + also(m)  # (both rise with m: the sum rises whenever either does)
 
 
 def paced_pieces(chunks: Iterator, span: int | Callable[[], int],

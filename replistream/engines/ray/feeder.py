@@ -65,7 +65,7 @@ from ...partition import partition_label
 from ...plan import ENTRY, label_group
 from ...schema import END
 from ...idle import Heartbeat, IdleMerge
-from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, paced_pieces,
+from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, paced_pieces, release_rule,
                         needs_stamp, stamp)
 from .common import is_actor_death
 from .topology import Topology
@@ -254,6 +254,7 @@ class Feeder:
         self.disorder: dict[str, int] = {}
         self.chunk_ms: float | None = None
         self.punct: dict[str, Callable] = {}  # per source, its window ends' rule (a paced piece ends where it rises)
+        self.every: dict[str, tuple[int, int]] = {}  # per source, (grid, max_disorder) of the punctuations that release results
         self.cut: AdaptiveCut | None = None  # the paced replay's batch size (see AdaptiveCut)
         #: Calls a suspected entry replica may have queued before the feeder stops sending to it.
         self.max_lag = MAX_LAG_CHUNKS
@@ -281,13 +282,16 @@ class Feeder:
     def start(self, sources: list[str], inputs: Mapping[str, Any], pace: float | None, chunk_size: int,
               t0: float, idle: Mapping[str, float] | None = None, disorder: Mapping[str, int] | None = None,
               chunk_ms: float | None = None, resume: dict | None = None,
-              punct: Mapping[str, Callable] | None = None) -> None:
+              punct: Mapping[str, Callable] | None = None, every: Mapping[str, tuple[int, int]] | None = None) -> None:
         """Feed ``inputs`` (``{source: input}``, sources in ``sources`` order) in a background
         thread; ``t0`` is the run's start (wall time), ``pace`` event seconds per second (None:
         as fast as the entry points take it; paced, each chunk is cut to span at most ``chunk_ms``
         of wall time, :func:`~replistream.sources.cut_by_time`, each piece ending at a row that
         raises its source's rule in ``punct`` (``{source: rule}``, the window ends downstream:
-        :func:`~replistream.sources.window_close_rule`) and leaving at its last row's time); ``idle`` the idle timeouts (``{source: seconds}``)
+        :func:`~replistream.sources.window_close_rule`) or, for a source in ``every`` (``{source: (grid,
+        max_disorder)}``: an operator downstream acts on each of its punctuations), a punctuation on
+        that grid at most once per piece's span (:func:`~replistream.sources.release_rule`), and
+        leaving at its last row's time); ``idle`` the idle timeouts (``{source: seconds}``)
         and ``disorder`` each source's ``max_disorder`` (see :mod:`replistream.idle`).
 
         ``resume`` (a restored control plane, :mod:`.lifecycle`): ``{"at": {source: {"seq", "rows",
@@ -307,6 +311,7 @@ class Feeder:
         self.idle = dict(idle or {})
         self.chunk_ms = chunk_ms
         self.punct = dict(punct or {})
+        self.every = dict(every or {})
         self.disorder = dict(disorder or {})
         self.thread = threading.Thread(target=self._run, args=(list(sources), dict(inputs), pace, chunk_size),
                                        daemon=True, name="replistream-feeder")
@@ -346,7 +351,10 @@ class Feeder:
             # the deployment falls behind
             k = max(1, len(self.topology.running(ENTRY)) // max(1, self.entry_partitions))
             cut = self.cut = AdaptiveCut(self.chunk_ms * k)
-            iters = {s: paced_pieces(it, lambda: cut.span_us(pace), self.punct.get(s)) for s, it in iters.items()}
+            rules = dict(self.punct)
+            for s, (grid, d) in self.every.items():  # (punctuations that release results, one per span)
+                rules[s] = release_rule(grid, d, cut.span_us(pace), also=rules.get(s))
+            iters = {s: paced_pieces(it, lambda: cut.span_us(pace), rules.get(s)) for s, it in iters.items()}
         with self.lock:
             self.sources = list(sources)
             self.seqs = {s: 0 if resume is None or parts is not None else resume["at"][s]["seq"] for s in sources}

@@ -102,7 +102,7 @@ class Ingest:
         self.plane.faults._broadcast_network()
         disorder = {src: self.plane.query.spec(src).max_disorder for src in self.plane.query.sources}
         self.plane.feeder.start(self.plane.query.sources, inputs, pace, chunk_size, self.plane.t0, idle=idle, disorder=disorder,
-                                chunk_ms=chunk_ms, punct=self._punctuation_rules())
+                                chunk_ms=chunk_ms, punct=self._punctuation_rules(), every=self._release_grids())
         if self.plane._persister is not None:
             # "fed" kept before feed() returns: a host lost after the caller was answered (who then
             # never sends the call again) is followed by one that resumes the feed; the state's
@@ -195,7 +195,7 @@ class Ingest:
         self.plane.feeder.start(self.plane.query.sources, feed["inputs"], feed["pace"], feed["chunk_size"], self.plane.t0,
                                 idle=feed["idle"], disorder={src: self.plane.query.spec(src).max_disorder
                                                              for src in self.plane.query.sources},
-                                chunk_ms=feed["chunk_ms"], punct=self._punctuation_rules(), resume={"at": at, "behind": behind, "ts0": self.plane.ts0,
+                                chunk_ms=feed["chunk_ms"], punct=self._punctuation_rules(), every=self._release_grids(), resume={"at": at, "behind": behind, "ts0": self.plane.ts0,
                                                                    "markers": markers, "parts": split})
         self.plane._markers_in_flight = []
         out = {"at": at, "behind": sorted(behind), "markers_sent": [(src, m.id) for src, m in markers]}
@@ -204,15 +204,28 @@ class Ingest:
         return out
 
     def _punctuation_rules(self) -> dict:
-        """Per source with operators downstream that wait on its punctuations (time windows, user
-        operators, sorted inputs: :meth:`~replistream.query.Query.release_grid`), the rule by which
-        its entry points' punctuation reaches one of them (:func:`~replistream.sources.window_close_rule`):
-        a paced feed ends a piece at each row that releases a result, so batching never holds one back."""
+        """Per source with time windows downstream, the rule by which its entry points' punctuation
+        reaches a window's end (:func:`~replistream.sources.window_close_rule`): a paced feed ends a
+        piece at each row that lets a window close, so batching never holds a window back."""
         from ...sources import window_close_rule
 
         query = self.plane.query
-        grids = {src: query.release_grid(src) for src in query.sources}
+        grids = {src: query.window_grid(src) for src in query.sources}
         return {src: window_close_rule(g, query.spec(src).max_disorder) for src, g in grids.items() if g}
+
+    def _release_grids(self) -> dict:
+        """Per source whose punctuations release results downstream beyond the windows' ends (a user
+        operator, a count window, a sorted input: :meth:`~replistream.query.Query.release_grid`),
+        ``(grid, max_disorder)``: a paced feed also ends a piece at such a punctuation, at most once
+        per piece's span (:func:`~replistream.sources.release_rule`), so a result waits for the rest
+        of its piece at most once per span rather than for a piece more."""
+        query = self.plane.query
+        out = {}
+        for src in query.sources:
+            grid = query.release_grid(src)
+            if grid is not None and grid != query.window_grid(src):
+                out[src] = (int(grid), int(query.spec(src).max_disorder))
+        return out
 
     def _run_sentinel(self, sentinel: Sentinel) -> None:
         if self.plane._persister is not None:  # counted as run before it runs: a restored feed never runs it twice
