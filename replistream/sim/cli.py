@@ -8,6 +8,7 @@
     replistream sim fig5 --out r/ --resume       # kmax rows in parallel; keeps rows done earlier
     replistream sim trace --out t/ --servers 30  # a CSV latency trace
     replistream sim fig4 --quick --parallelism correlate=2 --bits 8   # the Join in 2 key partitions
+    replistream sim fig3 --quick --parallelism entry=2 --parallelism alerts=2   # entry, application partitions
     replistream sim rescale --quick --json       # live rescaling, each strategy, in simulated time
 
 >>> import argparse
@@ -89,9 +90,11 @@ def _fig5(p: argparse.ArgumentParser, hidden: bool = False) -> None:
 
 def _partitions(p: argparse.ArgumentParser, hidden: bool = False) -> None:
     h = (lambda text: argparse.SUPPRESS) if hidden else (lambda text: text)
-    p.add_argument("--parallelism", metavar="OP=P", action="append", default=None,
-                   help=h("run operator OP as P key partitions, each placed and replicated on its own "
-                          "(Algorithm 5 per partition; repeatable, e.g. --parallelism correlate=2)"))
+    p.add_argument("--parallelism", metavar="NODE=P", action="append", default=None,
+                   help=h("run operator NODE as P key partitions, each placed and replicated on its own "
+                          "(Algorithm 5 per partition; repeatable, e.g. --parallelism correlate=2); "
+                          "entry=P runs the entry points as P entry partitions on their servers, alerts=P the "
+                          "application as P partitions spread from its server, as deploy() lays them out"))
     p.add_argument("--bits", type=int, default=None, metavar="B",
                    help=h("a partitioned operator's key space is cut into 2**B bins; P <= 2**B (default 12)"))
 
@@ -108,7 +111,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     f"experiments:\n{listing}\n\n"
                     "Each has its own options: replistream sim <experiment> --help. Every experiment takes\n"
                     "--quick, --seed, --json, --out and --progress; fig5 has its own as well, fig3 and fig4 take\n"
-                    "--parallelism and --bits (partitioned operators), trace has --servers, --days and --step.")
+                    "--parallelism and --bits (partitioned operators, entry points and application), trace has\n"
+                    "--servers, --days and --step.")
     exps = p.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True,
                             help="one of the experiments above")
     for name, text in ABOUT.items():
@@ -164,13 +168,15 @@ def check(args) -> str | None:
         if args.experiment not in PARTITIONED:
             return (f"--parallelism and --bits are {' and '.join(PARTITIONED)}'s options (the experiments that "
                     f"place the query); {args.experiment} runs unpartitioned operators")
-        from replistream.partition import DEFAULT_BITS, parallelism_from_options
-        from replistream.workloads import fig1_query
+        from replistream.cli import CliError, _check_place_parallelism
+        from replistream.partition import DEFAULT_BITS
 
         bits = DEFAULT_BITS if args.bits is None else args.bits
-        try:  # place's checks and one-line messages, on the query every experiment runs (fig1)
-            args.partitions = parallelism_from_options(args.parallelism or [], bits, fig1_query(n_servers=1))
-        except ValueError as e:
+        try:  # place's check and one-line messages, on the query every experiment runs (fig1): operators,
+            # the entry points (entry=P) and the application (alerts=P)
+            args.partitions = _check_place_parallelism(argparse.Namespace(parallelism=args.parallelism, bits=bits,
+                                                                          query="fig1"))
+        except CliError as e:
             return str(e)
     if args.experiment == "trace":
         if not 1 <= args.servers <= 119:

@@ -41,7 +41,10 @@ import numpy as np
 from replistream.engines import run_reference
 from replistream.engines.result import latency_s
 from replistream.network import default_servers
-from replistream.placement import QueryStats, fig1_sources, latency_matrix, min_cost, place, problem_from_query
+from replistream.partition import ENTRY
+from replistream.placement import (QueryStats, application_partition_layout, cost_with_application_partitions,
+                                   entry_partition_layout, fig1_sources, latency_matrix, min_cost, place,
+                                   problem_from_query)
 from replistream.placement.result import Placement
 from replistream.workloads import fig1_inputs, fig1_query
 
@@ -84,10 +87,53 @@ class Setting:
     #: ``{operator: p}``: operators run as ``p`` partitions (issue #41); the problem has a node per partition
     parallelism: dict = field(default_factory=dict)
     bits: int | None = None  # the bins of the partitioned operators' keys (None: the default)
+    #: the entry points' partitions (1: unpartitioned); placed as one node, laid out on its servers
+    entry: int = 1
+    #: ``{application: p}``: applications run as ``p`` partitions, placed as one node and spread from its server
+    applications: dict = field(default_factory=dict)
 
     def base_placement(self) -> Placement:
         """The non-replicated, minimum-cost placement every strategy starts from (§VI-A)."""
         return min_cost(self.problem, 1)
+
+    def partitions(self) -> dict:
+        """Every partitioned node and its partitions, as ``replistream place`` records them: the
+        entry points, the operators, the applications (``{}`` when nothing is partitioned).
+
+        >>> fig1_setting(n_servers=6, monitored=2, duration_s=60, parallelism={"alerts": 2, "entry": 3}).partitions()
+        {'entry': 3, 'alerts': 2}
+        """
+        return {**({ENTRY: self.entry} if self.entry > 1 else {}), **self.parallelism, **self.applications}
+
+    def layout(self, placement: Placement, k: int) -> dict:
+        """Where the entry and application partitions of ``placement`` (of ``k`` replicas) run, laid
+        out from their node's servers as ``deploy()`` and ``replistream place`` lay them out
+        (:mod:`replistream.placement.layout`): ``{"entry.P": servers, "app.P": servers}``.
+
+        >>> st = fig1_setting(n_servers=6, monitored=2, duration_s=60, parallelism={"entry": 2, "alerts": 2})
+        >>> sorted(st.layout(min_cost(st.problem, 2), 2))
+        ['alerts.0', 'alerts.1', 'entry.0', 'entry.1']
+        """
+        plan = placement.plan()
+        return {**entry_partition_layout(plan, self.entry),
+                **application_partition_layout(plan, self.problem.servers, k, self.applications)}
+
+    def plan(self, placement: Placement, k: int) -> dict:
+        """The simulator's plan for ``placement`` (of ``k`` replicas): its plan with each partitioned
+        application's ``"app.P"`` servers (:meth:`layout`), as ``replistream place`` writes it (the entry
+        partitions run on ``plan["entry"]``'s servers)."""
+        plan = placement.plan()
+        plan.update({n: v for n, v in self.layout(placement, k).items() if not n.startswith(f"{ENTRY}.")})
+        return plan
+
+    def costs(self, placement: Placement, k: int) -> tuple[float, float]:
+        """``(network cost, bandwidth)`` of ``placement`` with the applications' partitions where
+        they run (:func:`~replistream.placement.cost_with_application_partitions`); the placement's
+        own when no application is partitioned (entry partitions do not change them)."""
+        if not self.applications:
+            return placement.network_cost, placement.bandwidth
+        return cost_with_application_partitions(self.problem, placement.replicas, self.layout(placement, k),
+                                                self.applications)
 
 
 def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3600.0, seed: int = 0,
@@ -98,7 +144,10 @@ def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3
 
     ``parallelism``: ``{operator: p}`` runs those operators as ``p`` key partitions (issue #41):
     the placement problem has one node per partition (``"op.P"``, Algorithm 5 per partition),
-    and the setting's runs (:func:`_simulate`) route tuples to them. ``loads``: the load of one
+    and the setting's runs (:func:`_simulate`) route tuples to them. ``"entry": p`` runs the entry
+    points as ``p`` entry partitions and ``app: p`` an application as ``p`` partitions: each is
+    placed as one node and its partitions laid out from it as ``deploy()`` does
+    (:meth:`Setting.layout`), checked as ``replistream place`` checks them. ``loads``: the load of one
     replica of each node, in server capacities (default none: the paper's experiments place by
     network cost only); a partition carries ``1/p`` of its operator's.
 
@@ -135,10 +184,30 @@ def fig1_setting(n_servers: int = 30, monitored: int = 30, duration_s: float = 3
     stats = QueryStats.from_run(q, test_run, 600.0, loads=loads)
     rates = dict(stats.rates)
     sources = fig1_sources(q, servers)
+    entry, operators, apps = _split_parallelism(q, parallelism, bits)
     problem = problem_from_query(q, servers, latency_matrix(net, net.names), stats, sources=sources,
-                                 parallelism=parallelism, bits=bits)
+                                 parallelism=operators, bits=bits)
     return Setting(servers, net, q, inputs, sources, problem, duration_s, rates, dict(problem.parallelism),
-                   problem.bits)
+                   problem.bits, entry, apps)
+
+
+def _split_parallelism(query, parallelism: dict | None, bits: int | None) -> tuple[int, dict | None, dict]:
+    """``(entry partitions, {operator: p}, {application: p})`` of ``parallelism``: the entry points
+    and the applications checked here (a one-line error naming the mistake), the operators by
+    :func:`~replistream.placement.problem_from_query`.
+
+    >>> _split_parallelism(fig1_query(1), {"entry": 2, "correlate": 2, "alerts": 1}, None)
+    (2, {'correlate': 2}, {})
+    """
+    from replistream.partition import DEFAULT_BITS, check_parallelism, entry_parallelism
+
+    entry, rest = entry_parallelism(parallelism)
+    if rest is None:
+        return entry, None, {}
+    apps = {n: p for n, p in rest.items() if n in query.sinks}
+    operators = {n: p for n, p in rest.items() if n not in apps}
+    apps = check_parallelism(query, apps, DEFAULT_BITS if bits is None else bits, applications=True) if apps else {}
+    return entry, operators, apps
 
 
 def random_extension(problem, base: Placement, k: int, seed: int = 0) -> Placement:
@@ -164,9 +233,22 @@ def random_extension(problem, base: Placement, k: int, seed: int = 0) -> Placeme
     return Placement(problem, reps, "random", {"k": k, "seed": seed, "base": base.strategy})
 
 
+def _hours(simulated_hours) -> float:
+    """``simulated_hours`` checked: a finite number > 0 (a one-line ``ValueError`` otherwise).
+
+    >>> _hours(0.5)
+    0.5
+    """
+    if not (simulated_hours > 0 and math.isfinite(simulated_hours)):
+        raise ValueError(f"simulated_hours must be a finite number > 0, got {simulated_hours!r}")
+    return float(simulated_hours)
+
+
 def _simulate(setting: Setting, plan: dict, progress: bool = False, **kw):
-    if setting.parallelism:
-        kw = {"parallelism": setting.parallelism, "bits": setting.bits, **kw}
+    """One simulated run of ``setting`` on ``plan`` (with its applications' partitions:
+    :meth:`Setting.plan`), every partition of the setting run."""
+    if setting.partitions():
+        kw = {"parallelism": setting.partitions(), "bits": setting.bits, **kw}
     sim = Simulator(setting.query, plan, setting.network, sources=setting.sources, **kw)
     return sim.run(setting.inputs, progress=progress)
 
@@ -195,14 +277,14 @@ def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     simulated hours. Quick: 30 servers, 5 monitored, 30 simulated minutes.
     ``simulated_hours``, when given, replaces the scale's simulated time (the tests run a shorter quick run).
     ``parallelism``: ``{operator: p}`` runs the query with partitioned operators, every strategy
-    placing each partition's replicas, their keys cut into ``2**bits`` bins (:func:`fig1_setting`; issue #41).
-    Every run's output is checked against the reference.
+    placing each partition's replicas, their keys cut into ``2**bits`` bins (:func:`fig1_setting`; issue #41);
+    ``"entry": p`` and ``{application: p}`` run entry and application partitions, laid out from
+    their node's servers as ``deploy()`` does (each row's ``partitions``; the ratios cost the
+    applications' partitions where they run). Every run's output is checked against the reference.
     """
     monitored, hours = (5, 0.5) if quick else (10, 6.0)
     if simulated_hours is not None:
-        if not (simulated_hours > 0 and math.isfinite(simulated_hours)):
-            raise ValueError(f"simulated_hours must be a finite number > 0, got {simulated_hours!r}")
-        hours = float(simulated_hours)
+        hours = _hours(simulated_hours)
     st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, parallelism=parallelism, bits=bits)
     ref = run_reference(st.query, st.inputs)
     base = st.base_placement()
@@ -214,16 +296,22 @@ def fig4(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
                 pl = base if k == 1 else min_cost(st.problem, k)
             else:
                 pl = place(st.problem, k, "random", seed=seed)
-            res = _simulate(st, pl.plan(), progress=progress and f"fig4 {strategy} kmax={k}")
+            plan = st.plan(pl, k)
+            res = _simulate(st, plan, progress=progress and f"fig4 {strategy} kmax={k}")
             _check_exact(st, res, ref)
             lat = np.concatenate([res.latencies(a)[1] for a in st.query.sinks])
             rel = pl.relative_to(base)
+            cost = pl.network_cost
+            if st.applications:  # the applications' input reaches each partition where it runs (as place says)
+                (cost, bandwidth), (base_cost, base_bandwidth) = st.costs(pl, k), st.costs(base, 1)
+                rel = {"bandwidth": bandwidth / base_bandwidth, "network_cost": cost / base_cost}
             rows.append({"strategy": strategy, "k": k, "tuples": int(lat.size),
                          "ccdf": dict(zip(map(str, CCDF_POINTS), ccdf(lat))),
                          "p50_s": float(np.median(lat)), "p99_s": float(np.percentile(lat, 99)),
                          "p999_s": float(np.percentile(lat, 99.9)), "max_s": float(lat.max()),
                          "bandwidth_ratio": rel["bandwidth"], "cost_ratio": rel["network_cost"],
-                         "network_cost": pl.network_cost, "plan": pl.plan(), "wall_s": time.time() - t0})
+                         "network_cost": cost, "plan": plan, **_row_partitions(st, pl, k),
+                         "wall_s": time.time() - t0})
     data = {"experiment": "fig4", "quick": quick, "seed": seed, "servers": 30, "monitored": monitored,
             **_partitioned(st), "simulated_hours": hours, "ccdf_points_s": list(CCDF_POINTS), "rows": rows,
             "paper": {"min-cost": {"3": "all latencies < 1 s at (6.67x, 10.99x)"},
@@ -270,7 +358,7 @@ def _plot_fig4(data: dict, path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("P(latency > x)")
     fig.suptitle(f"Fig. 4: end-to-end latency, {data['simulated_hours']:g} simulated hours, "
-                 f"{data['monitored']} monitored servers")
+                 f"{data['monitored']} monitored servers{_parts_title(data)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -290,12 +378,26 @@ def _binned(t: np.ndarray, lat: np.ndarray, width: float) -> list[dict]:
 
 
 def _partitioned(st: Setting) -> dict:
-    """The record's ``parallelism`` and ``bits`` when the setting partitions operators (else nothing)."""
-    return {"parallelism": dict(st.parallelism), "bits": st.bits} if st.parallelism else {}
+    """The record's ``parallelism`` (every partitioned node: ``{"entry": p, op: p, app: p}``) when the
+    setting partitions any, and ``bits`` when it partitions operators by key (else nothing)."""
+    return {**({"parallelism": st.partitions()} if st.partitions() else {}),
+            **({"bits": st.bits} if st.parallelism else {})}
+
+
+def _parts_title(data: dict) -> str:
+    """A plot title's note of the partitions that ran (``""`` unpartitioned)."""
+    return f"; partitioned: {_parts_text(data)}" if data.get("parallelism") else ""
+
+
+def _row_partitions(st: Setting, placement: Placement, k: int) -> dict:
+    """A row's ``partitions``: where the entry and application partitions ran (``{"entry.P":
+    servers, "app.P": servers}``, :meth:`Setting.layout`), when there are any."""
+    layout = st.layout(placement, k)
+    return {"partitions": layout} if layout else {}
 
 
 def fig3(quick: bool = False, seed: int = 0, out: str | None = None, progress: bool = False,
-         parallelism: dict | None = None, bits: int | None = None) -> dict:
+         parallelism: dict | None = None, bits: int | None = None, simulated_hours: float | None = None) -> dict:
     """Fig. 3: end-to-end latency over time for kmax = 1, 2, 3 (min-cost deployment, Hwang §VI-C).
 
     The paper ran three engines per server, one per degree of replication, on
@@ -304,23 +406,29 @@ def fig3(quick: bool = False, seed: int = 0, out: str | None = None, progress: b
     Quick: 5 monitored, 20 simulated minutes. Reports mean, standard deviation
     and tail per kmax, and a per-minute series (mean, max) for the plot.
     ``parallelism``: ``{operator: p}`` runs those operators as ``p`` key partitions of
-    ``2**bits`` bins, each partition placed with k replicas (:func:`fig1_setting`; issue #41).
+    ``2**bits`` bins, each partition placed with k replicas (:func:`fig1_setting`; issue #41);
+    ``"entry": p`` and ``{application: p}`` run entry and application partitions, laid out from
+    their node's servers as ``deploy()`` does (each row's ``partitions``).
+    ``simulated_hours``, when given, replaces the scale's simulated time (as :func:`fig4`'s).
     """
     monitored, hours = (5, 1 / 3) if quick else (10, 3.0)
+    if simulated_hours is not None:
+        hours = _hours(simulated_hours)
     st = fig1_setting(30, monitored, hours * 3600.0, seed=seed, parallelism=parallelism, bits=bits)
     ref = run_reference(st.query, st.inputs)
     rows = []
     for k in (1, 2, 3):
         t0 = time.time()
         pl = min_cost(st.problem, k)
-        res = _simulate(st, pl.plan(), progress=progress and f"fig3 min-cost kmax={k}")
+        res = _simulate(st, st.plan(pl, k), progress=progress and f"fig3 min-cost kmax={k}")
         _check_exact(st, res, ref)
         arr, lat = res.latencies(st.query.sinks[0])
         order = np.argsort(arr, kind="stable")
         arr, lat = arr[order], lat[order]
         rows.append({"k": k, "tuples": int(lat.size), "mean_s": float(lat.mean()), "std_s": float(lat.std()),
                      "p50_s": float(np.median(lat)), "p99_s": float(np.percentile(lat, 99)),
-                     "max_s": float(lat.max()), "series": _binned(arr, lat, 60.0), "wall_s": time.time() - t0})
+                     "max_s": float(lat.max()), "series": _binned(arr, lat, 60.0), **_row_partitions(st, pl, k),
+                     "wall_s": time.time() - t0})
     data = {"experiment": "fig3", "quick": quick, "seed": seed, "servers": 30, "monitored": monitored,
             **_partitioned(st), "simulated_hours": hours, "rows": rows,
             "paper": "the average as well as the variance of latency decrease as more replicas are deployed"}
@@ -340,7 +448,8 @@ def _plot_fig3(data: dict, path: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("time (hour)")
     ax.set_ylabel("latency (s)")
-    ax.set_title(f"Fig. 3: latency over time, {data['monitored']} monitored of 30 servers, min-cost")
+    ax.set_title(f"Fig. 3: latency over time, {data['monitored']} monitored of 30 servers, min-cost"
+                 f"{_parts_title(data)}")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -1357,8 +1466,16 @@ def table(data: dict) -> str:
     ...     "p99_s": 0.2, "max_s": 0.3, "bandwidth_ratio": 1.0, "cost_ratio": 1.0, "ccdf": {"1.0": 0.0}}]}))
     strategy  k    p50 s   p99 s   max s  P(>1 s)  bandwidth  cost
     min-cost  1    0.100   0.200   0.300  0            1.00x    1.00x
+
+    A partitioned run ends with the partitions that ran, per node (fig3 and fig4 ``--parallelism``).
     """
-    return _TABLES[data["experiment"]](data)
+    text = _TABLES[data["experiment"]](data)
+    if data.get("parallelism"):
+        text += f"\npartitions per node: {_parts_text(data)}"
+        if any(r.get("partitions") for r in data.get("rows", ())):
+            text += (" (entry.P on the entry points' servers, app.P spread from the application's server: "
+                     "--json rows' partitions)")
+    return text
 
 
 def _table_fig4(data: dict) -> str:
@@ -1382,9 +1499,20 @@ def verdict(data: dict) -> str:
     """
     line = _VERDICTS[data["experiment"]](data)
     if data.get("parallelism"):  # a partitioned run says so (replistream sim fig4 --parallelism ...)
-        parts = ", ".join(f"{op} in {p}" for op, p in data["parallelism"].items())
-        line += f" [partitioned: {parts} ({2 ** data['bits']} bins)]"
+        line += f" [partitioned: {_parts_text(data)}]"
     return line
+
+
+def _parts_text(data: dict) -> str:
+    """What ran partitioned, node by node, with the key bins when operators are partitioned by key.
+
+    >>> _parts_text({"parallelism": {"entry": 2, "correlate": 2}, "bits": 4})
+    'entry in 2, correlate in 2 (16 bins)'
+    >>> _parts_text({"parallelism": {"alerts": 3}})
+    'alerts in 3'
+    """
+    parts = ", ".join(f"{node} in {p}" for node, p in data["parallelism"].items())
+    return parts + (f" ({2 ** data['bits']} bins)" if data.get("bits") is not None else "")
 
 
 def _verdict_fig4(data: dict) -> str:

@@ -1,5 +1,6 @@
 """`replistream sim fig3|fig4 --parallelism OP=P [--bits B]` (issue #41 point 5): the simulator runs
-the query with partitioned operators, checked with `replistream place --parallelism`'s messages."""
+the query with partitioned operators, checked with `replistream place --parallelism`'s messages.
+Entry and application partitions (`entry=P`, `alerts=P`): tests/cli/test_sim_cli_entry_app.py."""
 from __future__ import annotations
 
 import json
@@ -34,20 +35,6 @@ def test_mistakes_are_place_s_one_line_messages_before_any_simulation(args, caps
         assert run([exp, "--quick", *args]) == 2
         err = capsys.readouterr().err.strip()
         assert err == f"replistream sim {exp}: error: {message}", err
-
-
-@pytest.mark.parametrize("args, says", [
-    (["--parallelism", "entry=2"], "the entry points are not partitioned here"),
-    (["--parallelism", "alerts=2"], "'alerts' is an application, which is not partitioned here"),
-])
-def test_the_simulator_refuses_entry_and_application_partitions_in_one_line(args, says, capsys, monkeypatch):
-    """`replistream place` lays out entry and application partitions (placement/layout.py), and
-    `Simulator(...)` runs them; the paper's experiments fig3 and fig4 place operators only, and
-    say so in one line before any simulation."""
-    monkeypatch.setattr(experiments, "fig1_setting", lambda *a, **k: pytest.fail("the simulation started"))
-    assert sim_main(["fig4", "--quick", *args]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("replistream sim fig4: error: --parallelism: ") and says in err and "\n" not in err, err
 
 
 @pytest.mark.parametrize("exp", ["fig2", "fig5", "table1"])
