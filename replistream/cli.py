@@ -262,29 +262,13 @@ def _check_place_parallelism(args) -> dict[str, int]:
     ...                                                     "--parallelism", "alerts=3"]))
     {'entry': 2, 'alerts': 3}
     """
-    from .partition import ENTRY, check_parallelism, entry_parallelism, parallelism_from_options
+    from .partition import node_parallelism_from_options
 
     query = _place_query(args) if args.parallelism else None
-    apps = set(query.sinks) if query is not None else set()
-    operators, others = [], {}
-    for item in args.parallelism or []:
-        name, sep, p = item.partition("=")
-        if name != ENTRY and name not in apps:
-            operators.append(item)
-            continue
-        if not sep or not p.strip().lstrip("-").isdigit():
-            raise CliError(f"--parallelism takes NODE=PARTITIONS, e.g. --parallelism {name}=2; got {item!r}")
-        if name in others:
-            raise CliError(f"--parallelism names {name!r} twice; give each node once")
-        others[name] = int(p)
-    try:  # (--bits checked even without --parallelism)
-        out = parallelism_from_options(operators, args.bits, query)
-        entry, others = entry_parallelism(others)
-        out.update(check_parallelism(query, others, args.bits, applications=True) if others else {})
+    try:
+        return node_parallelism_from_options(args.parallelism, args.bits, query)
     except ValueError as e:
-        msg = str(e)
-        raise CliError(msg if msg.startswith("--") else f"--parallelism: {msg.removeprefix('parallelism: ')}") from None
-    return {**({ENTRY: entry} if entry > 1 else {}), **out}
+        raise CliError(str(e)) from None
 
 
 def check_reconfigure(args) -> None:

@@ -489,3 +489,40 @@ def parallelism_from_options(items, bits: int, query) -> dict[str, int]:
         msg = msg[len("parallelism: "):] if msg.startswith("parallelism: ") else msg
         more = " (or raise --bits)" if " bins (2**" in msg else ""
         raise ValueError(f"--parallelism: {msg}{more}") from None
+
+
+def node_parallelism_from_options(items, bits: int, query) -> dict[str, int]:
+    """The command lines' ``--parallelism NODE=P`` (repeatable: ``items``) and ``--bits B``, where
+    NODE is an operator (:func:`parallelism_from_options`), ``entry`` (the entry points'
+    partitions) or one of ``query``'s applications (its partitions): ``{node: p}`` with ``p >= 2``
+    (one partition is the node as it is); any mistake a one-line ``ValueError`` naming the option
+    and the fix (``replistream place`` and ``replistream sim fig3/fig4`` print it as their error).
+
+    >>> from replistream.workloads import fig1_query
+    >>> node_parallelism_from_options(["entry=2", "alerts=3", "correlate=2"], 4, fig1_query(n_servers=1))
+    {'entry': 2, 'correlate': 2, 'alerts': 3}
+    >>> node_parallelism_from_options(["alerts=two"], 4, fig1_query(n_servers=1))
+    Traceback (most recent call last):
+    ...
+    ValueError: --parallelism takes NODE=PARTITIONS, e.g. --parallelism alerts=2; got 'alerts=two'
+    """
+    apps = set(query.sinks) if query is not None else set()
+    operators, others = [], {}
+    for item in items or ():
+        name, sep, p = item.partition("=")
+        if name != ENTRY and name not in apps:
+            operators.append(item)
+            continue
+        if not sep or not p.strip().lstrip("-").isdigit():
+            raise ValueError(f"--parallelism takes NODE=PARTITIONS, e.g. --parallelism {name}=2; got {item!r}")
+        if name in others:
+            raise ValueError(f"--parallelism names {name!r} twice; give each node once")
+        others[name] = int(p)
+    out = parallelism_from_options(operators, bits, query)  # (--bits checked even without --parallelism)
+    try:
+        entry, others = entry_parallelism(others)
+        out.update(check_parallelism(query, others, bits, applications=True) if others else {})
+    except (QueryError, ValueError) as e:
+        msg = str(e)
+        raise ValueError(msg if msg.startswith("--") else f"--parallelism: {msg.removeprefix('parallelism: ')}") from None
+    return {**({ENTRY: entry} if entry > 1 else {}), **out}

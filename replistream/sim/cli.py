@@ -168,15 +168,14 @@ def check(args) -> str | None:
         if args.experiment not in PARTITIONED:
             return (f"--parallelism and --bits are {' and '.join(PARTITIONED)}'s options (the experiments that "
                     f"place the query); {args.experiment} runs unpartitioned operators")
-        from replistream.cli import CliError, _check_place_parallelism
-        from replistream.partition import DEFAULT_BITS
+        from replistream.partition import DEFAULT_BITS, node_parallelism_from_options
+        from replistream.workloads import fig1_query
 
         bits = DEFAULT_BITS if args.bits is None else args.bits
         try:  # place's check and one-line messages, on the query every experiment runs (fig1): operators,
             # the entry points (entry=P) and the application (alerts=P)
-            args.partitions = _check_place_parallelism(argparse.Namespace(parallelism=args.parallelism, bits=bits,
-                                                                          query="fig1"))
-        except CliError as e:
+            args.partitions = node_parallelism_from_options(args.parallelism, bits, fig1_query(n_servers=1))
+        except ValueError as e:
             return str(e)
     if args.experiment == "trace":
         if not 1 <= args.servers <= 119:
