@@ -66,11 +66,16 @@ def test_demo_rejects_bad_k():
 
 # failure_injection.py takes arguments (test below); spark_pipeline.py runs in tests/spark/test_spark.py in this
 # process's shared Ray and Spark sessions (a subprocess would start Spark again: +20 s)
+#: Examples run with a smaller setting than their default (the suite's time on two cores).
+SMALLER = {"placement_tuning.py": ("--servers", "10", "--kmax", "3", "--seeds", "5")}
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")
                                            if p.name not in ("failure_injection.py", "spark_pipeline.py")))
 @pytest.mark.slow
 def test_example_runs(script, joined):
-    out = run(sys.executable, str(ROOT / "examples" / script), env=joined)
+    args = SMALLER.get(script, ())  # (the example's own smaller setting, from its usage lines: every phase still runs)
+    out = run(sys.executable, str(ROOT / "examples" / script), *args, env=joined)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip()
     assert "identical to the ideal run" in out.stdout
