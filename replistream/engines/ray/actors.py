@@ -59,7 +59,7 @@ from ...sinks import SinkWriter
 from . import gcpause, lockorder, metrics_export
 from .channels import NO_ACK, Link, Outbox, Sender
 from .moving import MovingBins
-from .common import failure_record
+from .common import failure_record, warm_lazy_imports
 
 #: Punctuation rises each replica remembers for :meth:`_Base.punctuation_times` (in and out each).
 PUNCT_TIMES = 4096
@@ -121,6 +121,7 @@ class _Base:
         # Python's garbage collector: pauses measured (stats()["gc"]), young collections rarer,
         # everything built so far frozen out of later collections (gcpause.py, issue #42)
         self.gc_watch = gcpause.watch()
+        warm_lazy_imports()  # (numpy's lazy imports paid here, not on the data thread at a first snapshot)
         gcpause.settle(collect=True)  # before any data flows: no garbage (a pooled life's) frozen for good
 
     def _punct_times(self, started: float, before: int, after: int, out: list) -> None:
