@@ -329,6 +329,23 @@ class KeyedState:
         counts = np.bincount(bin_of(h, bits), minlength=1 << bits) if len(h) else np.zeros(1 << bits, np.int64)
         return h, {c: a[r] for c, a in self.cols.items()}, np.r_[0, np.cumsum(counts)].astype(np.int64)
 
+    def _holds_any(self, bins: np.ndarray, bits: int) -> bool:
+        """Whether some row lies in ``bins`` (at ``2**bits`` bins): two binary searches per bin and
+        run of the index, not a pass over every row. A receiver installs each step of a transfer
+        into a state that holds none of its bins; a pass over its rows per step made the steps
+        cost the state's size each (1.1 s of a fluid 2^12-bin move of a million keys).
+
+        >>> st = KeyedState({"n": "i8"}, bits=1)
+        >>> _ = st.upsert(np.array([5], dtype=np.uint64))
+        >>> st._holds_any(np.array([0]), 1), st._holds_any(np.array([1]), 1)
+        (True, False)
+        """
+        for rh, _ in self._runs:
+            lo, hi = bin_ranges(rh, bits, bins)
+            if bool((hi > lo).any()):
+                return True
+        return False
+
     def replace_bins(self, bins: Iterable[int], hashes: np.ndarray, cols: Mapping[str, np.ndarray],
                      bits: int | None = None) -> None:
         """Make bins ``bins`` hold exactly the given rows (an incremental checkpoint's delta, or a
@@ -336,7 +353,7 @@ class KeyedState:
         bits = self.bits if bits is None else int(bits)
         hashes = np.asarray(hashes, dtype=np.uint64)
         chosen = np.asarray(list(bins), dtype=np.int64)
-        if len(chosen) and self._n:
+        if len(chosen) and self._n and self._holds_any(chosen, bits):  # (a transfer's step: it holds none)
             drop = np.zeros(1 << bits, dtype=bool)
             drop[chosen] = True
             keep = ~drop[bin_of(self.hash, bits)]

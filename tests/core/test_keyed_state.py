@@ -116,3 +116,36 @@ def test_updates_never_copy_the_whole_state_once_it_stops_growing():
     pick = np.concatenate([np.arange(off[b], off[b + 1]) for b in some])
     assert np.array_equal(h_bins, h_all[pick]) and np.array_equal(c_bins["n"], c_all["n"][pick])
     assert int(c_all["n"].sum()) == 40 * 2000
+
+
+def test_installing_bins_the_state_does_not_hold_reads_none_of_its_rows(monkeypatch):
+    """A transfer's receiver installs each step into a state that holds none of the step's bins:
+    ``replace_bins`` looked up the bin of every row it held first (``bin_of`` over the whole
+    state, per step), so a fluid move of 4,096 one-bin steps into a million keys spent 1.1 s of
+    its receiver's CPU there (py-spy, ``bench/migration.py``), taken from the live path on two
+    cores. Now the index says whether any row lies in those bins; rows are read only when some do,
+    and the result is the same."""
+    import replistream.operators.keyed as keyed
+
+    rng = np.random.default_rng(9)
+    keys = rng.permutation(2**16).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    state = KeyedState({"n": "i8"}, bits=8)
+    held = bin_of(keys[:500], 8)
+    free = np.setdiff1d(np.arange(256), held)[:3]
+    state.upsert(keys[:500])
+    passes = []
+    real = keyed.bin_of
+    monkeypatch.setattr(keyed, "bin_of", lambda h, b: (passes.append(len(h)), real(h, b))[1])
+    assert len(free) and not state._holds_any(free, 8)
+    incoming = keys[500:][np.isin(bin_of(keys[500:], 8), free)][:50]
+    state.replace_bins(free, incoming, {"n": np.ones(len(incoming), dtype=np.int64)}, bits=8)
+    assert len(state) == 500 + len(incoming) and len(incoming)
+    assert max(passes, default=0) < len(state) - len(incoming), passes  # no pass over the rows it held
+    # bins it holds: their rows are replaced, as before
+    some = np.unique(held)[:2]
+    mine = keys[:500][np.isin(held, some)]
+    passes.clear()
+    state.replace_bins(some, mine[:1], {"n": np.full(1, 7, dtype=np.int64)}, bits=8)
+    assert max(passes) >= 500  # (it looked at the rows: some were in those bins)
+    assert len(state) == 500 + len(incoming) - len(mine) + 1
+    assert int(state.cols["n"][state.locate(mine[:1])[0]]) == 7 and (state.locate(mine[1:]) == -1).all()
