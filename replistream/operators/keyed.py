@@ -332,8 +332,9 @@ class KeyedState:
     def _holds_any(self, bins: np.ndarray, bits: int) -> bool:
         """Whether some row lies in ``bins`` (at ``2**bits`` bins): two binary searches per bin and
         run of the index, not a pass over every row. A receiver installs each step of a transfer
-        into a state that holds none of its bins; a pass over its rows per step made the steps
-        cost the state's size each (1.1 s of a fluid 2^12-bin move of a million keys).
+        into a state that holds none of its bins: the step then costs its own rows, not also a
+        look at every row the receiver holds so far. (Not what makes a fluid move's receiver busy:
+        py-spy puts that in :meth:`_append`, in storage growth and copies of merged parts.)
 
         >>> st = KeyedState({"n": "i8"}, bits=1)
         >>> _ = st.upsert(np.array([5], dtype=np.uint64))

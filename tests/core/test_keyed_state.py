@@ -121,10 +121,9 @@ def test_updates_never_copy_the_whole_state_once_it_stops_growing():
 def test_installing_bins_the_state_does_not_hold_reads_none_of_its_rows(monkeypatch):
     """A transfer's receiver installs each step into a state that holds none of the step's bins:
     ``replace_bins`` looked up the bin of every row it held first (``bin_of`` over the whole
-    state, per step), so a fluid move of 4,096 one-bin steps into a million keys spent 1.1 s of
-    its receiver's CPU there (py-spy, ``bench/migration.py``), taken from the live path on two
-    cores. Now the index says whether any row lies in those bins; rows are read only when some do,
-    and the result is the same."""
+    state, per step), a cost in the receiver's size for each of up to 4,096 steps. Now the index
+    says whether any row lies in those bins; rows are read only when some do, and the result is
+    the same."""
     import replistream.operators.keyed as keyed
 
     rng = np.random.default_rng(9)
