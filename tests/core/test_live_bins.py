@@ -309,3 +309,34 @@ def test_a_step_of_one_bin_reads_only_that_bin():
         assert calls == [], calls
         assert 0 < sum(int(o[-1]) for o in logic.checkpoint(8).offsets.values())
         assert st_.nonempty_bins().tolist() in ([], [17])
+
+
+def test_a_receiver_merges_each_steps_bins_into_its_state_once(monkeypatch):
+    """A staged receiver whose logic installs bins in place (live bins, no sorter) merges every part
+    that can into its largest at once, so each moved row is appended about twice (its step's part,
+    then the running state), not once per doubling of a binary counter of parts: a fluid move of
+    a million keys in 4,096 steps kept the receiver busy for most of the move in
+    ``KeyedState._append`` (py-spy, ``bench/migration.py``). Output and state are unchanged."""
+    from replistream.operators.keyed import KeyedState
+
+    q, node = build("keyed")
+    inputs = records("keyed", 11, 3000, 2000)
+    items = items_of(q, inputs, np.random.default_rng(11))
+    peer = ReplicaCore(q, node, channels=[1], retain=True)
+    for port, it in items:
+        peer.process(port, 0, it)
+    bits = 8
+    new = StagedReplica(q, node, channels=[1], bits=bits)
+    appended = []
+    real = KeyedState._append
+    monkeypatch.setattr(KeyedState, "_append", lambda self, h, v: (appended.append(len(h)), real(self, h, v))[1])
+    steps = list(plan_transfer("fluid", bits, 1, splittable(q, node)))
+    for bins in steps:
+        new.install_step(peer.checkpoint(bits, bins), bins)
+    assert new.complete and len(steps) == 1 << bits
+    rows = len(peer.logic.state)
+    assert rows > 1000 and new.stats()["live_merges"] == new.stats()["merges"] >= 1
+    assert sum(appended) <= 2.5 * rows, (sum(appended), rows)  # (binary-counter merging: about 5x here)
+    h_new, c_new, _ = new.core.logic.state.snapshot()
+    h_old, c_old, _ = peer.logic.state.snapshot()
+    assert np.array_equal(h_new, h_old) and all(np.array_equal(c_new[c], c_old[c]) for c in c_old)
