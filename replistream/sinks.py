@@ -220,6 +220,31 @@ class ParquetSink:
         return found if p >= 1 and sorted(found) == list(range(p)) else None
 
     # -- after the run ----------------------------------------------------------------------------
+    def remove_temp_files(self, labels) -> list[str]:
+        """Remove the hidden files that the replicas ``labels`` (e.g. ``"pos.1#0"``) left half
+        written in the folder: a replica lost while it wrote a file never links or removes it. Call
+        it only for replicas that no longer run. :meth:`read` ignores such files either way. Returns
+        the names removed.
+
+        >>> import tempfile
+        >>> sink = ParquetSink(tempfile.mkdtemp())
+        >>> open(os.path.join(sink.path, ".out-0-part-0000000000000.parquet.tmp"), "w").close()
+        >>> sink.remove_temp_files(["out#0"]), sink.remove_temp_files(["out#0"])
+        (['.out-0-part-0000000000000.parquet.tmp'], [])
+        """
+        prefixes = tuple(f".{label.replace('#', '-')}-" for label in labels)
+        gone = []
+        if not prefixes or not os.path.isdir(self.path):
+            return gone
+        for name in sorted(os.listdir(self.path)):
+            if name.startswith(prefixes) and _TMP.fullmatch(name):
+                try:
+                    os.unlink(os.path.join(self.path, name))
+                    gone.append(name)
+                except FileNotFoundError:
+                    pass  # (removed meanwhile: nothing left to remove)
+        return gone
+
     def complete(self) -> bool:
         """Whether the folder holds a finished run: the completion marker is there (for a
         partitioned application: every partition's marker, ``_SUCCESS-p<P>``, which the replica
