@@ -404,11 +404,10 @@ class Results:
         end = max((float(a.max()) for a in arrivals.values() if len(a)), default=0.0)  # the last tuple's arrival
         stats = {"handed_off": handed} if handed else {}
         if self.plane.file_sinks:  # what each ParquetSink holds (its marker's manifest once complete)
+            topo = self.plane.topology
+            lost = [label for label, running in topo.alive().items() if not running]
             for app, sink in self.plane.file_sinks.items():  # what its lost replicas left half written
-                topo = self.plane.topology
-                lost = [label for label, running in topo.alive().items()
-                        if not running and topo.replica(label).operator == app]
-                gone = sink.remove_temp_files(lost)
+                gone = sink.remove_temp_files([label for label in lost if topo.replica(label).operator == app])
                 if gone:
                     self.plane.events.append({"t": self.plane.now(), "event": "temp_files_removed",
                                               "application": app, "files": gone})
