@@ -39,3 +39,25 @@ def test_without_thawing_a_frozen_cycle_would_stay():
     finally:
         gc.unfreeze()
         gc.collect()
+
+
+def test_a_setup_after_a_life_that_froze_nothing_more_keeps_the_frozen_generation():
+    """A warm spare never fed froze nothing after its set-up: reinit does not thaw it, so the next
+    set-up's full collection walks only the objects made since (the pause of taking a spare while
+    data flows). A life that installed a state (froze more) is thawed, as before."""
+    try:
+        gcpause.settle(collect=True)  # a spare's set-up
+        at_setup = gcpause.frozen()
+        before = dict(gcpause.THAWS)
+        assert gcpause.thaw(since=at_setup) is False
+        assert gcpause.frozen() == at_setup
+        life = _Cycle()
+        ref = weakref.ref(life)
+        gcpause.settle()  # a later install froze more: that life must be thawed
+        del life
+        assert gcpause.thaw(since=at_setup) is True
+        gcpause.settle(collect=True)
+        assert ref() is None
+        assert gcpause.THAWS == {"thawed": before["thawed"] + 1, "kept": before["kept"] + 1}
+    finally:
+        gc.unfreeze()

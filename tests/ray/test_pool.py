@@ -150,6 +150,10 @@ def test_a_warm_spare_takes_a_revived_replica_and_the_run_stays_exact():
         assert ev["new_replicas"] and pool.pooled() == {}
         new = ev["new_replicas"][0]["label"]
         assert ray.get(dep.handles[new].pid.remote()) == spare_pid
+        # the spare was never fed: taking it kept its frozen set-up (no full collection of every
+        # object in the process while the live replica serves; gcpause.thaw)
+        thaws = ray.get(dep.handles[new].stats.remote(), timeout=30)["gc"]["thaws"]
+        assert thaws["kept"] >= 1, thaws
         assert dep.wait(120)
         res = dep.collect()
     assert_same_output(ref.outputs["out"], res.outputs["out"])

@@ -123,6 +123,7 @@ class _Base:
         self.gc_watch = gcpause.watch()
         warm_lazy_imports()  # (numpy's lazy imports paid here, not on the data thread at a first snapshot)
         gcpause.settle(collect=True)  # before any data flows: no garbage (a pooled life's) frozen for good
+        self.frozen_at_setup = gcpause.frozen()  # reinit thaws only if a later install froze more
 
     def _punct_times(self, started: float, before: int, after: int, out: list) -> None:
         """Keep when the input punctuation rose from ``before`` to ``after`` (the call that brought
@@ -250,11 +251,23 @@ class _Base:
             self.sender.join(timeout=1.0)
         if not getattr(self, "quiet", False) or self.sender.is_alive():
             raise RuntimeError(f"{self.label}: reinit of an actor still in use")
-        gcpause.thaw()  # the earlier life's state, frozen at its install, collectable again (_setup collects)
+        # the earlier life's state, frozen at its install, collectable again (_setup collects); a
+        # spare never fed holds no state and froze nothing after its set-up: no thaw, so the next
+        # set-up's collection walks only what was made since (a spare is taken while data flows)
+        gcpause.thaw(since=getattr(self, "frozen_at_setup", None) if self._untouched() else None)
         for name in [n for n in self.__dict__ if not n.startswith("_ray")]:
             del self.__dict__[name]
         self.__init__(*args, **kwargs)
         return True
+
+    def _untouched(self) -> bool:
+        """Whether this life took in no data (a spare never fed): its objects frozen at set-up hold
+        no state, so ``reinit`` need not thaw them. Only an actor that counts its input can say so.
+
+        >>> replica._untouched()   # doctest: +SKIP
+        True
+        """
+        return False
 
     def _stale(self, port: int, channel: int, epoch, sender) -> int:
         """A packet from another deployment (``epoch``; ``sender``: its sender's label): rejected and
@@ -1149,6 +1162,16 @@ class ReplicaActor(_Base, MovingBins):
         """Still waiting for its state: started pending (before ``install``) or receiving a staged
         transfer. The failure detector never counts it as a peer that progresses."""
         return getattr(self, "core", None) is None
+
+    def _untouched(self) -> bool:
+        """No input pushed, buffered or staged, no state installed: a warm spare never used
+        (:meth:`_Base._untouched`).
+
+        >>> spare._untouched()   # doctest: +SKIP
+        True
+        """
+        return (self.pushes == 0 and not getattr(self, "buffered", None) and getattr(self, "installed", None) is None
+                and getattr(self, "staged", None) is None and not getattr(self, "step_requests", None))
 
     def stats(self) -> dict:
         s = self._common_stats()

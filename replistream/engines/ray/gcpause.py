@@ -36,7 +36,7 @@ import os
 import time
 from collections import deque
 
-__all__ = ["GcWatch", "THRESHOLDS", "settle", "thaw", "watch"]
+__all__ = ["GcWatch", "THRESHOLDS", "frozen", "settle", "thaw", "watch"]
 
 #: ``gc.set_threshold`` of a data-path process: young collections after 50,000 net new containers
 #: (default 700), the older generations as by default (every 10th collection of the one below).
@@ -101,15 +101,18 @@ class GcWatch:
         """``{"collections": [n0, n1, n2], "total_ms": [...], "max_ms": [...], "recent": [(wall,
         gen, ms), ...] (pauses of a millisecond or more, the last five minutes), "tuned": whether
         :data:`THRESHOLDS` and freezing apply, "frozen": objects in the permanent generation,
-        "thresholds": gc.get_threshold()}``."""
+        "thresholds": gc.get_threshold(), "thaws": {"thawed": n, "kept": n}}`` (:data:`THAWS`)."""
         cut = time.time() - RECENT_S
         recent = [r for r in list(self.recent) if r[0] >= cut]  # (list(): one step under the GIL)
         return {"collections": list(self.count), "total_ms": [round(t, 3) for t in self.total],
                 "max_ms": [round(t, 3) for t in self.longest], "recent": recent, "tuned": tuned(),
-                "frozen": gc.get_freeze_count(), "thresholds": list(gc.get_threshold())}
+                "frozen": gc.get_freeze_count(), "thresholds": list(gc.get_threshold()), "thaws": dict(THAWS)}
 
 
 _WATCH: list[GcWatch] = []
+#: Set-ups of this process after a pooled life: how many thawed the frozen generation, how many
+#: kept it frozen (:func:`thaw`'s ``since``: a spare never fed); in :meth:`GcWatch.stats`.
+THAWS = {"thawed": 0, "kept": 0}
 
 
 def tuned() -> bool:
@@ -146,7 +149,7 @@ def settle(collect: bool = False) -> None:
 
     >>> settle(collect=True); import gc; gc.get_freeze_count() > 0
     True
-    >>> thaw()
+    >>> _ = thaw()
     """
     if tuned():
         if collect:
@@ -154,12 +157,40 @@ def settle(collect: bool = False) -> None:
         gc.freeze()
 
 
-def thaw() -> None:
+def thaw(since: int | None = None) -> bool:
     """Put every frozen object back under the collector (``gc.unfreeze()``): a pooled actor does it
     before it drops its earlier life's attributes (``reinit``), so the state of that life, frozen
     at its install, is collected like any garbage instead of staying in the process for good.
+    Returns whether it thawed.
 
-    >>> import gc; gc.freeze(); thaw(); gc.get_freeze_count()
+    ``since``: the freeze count right after the earlier life's set-up (:func:`frozen`). If nothing
+    was frozen after it (a warm spare taken by a running deployment: set up, never fed, no state
+    installed), there is nothing of that life to give back, and it does not thaw: the next set-up's
+    full collection then walks only what was made since, not every module's and Ray's objects
+    again. That collection is a pause of the whole process (about 150 ms measured on this machine's
+    loaded cores for a spare taken during a fluid move, competing for the cores with the replica
+    that serves; docs/migration.md).
+
+    >>> import gc; gc.freeze(); _ = thaw(); gc.get_freeze_count()
     0
+    >>> gc.freeze(); n = frozen(); thaw(since=n), frozen() == n
+    (False, True)
+    >>> thaw()
+    True
     """
+    if since is not None and gc.get_freeze_count() == since:
+        THAWS["kept"] += 1
+        return False
     gc.unfreeze()
+    THAWS["thawed"] += 1
+    return True
+
+
+def frozen() -> int:
+    """Objects in the permanent generation now (``gc.get_freeze_count()``): what a set-up records
+    for :func:`thaw`'s ``since``.
+
+    >>> frozen() >= 0
+    True
+    """
+    return gc.get_freeze_count()
