@@ -123,7 +123,7 @@ class _Base:
         self.gc_watch = gcpause.watch()
         warm_lazy_imports()  # (numpy's lazy imports paid here, not on the data thread at a first snapshot)
         gcpause.settle(collect=True)  # before any data flows: no garbage (a pooled life's) frozen for good
-        self.frozen_at_setup = gcpause.frozen()  # reinit thaws only if a later install froze more
+        self.frozen_at_setup = gcpause.freezes()  # reinit thaws only if a later install froze more
 
     def _punct_times(self, started: float, before: int, after: int, out: list) -> None:
         """Keep when the input punctuation rose from ``before`` to ``after`` (the call that brought

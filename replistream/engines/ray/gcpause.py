@@ -36,7 +36,7 @@ import os
 import time
 from collections import deque
 
-__all__ = ["GcWatch", "THRESHOLDS", "frozen", "settle", "thaw", "watch"]
+__all__ = ["GcWatch", "THRESHOLDS", "freezes", "settle", "thaw", "watch"]
 
 #: ``gc.set_threshold`` of a data-path process: young collections after 50,000 net new containers
 #: (default 700), the older generations as by default (every 10th collection of the one below).
@@ -113,6 +113,7 @@ _WATCH: list[GcWatch] = []
 #: Set-ups of this process after a pooled life: how many thawed the frozen generation, how many
 #: kept it frozen (:func:`thaw`'s ``since``: a spare never fed); in :meth:`GcWatch.stats`.
 THAWS = {"thawed": 0, "kept": 0}
+_FREEZES = [0]  # settle()'s freezes in this process (freezes())
 
 
 def tuned() -> bool:
@@ -155,6 +156,7 @@ def settle(collect: bool = False) -> None:
         if collect:
             gc.collect()
         gc.freeze()
+        _FREEZES[0] += 1
 
 
 def thaw(since: int | None = None) -> bool:
@@ -163,22 +165,22 @@ def thaw(since: int | None = None) -> bool:
     at its install, is collected like any garbage instead of staying in the process for good.
     Returns whether it thawed.
 
-    ``since``: the freeze count right after the earlier life's set-up (:func:`frozen`). If nothing
-    was frozen after it (a warm spare taken by a running deployment: set up, never fed, no state
-    installed), there is nothing of that life to give back, and it does not thaw: the next set-up's
-    full collection then walks only what was made since, not every module's and Ray's objects
-    again. That collection is a pause of the whole process (about 150 ms measured on this machine's
-    loaded cores for a spare taken during a fluid move, competing for the cores with the replica
-    that serves; docs/migration.md).
+    ``since``: :func:`freezes` right after the earlier life's set-up. If this process froze nothing
+    since (a warm spare taken by a running deployment: set up, never fed, no state installed),
+    nothing of that life is frozen to give back, and it does not thaw: the next set-up's full
+    collection then walks only what was made since, not every module's and Ray's objects again.
+    That collection pauses the whole process (about 150 ms of py-spy samples on this machine's
+    loaded cores for the spare a fluid move took, competing for the cores with the replica that
+    serves; docs/migration.md).
 
     >>> import gc; gc.freeze(); _ = thaw(); gc.get_freeze_count()
     0
-    >>> gc.freeze(); n = frozen(); thaw(since=n), frozen() == n
-    (False, True)
-    >>> thaw()
+    >>> n = freezes(); thaw(since=n)
+    False
+    >>> settle(); thaw(since=n)
     True
     """
-    if since is not None and gc.get_freeze_count() == since:
+    if since is not None and _FREEZES[0] == since:
         THAWS["kept"] += 1
         return False
     gc.unfreeze()
@@ -186,11 +188,13 @@ def thaw(since: int | None = None) -> bool:
     return True
 
 
-def frozen() -> int:
-    """Objects in the permanent generation now (``gc.get_freeze_count()``): what a set-up records
-    for :func:`thaw`'s ``since``.
+def freezes() -> int:
+    """How many times :func:`settle` froze in this process: what a set-up records for
+    :func:`thaw`'s ``since`` (the permanent generation's size is no witness: it shrinks as frozen
+    objects are freed by reference counting).
 
-    >>> frozen() >= 0
+    >>> n = freezes(); settle(); freezes() == n + (1 if tuned() else 0)
     True
+    >>> _ = thaw()
     """
-    return gc.get_freeze_count()
+    return _FREEZES[0]
