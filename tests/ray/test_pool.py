@@ -159,3 +159,25 @@ def test_a_warm_spare_takes_a_revived_replica_and_the_run_stays_exact():
     assert_same_output(ref.outputs["out"], res.outputs["out"])
     with pytest.raises(ValueError, match="spares"):
         deploy(q, servers=3, k=2, spares=-1)
+
+
+@pytest.mark.slow
+def test_a_stopped_replica_is_killed_at_shutdown_and_the_others_are_kept():
+    """A replica stopped by a fault (SIGSTOP) and not resumed cannot answer the pool's quiescing,
+    and its peers' calls to it never complete while it lives: it is killed first, so its peers
+    settle and are kept (before, the pool waited its deadline on them and kept none)."""
+    from replistream.sources import StopReplica, inject_at
+
+    q, d = keyed(5)
+    d["s"] = inject_at(d["s"], 1_000_000, StopReplica("w", 0))
+    with deploy(q, servers=3, k=2) as dep:
+        res = dep.run(d)
+        assert any(e.get("event") == "stopped" and e.get("actor") == "w#0" for e in dep.events)
+        stopped_pid = dep._pids["w#0"][0]
+        others = {label for label in dep.handles if label != "w#0"}
+    assert_same_output(run_reference(q, d).outputs["out"], res.outputs["out"])
+    kept = pool.pooled()
+    assert sum(v for c, v in kept.items() if c != "CoordinatorActor") == len(others), kept
+    kept_pids = {ray.get(h.pid.remote(), timeout=30) for c, hs in pool._pool.items() if c != "CoordinatorActor"
+                 for h in hs}
+    assert stopped_pid not in kept_pids

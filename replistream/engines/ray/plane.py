@@ -493,6 +493,12 @@ class ControlPlane:
         if pool.pool_size() and self.detached_as is None and not any(t is not None and t.is_alive() for t in threads):
             # every actor stops sending and settles; local ones may be kept for the next deployment
             kinds = {"entry": "EntryActor", "application": "SinkActor"}
+            # one that cannot answer (stopped by a fault and not resumed, or suspected by the
+            # detector) is killed first, not kept: the pool would wait its whole deadline on it, and
+            # on every actor with a call to it in flight (which its death completes), keeping none
+            silent = self._silent_actors()
+            self.stop_actors([(label, h) for label, h in running if label in silent], "shutdown")
+            running = [(label, h) for label, h in running if label not in silent]
             named = [(None if ray_options(self.servers[self.actor_server[label]]) else
                       kinds.get(self.topology.replica(label).kind, "ReplicaActor"), h) for label, h in running]
             label_of = {id(h): label for label, h in running}
@@ -506,6 +512,19 @@ class ControlPlane:
             if self.coord._standby is not None:
                 running.append(("coordinator", self.coord._standby))
         self.stop_actors(running, "shutdown")
+
+    def _silent_actors(self) -> set[str]:
+        """Labels of replicas that will not answer the pool's ``stop_sending``: stopped
+        (``stop_replica``, SIGSTOP) and not resumed since, or suspected by the failure detector.
+
+        >>> dep._silent_actors()   # doctest: +SKIP
+        {'per_k#0'}
+        """
+        stopped: dict[str, bool] = {}
+        for e in list(self.events):
+            if e.get("event") in ("stopped", "resumed"):
+                stopped[e.get("actor")] = e["event"] == "stopped"
+        return {label for label, on in stopped.items() if on} | set(self.detector.suspected())
 
     def __enter__(self):
         return self
