@@ -21,6 +21,11 @@ An actor is kept only when nothing can reach it from its old deployment any more
 never connected, kept idle; a replica the deployment replaces or adds while it runs (a crash
 repaired by revival, a move, a hand-over) takes one instead of starting a process.
 
+A replica that cannot answer (stopped by a fault and not resumed, or suspected by the failure
+detector) is killed before the others are quiesced (``Deployment.shutdown``): the pool would
+otherwise wait its deadline on it, and on every actor with a call to it still in flight, and keep
+none of them.
+
 The driver's own threads of the old deployment (feeder, scenario, control loop) must have
 ended, or nothing is kept. A pooled actor that died meanwhile is noticed when re-initialised
 and replaced by a new one. The coordinator is never kept: it receives reports from replicas,
