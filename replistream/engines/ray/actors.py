@@ -1212,6 +1212,8 @@ class EntryActor(_Base):
 
     #: Seconds a replica waits for one peer's answer when it catches up (then it asks the next).
     PEER_TIMEOUT_S = 10.0
+    #: How long a peer asked for chunks it has not taken yet waits for them (:meth:`input_chunks`).
+    PEER_WAIT_S = 5.0
 
     def __init__(self, query, index: int, server: str, network, t0: float, channel_opts: dict,
                  coordinator=None, strict: bool = False, on_malformed: str = "dead_letter",
@@ -1286,16 +1288,26 @@ class EntryActor(_Base):
     def input_chunks(self, source: str, lo: int, hi: int) -> list | None:
         """The raw chunks ``lo`` .. ``hi - 1`` of ``source`` this replica still holds, in order, each
         with its entry partition's start (None without entry partitions), or None if it no longer
-        holds them all (Hwang §III: entry points hold input for their peers).
+        holds them all (Hwang §III: entry points hold input for their peers). Chunks it has not
+        taken yet (still on their way to it) are waited for, at most :attr:`PEER_WAIT_S`.
 
         >>> ray.get(peer.input_chunks.remote("s", 3, 5))   # doctest: +SKIP
         [(array(...), None), (array(...), None)]
         """
-        with self.log_lock:
-            log = self.input_log.get(source, {})
-            if any(s not in log for s in range(lo, hi)):
-                return None
-            return [log[s] for s in range(lo, hi)]
+        deadline = time.time() + self.PEER_WAIT_S
+        while True:
+            with self.log_lock:
+                log = self.input_log.get(source, {})
+                if all(s in log for s in range(lo, hi)):
+                    return [log[s] for s in range(lo, hi)]
+                # chunks this replica has not taken yet may still be on their way to it (the feeder
+                # asks a skipped peer to catch up right after sending them here): wait for those,
+                # but one it took and no longer holds (trimmed) never comes back. ``expected`` is
+                # raised before the chunk is logged, so only chunks below ``expected - 1`` are sure
+                taken = self.expected.get(source, 0) - 1
+                if any(s not in log for s in range(lo, min(hi, taken))) or time.time() >= deadline:
+                    return None
+            time.sleep(0.005)
 
     def catch_up(self, upto: dict, peers: list) -> dict:
         """Take every chunk this replica missed, up to ``upto`` (``{source: first chunk not missed}``),
