@@ -498,6 +498,8 @@ class ControlPlane:
             # on every actor with a call to it in flight (which its death completes), keeping none
             silent = self._silent_actors()
             self.stop_actors([(label, h) for label, h in running if label in silent], "shutdown")
+            for app, sink in self.file_sinks.items():  # what a stopped sink replica left half written
+                sink.remove_temp_files([label for label in silent if self.topology.replica(label).operator == app])
             running = [(label, h) for label, h in running if label not in silent]
             named = [(None if ray_options(self.servers[self.actor_server[label]]) else
                       kinds.get(self.topology.replica(label).kind, "ReplicaActor"), h) for label, h in running]
