@@ -490,16 +490,15 @@ class ControlPlane:
         threads = [self.feeder.thread, self.faults._scenario_thread, self.repairer._repair_thread, self.monitor._monitor_thread,
                    *self.monitor._reconnect_threads,
                    None if self.manager is None else getattr(self.manager, "_thread", None)]
+        silent = self._silent_actors()
         if pool.pool_size() and self.detached_as is None and not any(t is not None and t.is_alive() for t in threads):
             # every actor stops sending and settles; local ones may be kept for the next deployment
             kinds = {"entry": "EntryActor", "application": "SinkActor"}
             # one that cannot answer (stopped by a fault and not resumed, or suspected by the
             # detector) is killed first, not kept: the pool would wait its whole deadline on it, and
             # on every actor with a call to it in flight (which its death completes), keeping none
-            silent = self._silent_actors()
             self.stop_actors([(label, h) for label, h in running if label in silent], "shutdown")
-            for app, sink in self.file_sinks.items():  # what a stopped sink replica left half written
-                sink.remove_temp_files([label for label in silent if self.topology.replica(label).operator == app])
+            self._remove_temp_files(silent)
             running = [(label, h) for label, h in running if label not in silent]
             named = [(None if ray_options(self.servers[self.actor_server[label]]) else
                       kinds.get(self.topology.replica(label).kind, "ReplicaActor"), h) for label, h in running]
@@ -514,6 +513,22 @@ class ControlPlane:
             if self.coord._standby is not None:
                 running.append(("coordinator", self.coord._standby))
         self.stop_actors(running, "shutdown")
+        self._remove_temp_files(silent)  # (a stopped process writes nothing more before its kill ends it)
+
+    def _remove_temp_files(self, labels) -> None:
+        """Remove what the sink replicas among ``labels`` (stopped ones, killed at shutdown) left
+        half written in their application's folder (:meth:`~replistream.sinks.ParquetSink.remove_temp_files`).
+
+        >>> dep._remove_temp_files({"out#1"})   # doctest: +SKIP
+        """
+        ops = {}
+        for label in labels:
+            try:
+                ops[label] = self.topology.replica(label).operator
+            except KeyError:  # (not a replica of the topology: nothing of it in a sink's folder)
+                continue
+        for app, sink in self.file_sinks.items():
+            sink.remove_temp_files([label for label, op in ops.items() if op == app])
 
     def _silent_actors(self) -> set[str]:
         """Labels of replicas that will not answer the pool's ``stop_sending``: stopped
