@@ -54,6 +54,7 @@ import ray
 from ...partition import DEFAULT_BITS, BinMap, Router, parse_partition_label, partition_label
 from ...plan import label_group, replica_partition
 from ...replica import ReplicaCore, StagedReplica
+from ...replica.transfer import unpack_steps
 from ...schema import END, TS, Marker, Punctuation
 from ...sinks import SinkWriter
 from . import gcpause, lockorder, metrics_export
@@ -968,7 +969,8 @@ class ReplicaActor(_Base, MovingBins):
 
     def request_steps(self, receiver, steps, bits: int, pause_s: float = 0.02, gate=None,
                       lag_s: float | None = None, max_defer_s: float = 0.25) -> int:
-        """Sender: take ``steps`` (``[(index, bins), ...]`` at ``2**bits`` bins, in order) at this
+        """Sender: take ``steps`` (``[(index, bins), ...]`` at ``2**bits`` bins, in order, or
+        :func:`~replistream.replica.transfer.pack_steps` of them: the form to send) at this
         replica's next punctuations and send each to ``receiver.install_step``; returns at once
         (this replica keeps processing). Returns the number of steps queued; steps already taken
         for this receiver are ignored. At a punctuation (Megaphone §3.3: a step at a logical time)
@@ -994,9 +996,10 @@ class ReplicaActor(_Base, MovingBins):
         """
         if self.core is None:
             raise RuntimeError(f"{self.label} has no state to send (it is waiting for its own)")
+        given = unpack_steps(steps)  # (before the lock: the data path goes on meanwhile)
         with self.lock:
             rkey = repr(receiver)
-            fresh = [(int(i), np.asarray(b, dtype=np.int64)) for i, b in steps if (rkey, int(i)) not in self.steps_sent]
+            fresh = [(i, b) for i, b in given if (rkey, i) not in self.steps_sent]
             if not fresh:
                 return 0
             now = time.time()
