@@ -64,7 +64,7 @@ from ..schema import TS, Punctuation
 if TYPE_CHECKING:
     from ..partition import BinMap
 
-__all__ = ["Move", "Moves", "plan_steps"]
+__all__ = ["Move", "Moves", "pack_moves", "plan_steps", "unpack_moves"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,42 @@ class Move:
     bits: int
     src: int
     dst: int
+
+
+_PACKED = "moves/1"  # the tag of pack_moves's form
+
+
+def pack_moves(moves: Iterable[Move]) -> tuple:
+    """``moves`` in the form a rescale sends to each replica taking part (:func:`unpack_moves`
+    gives them back): their ids and operators as lists of strings, their numbers as int64
+    arrays. A fluid rescale at 2^12 bins from 1 to 2 partitions has 2,048 steps: as dataclasses
+    they were pickled once per replica on the host while the feed was held (30 ms for four
+    replicas on the quiet machine) and unpickled one by one at each.
+
+    >>> steps = [Move("w@100/0", "w", 100, (2,), 2, 0, 1), Move("w@100/1", "w", 110, (3, 1), 2, 0, 1)]
+    >>> unpack_moves(pack_moves(steps)) == steps
+    True
+    """
+    moves = list(moves)
+    sizes = np.fromiter((len(m.bins) for m in moves), dtype=np.int64, count=len(moves))
+    nums = np.array([(m.at, m.bits, m.src, m.dst) for m in moves], dtype=np.int64).reshape(-1, 4)
+    bins = np.fromiter((b for m in moves for b in m.bins), dtype=np.int64, count=int(sizes.sum()))
+    return _PACKED, [m.id for m in moves], [m.node for m in moves], nums, np.cumsum(sizes), bins
+
+
+def unpack_moves(packed) -> list[Move]:
+    """The steps of :func:`pack_moves`'s form (any other iterable of steps: as a list).
+
+    >>> unpack_moves([Move("w@1/0", "w", 1, (0,), 1, 0, 1)])[0].bins
+    (0,)
+    """
+    if not (isinstance(packed, tuple) and len(packed) == 6 and packed[0] == _PACKED):
+        return list(packed)
+    _, ids, nodes, nums, ends, bins = packed
+    starts = np.r_[0, ends[:-1]].tolist() if len(ends) else []
+    flat = bins.tolist()
+    return [Move(i, node, at, tuple(flat[a:z]), bits, src, dst)
+            for i, node, (at, bits, src, dst), a, z in zip(ids, nodes, nums.tolist(), starts, ends.tolist())]
 
 
 class Moves:
@@ -112,24 +148,48 @@ class Moves:
         self.add(steps)
 
     def add(self, steps: Iterable[Move]) -> None:
-        """Take more steps (those of this replica's partition; the others are ignored)."""
+        """Take more steps (those of this replica's partition; the others are ignored).
+
+        A rescale gives a replica of a taking partition one step per bin with the fluid strategy
+        (2,048 at 2^12 bins from 1 to 2 partitions), all at once while the feed is held: their
+        numbers and times are set in one pass of numpy (a copy of the per-step arrays for each
+        step took 20 ms for 2,048 steps on a quiet core).
+
+        >>> m = Moves([Move("r:0", "op", 10, (0, 1), 2, 0, 1), Move("r:1", "op", 20, (2,), 2, 0, 1)], partition=1)
+        >>> sorted(m.take), m._bin_step.tolist(), m._step_at.tolist()
+        (['r:0', 'r:1'], [[0, 0, 1, -1]], [10, 20])
+        """
+        new: list[Move] = []
         for m in steps:
             if m.src == self.partition and m.id not in self.given and m not in self._give_at.get(m.at, ()):
                 self._give_at.setdefault(m.at, []).append(m)
             elif m.dst == self.partition and m.id not in self.installed and m.id not in self.take:
-                self.take[m.id] = m
-                self._take_at[m.at] = self._take_at.get(m.at, 0) + 1
                 if self._bin_step is None:
                     self._bin_step = np.full((1, 1 << m.bits), -1, dtype=np.int64)
                 if self._bin_step.shape[1] != 1 << m.bits:
                     raise ValueError(f"steps of one replica at different bits: {m.bits} and {self._bits}")
-                bins = np.asarray(m.bins, dtype=np.int64)
-                free = [j for j in range(len(self._bin_step)) if (self._bin_step[j, bins] < 0).all()]
-                if not free:
-                    self._bin_step = np.vstack([self._bin_step, np.full_like(self._bin_step[:1], -1)])
-                    free = [len(self._bin_step) - 1]
-                self._bin_step[free[0], bins] = self._num[m.id] = len(self._num)
-                self._step_at = np.r_[self._step_at, np.int64(m.at)]
+                self.take[m.id] = m
+                self._take_at[m.at] = self._take_at.get(m.at, 0) + 1
+                new.append(m)
+        if new:
+            first = len(self._num)
+            nums = np.arange(first, first + len(new), dtype=np.int64)
+            sizes = np.fromiter((len(m.bins) for m in new), dtype=np.int64, count=len(new))
+            bins = np.fromiter((b for m in new for b in m.bins), dtype=np.int64, count=int(sizes.sum()))
+            if len(np.unique(bins)) == len(bins) and (self._bin_step[0, bins] < 0).all():
+                self._bin_step[0, bins] = np.repeat(nums, sizes)  # (the common case: one row, bins once each)
+            else:  # a bin taken more than once: each step in the first row where its bins are free
+                for num, m in zip(nums.tolist(), new):
+                    b = np.asarray(m.bins, dtype=np.int64)
+                    free = [j for j in range(len(self._bin_step)) if (self._bin_step[j, b] < 0).all()]
+                    if not free:
+                        self._bin_step = np.vstack([self._bin_step, np.full_like(self._bin_step[:1], -1)])
+                        free = [len(self._bin_step) - 1]
+                    self._bin_step[free[0], b] = num
+            for num, m in zip(nums.tolist(), new):
+                self._num[m.id] = num
+            self._step_at = np.concatenate([self._step_at, np.fromiter((m.at for m in new), dtype=np.int64,
+                                                                       count=len(new))])
         self._times = sorted(set(self._give_at) | set(self._take_at))
         self._ready = np.r_[self._ready, np.zeros(len(self._num) - len(self._ready), dtype=bool)]
 

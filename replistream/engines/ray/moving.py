@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ray
 
-from ...replica.rescale import Moves
+from ...replica.rescale import Moves, unpack_moves
 from ...schema import END, Punctuation
 
 __all__ = ["MovingBins"]
@@ -21,10 +21,12 @@ class MovingBins:
     actor's ``lock``, like its data path)."""
 
     def add_moves(self, steps, targets: dict) -> bool:
-        """Take part in rescale steps ``steps`` (:class:`~replistream.replica.rescale.Move`): give
-        the bins of those whose ``src`` is this replica's partition, take those whose ``dst`` is.
+        """Take part in rescale steps ``steps`` (:class:`~replistream.replica.rescale.Move`, or
+        :func:`~replistream.replica.rescale.pack_moves` of them: the form to send): give the bins
+        of those whose ``src`` is this replica's partition, take those whose ``dst`` is.
         ``targets``: ``{partition: [(label, handle), ...]}``, where a given step's state goes (every
         replica of the taking partition: each installs the first copy it gets)."""
+        steps = unpack_moves(steps)  # (before the lock)
         with self.lock:
             if self.core is None:
                 raise RuntimeError(f"{self.label} is waiting for its own state; it cannot take part in a rescale")

@@ -62,7 +62,7 @@ from ...gc import OperatorReplica, StreamReplica
 from ...partition import BinMap, Router, Switch, partition_label
 from ...plan import group_of, is_stateful, label_group, replica_index, replica_partition
 from ...query import resolve_operator
-from ...replica.rescale import Move, plan_steps
+from ...replica.rescale import Move, pack_moves, plan_steps
 from ...schema import as_seconds
 from .common import is_actor_death
 
@@ -219,7 +219,7 @@ def _hand_out(dep, kept: dict) -> None:
     _set_routing(dep, node, p, kept["p0"], kept["switches"])
     targets = {q: [(r.label, dep.topology.handle(r.label)) for r in dep.topology.replicas(partition_label(node, q))
                    if dep.topology.is_running(r.label)] for q in range(max(p, kept["from"]))}
-    steps = kept["steps"]
+    steps = pack_moves(kept["steps"])  # (cut once: as 2,048 dataclasses, pickled again for each replica)
     _all_or_fenced(dep, {label: h.add_moves.remote(steps, targets) for q in kept["involved"]
                          for label, h in targets[q]}, "its rescale steps")
 
