@@ -578,15 +578,6 @@ class OperatorLogic:
         when None), found through the live layout; only for logics with :attr:`live_bins`."""
         raise NotImplementedError(f"{type(self).__name__} keeps no live bins")
 
-    def expect_bins(self, held: int, total: int) -> None:
-        """A hint before :meth:`install_bins`: this logic holds ``held`` bins and will hold
-        ``total``. A logic whose state grows by copying what it holds may make room once (a
-        transfer's receiver merges its steps into one logic, doubling its storage each time it is
-        full: at 1M keys of 112 bytes those copies were a third of its CPU). Default: nothing.
-
-        >>> OperatorLogic.expect_bins(None, 1, 4)
-        """
-
     def install_bins(self, state: OperatorState, bins: Iterable[int]) -> "OperatorLogic":
         """Add the rows of ``state`` (a :meth:`checkpoint` of this operator, at any ``bits``, holding
         only ``bins``) to this running logic, which holds none of ``bins`` and has the same

@@ -233,7 +233,14 @@ class KeyedState:
         self._ordered = self._ordered and (m == 0 or (bool(np.all(hashes[1:] > hashes[:-1])) and
                                                       (n == 0 or bool(hashes[0] > self._hash[n - 1]))))
         if n + m > len(self._hash):
-            self.reserve(max(2 * len(self._hash), n + m, 16))
+            cap = max(2 * len(self._hash), n + m, 16)
+            grown = np.zeros(cap, dtype=np.uint64)
+            grown[:n] = self._hash[:n]
+            self._hash = grown
+            for c, a in self._cols.items():
+                g = np.zeros(cap, dtype=a.dtype)
+                g[:n] = a[:n]
+                self._cols[c] = g
         self._hash[n:n + m] = hashes
         for c, a in self._cols.items():
             a[n:n + m] = np.zeros(m, dtype=a.dtype) if values is None or c not in values else \
@@ -242,24 +249,6 @@ class KeyedState:
         rows = np.arange(n, n + m, dtype=np.int64)
         self._add_run(np.asarray(hashes, dtype=np.uint64), rows)
         return rows
-
-    def reserve(self, rows: int) -> None:
-        """Make room for ``rows`` rows in all (the storage grows by copying every row it holds: a
-        caller that knows how many will come grows it once). Nothing if there is room already.
-
-        >>> st = KeyedState({"n": "i8"}, bits=1); st.reserve(1000); len(st._hash) >= 1000, len(st)
-        (True, 0)
-        """
-        n, cap = self._n, int(rows)
-        if cap <= len(self._hash):
-            return
-        grown = np.zeros(cap, dtype=np.uint64)
-        grown[:n] = self._hash[:n]
-        self._hash = grown
-        for c, a in self._cols.items():
-            g = np.zeros(cap, dtype=a.dtype)
-            g[:n] = a[:n]
-            self._cols[c] = g
 
     def _keep(self, keep: np.ndarray) -> None:
         """Keep only the rows where ``keep`` holds (renumbered, in order)."""
@@ -572,19 +561,6 @@ class KeyedOperatorLogic(OperatorLogic):
         self._pending_hash = [np.asarray(p["hash"], dtype=np.uint64)] if len(rows) else []
 
     live_bins = True  # the state is a KeyedState: sorted by key hash as it runs
-
-    def expect_bins(self, held: int, total: int) -> None:
-        """Room for the rows of ``total`` bins at the density of the ``held`` this state holds now
-        (a quarter more, as hashing spreads keys unevenly; :meth:`OperatorLogic.expect_bins`).
-
-        >>> s = Schema({"k": "i8"})
-        >>> a = KeyedCountLogic("c", [s], by="k", bits=2)
-        >>> _ = a.process(0, s.from_columns({"ts": [1, 2], "k": [3, 4]}, ids=[1, 2])); _ = a.process(0, Punctuation(2))
-        >>> a.expect_bins(1, 4); len(a.state), len(a.state._hash) >= 10
-        (2, True)
-        """
-        if held > 0 and len(self.state):
-            self.state.reserve(int(len(self.state) * total / held * 1.25) + 16)
 
     def _install_tables(self, tables):
         """Insert a step's keys (of bins this logic does not hold) into the sorted state, and

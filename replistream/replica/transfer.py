@@ -375,7 +375,6 @@ class StagedReplica:
             tuple(m.core.logic.in_punct) == tuple(logic.in_punct) and m.core.logic.watermark == logic.watermark
             for m in members)
         if live:
-            logic.expect_bins(len(base.bins), len(self.owner))  # (its storage grown once, not doubled again and again)
             for m in members:
                 if m is not base:  # its core holds only its own bins: its whole state is theirs
                     logic.install_bins(m.core.logic.checkpoint(self.bits), m.bins)
