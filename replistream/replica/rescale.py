@@ -60,6 +60,7 @@ import numpy as np
 
 from ..operators.base import NO_PUNCTUATION, Item, OperatorState, bin_of
 from ..schema import TS, Punctuation
+from .transfer import pack_steps
 
 if TYPE_CHECKING:
     from ..partition import BinMap
@@ -96,10 +97,9 @@ def pack_moves(moves: Iterable[Move]) -> tuple:
     True
     """
     moves = list(moves)
-    sizes = np.fromiter((len(m.bins) for m in moves), dtype=np.int64, count=len(moves))
     nums = np.array([(m.at, m.bits, m.src, m.dst) for m in moves], dtype=np.int64).reshape(-1, 4)
-    bins = np.fromiter((b for m in moves for b in m.bins), dtype=np.int64, count=int(sizes.sum()))
-    return _PACKED, [m.id for m in moves], [m.node for m in moves], nums, np.cumsum(sizes), bins
+    _, ends, bins = pack_steps((0, m.bins) for m in moves)  # (the same form: where each step's bins end, and all)
+    return _PACKED, [m.id for m in moves], [m.node for m in moves], nums, ends, bins
 
 
 def unpack_moves(packed) -> list[Move]:

@@ -498,7 +498,6 @@ class ControlPlane:
             # detector) is killed first, not kept: the pool would wait its whole deadline on it, and
             # on every actor with a call to it in flight (which its death completes), keeping none
             self.stop_actors([(label, h) for label, h in running if label in silent], "shutdown")
-            self._remove_temp_files(silent)
             running = [(label, h) for label, h in running if label not in silent]
             named = [(None if ray_options(self.servers[self.actor_server[label]]) else
                       kinds.get(self.topology.replica(label).kind, "ReplicaActor"), h) for label, h in running]
