@@ -17,7 +17,9 @@ are not in event-time order; later rows are counted and dead-lettered by the ent
 A row that cannot be carried (a null, an integer out of range, a string longer than its
 declared width, a non-finite event time) is dead-lettered with its reason, or raises with
 ``on_bad_rows="raise"``. A file that cannot be read at all ends the run with an error that
-names the file.
+names the file. A reading whose process is lost, crashes or gives no chunk for
+:data:`READ_TIMEOUT_S` (stopped) is ended and the file read again by a new task, passing over the
+chunks already fed; :data:`READ_ATTEMPTS` such readings in a row end the feed, naming the file.
 
 Watching (``watch=True``): after the files present at the start, the directory is polled
 every ``poll`` seconds and each new file (complete: writers should write under a hidden or
@@ -185,26 +187,66 @@ def _read_file_task():
     @ray.remote(num_cpus=0, max_retries=0)
     def read_file_remote(path: str, fmt: str, plan: ConversionPlan, chunk_size: int):
         for meta, batch in read_file(path, fmt, plan, chunk_size):
+            yield batch  # (batch first: a chunk's metadata that arrives vouches for its batch)
             yield meta
-            yield batch
 
     return read_file_remote
 
 
-#: Seconds a file's reading may go without giving its next chunk (its metadata, or its rows after
-#: them) before the feed fails, naming the file: a reading process that hangs does not hang the run.
-READ_TIMEOUT_S = 60.0
+#: Seconds a file's reading may go without giving its next chunk (its rows, or their metadata after
+#: them) before it is presumed stopped: its process is ended and the file is read again by a new task,
+#: which passes over the chunks already fed (a stopped reader is masked like a crashed one).
+READ_TIMEOUT_S = 15.0
+
+#: Readings of one file that may end in a row (lost, crashed or stopped, each before it gave a chunk
+#: not fed yet) before the feed fails, naming the file and the chunk it could not get.
+READ_ATTEMPTS = 4
+
+
+class ReadStalled(TimeoutError):
+    """A file's reading gave no chunk within :data:`READ_TIMEOUT_S` (its process stopped answering,
+    or the machine is overloaded).
+
+    >>> isinstance(ReadStalled("s"), TimeoutError)
+    True
+    """
 
 
 def _next_ref(gen, path: str, source: str):
     """The next reference of ``gen`` (a streaming read of ``path``), waited for at most
-    :data:`READ_TIMEOUT_S`; ``StopIteration`` once the read ended."""
+    :data:`READ_TIMEOUT_S` (else :class:`ReadStalled`); ``StopIteration`` once the read ended."""
     import ray
 
     if not ray.wait([gen], timeout=READ_TIMEOUT_S)[0]:
-        raise TimeoutError(f"source {source!r}: reading {path} gave no chunk within {READ_TIMEOUT_S:g} s (the "
-                           f"reading process hangs, or the machine is overloaded): the feed stops here")
+        raise ReadStalled(f"gave no chunk within {READ_TIMEOUT_S:g} s")
     return next(gen)
+
+
+def _next_chunk(gen, path: str, source: str):
+    """The next chunk of ``gen`` (a streaming read of ``path``: each chunk's rows, then its metadata)
+    as ``(reference to its rows, its metadata)``; ``StopIteration`` once the read ended. A reading
+    that failed ends its stream with the error in place of its next item: raised here."""
+    import ray
+
+    data_ref = _next_ref(gen, path, source)
+    try:
+        meta_ref = _next_ref(gen, path, source)
+    except StopIteration:  # the stream ended on an error, in place of the rows
+        ray.get(data_ref, timeout=READ_TIMEOUT_S)  # (raises it)
+        raise RuntimeError(f"source {source!r}: reading {path} ended between a chunk's rows and its "
+                           f"metadata") from None
+    return data_ref, ray.get(meta_ref, timeout=READ_TIMEOUT_S)
+
+
+def _abandon(gen, via) -> None:
+    """End a reading given up on: the reader actor ``via`` that ran it (killed: it is not used again),
+    or the task behind ``gen`` (cancelled with its process, which may be stopped)."""
+    import ray
+
+    if via is not None:
+        ray.kill(via)
+    else:
+        ray.cancel(gen, force=True)
 
 
 _TASK = None
@@ -573,10 +615,11 @@ class FileSource:
         ended = False
 
         def start(f: str):
-            """Begin reading ``f``: by the reader actor when there is one (:func:`use_reader`), else a task."""
+            """Begin reading ``f``: by the reader actor when there is one (:func:`use_reader`), else a
+            task; ``(generator, the reader actor or None)``."""
             reader = _READER
             run = task if reader is None else reader.read
-            return run.options(num_returns="streaming").remote(f, self.format, plan, self.chunk_size)
+            return run.options(num_returns="streaming").remote(f, self.format, plan, self.chunk_size), reader
 
         def launch() -> bool:
             """Start reading the next file; False when there is none (yet, or any more)."""
@@ -590,7 +633,7 @@ class FileSource:
             plan = plan or self._plan(f)
             self.files_read.append(f)
             self.stats["files"] += 1
-            pending.append((f, start(f)))
+            pending.append((f, *start(f)))
             return True
 
         while True:
@@ -601,27 +644,38 @@ class FileSource:
                     return
                 time.sleep(self.poll)  # watching: nothing new yet
                 continue
-            f, gen = pending.popleft()
+            f, gen, via = pending.popleft()
             done = skip = 0  # chunks of f yielded; chunks a new reading of f passes over
+            failed: list[str] = []  # readings of f in a row that ended before giving a new chunk
             while True:
                 try:
-                    meta = ray.get(_next_ref(gen, f, plan.source), timeout=READ_TIMEOUT_S)
-                    data_ref = _next_ref(gen, f, plan.source)
+                    data_ref, meta = _next_chunk(gen, f, plan.source)
                 except StopIteration:
                     break
-                except ray.exceptions.RayActorError:
-                    # the reader actor was lost: a task reads f again and passes over the chunks
-                    # already yielded (the same ones: read_file cuts a file the same way each time)
-                    use_reader(None)
-                    gen, skip = start(f), done
-                    continue
-                except ray.exceptions.RayTaskError as e:
+                except ray.exceptions.RayTaskError as e:  # the reading raised: the file is the problem
                     cause = e.as_instanceof_cause()
                     raise (cause if isinstance(cause, SchemaError) else
                            SchemaError(f"source {plan.source!r}: reading {f} failed: {e}")) from None
+                except (ReadStalled, ray.exceptions.RayError) as e:
+                    # the reading's process was lost, crashed or stopped answering: it is ended and a
+                    # task reads f again, passing over the chunks already yielded (the same ones:
+                    # read_file cuts a file the same way each time)
+                    failed.append(str(e) if isinstance(e, ReadStalled) else type(e).__name__)
+                    if via is not None and via is _READER:
+                        use_reader(None)  # the reader actor is not used again
+                    _abandon(gen, via)
+                    if len(failed) >= READ_ATTEMPTS:
+                        kind = ReadStalled if isinstance(e, ReadStalled) else RuntimeError
+                        raise kind(f"source {plan.source!r}: reading {f} failed {len(failed)} times in a row "
+                                   f"before its chunk {done} ({'; '.join(failed)}; each time the file was read "
+                                   f"again by a new process): chunks {done} on of that file were never fed, "
+                                   f"and the feed stops here") from None
+                    (gen, via), skip = start(f), done
+                    continue
                 if skip:
                     skip -= 1
                     continue
                 done += 1
+                failed.clear()
                 self._account(meta)
                 yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])

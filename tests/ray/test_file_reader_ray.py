@@ -1,10 +1,12 @@
 """File reads through a reader actor (engines/ray/reader.py, issue #42): a script joined to a
 cluster reads its files in a process the cluster's pool kept warm instead of a Ray task of its own.
-The chunks are the tasks' chunks; a reader lost in the middle of a file is replaced by a task that
-passes over the chunks already read, so no row is lost or read twice."""
+The chunks are the tasks' chunks; a reading lost, crashed or stopped in the middle of a file (the
+reader actor's or a task's) is ended and replaced by a task that passes over the chunks already
+read, so no row is lost or read twice; a file no reading gets through ends the feed naming it."""
 from __future__ import annotations
 
 import os
+import signal
 
 import numpy as np
 import pyarrow as pa
@@ -38,8 +40,25 @@ class DyingReader:
             if i == self.after:
                 self.dying.wait(60)
                 os._exit(1)
-            yield meta
             yield batch
+            yield meta
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def crashing_read(path, fmt, plan, chunk_size, marker, after):
+    """files' reading task, except that the first reading (no ``marker`` file yet) gives ``after``
+    chunks and then its process ends (``after`` < 0: it hangs before its first chunk, every time)."""
+    import time
+
+    first = not os.path.exists(marker)
+    open(marker, "a").close()
+    for i, (meta, batch) in enumerate(read_file(path, fmt, plan, chunk_size)):
+        if after < 0:
+            time.sleep(3600)
+        if first and i == after:
+            os._exit(1)
+        yield batch
+        yield meta
 
 
 def write_parts(folder, parts=3, n=2_500):
@@ -102,15 +121,76 @@ def test_a_reader_lost_mid_file_is_replaced_by_a_task_that_skips_what_was_read(t
     assert (got, m) == (want, n)  # every row once, in order
 
 
-def test_a_reader_that_hangs_fails_the_read_naming_the_file(tmp_path, no_reader, monkeypatch):
-    """No chunk within files.READ_TIMEOUT_S: a loud error naming the source and the file, not a
-    feed that waits for ever."""
+def test_a_reader_that_hangs_is_ended_and_a_task_reads_the_file(tmp_path, no_reader, monkeypatch):
+    """No chunk within files.READ_TIMEOUT_S: the reading is presumed stopped, the reader actor is
+    ended and a task reads the file; every row once, in order."""
     write_parts(tmp_path, parts=1)
+    want, n = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=False)
     monkeypatch.setattr(files, "READ_TIMEOUT_S", 1.0)
     reader = DyingReader.remote(0)  # it waits for die() before its first chunk: it hangs
     files.use_reader(reader)
     try:
-        with pytest.raises(TimeoutError, match=r"source 's': reading .*part-00\.parquet gave no chunk within 1 s"):
-            rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=True)
+        got, m = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=True)
+        assert files.reader() is None
+        with pytest.raises(ray.exceptions.RayActorError):  # ended, not left waiting
+            ray.get(reader.die.remote(), timeout=60)
     finally:
         ray.kill(reader)
+    assert (got, m) == (want, n)
+
+
+def test_a_stopped_reader_process_is_masked_like_a_crashed_one(tmp_path, no_reader, monkeypatch):
+    """The reader actor's process stopped (SIGSTOP) after two chunks of the first of three files: the
+    file it reads next gives nothing, its process is killed and a task reads that file instead."""
+    write_parts(tmp_path)
+    want, n = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=False)
+    monkeypatch.setattr(files, "READ_TIMEOUT_S", 1.0)
+    reader = ReaderActor.remote()
+    pid = ray.get(reader.preload.remote(), timeout=120)
+    files.use_reader(reader)
+    try:
+        got, m = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=True,
+                      at=(2, lambda: os.kill(pid, signal.SIGSTOP)))
+        assert files.reader() is None
+    finally:
+        ray.kill(reader)
+    assert (got, m) == (want, n) and n == 9
+
+
+@pytest.mark.parametrize("after", [0, 2])
+def test_a_reading_task_whose_process_dies_is_read_again(tmp_path, no_reader, monkeypatch, after):
+    """A task's process dies after ``after`` chunks of a file (as if killed): a new task reads the
+    file and passes over the chunks already fed; every row once."""
+    write_parts(tmp_path, parts=2)
+    want, n = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=False)
+    marker = str(tmp_path / "_read_once")
+    monkeypatch.setattr(files, "_TASK", DyingTask(crashing_read, marker, after))
+    got, m = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=True)
+    assert (got, m) == (want, n) and n == 6
+
+
+def test_a_file_no_reading_gets_through_ends_the_feed_naming_it(tmp_path, no_reader, monkeypatch):
+    """Every reading of the file hangs: after files.READ_ATTEMPTS of them, a loud error naming the
+    source, the file, the chunk not fed and why, not a feed that waits for ever."""
+    write_parts(tmp_path, parts=1)
+    monkeypatch.setattr(files, "READ_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(files, "READ_ATTEMPTS", 2)
+    monkeypatch.setattr(files, "_TASK", DyingTask(crashing_read, str(tmp_path / "_m"), -1))
+    with pytest.raises(TimeoutError, match=r"source 's': reading .*part-00\.parquet failed 2 times in a row before "
+                                           r"its chunk 0 \(gave no chunk within 1 s; gave no chunk within 1 s"):
+        rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=True)
+
+
+class DyingTask:
+    """Stands for files' reading task: ``.options(...).remote(path, fmt, plan, chunk_size)`` runs
+    ``fn`` with the test's extra arguments."""
+
+    def __init__(self, fn, *extra):
+        self.fn, self.extra, self.opts = fn, extra, {}
+
+    def options(self, **opts):
+        self.opts = opts
+        return self
+
+    def remote(self, *args):
+        return self.fn.options(**self.opts).remote(*args, *self.extra)

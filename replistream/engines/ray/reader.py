@@ -29,8 +29,8 @@ __all__ = ["ReaderActor"]
 @ray.remote(num_cpus=0, max_concurrency=8)
 class ReaderActor:
     """Reads files into the object store for one script: :meth:`read` is
-    :func:`~replistream.files.read_file` as a streaming generator (each chunk's metadata, then its
-    batch), the same chunks as the Ray task of a script with its own Ray.
+    :func:`~replistream.files.read_file` as a streaming generator (each chunk's batch, then its
+    metadata), the same chunks as the Ray task of a script with its own Ray.
 
     >>> r = ReaderActor.remote()                 # doctest: +SKIP
     >>> ray.get(r.preload.remote()) > 0          # doctest: +SKIP
@@ -55,9 +55,10 @@ class ReaderActor:
         return True
 
     def read(self, path: str, fmt: str, plan, chunk_size: int):
-        """``path``'s chunks: each chunk's metadata, then its batch (``num_returns="streaming"``)."""
+        """``path``'s chunks: each chunk's batch, then its metadata (``num_returns="streaming"``; a
+        chunk's metadata that arrives vouches for its batch)."""
         from ...files import read_file
 
         for meta, batch in read_file(path, fmt, plan, chunk_size):
-            yield meta
             yield batch
+            yield meta
