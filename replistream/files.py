@@ -18,8 +18,9 @@ A row that cannot be carried (a null, an integer out of range, a string longer t
 declared width, a non-finite event time) is dead-lettered with its reason, or raises with
 ``on_bad_rows="raise"``. A file that cannot be read at all ends the run with an error that
 names the file. A reading whose process is lost, crashes or gives no chunk for
-:data:`READ_TIMEOUT_S` (stopped) is ended and the file read again by a new task, passing over the
-chunks already fed; :data:`READ_ATTEMPTS` such readings in a row end the feed, naming the file.
+:data:`~replistream.reading.READ_TIMEOUT_S` (stopped) is ended and the file read again by a new
+task, passing over the chunks already fed (:func:`~replistream.reading.read_chunks`); a file no
+reading gets through ends the feed, naming it.
 
 Watching (``watch=True``): after the files present at the start, the directory is polled
 every ``poll`` seconds and each new file (complete: writers should write under a hidden or
@@ -193,62 +194,6 @@ def _read_file_task():
     return read_file_remote
 
 
-#: Seconds a file's reading may go without giving its next chunk (its rows, or their metadata after
-#: them) before it is presumed stopped: its process is ended and the file is read again by a new task,
-#: which passes over the chunks already fed (a stopped reader is masked like a crashed one).
-READ_TIMEOUT_S = 15.0
-
-#: Readings of one file that may end in a row (lost, crashed or stopped, each before it gave a chunk
-#: not fed yet) before the feed fails, naming the file and the chunk it could not get.
-READ_ATTEMPTS = 4
-
-
-class ReadStalled(TimeoutError):
-    """A file's reading gave no chunk within :data:`READ_TIMEOUT_S` (its process stopped answering,
-    or the machine is overloaded).
-
-    >>> isinstance(ReadStalled("s"), TimeoutError)
-    True
-    """
-
-
-def _next_ref(gen, path: str, source: str):
-    """The next reference of ``gen`` (a streaming read of ``path``), waited for at most
-    :data:`READ_TIMEOUT_S` (else :class:`ReadStalled`); ``StopIteration`` once the read ended."""
-    import ray
-
-    if not ray.wait([gen], timeout=READ_TIMEOUT_S)[0]:
-        raise ReadStalled(f"gave no chunk within {READ_TIMEOUT_S:g} s")
-    return next(gen)
-
-
-def _next_chunk(gen, path: str, source: str):
-    """The next chunk of ``gen`` (a streaming read of ``path``: each chunk's rows, then its metadata)
-    as ``(reference to its rows, its metadata)``; ``StopIteration`` once the read ended. A reading
-    that failed ends its stream with the error in place of its next item: raised here."""
-    import ray
-
-    data_ref = _next_ref(gen, path, source)
-    try:
-        meta_ref = _next_ref(gen, path, source)
-    except StopIteration:  # the stream ended on an error, in place of the rows
-        ray.get(data_ref, timeout=READ_TIMEOUT_S)  # (raises it)
-        raise RuntimeError(f"source {source!r}: reading {path} ended between a chunk's rows and its "
-                           f"metadata") from None
-    return data_ref, ray.get(meta_ref, timeout=READ_TIMEOUT_S)
-
-
-def _abandon(gen, via) -> None:
-    """End a reading given up on: the reader actor ``via`` that ran it (killed: it is not used again),
-    or the task behind ``gen`` (cancelled with its process, which may be stopped)."""
-    import ray
-
-    if via is not None:
-        ray.kill(via)
-    else:
-        ray.cancel(gen, force=True)
-
-
 _TASK = None
 _WARMED: set = set()
 _READER = None  # an actor reading this process's files instead of tasks (use_reader)
@@ -264,6 +209,13 @@ def use_reader(handle) -> None:
     """
     global _READER
     _READER = handle
+
+
+def _drop_reader(actor) -> None:
+    """A reading by ``actor`` was given up on (it died or stopped answering): if it is the reader
+    :func:`use_reader` gave, files are read by tasks from now on."""
+    if actor is _READER:
+        use_reader(None)
 
 
 def reader():
@@ -606,6 +558,7 @@ class FileSource:
         files ahead; watching, a file is served as soon as it is read, not held for the next one."""
         import ray
 
+        from .reading import read_chunks
         from .sources import ChunkRef
 
         task = _task()
@@ -645,37 +598,11 @@ class FileSource:
                 time.sleep(self.poll)  # watching: nothing new yet
                 continue
             f, gen, via = pending.popleft()
-            done = skip = 0  # chunks of f yielded; chunks a new reading of f passes over
-            failed: list[str] = []  # readings of f in a row that ended before giving a new chunk
-            while True:
-                try:
-                    data_ref, meta = _next_chunk(gen, f, plan.source)
-                except StopIteration:
-                    break
-                except ray.exceptions.RayTaskError as e:  # the reading raised: the file is the problem
-                    cause = e.as_instanceof_cause()
-                    raise (cause if isinstance(cause, SchemaError) else
-                           SchemaError(f"source {plan.source!r}: reading {f} failed: {e}")) from None
-                except (ReadStalled, ray.exceptions.RayError) as e:
-                    # the reading's process was lost, crashed or stopped answering: it is ended and a
-                    # task reads f again, passing over the chunks already yielded (the same ones:
-                    # read_file cuts a file the same way each time)
-                    failed.append(str(e) if isinstance(e, ReadStalled) else type(e).__name__)
-                    if via is not None and via is _READER:
-                        use_reader(None)  # the reader actor is not used again
-                    _abandon(gen, via)
-                    if len(failed) >= READ_ATTEMPTS:
-                        kind = ReadStalled if isinstance(e, ReadStalled) else RuntimeError
-                        raise kind(f"source {plan.source!r}: reading {f} failed {len(failed)} times in a row "
-                                   f"before its chunk {done} ({'; '.join(failed)}; each time the file was read "
-                                   f"again by a new process): chunks {done} on of that file were never fed, "
-                                   f"and the feed stops here") from None
-                    (gen, via), skip = start(f), done
-                    continue
-                if skip:
-                    skip -= 1
-                    continue
-                done += 1
-                failed.clear()
-                self._account(meta)
-                yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])
+            try:
+                for data_ref, meta in read_chunks((gen, via), lambda: start(f), f, plan.source, _drop_reader):
+                    self._account(meta)
+                    yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])
+            except ray.exceptions.RayTaskError as e:  # the reading raised: the file is the problem
+                cause = e.as_instanceof_cause()
+                raise (cause if isinstance(cause, SchemaError) else
+                       SchemaError(f"source {plan.source!r}: reading {f} failed: {e}")) from None

@@ -72,8 +72,8 @@ def _convert_block_task():
     @ray.remote(num_cpus=0, max_retries=3)
     def convert_block(table, plan: ConversionPlan, chunk_size: int):
         for meta, batch in convert_table(table, plan, chunk_size):
+            yield batch  # (rows first: a chunk's metadata that arrives vouches for them, replistream.reading)
             yield meta
-            yield batch
 
     return convert_block
 
@@ -319,8 +319,7 @@ class _SparkInput:
         still reading later partitions, and the rows never pass through the
         driver, which only sees object references and per-chunk counts.
         """
-        import ray
-
+        from ..reading import read_chunks
         from ..sources import ChunkRef
 
         stream = _PartitionStream(prepared, plan.source)
@@ -329,8 +328,15 @@ class _SparkInput:
         task = _task()
         blocks = stream.blocks()
 
+        def convert(block):
+            """A reading of one partition's block: ``(streaming generator, None)`` (a task)."""
+            return task.options(num_returns="streaming").remote(block, plan, self.chunk_size), None
+
+        started = 0  # partitions of this DataFrame whose conversion started
+
         def advance() -> None:
             """Start converting the next partition (the partitions before a failed one are fed first)."""
+            nonlocal started
             if failed:
                 return
             try:
@@ -339,16 +345,17 @@ class _SparkInput:
                 failed.append(e)
                 return
             if block is not None:
-                pending.append(task.options(num_returns="streaming").remote(block, plan, self.chunk_size))
+                pending.append((started, block, convert(block)))
+                started += 1
 
         try:
             for _ in range(prefetch):
                 advance()
             while pending:
-                gen = pending.popleft()
-                for meta_ref in gen:
-                    meta = ray.get(meta_ref)
-                    data_ref = next(gen)
+                i, block, first = pending.popleft()
+                # a conversion whose process dies or stops answering is replaced (replistream.reading)
+                for data_ref, meta in read_chunks(first, lambda: convert(block), f"partition {i} of its "
+                                                  f"DataFrame", plan.source):
                     self._account(meta)
                     yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])
                 self.partitions += 1

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 import replistream as rs
-from replistream import files
+from replistream import files, reading
 from replistream.engines.ray.reader import ReaderActor
 from replistream.files import FileSource, read_file
 
@@ -122,11 +122,11 @@ def test_a_reader_lost_mid_file_is_replaced_by_a_task_that_skips_what_was_read(t
 
 
 def test_a_reader_that_hangs_is_ended_and_a_task_reads_the_file(tmp_path, no_reader, monkeypatch):
-    """No chunk within files.READ_TIMEOUT_S: the reading is presumed stopped, the reader actor is
+    """No chunk within reading.READ_TIMEOUT_S: the reading is presumed stopped, the reader actor is
     ended and a task reads the file; every row once, in order."""
     write_parts(tmp_path, parts=1)
     want, n = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=False)
-    monkeypatch.setattr(files, "READ_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(reading, "READ_TIMEOUT_S", 1.0)
     reader = DyingReader.remote(0)  # it waits for die() before its first chunk: it hangs
     files.use_reader(reader)
     try:
@@ -144,7 +144,7 @@ def test_a_stopped_reader_process_is_masked_like_a_crashed_one(tmp_path, no_read
     file it reads next gives nothing, its process is killed and a task reads that file instead."""
     write_parts(tmp_path)
     want, n = rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=False)
-    monkeypatch.setattr(files, "READ_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(reading, "READ_TIMEOUT_S", 1.0)
     reader = ReaderActor.remote()
     pid = ray.get(reader.preload.remote(), timeout=120)
     files.use_reader(reader)
@@ -170,11 +170,11 @@ def test_a_reading_task_whose_process_dies_is_read_again(tmp_path, no_reader, mo
 
 
 def test_a_file_no_reading_gets_through_ends_the_feed_naming_it(tmp_path, no_reader, monkeypatch):
-    """Every reading of the file hangs: after files.READ_ATTEMPTS of them, a loud error naming the
+    """Every reading of the file hangs: after reading.READ_ATTEMPTS of them, a loud error naming the
     source, the file, the chunk not fed and why, not a feed that waits for ever."""
     write_parts(tmp_path, parts=1)
-    monkeypatch.setattr(files, "READ_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(files, "READ_ATTEMPTS", 2)
+    monkeypatch.setattr(reading, "READ_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(reading, "READ_ATTEMPTS", 2)
     monkeypatch.setattr(files, "_TASK", DyingTask(crashing_read, str(tmp_path / "_m"), -1))
     with pytest.raises(TimeoutError, match=r"source 's': reading .*part-00\.parquet failed 2 times in a row before "
                                            r"its chunk 0 \(gave no chunk within 1 s; gave no chunk within 1 s"):
