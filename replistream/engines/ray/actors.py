@@ -1234,6 +1234,7 @@ class EntryActor(_Base):
         self.lock = lockorder.lock("EntryActor.lock", 1)
         self.input_log: dict[str, dict[int, Any]] = {name: {} for name in sources}  # seq -> (raw chunk, start)
         self.log_lock = lockorder.lock("EntryActor.log_lock", 2)
+        self.log_grew = lockorder.condition(self.log_lock)  # a chunk was logged (input_chunks waits on it)
         self.recovered = 0  # chunks taken from a peer
         metrics_export.start(self, "entry")  # Ray metrics of its counters, every few seconds (metrics_export.py)
 
@@ -1286,6 +1287,7 @@ class EntryActor(_Base):
             log[seq] = chunk
             for s in [s for s in log if s < keep_from]:
                 del log[s]
+            self.log_grew.notify_all()
 
     @ray.method(concurrency_group="peer")  # apart from the data path: a busy peer answers at once
     def input_chunks(self, source: str, lo: int, hi: int) -> list | None:
@@ -1297,9 +1299,9 @@ class EntryActor(_Base):
         >>> ray.get(peer.input_chunks.remote("s", 3, 5))   # doctest: +SKIP
         [(array(...), None), (array(...), None)]
         """
-        deadline = time.time() + self.PEER_WAIT_S
-        while True:
-            with self.log_lock:
+        deadline = time.monotonic() + self.PEER_WAIT_S
+        with self.log_lock:
+            while True:
                 log = self.input_log.get(source, {})
                 if all(s in log for s in range(lo, hi)):
                     return [log[s] for s in range(lo, hi)]
@@ -1308,9 +1310,10 @@ class EntryActor(_Base):
                 # but one it took and no longer holds (trimmed) never comes back. ``expected`` is
                 # raised before the chunk is logged, so only chunks below ``expected - 1`` are sure
                 taken = self.expected.get(source, 0) - 1
-                if any(s not in log for s in range(lo, min(hi, taken))) or time.time() >= deadline:
+                left = deadline - time.monotonic()
+                if any(s not in log for s in range(lo, min(hi, taken))) or left <= 0:
                     return None
-            time.sleep(0.005)
+                self.log_grew.wait(left)  # woken by each chunk logged (_log_input)
 
     def catch_up(self, upto: dict, peers: list) -> dict:
         """Take every chunk this replica missed, up to ``upto`` (``{source: first chunk not missed}``),
