@@ -379,30 +379,49 @@ def join_steps(rows: int = 200_000, bits_list=(6, 10), reps: int = 5) -> list[di
 CURVE_BITS = (0, 2, 4, 6, 8, 10, 12, 14, 16)
 
 
-def plot_curve(report: dict, png: str) -> None:
+def _curve_points(runs: list, op: str, strategy: str, key: str) -> list[tuple[int, float]]:
+    """``(bins, median of key)`` per bin count of ``op`` moved with ``strategy``: exact runs only."""
+    by: dict[int, list[float]] = {}
+    for r in runs:
+        if r["operator"] == op and r["strategy"] == strategy and r.get(key) is not None and r.get("exact", True):
+            by.setdefault(1 << r["bits"], []).append(float(r[key]))
+    return sorted((b, float(np.median(v))) for b, v in by.items())
+
+
+def plot_curve(report: dict, png: str, before: dict | None = None) -> None:
     """Megaphone Fig. 13's layout for this engine: per moving operator (rows), the maximum and
     99th-percentile latency of the outputs arriving during the transfer and the 2 s after it, and
     the transfer's duration (columns), against the number of bins (log scale), one line per
-    strategy, and dashed the median over the runs of the same latency in the 4 s before each move
-    (the floor the live path sets with no move). Failed or inexact runs are left out of the lines
-    and listed in the title."""
+    strategy (the median where a bin count was run more than once), and dashed the median over the
+    runs of the same latency in the 4 s before each move (the floor the live path sets with no
+    move). ``before``: an earlier report, drawn faint and dotted in the same colours beside it
+    (its date in the legend). Failed or inexact runs are left out of the lines and listed in the
+    title.
+
+    >>> plot_curve(json.load(open("new.json")), "curve.png", before=json.load(open("old.json")))  # doctest: +SKIP
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = [r for r in report.get("migration", []) if "steps" in r]
+    old_runs = [r for r in (before or {}).get("migration", []) if "steps" in r]
+    old_date = str((before or {}).get("date", "before"))[:10]
     ops = sorted({r["operator"] for r in runs}, key=OPERATORS.index)
     fig, axes = plt.subplots(len(ops), 3, figsize=(13, 3.6 * len(ops)), squeeze=False)
     cols = (("transfer_max_ms", "max latency (ms)"), ("transfer_p99_ms", "p99 latency (ms)"),
             ("transfer_s", "transfer duration (s)"))
     for row, op in zip(axes, ops):
         for ax, (key, label) in zip(row, cols):
-            for strategy in ("all-at-once", "batched", "fluid"):
-                pts = sorted((1 << r["bits"], r[key]) for r in runs if r["operator"] == op
-                             and r["strategy"] == strategy and r.get(key) is not None and r.get("exact", True))
+            for color, strategy in zip(("C0", "C1", "C2"), ("all-at-once", "batched", "fluid")):
+                pts = _curve_points(runs, op, strategy, key)
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=strategy)
+                    ax.plot(*zip(*pts), marker="o", color=color, label=strategy)
+                old = _curve_points(old_runs, op, strategy, key)
+                if old:
+                    ax.plot(*zip(*old), marker=".", color=color, linestyle=":", alpha=0.45,
+                            label=f"{strategy} ({old_date})")
             before = [r[key.replace("transfer_", "before_")] for r in runs if r["operator"] == op
                       and r.get(key.replace("transfer_", "before_")) is not None]
             if before and key != "transfer_s":  # the floor: the same latency with no move, 4 s before it
@@ -510,14 +529,22 @@ def main() -> None:
                          "plotted to --plot")
     ap.add_argument("--plot", default=None, metavar="PNG",
                     help="plot latency and duration against bins to PNG (with --curve, or from --markdown's file)")
+    ap.add_argument("--before", default=None, metavar="JSON",
+                    help="with --plot: an earlier run's JSON, drawn faint beside the new curve")
     a = ap.parse_args()
     if a.curve and a.bits == [6, 8, 10]:
         a.bits = list(CURVE_BITS)
     if a.plot and not a.curve and not a.markdown:
         ap.error("--plot needs --curve (a run) or --markdown FILE (an earlier run's JSON): add one")
+    if a.before and not a.plot:
+        ap.error("--before needs --plot PNG (the figure it is drawn in): add one")
+    before = None
+    if a.before:
+        with open(a.before) as fh:
+            before = json.load(fh)
     if a.markdown and a.plot:
         with open(a.markdown) as fh:
-            plot_curve(json.load(fh), a.plot)
+            plot_curve(json.load(fh), a.plot, before)
         print(f"wrote {a.plot}")
         return
     if a.markdown:
@@ -576,7 +603,7 @@ def main() -> None:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
     if a.plot and report.get("migration"):
-        plot_curve(report, a.plot)
+        plot_curve(report, a.plot, before)
         print(f"wrote {a.plot}", flush=True)
 
 
