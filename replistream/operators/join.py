@@ -318,10 +318,10 @@ class JoinLogic(OperatorLogic):
             oi = starts + np.arange(total)
             # test the window (and exact key equality, guarding hash collisions and NaN)
             # on index arrays first; copy columns only for pairs that match
-            ok = np.abs(ts.take(pi) - chunk[TS].take(oi)) < w
+            ok = np.abs(ts[pi] - chunk[TS][oi]) < w
             if self.keys[0] is not None:
                 for a, b in zip(self.keys[port], self.keys[1 - port]):
-                    ok &= batch[a].take(pi) == chunk[b].take(oi)
+                    ok &= batch[a][pi] == chunk[b][oi]
             if not ok.any():
                 continue
             found_pairs.append((chunk, pi[ok], oi[ok]))
@@ -347,18 +347,22 @@ class JoinLogic(OperatorLogic):
     def _emit_pairs(self, left: np.ndarray, li: np.ndarray, right: np.ndarray, ri: np.ndarray,
                     out: np.ndarray | None = None) -> np.ndarray:
         """The joined tuples of pairs ``(left[li], right[ri])``, as :meth:`_emit` makes them, built
-        column by column with ``take`` (into ``out`` when given, a slice of a larger batch):
-        gathering whole structured rows first, then copying their fields, cost 7x as much (28
-        against 3.9 ms per 100,000 pairs of four-field tuples, issue #42)."""
+        column by column (into ``out`` when given, a slice of a larger batch): gathering whole
+        structured rows first, then copying their fields, cost 7x as much (28 against 3.9 ms per
+        100,000 pairs of four-field tuples, issue #42). A column is gathered by indexing
+        (``left[n][li]``), never ``left[n].take(li)``: a field of a structured array is not
+        contiguous, and ``take`` first copies the whole column, so one pair from a 200,000-row
+        chunk of 88-byte tags cost 1-3 ms (a probe of 500 tuples a second kept a third of a core
+        busy)."""
         if out is None:
             out = np.empty(len(li), dtype=self.out_schema.dtype)
-        lts, rts = left[TS].take(li), right[TS].take(ri)
+        lts, rts = left[TS][li], right[TS][ri]
         out[TS] = np.maximum(lts, rts)
-        out[ID] = mix(left[ID].take(li), right[ID].take(ri))
+        out[ID] = mix(left[ID][li], right[ID][ri])
         for n, o in self._lmap:
-            out[o] = left[n].take(li)
+            out[o] = left[n][li]
         for n, o in self._rmap:
-            out[o] = right[n].take(ri)
+            out[o] = right[n][ri]
         return out
 
     def _predicate_pairs(self, left: np.ndarray, right: np.ndarray) -> list[np.ndarray]:
