@@ -157,6 +157,37 @@ def test_a_stopped_reader_process_is_masked_like_a_crashed_one(tmp_path, no_read
     assert (got, m) == (want, n) and n == 9
 
 
+def test_a_deployment_fed_through_a_stopped_reader_gives_the_reference_output(tmp_path, no_reader, monkeypatch):
+    """The whole path: a deployment whose file reader's process is stopped (SIGSTOP) before the run
+    reads every file through tasks instead, and its output equals the reference run's."""
+    from replistream.engines.ray import deploy
+    from replistream.testing import assert_same_output, run_reference
+
+    write_parts(tmp_path)
+    monkeypatch.setattr(reading, "READ_TIMEOUT_S", 1.0)
+
+    def query():
+        q = rs.Query("stopped_reader")
+        s = FileSource(str(tmp_path), time="t", chunk_size=1_000).declare(q, "s", punctuate_every=100_000)
+        s.window(size=250_000, by="key", aggs={"n": "count", "hi": ("x", "max")}).sink("per_key")
+        return q.build()
+
+    reader = ReaderActor.remote()
+    pid = ray.get(reader.preload.remote(), timeout=120)
+    os.kill(pid, signal.SIGSTOP)
+    files.use_reader(reader)
+    try:
+        with deploy(query(), servers=2, k=1) as dep:
+            got = dep.run({"s": FileSource(str(tmp_path), time="t", chunk_size=1_000)}, timeout=120)
+        assert files.reader() is None  # given up on, and not used again
+    finally:
+        ray.kill(reader)
+    assert got.complete
+    ref = run_reference(query(), {"s": FileSource(str(tmp_path), time="t", chunk_size=1_000)})
+    assert len(ref.outputs["per_key"]) > 0
+    assert_same_output(ref.outputs["per_key"], got.outputs["per_key"])
+
+
 @pytest.mark.parametrize("after", [0, 2])
 def test_a_reading_task_whose_process_dies_is_read_again(tmp_path, no_reader, monkeypatch, after):
     """A task's process dies after ``after`` chunks of a file (as if killed): a new task reads the
