@@ -187,9 +187,9 @@ def _read_file_task():
 
     @ray.remote(num_cpus=0, max_retries=0)
     def read_file_remote(path: str, fmt: str, plan: ConversionPlan, chunk_size: int):
-        for meta, batch in read_file(path, fmt, plan, chunk_size):
-            yield batch  # (batch first: a chunk's metadata that arrives vouches for its batch)
-            yield meta
+        from .reading import rows_then_meta
+
+        yield from rows_then_meta(read_file(path, fmt, plan, chunk_size))
 
     return read_file_remote
 

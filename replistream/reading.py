@@ -56,6 +56,19 @@ class ReadLost(RuntimeError):
     """
 
 
+def rows_then_meta(chunks) -> Iterator:
+    """The items a reading yields for ``chunks`` (``(metadata, rows)`` pairs, as
+    :func:`~replistream.files.read_file` and :func:`~replistream.spark.convert.convert_table` give
+    them): each chunk's rows, then its metadata, the order :func:`read_chunks` takes them in.
+
+    >>> list(rows_then_meta([({"n": 2}, "rows")]))
+    ['rows', {'n': 2}]
+    """
+    for meta, rows in chunks:
+        yield rows
+        yield meta
+
+
 def _next_ref(gen):
     """The next reference of ``gen``, waited for at most :data:`READ_TIMEOUT_S` (else
     :class:`ReadStalled`); ``StopIteration`` once the reading ended."""

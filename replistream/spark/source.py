@@ -71,9 +71,9 @@ def _convert_block_task():
 
     @ray.remote(num_cpus=0, max_retries=3)
     def convert_block(table, plan: ConversionPlan, chunk_size: int):
-        for meta, batch in convert_table(table, plan, chunk_size):
-            yield batch  # (rows first: a chunk's metadata that arrives vouches for them, replistream.reading)
-            yield meta
+        from ..reading import rows_then_meta
+
+        yield from rows_then_meta(convert_table(table, plan, chunk_size))
 
     return convert_block
 

@@ -58,7 +58,6 @@ class ReaderActor:
         """``path``'s chunks: each chunk's batch, then its metadata (``num_returns="streaming"``; a
         chunk's metadata that arrives vouches for its batch)."""
         from ...files import read_file
+        from ...reading import rows_then_meta
 
-        for meta, batch in read_file(path, fmt, plan, chunk_size):
-            yield batch
-            yield meta
+        yield from rows_then_meta(read_file(path, fmt, plan, chunk_size))
