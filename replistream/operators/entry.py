@@ -32,6 +32,7 @@ number, the running maximum timestamp, the punctuation in force), which the part
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -101,6 +102,10 @@ class EntryStart:
     punct: int
 
 
+#: How many ranges of records an entry partition remembers having taken (:attr:`EntryLogic.taken`).
+TAKEN_KEPT = 4096
+
+
 class EntryLogic:
     """Entry point for source ``name`` (Hwang §II-B).
 
@@ -156,6 +161,10 @@ class EntryLogic:
         self.malformed_count = 0
         self.tuples_out = 0
         self.dead_letters: list[DeadLetter] = []
+        #: with entry partitions, the last :data:`TAKEN_KEPT` ranges of the source's records this
+        #: partition took, ``(first, end)`` by id counter, in order: a control plane restored after
+        #: a host was lost learns from them which rows no partition took (:class:`TakenRows`)
+        self.taken: deque[tuple[int, int]] = deque(maxlen=TAKEN_KEPT)
 
     def auto_punctuation(self, m):
         """The punctuation rule ``P(m) = floor((m - max_disorder) / every) * every - 1`` for
@@ -206,7 +215,16 @@ class EntryLogic:
     def push(self, data: Any, start: EntryStart | None = None) -> list[Item]:
         """The items to send downstream for ``data`` (see the class doc). With ``start``, this
         entry point first takes that position (an entry partition given a chunk by the feeder,
-        with the state the unpartitioned entry point would be in before it)."""
+        with the state the unpartitioned entry point would be in before it) and notes the range of
+        records it took in :attr:`taken`."""
+        out = self._push(data, start)
+        if start is not None and not isinstance(data, Punctuation) and self.seq > int(start.seq):
+            if not hasattr(self, "taken"):  # (an entry point pickled before ranges were kept)
+                self.taken = deque(maxlen=TAKEN_KEPT)
+            self.taken.append((int(start.seq), int(self.seq)))
+        return out
+
+    def _push(self, data: Any, start: EntryStart | None) -> list[Item]:
         if self.closed:
             raise ValueError(f"source {self.name!r}: data pushed after the stream was closed")
         if start is not None:
@@ -397,6 +415,86 @@ class EntrySplit:
         if self.shadow.punct > before:
             out += [(i, Punctuation(self.shadow.punct), None) for i in everyone if i != part]
         return out
+
+
+class TakenRows:
+    """Which records of a source the entry partitions had taken when the host feeding them was lost,
+    by id counter (a record's place in the source): every record below ``floor`` and those in
+    ``ranges`` (``[(first, end)]``).
+
+    Built by :meth:`of` from each partition's position: a partition takes the chunks sent to it in
+    order, so with its furthest replica at ``rows`` it took every chunk routed to it that ends by
+    ``rows``. Below the lowest ``rows`` of all partitions every record was taken (its chunk went
+    to some partition, which stands past it); above it, the ranges each partition remembers
+    (:attr:`EntryLogic.taken`) say which were. A restored feeder cuts and routes the source anew,
+    so it needs no cut of the lost host's (a paced feed's pieces are cut by wall time): it sends
+    only the records no partition took (:meth:`segments`).
+
+    >>> t = TakenRows.of([{"rows": 300, "taken": [(0, 100), (250, 300)], "complete": True},
+    ...                   {"rows": 240, "taken": [(100, 240)], "complete": True},
+    ...                   {"rows": 200, "taken": [(120, 200)], "complete": True}])
+    >>> t.floor, t.ranges                  # 240..249 went to a partition that never got them
+    (240, [(250, 300)])
+    >>> t.segments(150, 420)
+    [(150, 240, True), (240, 250, False), (250, 300, True), (300, 420, False)]
+    """
+
+    def __init__(self, floor: int, ranges: list[tuple[int, int]]):
+        self.floor = int(floor)
+        self.ranges = [(int(a), int(b)) for a, b in ranges]
+
+    @classmethod
+    def of(cls, parts: list[dict]) -> "TakenRows":
+        """From each partition's ``{"rows": its id counter, "taken": the ranges it remembers,
+        "complete": whether it remembers every range it took}`` for one source. Raises
+        ``RuntimeError`` when a partition forgot ranges above the floor (more than
+        :data:`TAKEN_KEPT` chunks behind): which records it took is then unknown."""
+        floor = min(int(p["rows"]) for p in parts) if parts else 0
+        merged: list[tuple[int, int]] = []
+        for i, p in enumerate(parts):
+            kept = [(int(a), int(b)) for a, b in p.get("taken", ())]
+            if not p.get("complete", True) and kept and kept[0][0] > floor:
+                raise RuntimeError(f"entry partition {i} remembers only the records it took from {kept[0][0]} "
+                                   f"on, and the partitions all stand past record {floor} only: which records "
+                                   f"between them it took is unknown")
+            merged += [(max(a, floor), b) for a, b in kept if b > floor]
+        merged.sort()
+        ranges: list[tuple[int, int]] = []
+        for a, b in merged:
+            if ranges and a <= ranges[-1][1]:
+                ranges[-1] = (ranges[-1][0], max(ranges[-1][1], b))
+            else:
+                ranges.append((a, b))
+        if ranges and ranges[0][0] <= floor:  # (joined to the floor)
+            floor = ranges.pop(0)[1]
+        return cls(floor, ranges)
+
+    def segments(self, a: int, b: int) -> list[tuple[int, int, bool]]:
+        """Records ``a`` .. ``b - 1`` cut where taken and not taken records meet: ``[(first, end,
+        taken)]`` in order, covering them all."""
+        cuts: list[tuple[int, int, bool]] = []
+
+        def add(lo: int, hi: int, taken: bool) -> None:
+            lo, hi = max(lo, a), min(hi, b)
+            if lo >= hi:
+                return
+            if cuts and cuts[-1][2] == taken and cuts[-1][1] == lo:
+                cuts[-1] = (cuts[-1][0], hi, taken)
+            else:
+                cuts.append((lo, hi, taken))
+
+        add(a, self.floor, True)
+        at = max(a, self.floor)
+        for lo, hi in self.ranges:
+            if hi <= at:
+                continue
+            if lo >= b:
+                break
+            add(at, lo, False)
+            add(lo, hi, True)
+            at = hi
+        add(at, b, False)
+        return cuts
 
 
 def _is_chunk_ref(chunk: Any) -> bool:

@@ -2,8 +2,8 @@
 p=2 entry partitions) SIGKILLed mid-feed, at a point where the two partitions stand apart: entry
 partition 1's next chunk of records is lost with the host (never sent) while partition 0's replicas
 both take the chunk after it (a sentinel arms the host so). The host standing
-by restores the deployment, cuts and routes the input again as the lost host did, and sends each
-partition only what follows its own position; the Parquet output equals the reference run exactly
+by restores the deployment, cuts and routes the input again (as the lost host did, or, paced with
+``chunk_ms``, anew), and sends only the records no partition took; the Parquet output equals the reference run exactly
 (no row lost, none twice)."""
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ def _keyed_chunks(seed: int, n: int, keys: int, span_s: float = 20.0) -> list[di
     return [{"ts": t[a:a + 100], "k": rng.integers(0, keys, 100), "v": rng.normal(size=100)} for a in range(0, n, 100)]
 
 
-def _run(tmp_path, name: str, standby_patch=None):
-    """Deploy, feed with the sentinel, let the host die and the standby resume; ``standby_patch(host)``
+def _run(tmp_path, name: str, standby_patch=None, paced: bool = False):
+    """Deploy, feed with the sentinel (``paced``: at twice event time, in pieces of ``chunk_ms``
+    cut by wall time), let the host die and the standby resume; ``standby_patch(host)``
     runs in the standby host's process first. Returns (the partitions' positions at the resume, the
     reference output, the Parquet output)."""
     def die_between_partitions(dep):
@@ -89,7 +90,8 @@ def _run(tmp_path, name: str, standby_patch=None):
             time.sleep(0.1)
         if standby_patch is not None:
             ray.get(ray.get_actor(pair(name)[1], namespace=NAMESPACE).__ray_call__.remote(standby_patch), timeout=60)
-        dep.feed({"s": inject_at(chunks, seconds(6), Call(die_between_partitions))}, chunk_size=100)
+        dep.feed({"s": inject_at(chunks, seconds(6), Call(die_between_partitions))}, chunk_size=100,
+                 **({"pace": 2.0, "chunk_ms": 20.0} if paced else {}))
         assert dep.wait(180)
         events = dep.events
     finally:
@@ -99,12 +101,17 @@ def _run(tmp_path, name: str, standby_patch=None):
     return restored["resumed"]["parts"], ref.outputs["out"], ParquetSink(out_dir).read()
 
 
-def test_the_host_lost_mid_feed_with_entry_partitions_resumes_each_partition_exactly(tmp_path):
-    parts, ref, got = _run(tmp_path, "parts-resume")
+@pytest.mark.parametrize("paced", [False, True])
+def test_the_host_lost_mid_feed_with_entry_partitions_resumes_each_partition_exactly(tmp_path, paced):
+    """Unpaced, the resumed feed cuts the input as the lost host did; paced with ``chunk_ms`` its
+    pieces are cut anew by wall time, and only the records no partition took are sent, to a
+    partition that stands before them (tests/engines/test_entry_resume_cuts.py)."""
+    parts, ref, got = _run(tmp_path, f"parts-resume-{int(paced)}", paced=paced)
     # the partitions stood apart: partition 0 had taken a whole chunk (100 rows) past one partition
     # 1 lacked (and each had taken rows, so each skipped some on the resume)
     rows = [p["s"]["rows"] for p in parts]
-    assert rows[0] > rows[1] + 100 and rows[1] > 0 and not any(p["s"]["closed"] for p in parts), parts
+    apart = 0 if paced else 100  # (paced, a piece may be smaller than a chunk)
+    assert rows[0] > rows[1] + apart and rows[1] > 0 and not any(p["s"]["closed"] for p in parts), parts
     assert_same_output(ref, got)
 
 

@@ -1363,14 +1363,24 @@ class EntryActor(_Base):
     def entry_position(self) -> dict:
         """Where this replica stands per source: ``{source: {"expected": next chunk, "rows": records
         taken (the entry point's id counter), "closed": its end taken}}``; a control plane that was
-        restored resumes the feed from the furthest replica's (:mod:`.lifecycle`).
+        restored resumes the feed from the furthest replica's (:mod:`.lifecycle`). An entry
+        partition's also says which ranges of records it took (``"taken"``, the last
+        :data:`~replistream.operators.entry.TAKEN_KEPT`), whether those are all (``"complete"``) and
+        the highest punctuation it passed on (``"punct"``).
 
         >>> ray.get(entry.entry_position.remote())["s"]   # doctest: +SKIP
         {'expected': 12, 'rows': 110000, 'closed': False}
         """
+        from ...operators.entry import TAKEN_KEPT
+
         with self.lock:
-            return {src: {"expected": int(self.expected[src]), "rows": int(e.seq), "closed": bool(e.closed)}
-                    for src, e in self.entries.items()}
+            out = {src: {"expected": int(self.expected[src]), "rows": int(e.seq), "closed": bool(e.closed)}
+                   for src, e in self.entries.items()}
+            if self.partition is not None:
+                for src, e in self.entries.items():
+                    taken = list(getattr(e, "taken", ()))
+                    out[src].update(taken=taken, complete=len(taken) < TAKEN_KEPT, punct=int(e.position().punct))
+            return out
 
     def entry_checkpoint(self) -> dict:
         """What a new entry replica needs to take this one's place (a repair, Hwang §III: entry

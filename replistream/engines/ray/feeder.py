@@ -27,9 +27,10 @@ in the feed), with the state an unpartitioned entry point would be in before it;
 groups get a progress note (the new punctuation) when it rises; the end goes to every group.
 Chunk numbers, backpressure, skipping, ``keep_from`` and catching up from a peer then work per
 group: a replica catches up from a copy of its own partition. A feed resumed after its host was
-lost (:mod:`.lifecycle`) cuts and routes the input again from its start, as the lost host did, and
-sends each partition only what follows its own furthest replica's position (:meth:`Feeder._taken`);
-that needs chunks cut by ``chunk_size`` alone (a feed cut by wall time is refused, saying so).
+lost (:mod:`.lifecycle`) cuts and routes the input again from its start (a paced feed's pieces
+anew) and sends only the records no partition took, known from the ranges each partition's
+furthest replica remembers (:meth:`Feeder._taken`), each to a partition that has not passed it
+(:meth:`Feeder._destination`); a feed with idle timeouts is refused, saying so.
 
 With idle timeouts (``idle``: ``{source: seconds}``) the sources are merged by
 :class:`~replistream.idle.IdleMerge` instead: a source with nothing to send for its
@@ -63,7 +64,7 @@ from . import lockorder
 from ...operators.base import NO_PUNCTUATION
 from ...partition import partition_label
 from ...plan import ENTRY, label_group
-from ...schema import END
+from ...schema import END, Punctuation
 from ...idle import Heartbeat, IdleMerge
 from ...sources import (AdaptiveCut, ChunkRef, Sentinel, TimeMerge, chunk_tmax, iter_chunks, paced_pieces, release_rule,
                         needs_stamp, stamp)
@@ -136,17 +137,27 @@ def chunk_rows(chunk) -> int:
 
 def _tail(chunk, start: int):
     """``chunk`` without its first ``start`` rows."""
+    return _slice(chunk, start, chunk_rows(chunk))
+
+
+def _slice(chunk, lo: int, hi: int):
+    """Records ``lo`` .. ``hi - 1`` of ``chunk`` (by place, rejected records included: what an entry
+    point's id counter counts).
+
+    >>> _slice([{"ts": 1}, {"ts": 2}, {"ts": 3}], 1, 3), _slice({"ts": np.arange(4)}, 0, 2)["ts"].tolist()
+    ([{'ts': 2}, {'ts': 3}], [0, 1])
+    """
     from ...operators.entry import SourceBatch
     from ...sources import source_batch_slice
 
     if isinstance(chunk, SourceBatch):
-        return source_batch_slice(chunk, start, chunk.n)
+        return source_batch_slice(chunk, lo, hi)
     if isinstance(chunk, (np.ndarray, list)):
-        return chunk[start:]
+        return chunk[lo:hi]
     if isinstance(chunk, Mapping):
-        return {k: v[start:] for k, v in chunk.items()}
-    raise RuntimeError(f"the feed cannot resume inside a chunk of type {type(chunk).__name__} (its first {start} "
-                       f"rows were taken): the chunk cannot be cut")
+        return {k: v[lo:hi] for k, v in chunk.items()}
+    raise RuntimeError(f"the feed cannot resume inside a chunk of type {type(chunk).__name__} (its rows "
+                       f"{lo}..{hi} are to be sent apart from the others): the chunk cannot be cut")
 
 
 #: How long a paced feeder waits for a chunk a reading task put in the object store.
@@ -268,8 +279,13 @@ class Feeder:
         self.sentinels_run: dict[str, int] = {}
         self.resumed: dict | None = None
         #: after a restore with entry partitions: per partition, ``{source: (rows, closed)}`` of its
-        #: furthest replica (what it took is not sent again), and the sources sent anything since
+        #: furthest replica, per source the records some partition took (not sent again:
+        #: :class:`~replistream.operators.entry.TakenRows`), per partition where it stands as the
+        #: resumed feed sends it more, and the sources sent anything since
         self.part_skip: list[dict[str, tuple[int, bool]]] | None = None
+        self.part_taken: dict | None = None
+        self.part_pos: list[dict[str, int]] | None = None
+        self.part_punct: list[dict[str, int]] | None = None
         self.sent_since_resume: set[str] = set()
 
     @property
@@ -301,9 +317,10 @@ class Feeder:
         already run, :attr:`sentinels_run`), a closed one is not sent again, the entry replicas
         ``behind`` catch up from a peer first, and the clock (``t0``, ``ts0``) is the one the run
         started with. With entry partitions ``resume["parts"]`` (``[{source: {"seq", "rows",
-        "closed"}}]``, per partition its furthest replica's) replaces the skip by ``rows``: the
-        input is routed again from its start and partition ``P`` goes on at chunk ``seq`` with what
-        follows its ``rows`` (:meth:`_taken`)."""
+        "closed", "taken", "complete"}}]``, per partition its furthest replica's) replaces the skip
+        by ``rows``: the input is cut and routed again from its start (cut anew: a paced feed's
+        pieces need not fall where the lost host's did), the records no partition took are sent
+        (:meth:`_taken`, :meth:`_destination`) and partition ``P`` goes on at chunk ``seq``."""
         self.resumed = resume
         self.t0 = t0
         self.done_wall = None
@@ -316,6 +333,28 @@ class Feeder:
         self.thread = threading.Thread(target=self._run, args=(list(sources), dict(inputs), pace, chunk_size),
                                        daemon=True, name="replistream-feeder")
         self.thread.start()
+
+    def _split(self, sources: list[str], parts: list[dict] | None) -> None:
+        """Set up the cut of each source between the entry partitions (:class:`EntrySplit
+        <replistream.operators.entry.EntrySplit>`), fresh or, with ``parts`` (``resume["parts"]``,
+        see :meth:`start`), resumed: the split is replayed from each source's first chunk, each
+        partition's chunks numbered on from its own position, and nothing some partition took
+        before the host was lost is sent again (:meth:`_taken`)."""
+        from ...operators.entry import EntrySplit, TakenRows
+
+        self.splits = {s: EntrySplit(self.entry_of(s), self.entry_partitions, offset=i) for i, s in enumerate(sources)}
+        self.part_seqs = [{s: 0 if parts is None else int(parts[i][s]["seq"]) for s in sources}
+                          for i in range(self.entry_partitions)]
+        self.part_skip = None if parts is None else [
+            {s: (int(parts[i][s]["rows"]), bool(parts[i][s]["closed"])) for s in sources}
+            for i in range(self.entry_partitions)]
+        self.part_taken = None if parts is None else {
+            s: TakenRows.of([parts[i][s] for i in range(self.entry_partitions)]) for s in sources}
+        self.part_pos = None if parts is None else [{s: sk[0] for s, sk in skip.items()} for skip in self.part_skip]
+        self.part_punct = None if parts is None else [
+            {s: int(END if parts[i][s].get("punct") is None else parts[i][s]["punct"]) for s in sources}
+            for i in range(self.entry_partitions)]
+        self.sent_since_resume = set()
 
     @property
     def started(self) -> bool:
@@ -339,7 +378,7 @@ class Feeder:
         resume = self.resumed
         parts = None if resume is None else resume.get("parts")  # a partitioned feed resumed
         if parts is not None:
-            self._refuse_unrepeatable_cuts(pace)
+            self._refuse_unrepeatable_heartbeats()
         elif resume is not None:
             iters = {s: skip_rows(it, resume["at"][s]["rows"]) for s, it in iters.items()}
         cut = None
@@ -359,22 +398,11 @@ class Feeder:
             self.sources = list(sources)
             self.seqs = {s: 0 if resume is None or parts is not None else resume["at"][s]["seq"] for s in sources}
             if self.entry_partitions > 1:
-                from ...operators.entry import EntrySplit
-
                 if resume is not None and parts is None:
                     raise RuntimeError(f"the host of this detached deployment was lost while it fed "
                                        f"{self.entry_partitions} entry partitions, and the restored feeder was not "
                                        f"told where each partition stands: the feed cannot resume")
-                self.splits = {s: EntrySplit(self.entry_of(s), self.entry_partitions, offset=i)
-                               for i, s in enumerate(sources)}
-                # the split is replayed from the source's first chunk (its cuts are a function of the
-                # input and chunk_size): each partition is sent only what follows its own position
-                self.part_seqs = [{s: 0 if parts is None else int(parts[i][s]["seq"]) for s in sources}
-                                  for i in range(self.entry_partitions)]
-                self.part_skip = None if parts is None else [
-                    {s: (int(parts[i][s]["rows"]), bool(parts[i][s]["closed"])) for s in sources}
-                    for i in range(self.entry_partitions)]
-                self.sent_since_resume = set()
+                self._split(sources, parts)
             closed = set() if resume is None else {s for s in sources if resume["at"][s]["closed"]}
             self.open_sources = set(sources) - closed
             self.inflight = {label: [] for label, _ in self.topology.running(ENTRY)}
@@ -467,50 +495,95 @@ class Feeder:
         if not self.splits:
             self._send_to(ENTRY, src, seq, chunk, None)
         else:
-            for part, item, start in self.splits[src].route(chunk):
-                if self.part_skip is not None and self._taken(part, src, item, start):
-                    continue  # the partition took it before its host was lost
-                self.sent_since_resume.add(src)
-                pseq = self.part_seqs[part][src]
-                self._send_to(partition_label(ENTRY, part), src, pseq, item, start)
-                self.part_seqs[part][src] = pseq + 1
+            for piece in self._untaken_apart(src, chunk):
+                for part, item, start in self.splits[src].route(piece):
+                    if self.part_skip is not None:
+                        if self._taken(part, src, item, start):
+                            continue  # a partition took it before its host was lost
+                        part = self._destination(part, src, item, start)
+                    self.sent_since_resume.add(src)
+                    pseq = self.part_seqs[part][src]
+                    self._send_to(partition_label(ENTRY, part), src, pseq, item, start)
+                    self.part_seqs[part][src] = pseq + 1
         self.seqs[src] = seq + 1
         self._settle(MAX_INFLIGHT_CHUNKS, MAX_LAG_CHUNKS)
 
+    def _untaken_apart(self, src: str, chunk) -> list:
+        """After a restore with entry partitions: ``chunk`` cut where records some partition took
+        before the host was lost meet records none took (:meth:`TakenRows.segments
+        <replistream.operators.entry.TakenRows.segments>`), so that each piece is either sent
+        whole or not at all; otherwise ``[chunk]``. A chunk whose rows are not here
+        (:class:`~replistream.sources.ChunkRef`, read by a Ray task and sent by reference) cannot be
+        cut: the resumed feed cuts such chunks as the lost host did (by ``chunk_size`` and the
+        readings), so none straddles."""
+        n = chunk_rows(chunk) if self.part_skip is not None else 0
+        if n == 0:
+            return [chunk]
+        a = int(self.splits[src].shadow.seq)
+        segments = self.part_taken[src].segments(a, a + n)
+        if len(segments) <= 1 or isinstance(chunk, ChunkRef):
+            return [chunk]
+        return [_slice(chunk, lo - a, hi - a) for lo, hi, _ in segments]
+
     def _taken(self, part: int, src: str, item, start) -> bool:
-        """After a restore, with entry partitions: True if entry partition ``part`` took ``item`` (of
-        ``src``, routed from position ``start``) before the host was lost. The replayed split cuts and
-        routes the source as the lost host did, so a chunk of records was taken if it ends at or
-        before the partition's id counter (its furthest replica's ``rows``: the chunks of a partition
-        arrive in order); a punctuation or an end was taken if the split had not passed that point
-        yet when it made it (one sent again changes nothing); everything was taken once the
-        partition took the source's end."""
+        """After a restore, with entry partitions: True if ``item`` (of ``src``, routed to entry
+        partition ``part`` from position ``start``) need not be sent. A chunk of records was taken
+        if some partition took its records before the host was lost (:class:`TakenRows
+        <replistream.operators.entry.TakenRows>`: the resumed feed need not cut the input as the lost
+        host did); a punctuation or an end was taken if the partition stands past that point (one
+        sent again changes nothing); everything was taken once the partition took the source's
+        end."""
         rows, closed = self.part_skip[part][src]
         if closed:
             return True
         if start is not None:  # a chunk of records, from its place in the source
-            end = int(start.seq) + chunk_rows(item)
-            if end <= rows:
-                return True
-            if int(start.seq) < rows:
-                raise RuntimeError(f"the resumed feed of source {src!r} cut its input differently than the lost "
-                                   f"host did: entry partition {part} took rows up to {rows}, inside a chunk of rows "
-                                   f"{start.seq}..{end}; the rows of that partition cannot be told apart")
-            return False
-        return self.splits[src].shadow.seq < rows
+            lo, hi = int(start.seq), int(start.seq) + chunk_rows(item)
+            segments = self.part_taken[src].segments(lo, hi)
+            if len(segments) > 1:
+                raise RuntimeError(f"the resumed feed of source {src!r} cannot cut a chunk of rows {lo}..{hi} "
+                                   f"read by a Ray task where the rows entry partitions took before the host was "
+                                   f"lost end ({segments}): it was cut differently than the lost host did")
+            return bool(segments and segments[0][2])
+        return self.splits[src].shadow.seq < self.part_pos[part][src]
 
-    def _refuse_unrepeatable_cuts(self, pace) -> None:
-        """A partitioned feed resumes by cutting and routing the input again as the lost host did: that
-        needs chunks cut by ``chunk_size`` alone. A paced feed cut by wall time (``chunk_ms``) or with
-        idle timeouts (heartbeats by wall time) cannot be cut again the same way: refused, saying so."""
-        why = ("it was paced with chunk_ms (chunks cut by wall time)" if pace is not None and self.chunk_ms else
-               "it had idle timeouts (heartbeats placed by wall time)" if self.idle else None)
-        if why is not None:
+    def _destination(self, part: int, src: str, item, start) -> int:
+        """After a restore, with entry partitions: the partition that takes ``item`` (routed to
+        ``part``; a punctuation goes where it was routed). A chunk of records goes to a partition
+        that has not taken the source's end, stands at or before the chunk's first record and has
+        passed on no punctuation above the one in force there (``start.punct``), ``part`` if it
+        qualifies: records no partition took before the host was lost may lie below where ``part``
+        stands (a paced feed's pieces are cut anew), and a partition that went past them, or was
+        sent a progress note from past them, has promised downstream nothing below that note. The
+        partition they first went to had taken nothing from past them, so one always qualifies.
+        """
+        if isinstance(item, Punctuation):
+            self.part_punct[part][src] = max(self.part_punct[part][src], int(item.p))
+        if start is None:
+            return part
+        lo = int(start.seq)
+        ok = [p for p in [part, *range(self.entry_partitions)]
+              if not self.part_skip[p][src][1] and self.part_pos[p][src] <= lo
+              and self.part_punct[p][src] <= int(start.punct)]
+        if not ok:
+            raise RuntimeError(f"after the host was lost, records {lo}..{lo + chunk_rows(item)} of source {src!r} "
+                               f"were taken by no entry partition, and every partition stands past them "
+                               f"(records {[pos[src] for pos in self.part_pos]}, punctuations "
+                               f"{[p[src] for p in self.part_punct]}): the feed cannot resume exactly")
+        self.part_pos[ok[0]][src] = lo + chunk_rows(item)
+        self.part_punct[ok[0]][src] = max(self.part_punct[ok[0]][src], int(self.splits[src].shadow.punct))
+        return ok[0]
+
+    def _refuse_unrepeatable_heartbeats(self) -> None:
+        """A partitioned feed with idle timeouts places heartbeat punctuations by wall time: a
+        resumed feed would place them elsewhere, and a partition may have passed on a heartbeat
+        above records no partition took. Refused, saying so."""
+        if self.idle:
             raise RuntimeError(f"the host of this detached deployment was lost while it fed {self.entry_partitions} "
-                               f"entry partitions, and the feed cannot resume exactly because {why}: which rows "
-                               f"each partition took cannot be told again; feed with chunk_ms=None and no "
-                               f"idle_timeout (or deploy without parallelism['entry']) for a detached deployment "
-                               f"with entry partitions that survives losing its host")
+                               f"entry partitions, and the feed cannot resume exactly because it had idle timeouts "
+                               f"(heartbeats placed by wall time): a partition may have passed on a heartbeat "
+                               f"above rows no partition took; feed with no idle_timeout (or deploy without "
+                               f"parallelism['entry']) for a detached deployment with entry partitions that "
+                               f"survives losing its host")
 
     def _group(self, label: str) -> str:
         """The entry replicas that are copies of ``label``: ``"entry"``, or its partition ``"entry.P"``."""

@@ -172,7 +172,8 @@ class Ingest:
             best = [{src: max((p for lb, p in positions.items() if group[lb] == i),
                               key=lambda p: p[src]["expected"])[src] for src in sources} for i in range(parts)]
             split = [{src: {"seq": int(b[src]["expected"]), "rows": int(b[src]["rows"]),
-                            "closed": bool(b[src]["closed"])} for src in sources} for b in best]
+                            "closed": bool(b[src]["closed"]), "taken": b[src].get("taken", []),
+                            "complete": bool(b[src].get("complete", False)), "punct": b[src].get("punct")} for src in sources} for b in best]
             at = {src: {"seq": 0, "rows": max(sp[src]["rows"] for sp in split),
                         "closed": all(sp[src]["closed"] for sp in split)} for src in sources}
             behind = {label: {src: int(p[src]["expected"]) for src in sources
@@ -199,8 +200,9 @@ class Ingest:
                                                                    "markers": markers, "parts": split})
         self.plane._markers_in_flight = []
         out = {"at": at, "behind": sorted(behind), "markers_sent": [(src, m.id) for src, m in markers]}
-        if split is not None:
-            out["parts"] = split
+        if split is not None:  # (without the ranges each partition took: hundreds of pairs)
+            out["parts"] = [{src: {k: v for k, v in pos.items() if k in ("seq", "rows", "closed")}
+                             for src, pos in part.items()} for part in split]
         return out
 
     def _punctuation_rules(self) -> dict:
