@@ -297,7 +297,11 @@ class FileSource:
     event-time column (timestamp, date, or a number in ``time_unit``: ``"us"``,
     ``"ms"``, ``"s"``, ``"min"``, ``"h"``); ``columns`` the payload (a list, or
     ``{field: column}`` to rename; default every other column). ``chunk_size`` rows
-    per chunk; ``prefetch`` files read ahead of the feeder in a deployment.
+    per chunk; ``prefetch`` files read ahead of the feeder in a deployment. In a deployment a
+    file's reading that gives no chunk for ``read_timeout_s`` seconds (its process stopped, or
+    storage that slow) is ended and read again by a new process
+    (None: :data:`~replistream.reading.READ_TIMEOUT_S`; raise it for storage that can take longer
+    for one chunk).
 
     >>> src = FileSource("readings/", time="event_time", columns={"cpu": "cpu_load"})   # doctest: +SKIP
     >>> load = src.declare(q, "load", punctuate_every=seconds(1), max_disorder=seconds(2))   # doctest: +SKIP
@@ -308,7 +312,8 @@ class FileSource:
                  columns: Sequence[str] | Mapping[str, str] | None = None, *, format: str | None = None,
                  time_unit: str = "us", chunk_size: int = 10_000, string_width: int = 64,
                  on_bad_rows: str = "dead_letter", prefetch: int = 2, watch: bool = False, poll: float = 0.5,
-                 idle_timeout: float | None = None, end_marker: str | None = None):
+                 idle_timeout: float | None = None, end_marker: str | None = None,
+                 read_timeout_s: float | None = None):
         if on_bad_rows not in ("dead_letter", "raise"):
             raise ValueError(f"on_bad_rows must be 'dead_letter' or 'raise', got {on_bad_rows!r}")
         if time_unit not in TIME_UNITS:
@@ -318,6 +323,10 @@ class FileSource:
                 raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
         if format is not None and format not in FORMATS:
             raise ValueError(f"format must be one of {sorted(FORMATS)}, got {format!r}")
+        if read_timeout_s is not None and (isinstance(read_timeout_s, bool) or not isinstance(read_timeout_s, (int, float))
+                                           or not read_timeout_s > 0):
+            raise ValueError(f"read_timeout_s must be a number of seconds > 0, got {read_timeout_s!r}")
+        self.read_timeout_s = None if read_timeout_s is None else float(read_timeout_s)
         self.paths = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else [os.fspath(path)]
         if not self.paths:
             raise ValueError("FileSource needs at least one path")
@@ -525,7 +534,8 @@ class FileSource:
             raise ValueError("this source has read no file yet")
         return FileSource(list(self.files_read), self.time, self._columns, format=self.format,
                           time_unit=self.time_unit, chunk_size=self.chunk_size, string_width=self.string_width,
-                          on_bad_rows=self.on_bad_rows, prefetch=self.prefetch)
+                          on_bad_rows=self.on_bad_rows, prefetch=self.prefetch,
+                          read_timeout_s=getattr(self, "read_timeout_s", None))
 
     def _account(self, meta: dict) -> None:
         self.stats["rows"] += meta["n"]
@@ -599,7 +609,8 @@ class FileSource:
                 continue
             f, gen, via = pending.popleft()
             try:
-                for data_ref, meta in read_chunks((gen, via), lambda: start(f), f, plan.source, _drop_reader):
+                for data_ref, meta in read_chunks((gen, via), lambda: start(f), f, plan.source, _drop_reader,
+                                                  timeout=getattr(self, "read_timeout_s", None)):
                     self._account(meta)
                     yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])
             except ray.exceptions.RayTaskError as e:  # the reading raised: the file is the problem

@@ -69,30 +69,30 @@ def rows_then_meta(chunks) -> Iterator:
         yield meta
 
 
-def _next_ref(gen):
-    """The next reference of ``gen``, waited for at most :data:`READ_TIMEOUT_S` (else
+def _next_ref(gen, timeout: float):
+    """The next reference of ``gen``, waited for at most ``timeout`` seconds (else
     :class:`ReadStalled`); ``StopIteration`` once the reading ended."""
     import ray
 
-    if not ray.wait([gen], timeout=READ_TIMEOUT_S)[0]:
-        raise ReadStalled(f"gave no chunk within {READ_TIMEOUT_S:g} s")
+    if not ray.wait([gen], timeout=timeout)[0]:
+        raise ReadStalled(f"gave no chunk within {timeout:g} s")
     return next(gen)
 
 
-def _next_chunk(gen, what: str, source: str) -> tuple[Any, dict]:
+def _next_chunk(gen, what: str, source: str, timeout: float) -> tuple[Any, dict]:
     """The next chunk of ``gen`` as ``(reference to its rows, its metadata)``; ``StopIteration``
     once the reading ended. A reading that failed ends its stream with the error in place of its
     next item: raised here."""
     import ray
 
-    rows_ref = _next_ref(gen)
+    rows_ref = _next_ref(gen, timeout)
     try:
-        meta_ref = _next_ref(gen)
+        meta_ref = _next_ref(gen, timeout)
     except StopIteration:  # the stream ended on an error, in place of the rows
-        ray.get(rows_ref, timeout=READ_TIMEOUT_S)  # (raises it)
+        ray.get(rows_ref, timeout=timeout)  # (raises it)
         raise RuntimeError(f"source {source!r}: reading {what} ended between a chunk's rows and its "
                            f"metadata") from None
-    return rows_ref, ray.get(meta_ref, timeout=READ_TIMEOUT_S)
+    return rows_ref, ray.get(meta_ref, timeout=timeout)
 
 
 def _abandon(gen, via) -> None:
@@ -107,14 +107,17 @@ def _abandon(gen, via) -> None:
 
 
 def read_chunks(first: tuple[Any, Any], restart: Callable[[], tuple[Any, Any]], what: str,
-                source: str, on_abandon: Callable[[Any], None] | None = None) -> Iterator[tuple[Any, dict]]:
+                source: str, on_abandon: Callable[[Any], None] | None = None,
+                timeout: float | None = None) -> Iterator[tuple[Any, dict]]:
     """The chunks of one input, ``(reference to its rows, its metadata)``, in order and each once,
     through the loss or stop of the processes reading it (see the module doc).
 
     ``first`` is the reading already started, ``(streaming generator, the actor running it or
     None for a task)``; ``restart()`` starts a new reading of the same input from its start (a task,
     unless an actor should go on: it says which); ``what`` names the input in errors (a file, a
-    partition), ``source`` its source; ``on_abandon(actor)`` is told of an actor given up on.
+    partition), ``source`` its source; ``on_abandon(actor)`` is told of an actor given up on;
+    ``timeout`` how long a reading may give no chunk before it is ended (None:
+    :data:`READ_TIMEOUT_S`).
 
     >>> for rows_ref, meta in read_chunks((gen, None), restart, "part-0.parquet", "load"):  # doctest: +SKIP
     ...     print(meta["n"])
@@ -122,12 +125,13 @@ def read_chunks(first: tuple[Any, Any], restart: Callable[[], tuple[Any, Any]], 
     """
     import ray
 
+    timeout = READ_TIMEOUT_S if timeout is None else float(timeout)
     gen, via = first
     done = skip = 0  # chunks yielded; chunks a new reading passes over
     failed: list[str] = []  # readings in a row that ended before giving a new chunk
     while True:
         try:
-            rows_ref, meta = _next_chunk(gen, what, source)
+            rows_ref, meta = _next_chunk(gen, what, source, timeout)
         except StopIteration:
             return
         except ray.exceptions.RayTaskError:  # the reading raised: the input's error, the caller's to name

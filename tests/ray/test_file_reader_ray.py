@@ -200,16 +200,29 @@ def test_a_reading_task_whose_process_dies_is_read_again(tmp_path, no_reader, mo
     assert (got, m) == (want, n) and n == 6
 
 
-def test_a_file_no_reading_gets_through_ends_the_feed_naming_it(tmp_path, no_reader, monkeypatch):
+@pytest.mark.parametrize("deadline", ["module", "source"])
+def test_a_file_no_reading_gets_through_ends_the_feed_naming_it(tmp_path, no_reader, monkeypatch, deadline):
     """Every reading of the file hangs: after reading.READ_ATTEMPTS of them, a loud error naming the
-    source, the file, the chunk not fed and why, not a feed that waits for ever."""
+    source, the file, the chunk not fed and why, not a feed that waits for ever. The deadline is
+    reading.READ_TIMEOUT_S, or the source's own (``FileSource(read_timeout_s=...)``: the module's
+    15 s left as it is, the error names the source's 0.5 s)."""
     write_parts(tmp_path, parts=1)
-    monkeypatch.setattr(reading, "READ_TIMEOUT_S", 1.0)
+    if deadline == "module":
+        monkeypatch.setattr(reading, "READ_TIMEOUT_S", 1.0)
     monkeypatch.setattr(reading, "READ_ATTEMPTS", 2)
     monkeypatch.setattr(files, "_TASK", DyingTask(crashing_read, str(tmp_path / "_m"), -1))
-    with pytest.raises(TimeoutError, match=r"source 's': reading .*part-00\.parquet failed 2 times in a row before "
-                                           r"its chunk 0 \(gave no chunk within 1 s; gave no chunk within 1 s"):
-        rows(FileSource(str(tmp_path), time="t", chunk_size=1_000), remote=True)
+    s = "1" if deadline == "module" else "0.5"
+    with pytest.raises(TimeoutError, match=rf"source 's': reading .*part-00\.parquet failed 2 times in a row before "
+                                           rf"its chunk 0 \(gave no chunk within {s} s; gave no chunk within {s} s"):
+        rows(FileSource(str(tmp_path), time="t", chunk_size=1_000,
+                        read_timeout_s=None if deadline == "module" else 0.5), remote=True)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, True, "15"])
+def test_a_read_deadline_that_is_not_a_positive_number_is_refused(tmp_path, bad):
+    write_parts(tmp_path, parts=1)
+    with pytest.raises(ValueError, match="read_timeout_s must be a number of seconds > 0"):
+        FileSource(str(tmp_path), time="t", read_timeout_s=bad)
 
 
 class DyingTask:
