@@ -113,12 +113,18 @@ class _PartitionStream:
     actors serve cached partitions as Arrow IPC). A failed Spark job raises
     :class:`SparkSourceError` naming the source and the partition waited
     for; :meth:`close` cancels the job if it is still running and drops the
-    cache.
+    cache. A job that makes no progress (no task of it finishes, no partition
+    is cached) for ``stall_s`` seconds while a partition is waited for (an
+    executor stopped: Spark itself waits ``spark.network.timeout``, then for an
+    executor that may never come) is cancelled and raises
+    :class:`SparkSourceError` naming the partition, instead of a wait without
+    end.
     """
 
     _POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
+    _PROGRESS_EVERY_S = 1.0  # how often Spark's status tracker is asked while a partition is waited for
 
-    def __init__(self, df, source: str):
+    def __init__(self, df, source: str, stall_s: float = 300.0):
         from pyspark import StorageLevel
 
         self.source = source
@@ -132,6 +138,7 @@ class _PartitionStream:
         self.rdd.persist(self.sc._getJavaStorageLevel(StorageLevel.MEMORY_AND_DISK))
         self.rdd_id = int(self.rdd.id())
         self.n = int(self.rdd.getNumPartitions())
+        self.stall_s = float(stall_s)
         self.group = f"replistream-source-{source}-{self.rdd_id}"
         self._done = threading.Event()
         self._error: list[BaseException] = []
@@ -153,8 +160,21 @@ class _PartitionStream:
         locs = master.getLocations(self._jvm.org.apache.spark.storage.RDDBlockId(self.rdd_id, i))
         return None if locs.isEmpty() else str(locs.head().executorId())
 
+    def _progress(self) -> int:
+        """Tasks of this stream's Spark job finished so far (Spark's status tracker)."""
+        tracker = self.sc.statusTracker()
+        done = 0
+        for job_id in tracker.getJobIdsForGroup(self.group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in (job.stageIds if job is not None else ()):
+                stage = tracker.getStageInfo(stage_id)
+                done += stage.numCompletedTasks if stage is not None else 0
+        return done
+
     def _wait(self, i: int) -> str:
         pause = self._POLL_MIN_S
+        now = time.monotonic()
+        last, seen, asked = now, self._progress(), now  # (Spark's progress: when it last moved, and how far)
         while True:
             finished = self._done.is_set()
             loc = self._location(i)
@@ -169,6 +189,18 @@ class _PartitionStream:
                 raise SparkSourceError(f"source {self.source!r}: partition {i} of {self.n} is not cached by any "
                                        "Spark executor after the job ended (an executor was lost?); nothing of "
                                        f"partitions {i}..{self.n - 1} was fed")
+            now = time.monotonic()
+            if now - asked >= self._PROGRESS_EVERY_S:
+                asked, done = now, self._progress()
+                if done != seen:
+                    last, seen = now, done
+                elif now - last > self.stall_s:
+                    self.sc.cancelJobGroup(self.group)
+                    raise SparkSourceError(
+                        f"source {self.source!r}: the Spark job computing its partitions made no progress for "
+                        f"{now - last:.0f} s (no task finished, partition {i} of {self.n} not cached; a Spark "
+                        f"executor stopped or lost?): it was cancelled, and nothing of partitions "
+                        f"{i}..{self.n - 1} was fed; SparkSource(stall_timeout_s=...) sets how long to wait")
             self._done.wait(pause)
             pause = min(self._POLL_MAX_S, pause * 2)
 
@@ -196,7 +228,10 @@ class _SparkInput:
     """What the batch and the streaming source share: column choice, type checks, conversion."""
 
     def __init__(self, df, time: str, columns: Sequence[str] | Mapping[str, str] | None, time_unit: str,
-                 chunk_size: int, string_width: int, on_bad_rows: str):
+                 chunk_size: int, string_width: int, on_bad_rows: str, stall_timeout_s: float = 300.0):
+        if isinstance(stall_timeout_s, bool) or not isinstance(stall_timeout_s, (int, float)) or not stall_timeout_s > 0:
+            raise ValueError(f"stall_timeout_s must be a number of seconds > 0, got {stall_timeout_s!r}")
+        self.stall_timeout_s = float(stall_timeout_s)
         if on_bad_rows not in ("dead_letter", "raise"):
             raise ValueError(f"on_bad_rows must be 'dead_letter' or 'raise', got {on_bad_rows!r}")
         if time_unit not in TIME_UNITS:
@@ -322,7 +357,7 @@ class _SparkInput:
         from ..reading import read_chunks
         from ..sources import ChunkRef
 
-        stream = _PartitionStream(prepared, plan.source)
+        stream = _PartitionStream(prepared, plan.source, getattr(self, "stall_timeout_s", 300.0))
         failed: list[SparkSourceError] = []
         pending: deque = deque()
         task = _task()
@@ -390,7 +425,10 @@ class SparkSource(_SparkInput):
     the entry points, ``chunk_size`` rows at a time, at most ``prefetch``
     Spark partitions converting ahead of the feeder; they are never collected
     on the driver. ``stats`` counts rows, chunks and rejected rows by reason
-    as the replay goes.
+    as the replay goes. A Spark job that makes no progress for
+    ``stall_timeout_s`` seconds (no task finishes: an executor stopped) while
+    a partition is awaited is cancelled, and the replay fails naming the
+    partition.
 
     >>> src = SparkSource(spark.read.parquet("loads/"), time="event_time")   # doctest: +SKIP
     >>> q = Query("q"); load = src.declare(q, "load", punctuate_every=seconds(1))  # doctest: +SKIP
@@ -398,10 +436,10 @@ class SparkSource(_SparkInput):
 
     def __init__(self, df, time: str = "ts", columns: Sequence[str] | Mapping[str, str] | None = None, *,
                  time_unit: str = "us", sort: bool = True, chunk_size: int = 10_000, string_width: int = 64,
-                 on_bad_rows: str = "dead_letter", prefetch: int = 2):
+                 on_bad_rows: str = "dead_letter", prefetch: int = 2, stall_timeout_s: float = 300.0):
         if df.isStreaming:
             raise ValueError("SparkSource takes a batch DataFrame; use SparkStreamSource for a readStream")
-        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows)
+        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows, stall_timeout_s)
         if int(prefetch) < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.sort = sort
@@ -480,11 +518,11 @@ class SparkStreamSource(_SparkInput):
                  time_unit: str = "us", watermark_delay: int | None = None, available_now: bool = True,
                  processing_time: str | None = None, checkpoint_location: str | None = None,
                  chunk_size: int = 10_000, string_width: int = 64, on_bad_rows: str = "dead_letter",
-                 max_queued: int = 64, commit_timeout: float = 600.0):
+                 max_queued: int = 64, commit_timeout: float = 600.0, stall_timeout_s: float = 300.0):
         if not df.isStreaming:
             raise ValueError("SparkStreamSource takes a streaming DataFrame (spark.readStream...); "
                              "use SparkSource for a batch DataFrame")
-        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows)
+        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows, stall_timeout_s)
         declared = spark_watermark(df)
         if watermark_delay is None:
             if declared is None:

@@ -310,6 +310,48 @@ def test_a_failing_spark_job_fails_the_source_loudly(spark):
 
 
 @pytest.mark.slow
+def test_a_spark_job_that_stops_making_progress_fails_the_source_loudly(spark, tmp_path):
+    """A Spark task that never ends (its first row waits for a gate, as a stopped executor's task
+    would): with no task of the job finishing for ``stall_timeout_s``, the job is cancelled and the
+    replay fails naming the partition it waited for, instead of waiting as long as Spark does."""
+    import time
+
+    from pyspark.sql import functions as F
+
+    from replistream.spark import SparkSourceError
+
+    gate = str(tmp_path / "gate")
+
+    def stuck(i):
+        if i == 0:  # the first row of partition 0
+            deadline = time.time() + 60
+            while not os.path.exists(gate) and time.time() < deadline:
+                time.sleep(0.05)
+        return i
+
+    df = spark.range(0, 2_000, numPartitions=4).select(F.udf(stuck, "long")("id").alias("t"),
+                                                       F.lit(1).alias("server"), F.lit(0.5).alias("cpu"))
+    src = SparkSource(df, time="t", sort=False, stall_timeout_s=2.0)
+    fed = 0
+    try:
+        with pytest.raises(SparkSourceError, match=r"(?s)source '<spark>'.*no progress.*partition 0 of 4.*cancelled"):
+            for c in src:
+                fed += c.n
+    finally:
+        open(gate, "w").close()  # (a task the cancel did not interrupt ends now)
+    assert fed == 0  # nothing of partition 0 (nor of those after it) was fed
+
+
+def test_a_stall_timeout_that_is_not_a_positive_number_is_refused(spark):
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 10).select(F.col("id").alias("t"))
+    for bad in (0, -1.0, True, "300"):
+        with pytest.raises(ValueError, match="stall_timeout_s must be a number of seconds > 0"):
+            SparkSource(df, time="t", stall_timeout_s=bad)
+
+
+@pytest.mark.slow
 def test_spark_pipeline_example_matches_spark_sql(spark, tmp_path, repo_root):
     """examples/spark_pipeline.py at small scale, in this process (shared Ray and Spark)."""
     import importlib.util
