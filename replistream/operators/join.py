@@ -187,14 +187,21 @@ class _SideBuffer:
     def rows_in_bins(self, bits: int, bins: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
         """``(rows, keys)`` of the buffered tuples whose key (a 64-bit hash) lies in ``bins`` at
         ``2**bits`` bins (all when None), in chunk order: slices of each sorted chunk, found
-        by binary search; None when nothing is buffered."""
+        by binary search; None when nothing is buffered. The bins' rows are selected before the
+        expired ones are dropped: a chunk that straddles the window's bound is not copied whole
+        for each step of a transfer (a 200,000-row chunk: 2 ms a step, against 0.1 ms)."""
         rows, keys = [], []
-        for c, k in self.live():
+        for c, k, t in zip(self.chunks, self.keys, self.tmin):
             if bins is not None:
                 idx = concat_ranges(*bin_ranges(k, bits, bins))
                 if not len(idx):
                     continue
-                c, k = c.take(idx), k[idx]
+                c, k = c[idx], k[idx]
+            if self.bound is not None and t <= self.bound:  # (what live() drops)
+                keep = c[TS] > self.bound
+                c, k = c.compress(keep), k[keep]
+            if not len(c):
+                continue
             rows.append(c)
             keys.append(k)
         if not rows:
