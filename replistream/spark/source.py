@@ -228,10 +228,15 @@ class _SparkInput:
     """What the batch and the streaming source share: column choice, type checks, conversion."""
 
     def __init__(self, df, time: str, columns: Sequence[str] | Mapping[str, str] | None, time_unit: str,
-                 chunk_size: int, string_width: int, on_bad_rows: str, stall_timeout_s: float = 300.0):
+                 chunk_size: int, string_width: int, on_bad_rows: str, stall_timeout_s: float = 300.0,
+                 read_timeout_s: float | None = None):
         if isinstance(stall_timeout_s, bool) or not isinstance(stall_timeout_s, (int, float)) or not stall_timeout_s > 0:
             raise ValueError(f"stall_timeout_s must be a number of seconds > 0, got {stall_timeout_s!r}")
+        if read_timeout_s is not None and (isinstance(read_timeout_s, bool) or not isinstance(read_timeout_s, (int, float))
+                                           or not read_timeout_s > 0):
+            raise ValueError(f"read_timeout_s must be a number of seconds > 0, got {read_timeout_s!r}")
         self.stall_timeout_s = float(stall_timeout_s)
+        self.read_timeout_s = None if read_timeout_s is None else float(read_timeout_s)
         if on_bad_rows not in ("dead_letter", "raise"):
             raise ValueError(f"on_bad_rows must be 'dead_letter' or 'raise', got {on_bad_rows!r}")
         if time_unit not in TIME_UNITS:
@@ -390,7 +395,8 @@ class _SparkInput:
                 i, block, first = pending.popleft()
                 # a conversion whose process dies or stops answering is replaced (replistream.reading)
                 for data_ref, meta in read_chunks(first, lambda: convert(block), f"partition {i} of its "
-                                                  f"DataFrame", plan.source):
+                                                  f"DataFrame", plan.source,
+                                                  timeout=getattr(self, "read_timeout_s", None)):
                     self._account(meta)
                     yield ChunkRef(data_ref, meta["n"], meta["tmin"], meta["tmax"])
                 self.partitions += 1
@@ -428,7 +434,9 @@ class SparkSource(_SparkInput):
     as the replay goes. A Spark job that makes no progress for
     ``stall_timeout_s`` seconds (no task finishes: an executor stopped) while
     a partition is awaited is cancelled, and the replay fails naming the
-    partition.
+    partition; a partition's conversion that gives no chunk for
+    ``read_timeout_s`` (:data:`~replistream.reading.READ_TIMEOUT_S` unless
+    given) is ended and done again by a new task.
 
     >>> src = SparkSource(spark.read.parquet("loads/"), time="event_time")   # doctest: +SKIP
     >>> q = Query("q"); load = src.declare(q, "load", punctuate_every=seconds(1))  # doctest: +SKIP
@@ -436,10 +444,12 @@ class SparkSource(_SparkInput):
 
     def __init__(self, df, time: str = "ts", columns: Sequence[str] | Mapping[str, str] | None = None, *,
                  time_unit: str = "us", sort: bool = True, chunk_size: int = 10_000, string_width: int = 64,
-                 on_bad_rows: str = "dead_letter", prefetch: int = 2, stall_timeout_s: float = 300.0):
+                 on_bad_rows: str = "dead_letter", prefetch: int = 2, stall_timeout_s: float = 300.0,
+                 read_timeout_s: float | None = None):
         if df.isStreaming:
             raise ValueError("SparkSource takes a batch DataFrame; use SparkStreamSource for a readStream")
-        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows, stall_timeout_s)
+        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows, stall_timeout_s,
+                         read_timeout_s)
         if int(prefetch) < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.sort = sort
@@ -518,11 +528,13 @@ class SparkStreamSource(_SparkInput):
                  time_unit: str = "us", watermark_delay: int | None = None, available_now: bool = True,
                  processing_time: str | None = None, checkpoint_location: str | None = None,
                  chunk_size: int = 10_000, string_width: int = 64, on_bad_rows: str = "dead_letter",
-                 max_queued: int = 64, commit_timeout: float = 600.0, stall_timeout_s: float = 300.0):
+                 max_queued: int = 64, commit_timeout: float = 600.0, stall_timeout_s: float = 300.0,
+                 read_timeout_s: float | None = None):
         if not df.isStreaming:
             raise ValueError("SparkStreamSource takes a streaming DataFrame (spark.readStream...); "
                              "use SparkSource for a batch DataFrame")
-        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows, stall_timeout_s)
+        super().__init__(df, time, columns, time_unit, chunk_size, string_width, on_bad_rows, stall_timeout_s,
+                         read_timeout_s)
         declared = spark_watermark(df)
         if watermark_delay is None:
             if declared is None:

@@ -342,13 +342,15 @@ def test_a_spark_job_that_stops_making_progress_fails_the_source_loudly(spark, t
     assert fed == 0  # nothing of partition 0 (nor of those after it) was fed
 
 
-def test_a_stall_timeout_that_is_not_a_positive_number_is_refused(spark):
+def test_a_stall_or_read_timeout_that_is_not_a_positive_number_is_refused(spark):
     from pyspark.sql import functions as F
 
     df = spark.range(0, 10).select(F.col("id").alias("t"))
     for bad in (0, -1.0, True, "300"):
         with pytest.raises(ValueError, match="stall_timeout_s must be a number of seconds > 0"):
             SparkSource(df, time="t", stall_timeout_s=bad)
+        with pytest.raises(ValueError, match="read_timeout_s must be a number of seconds > 0"):
+            SparkSource(df, time="t", read_timeout_s=bad)
 
 
 @pytest.mark.slow
