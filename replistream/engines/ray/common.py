@@ -226,3 +226,29 @@ def own_timeout(fn, args: tuple, kwargs: dict) -> float:
             pass  # (arguments the method would refuse: it says so itself)
     ok = isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf")
     return float(t) if ok else 0.0
+
+
+def snapshot(value, depth: int = 3):
+    """``value`` as it is now, for Ray to serialize while the deployment's threads go on changing it:
+    lists, tuples, dicts and sets are copied, ``depth`` levels down. A host actor that returned a
+    live list (the feeder's ``fed``, the ``events``) had Ray serialize it while another thread
+    appended to it: the length written first no longer matched the items after it, and the caller
+    got Ray's ``DeserializationError`` ("unpack(b) received extra data"). Each copy is one C-level
+    call under the GIL, so no append or insert lands halfway through it.
+
+    >>> live = [{"event": "start"}]
+    >>> copy = snapshot(live); live.append({"event": "later"}); live[0]["t"] = 1
+    >>> copy
+    [{'event': 'start'}]
+    """
+    if depth <= 0:
+        return value
+    if isinstance(value, list):
+        return [snapshot(v, depth - 1) for v in list(value)]
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(snapshot(v, depth - 1) for v in value)
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: snapshot(v, depth - 1) for k, v in dict(value).items()}
+    if isinstance(value, (set, frozenset)) and type(value) in (set, frozenset):
+        return type(value)(value)
+    return value

@@ -287,11 +287,12 @@ class DeploymentHost:
         if method == "feed":
             with self.lock:
                 self.fed = True
+        from .common import snapshot
         from .plane import CALL_ID  # (a local name: the actor's class is pickled with its globals)
 
         token = CALL_ID.set(call_id)
         try:
-            return resolve(self.dep, method)(*args, **(kwargs or {}))
+            return snapshot(resolve(self.dep, method)(*args, **(kwargs or {})))  # (not a live list: snapshot)
         finally:
             CALL_ID.reset(token)
 
@@ -299,8 +300,10 @@ class DeploymentHost:
         """The deployment's attribute ``name`` (``events``, ``plan``, ``topology``, ...)."""
         if name.startswith("_"):
             raise AttributeError(f"{name!r} is not part of the deployment's API")
+        from .common import snapshot
+
         self._serve()
-        return resolve(self.dep, name)
+        return snapshot(resolve(self.dep, name))  # (Ray serializes it while the feeder and others go on)
 
     def process(self) -> dict:
         """This host's process: ``{"pid", "start", "node", "role", "restored"}`` (``role``: serving or
