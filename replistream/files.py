@@ -323,10 +323,9 @@ class FileSource:
                 raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
         if format is not None and format not in FORMATS:
             raise ValueError(f"format must be one of {sorted(FORMATS)}, got {format!r}")
-        if read_timeout_s is not None and (isinstance(read_timeout_s, bool) or not isinstance(read_timeout_s, (int, float))
-                                           or not read_timeout_s > 0):
-            raise ValueError(f"read_timeout_s must be a number of seconds > 0, got {read_timeout_s!r}")
-        self.read_timeout_s = None if read_timeout_s is None else float(read_timeout_s)
+        from .reading import positive_seconds
+
+        self.read_timeout_s = positive_seconds("read_timeout_s", read_timeout_s, optional=True)
         self.paths = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else [os.fspath(path)]
         if not self.paths:
             raise ValueError("FileSource needs at least one path")

@@ -56,6 +56,24 @@ class ReadLost(RuntimeError):
     """
 
 
+def positive_seconds(name: str, value, optional: bool = False) -> float | None:
+    """``value`` as seconds, refused in one line unless a number > 0 (None too when ``optional``):
+    the check of a source's deadlines (``read_timeout_s``, ``stall_timeout_s``).
+
+    >>> positive_seconds("read_timeout_s", 2), positive_seconds("read_timeout_s", None, optional=True)
+    (2.0, None)
+    >>> positive_seconds("read_timeout_s", True)
+    Traceback (most recent call last):
+    ...
+    ValueError: read_timeout_s must be a number of seconds > 0, got True
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
 def rows_then_meta(chunks) -> Iterator:
     """The items a reading yields for ``chunks`` (``(metadata, rows)`` pairs, as
     :func:`~replistream.files.read_file` and :func:`~replistream.spark.convert.convert_table` give

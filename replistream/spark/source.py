@@ -230,13 +230,10 @@ class _SparkInput:
     def __init__(self, df, time: str, columns: Sequence[str] | Mapping[str, str] | None, time_unit: str,
                  chunk_size: int, string_width: int, on_bad_rows: str, stall_timeout_s: float = 300.0,
                  read_timeout_s: float | None = None):
-        if isinstance(stall_timeout_s, bool) or not isinstance(stall_timeout_s, (int, float)) or not stall_timeout_s > 0:
-            raise ValueError(f"stall_timeout_s must be a number of seconds > 0, got {stall_timeout_s!r}")
-        if read_timeout_s is not None and (isinstance(read_timeout_s, bool) or not isinstance(read_timeout_s, (int, float))
-                                           or not read_timeout_s > 0):
-            raise ValueError(f"read_timeout_s must be a number of seconds > 0, got {read_timeout_s!r}")
-        self.stall_timeout_s = float(stall_timeout_s)
-        self.read_timeout_s = None if read_timeout_s is None else float(read_timeout_s)
+        from ..reading import positive_seconds
+
+        self.stall_timeout_s = positive_seconds("stall_timeout_s", stall_timeout_s)
+        self.read_timeout_s = positive_seconds("read_timeout_s", read_timeout_s, optional=True)
         if on_bad_rows not in ("dead_letter", "raise"):
             raise ValueError(f"on_bad_rows must be 'dead_letter' or 'raise', got {on_bad_rows!r}")
         if time_unit not in TIME_UNITS:
