@@ -204,6 +204,18 @@ class _Planner:
                 return f"port {p}: >= {min(s.latency_ms for s in feeds):.6g} ms"
         return None
 
+    def repaired_upstream(self, label: str, repaired: set) -> list[str]:
+        """The hindered feeders of ``label`` that this round already repaired, if some input port
+        of ``label`` has live feeders, every one of them hindered and repaired: the delay of
+        ``label`` is theirs, passed on, and a decision for ``label`` itself (reviving another
+        port's upstream, replacing it) cannot help before their repair shows. Empty otherwise."""
+        out = []
+        for p in self.snap.ports(label):
+            live = {s.src for s in self.snap.in_streams(label, p) if self.snap.replica(s.src).live}
+            if live and all(self.hindered(x) and x in repaired for x in live):
+                out += sorted(live)
+        return out
+
     def feeds(self, label: str, port: int) -> list[StreamReplica]:
         """Stream replicas (live or discarded) into ``label`` on ``port`` whose source is functioning."""
         return [s for s in self.snap.in_streams(label, port, live=None) if self.functioning(s.src)]
@@ -284,19 +296,28 @@ class _Planner:
         starved = [p for p in ports if not any(s.live for s in self.feeds(h, p))]
         order = {p: (p not in starved, p) for p in ports}
 
-        # 1. a discarded input stream replica from a functioning upstream replica
+        # 1. a discarded input stream replica from a functioning upstream replica: one on each
+        # port whose live inputs are all slower than the threshold by themselves (the fastest there),
+        # else the fastest of all (starved ports first)
         cands = [s for p in ports for s in self.feeds(h, p) if not s.live]
         if cands:
-            s = min(cands, key=lambda s: (order[s.port], s.latency_ms, s.cost, s.id))
-            why = (f"functioning upstream {s.src} has a discarded stream replica to {h} "
-                   f"(latency {s.latency_ms:.6g} ms)")
-            if s.port in starved:
-                why += f"; port {s.port} had no functioning input"
-            return self.event("revive-stream", h, why, revive_streams=(s.id,))
+            limit = 1000.0 * self.threshold
+            best = lambda c: min(c, key=lambda s: (order[s.port], s.latency_ms, s.cost, s.id))  # noqa: E731
+            slow = [p for p in sorted(ports, key=order.get)
+                    if not any(s.live and s.latency_ms <= limit for s in self.feeds(h, p))]
+            picks = [best(c) for c in ([s for s in cands if s.port == p] for p in slow) if c] or [best(cands)]
+            why = "; ".join(f"functioning upstream {s.src} has a discarded stream replica to {h} "
+                            f"(latency {s.latency_ms:.6g} ms)" for s in picks)
+            if len(picks) > 1:
+                why += f"; ports {', '.join(str(s.port) for s in picks)} had no live input under the threshold"
+            for s in picks:
+                if s.port in starved:
+                    why += f"; port {s.port} had no functioning input"
+            return self.event("revive-stream", h, why, revive_streams=tuple(s.id for s in picks))
 
         # 2. a dormant upstream replica, connected to h
         best = None
-        for p in ports:
+        for p in starved or ports:  # a starved port's delay is not helped by another port's upstream
             up = snap.upstream_operator(r.operator, p)
             for u in snap.replicas_of(up, "dormant"):
                 if self.hindered(u.label):
@@ -448,6 +469,12 @@ def plan_revival(snapshot: Snapshot, delays: Mapping[str, float], threshold_s: f
         if h in fed:
             events.append(planner.event("none", h, "an earlier decision of this round gave it a new input; "
                                                    "waiting for the next observation"))
+            continue
+        upstream = planner.repaired_upstream(h, {e.replica for e in events if e.action != "none"})
+        if upstream:
+            events.append(planner.event("none", h, f"every live feeder of a port is hindered and was repaired "
+                                                   f"earlier in this round ({', '.join(upstream)}); its delay is "
+                                                   f"theirs: waiting for the next observation"))
             continue
         events.append(planner.step(h))
     return events
