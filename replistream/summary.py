@@ -56,6 +56,17 @@ class WaitSummary:
             self._dead = int(self._source.collect().dead_letter_count()) if self._source is not None else 0
         return self._dead
 
+    def detached(self) -> "WaitSummary":
+        """This summary with its dead letters counted now and no tie to the deployment, ready to be
+        sent to another process (a detached deployment's host returns this: the counting, which
+        asks every replica, runs in its call, not while Ray serializes the answer).
+
+        >>> s = WaitSummary(True, {"out": 3}, dead_letters=0).detached()
+        >>> s.dead_letters, s._source
+        (0, None)
+        """
+        return WaitSummary(self.complete, self.outputs, self.dead_letters, self.faults_masked)
+
     def __bool__(self) -> bool:
         return self.complete
 

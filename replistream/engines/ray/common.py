@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections import deque
 
 import numpy as np
 import ray
+
+from ...summary import WaitSummary
 
 __all__ = ["json_default", "warm_lazy_imports", "wait_quietly", "is_actor_death", "is_unavailable", "failure_record", "process_start",
            "signal_process", "fence_process"]
@@ -228,9 +231,11 @@ def own_timeout(fn, args: tuple, kwargs: dict) -> float:
     return float(t) if ok else 0.0
 
 
-def snapshot(value, depth: int = 3):
+def snapshot(value, depth: int = 4):
     """``value`` as it is now, for Ray to serialize while the deployment's threads go on changing it:
-    lists, tuples, dicts and sets are copied, ``depth`` levels down. A host actor that returned a
+    lists, tuples, dicts, sets and deques are copied, ``depth`` levels down (a deployment's
+    ``metrics()`` nests four). A :class:`~replistream.summary.WaitSummary` is counted out here
+    (:meth:`~replistream.summary.WaitSummary.detached`), not while Ray serializes it. A host actor that returned a
     live list (the feeder's ``fed``, the ``events``) had Ray serialize it while another thread
     appended to it: the length written first no longer matched the items after it, and the caller
     got Ray's ``DeserializationError`` ("unpack(b) received extra data"). Each copy is one C-level
@@ -240,6 +245,10 @@ def snapshot(value, depth: int = 3):
     >>> copy = snapshot(live); live.append({"event": "later"}); live[0]["t"] = 1
     >>> copy
     [{'event': 'start'}]
+    >>> snapshot({"m": {"a": [deque([1, 2], maxlen=4)]}})["m"]["a"][0]
+    deque([1, 2], maxlen=4)
+    >>> snapshot(WaitSummary(True, {"out": 1}, dead_letters=2))
+    WaitSummary(complete; out: 1 tuple; 2 dead letters; 0 faults masked)
     """
     if depth <= 0:
         return value
@@ -251,4 +260,8 @@ def snapshot(value, depth: int = 3):
         return {k: snapshot(v, depth - 1) for k, v in dict(value).items()}
     if isinstance(value, (set, frozenset)) and type(value) in (set, frozenset):
         return type(value)(value)
+    if type(value) is deque:
+        return deque((snapshot(v, depth - 1) for v in list(value)), value.maxlen)
+    if isinstance(value, WaitSummary):
+        return value.detached()
     return value

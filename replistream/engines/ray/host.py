@@ -323,9 +323,11 @@ class DeploymentHost:
         whether it was fed."""
         from .view import status
 
+        from .common import snapshot
+
         self._serve()
-        return {**status(self.dep, since), "name": self.name, "host": self.actor,
-                "running_s": round(time.time() - self.started, 1), "fed": self.fed}
+        return snapshot({**status(self.dep, since), "name": self.name, "host": self.actor,
+                         "running_s": round(time.time() - self.started, 1), "fed": self.fed})
 
     def stop(self) -> bool:
         """Shut the deployment down: every actor it started, the host standing by, and what it kept in
