@@ -76,6 +76,42 @@ def is_unavailable(e: BaseException) -> bool:
     return isinstance(e, rx.ActorUnavailableError)
 
 
+def ray_node_down() -> str | None:
+    """Why the Ray node of this process can run nothing any more, or None if nothing says so.
+
+    Every actor of a node is started and kept by its *raylet*; when the raylet dies, so do the
+    node's actors, and no new one can start there. Ray's control service (GCS) takes seconds to
+    tens of seconds to mark the node dead, and a new actor asked for meanwhile waits without an
+    error, so this asks the raylet's own socket: refused (or gone) means the raylet is dead. A
+    socket that does not answer within a second, or a process with no raylet socket of its own
+    (a Ray client), says nothing.
+
+    >>> ray_node_down()   # doctest: +SKIP
+    None
+    """
+    import socket
+
+    try:
+        path = ray._private.worker.global_worker.node.raylet_socket_name
+        node_id = ray.get_runtime_context().get_node_id()
+    except Exception:  # not connected, or a Ray client
+        return None
+    if not isinstance(path, str) or not path.startswith("/"):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(1.0)
+    try:
+        sock.connect(path)
+        return None
+    except (ConnectionRefusedError, FileNotFoundError) as e:
+        return (f"the Ray node of this process (node {node_id}) is down: its raylet, which starts and keeps every "
+                f"actor of the node, refuses connections ({type(e).__name__} on {path})")
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
 def process_start(pid: int) -> int | None:
     """When process ``pid`` of this machine started (clock ticks since boot, ``/proc/<pid>/stat``),
     or None if there is no such process: with the pid, what tells one process from a later one

@@ -15,7 +15,7 @@ import ray
 
 from ...errors import RunFailed
 from . import pool
-from .common import is_actor_death, is_unavailable, signal_process
+from .common import is_actor_death, is_unavailable, ray_node_down, signal_process
 from .coordinator import CoordinatorActor
 
 __all__ = ["CoordinatorLink"]
@@ -54,6 +54,9 @@ class CoordinatorLink:
                 if not (lost or silent):
                     raise
                 what = f"{type(e).__name__} on {method!r}" + (f" (no answer in {timeout:g} s)" if silent else "")
+                down = self.node_down(what)
+                if down is not None:  # nothing can start there: no replacement to wait for
+                    raise down from e
                 if attempt == 2:
                     raise RunFailed(f"the deployment's coordinator was lost three times during one call (it and the "
                                     f"two that replaced it; the last: {what}): it holds the "
@@ -95,7 +98,14 @@ class CoordinatorLink:
                 new = CoordinatorActor.options(scheduling_strategy=here, **self.plane._lifetime()).remote(
                     self.plane.t0, self.plane.coordinator_key)
                 self.plane._register(new)
-                info = ray.get(new.ping.remote(), timeout=60)
+                try:
+                    info = ray.get(new.ping.remote(), timeout=60)
+                except Exception as e:
+                    reached = self.plane.output.reached()
+                    raise self.node_down(reason) or RunFailed(
+                        f"the deployment's coordinator was lost ({reason}) and a new one did not answer within 60 s "
+                        f"({type(e).__name__}): it holds the plan and the failure reports, so the run cannot go on; "
+                        f"{self._complete_to(reached)}", operator="coordinator", logical_time=reached) from e
             restored = info["restored"]
             self.plane.coordinator, self._coordinator_pid = new, info["pid"]
             self._coordinator_start = info.get("start")
@@ -107,6 +117,29 @@ class CoordinatorLink:
                                       getattr(self.plane, "_host_process", None))
             self.plane.events.append({"t": self.plane.now(), "event": "coordinator_replaced", "reason": reason,
                                       "restored": restored, "seconds": round(time.time() - started, 3)})
+
+    def node_down(self, what: str) -> RunFailed | None:
+        """The error to end the run with if this process's Ray node is down
+        (:func:`~.common.ray_node_down`: its raylet died, and with it the coordinator and every
+        actor of the deployment on that node, all of them when Ray runs on one machine), else None.
+        ``what``: how the coordinator was found lost.
+
+        >>> dep.coord.node_down("ActorDiedError on 'failures'")   # doctest: +SKIP
+        """
+        down = ray_node_down()
+        if down is None:
+            return None
+        reached = self.plane.output.reached()
+        return RunFailed(f"{down}; the deployment's coordinator ({what}) and every actor of the deployment on "
+                         f"that node are lost with it, and none can start there again: "
+                         f"{self._complete_to(reached)}", operator="coordinator", logical_time=reached)
+
+    @staticmethod
+    def _complete_to(reached: int | None) -> str:
+        if reached is None:
+            return "no application had received a punctuation, so no output is known to be complete"
+        return (f"every application's output is complete up to logical time {reached} (the smallest last "
+                f"punctuation they received); nothing after it is known to be delivered")
 
     def start_standby(self) -> None:
         """Start a warm standby coordinator on the driver's node (not waited for): it holds nothing

@@ -458,6 +458,9 @@ class Monitor:
         """Raise the run's failure if it has one (see :meth:`wait`); nothing otherwise. Deaths,
         silent replicas and dropped links are noticed by the monitor thread (:meth:`watch_once`)."""
         self.start_monitor()
+        down = self.plane.coord.node_down("lost with the node")  # (one socket connect: cheap at every tick)
+        if down is not None:
+            raise down
         failed = self.plane.coord.ask_coordinator("failures", timeout=30)
         for f in [f for f in failed if f["kind"] == "died"]:  # a sender found its receiver dead
             self.plane.repairer.mark_failed(f["replica"], f"died: {f['reason']}")  # idempotent: one already known is left
