@@ -118,11 +118,16 @@ class _PartitionStream:
     executor stopped: Spark itself waits ``spark.network.timeout``, then for an
     executor that may never come) is cancelled and raises
     :class:`SparkSourceError` naming the partition, instead of a wait without
-    end.
+    end; so is one left with no executor alive for a minute (every executor
+    lost: RayDP starts none again), without waiting the whole ``stall_s``.
     """
 
     _POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
     _PROGRESS_EVERY_S = 1.0  # how often Spark's status tracker is asked while a partition is waited for
+    #: Seconds with no Spark executor alive before the wait ends (at most ``stall_s``): RayDP does not
+    #: start an executor again once it is lost (seen: none in 40 s after all were killed), and a
+    #: session's first executors register within seconds.
+    _NO_EXECUTOR_S = 60.0
 
     def __init__(self, df, source: str, stall_s: float = 300.0):
         from pyspark import StorageLevel
@@ -171,10 +176,15 @@ class _PartitionStream:
                 done += stage.numCompletedTasks if stage is not None else 0
         return done
 
+    def _executors(self) -> int:
+        """Spark executors alive now (Spark's status tracker lists the driver too)."""
+        return max(0, len(self.sc._jsc.sc().statusTracker().getExecutorInfos()) - 1)
+
     def _wait(self, i: int) -> str:
         pause = self._POLL_MIN_S
         now = time.monotonic()
         last, seen, asked = now, self._progress(), now  # (Spark's progress: when it last moved, and how far)
+        alone = None  # since when no executor is alive
         while True:
             finished = self._done.is_set()
             loc = self._location(i)
@@ -192,6 +202,13 @@ class _PartitionStream:
             now = time.monotonic()
             if now - asked >= self._PROGRESS_EVERY_S:
                 asked, done = now, self._progress()
+                alone = None if self._executors() else (alone or now)
+                if alone is not None and now - alone > min(self.stall_s, self._NO_EXECUTOR_S):
+                    self.sc.cancelJobGroup(self.group)
+                    raise SparkSourceError(
+                        f"source {self.source!r}: no Spark executor has been alive for {now - alone:.0f} s (every "
+                        f"executor was lost, and none was started again): partition {i} of {self.n} cannot be "
+                        f"computed; the job was cancelled, and nothing of partitions {i}..{self.n - 1} was fed")
                 if done != seen:
                     last, seen = now, done
                 elif now - last > self.stall_s:

@@ -137,3 +137,44 @@ def test_java_checks_name_the_package_to_install(tmp_path):
     assert java_version(_fake_java(tmp_path, 'openjdk version "21.0.1" 2023-10-17'))[0] == 21
     with pytest.raises(SparkUnavailable, match="no `java` was found.*openjdk-17-jre-headless"):
         java_version(os.path.join(str(tmp_path), "missing", "java"))
+
+
+class _FakeSpark:
+    """What _PartitionStream._wait asks of a SparkContext: the executors alive and a job cancel."""
+
+    def __init__(self, executors):
+        self.executors, self.cancelled = executors, []
+        tracker = type("T", (), {"getExecutorInfos": lambda _self: [None] * (1 + self.executors)})()
+        sc = type("S", (), {"statusTracker": lambda _self: tracker})()
+        self._jsc = type("J", (), {"sc": lambda _self: sc})()
+
+    def cancelJobGroup(self, group):
+        self.cancelled.append(group)
+
+
+def _stream(executors, stall_s):
+    import threading
+
+    from replistream.spark.source import _PartitionStream
+
+    s = object.__new__(_PartitionStream)
+    s.source, s.n, s.stall_s, s.group = "load", 8, stall_s, "g"
+    s._done, s._error, s.sc = threading.Event(), [], _FakeSpark(executors)
+    s._location, s._progress = (lambda i: None), (lambda: 3)  # nothing cached, no task finishing
+    s._PROGRESS_EVERY_S, s._POLL_MAX_S, s._NO_EXECUTOR_S = 0.01, 0.01, 0.1
+    return s
+
+
+def test_a_partition_waited_for_with_no_executor_alive_fails_before_the_stall_deadline():
+    # seen with RayDP: its executors killed, Spark says "Lost executor 0" and none is started
+    # again; the wait went on for the whole stall_timeout_s (300 s) before
+    from replistream.spark.source import SparkSourceError
+
+    s = _stream(executors=0, stall_s=300.0)
+    with pytest.raises(SparkSourceError, match=r"no Spark executor has been alive.*partition 2 of 8.*2\.\.7"):
+        s._wait(2)
+    assert s.sc.cancelled == ["g"]
+    # with an executor alive, the same wait ends by the stall deadline, as before
+    s = _stream(executors=1, stall_s=0.3)
+    with pytest.raises(SparkSourceError, match=r"made no progress"):
+        s._wait(2)
