@@ -79,6 +79,9 @@ def test_a_detached_deployment_outlives_its_killed_driver_and_is_attached(tmp_pa
             dep.feed({"s": iter([])})  # it would end with this script: refused here, in one line
         with pytest.raises(ValueError, match="source 's': a detached deployment keeps its input"):
             dep.feed({"s": [{"lock": threading.Lock()}]})  # what the host cannot keep to read again
+        with pytest.raises(ValueError, match="has no replica 7") as raised:
+            dep.kill_replica("per_k", 7)  # raised in the host: it reaches the client as itself, as in process
+        assert not isinstance(raised.value, ray.exceptions.RayTaskError), type(raised.value)
         assert dep.wait(120)
         status = dep.status()
         assert status["complete"] and status["applications"]["out"]["delivered"] == len(ref.outputs["out"])

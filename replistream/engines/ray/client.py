@@ -130,6 +130,8 @@ class Hosted:
                 return ray.get(ref, timeout=READY_S)
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
                 if isinstance(e, ray.exceptions.RayTaskError) and not isinstance(e.cause, NotServing):
+                    if isinstance(e.cause, Exception):  # the host's own error (RunFailed, ValueError, ...), as
+                        raise e.cause from e  # a deployment in this process raises it; Ray's trace chained
                     raise
                 try:
                     if not self._switch():
