@@ -15,7 +15,7 @@ from replistream.errors import RunFailed
 def plane(failure):
     """A control plane whose coordinator reports nothing, with no replica lost and the feed fine."""
     p = SimpleNamespace(failure=failure, shut_down=True, feeder=SimpleNamespace(error=None),
-                        coord=SimpleNamespace(ask_coordinator=lambda what, timeout: []),
+                        coord=SimpleNamespace(ask_coordinator=lambda what, timeout: [], node_down=lambda what: None),
                         query=SimpleNamespace(operators=[], sinks=[]),
                         topology=SimpleNamespace(replicas=lambda node=None: []),
                         output=SimpleNamespace(collect=lambda: None, reached=lambda: None), events=[])
