@@ -76,15 +76,55 @@ def is_unavailable(e: BaseException) -> bool:
     return isinstance(e, rx.ActorUnavailableError)
 
 
+#: ``{raylet socket path: (pid, start)}`` of the raylet found listening on it (:func:`ray_node_down`).
+_RAYLETS: dict = {}
+
+
+def _raylet_of(path: str) -> tuple[int, int] | None:
+    """``(pid, start)`` of this machine's raylet started with socket ``path`` (its command line
+    names it), found once and kept; None if none is found (then the socket is asked instead)."""
+    if path not in _RAYLETS:
+        found = None
+        for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() != "raylet":
+                        continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if path.encode() not in f.read():
+                        continue
+            except OSError:
+                continue
+            start = process_start(pid)
+            if start is not None:
+                found = (pid, start)
+                break
+        _RAYLETS[path] = found
+    return _RAYLETS[path]
+
+
+def _process_gone(pid: int, start: int) -> bool:
+    """Whether process ``pid`` (started at ``start``) has ended: no such process, another one with
+    its pid, or a zombie left for its parent to reap."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return True
+    return fields[0] in ("Z", "X") or int(fields[19]) != start
+
+
 def ray_node_down() -> str | None:
     """Why the Ray node of this process can run nothing any more, or None if nothing says so.
 
     Every actor of a node is started and kept by its *raylet*; when the raylet dies, so do the
     node's actors, and no new one can start there. Ray's control service (GCS) takes seconds to
     tens of seconds to mark the node dead, and a new actor asked for meanwhile waits without an
-    error, so this asks the raylet's own socket: refused (or gone) means the raylet is dead. A
-    socket that does not answer within a second, or a process with no raylet socket of its own
-    (a Ray client), says nothing.
+    error, so this looks at the raylet itself: its process (found once by its socket, then one
+    read of ``/proc``: cheap enough for every check of the failure monitor, and silent, where a
+    connection to the raylet's socket costs it a log line), or, when its process is not found on
+    this machine, its socket (refused or gone: dead). A socket that does not answer within a
+    second, or a process with no raylet socket of its own (a Ray client), says nothing.
 
     >>> ray_node_down()   # doctest: +SKIP
     None
@@ -94,10 +134,16 @@ def ray_node_down() -> str | None:
     try:
         path = ray._private.worker.global_worker.node.raylet_socket_name
         node_id = ray.get_runtime_context().get_node_id()
-    except Exception:  # not connected, or a Ray client
+    except Exception:  # not connected, or a Ray client: nothing to look at (the caller's checks stand)
         return None
     if not isinstance(path, str) or not path.startswith("/"):
         return None
+    raylet = _raylet_of(path)
+    if raylet is not None:
+        if not _process_gone(*raylet):
+            return None
+        return (f"the Ray node of this process (node {node_id}) is down: its raylet (process {raylet[0]}), which "
+                f"starts and keeps every actor of the node, has ended")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(1.0)
     try:
@@ -106,7 +152,7 @@ def ray_node_down() -> str | None:
     except (ConnectionRefusedError, FileNotFoundError) as e:
         return (f"the Ray node of this process (node {node_id}) is down: its raylet, which starts and keeps every "
                 f"actor of the node, refuses connections ({type(e).__name__} on {path})")
-    except OSError:
+    except OSError:  # (no answer within a second: a busy raylet, not a dead one; the caller's checks stand)
         return None
     finally:
         sock.close()
@@ -271,9 +317,9 @@ def snapshot(value, depth: int = 4):
     """``value`` as it is now, for Ray to serialize while the deployment's threads go on changing it:
     lists, tuples, dicts, sets and deques are copied, ``depth`` levels down (a deployment's
     ``metrics()`` nests four). A :class:`~replistream.summary.WaitSummary` is counted out here
-    (:meth:`~replistream.summary.WaitSummary.detached`), not while Ray serializes it. A host actor that returned a
-    live list (the feeder's ``fed``, the ``events``) had Ray serialize it while another thread
-    appended to it: the length written first no longer matched the items after it, and the caller
+    (:meth:`~replistream.summary.WaitSummary.detached`), not while Ray serializes it. A host actor
+    that returned a live list (the feeder's ``fed``, the ``events``) had Ray serialize it while
+    another thread appended to it: the length written first no longer matched the items after it, and the caller
     got Ray's ``DeserializationError`` ("unpack(b) received extra data"). Each copy is one C-level
     call under the GIL, so no append or insert lands halfway through it.
 

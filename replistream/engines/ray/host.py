@@ -321,9 +321,8 @@ class DeploymentHost:
     def status(self, since: int = 0) -> dict:
         """:func:`~.view.status` of the deployment, with this host's name, how long it runs and
         whether it was fed."""
-        from .view import status
-
         from .common import snapshot
+        from .view import status
 
         self._serve()
         return snapshot({**status(self.dep, since), "name": self.name, "host": self.actor,
