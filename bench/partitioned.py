@@ -14,6 +14,15 @@ Workloads:
   in (``FileSource``, written beforehand, not timed) and a ``ParquetSink`` out;
   ``parallelism={"per_key": p}``. Output checked against a numpy count of the files.
 
+``--intrinsic`` (W2 only, no Ray): the window's replica logic alone (``ReplicaCore``: its duplicate
+filter and the window) over the entry points' stream of the same events, in this process, once
+whole (p = 1) and once routed to p partition cores (each fed its share of every batch and every
+punctuation, as the deployment's routing does), timed with ``time.process_time`` per call: first
+with warm caches, then with a pass over an array larger than the machine's last-level cache
+(``--evict-mb``) before each call, as a replica meets its state after the other processes of a
+busy machine ran between two of its batches. Routing's own cost shows in the warm ratio; the
+cost of more, smaller calls on cold caches in the other.
+
 ``--split entry,app`` also partitions, at p > 1, the entry points (``parallelism={"entry": p}``:
 each partition takes a share of the file chunks) and the application (``{"out": p}``: each
 partition writes its own ParquetSink files).
@@ -21,8 +30,10 @@ partition writes its own ParquetSink files).
 Figures: ``run``: ``dep.run()`` alone (events / s); ``whole``: process start to exit; ``busy``: the
 whole machine's CPU time during ``dep.run()`` over its wall time (cores busy: a run that keeps
 every core busy cannot gain from more partitions on this machine); and the CPU
-seconds the partitioned operators' replicas spent per million events (routing's cost shows as a
-rise of it at p = 2).
+seconds the partitioned operators' replicas spent during ``dep.run()`` per million events (routing's
+cost shows as a rise of it at p = 2; each replica's start-up, the same for every process and so
+counted once more for each further partition, is left out: ``partitioned_cpu_s_with_startup`` in
+the JSON keeps it).
 """
 from __future__ import annotations
 
@@ -93,21 +104,26 @@ if p > 1:  # the stages that do not split by default: the entry points and the a
 t_ready = time.time()
 dep = deploy(q, servers=3, k=1, sinks=sinks, progress=False, parallelism=par)
 t_deploy = time.time()
+def cpu_now():  # each actor's CPU seconds since it started (its start-up included)
+    return {label: ray.get(h.stats.remote(), timeout=60)["cpu_seconds"] for label, h in dep.handles.items()}
+cpu_before = cpu_now()
+t_start = time.time()
 j0 = busy_jiffies()
 res = dep.run(inputs, timeout=3600)
 t_run = time.time()
-busy_cores = (busy_jiffies() - j0) / os.sysconf("SC_CLK_TCK") / (t_run - t_deploy)
-cpu, by_actor = 0.0, {}
-for label, h in dep.handles.items():
-    c = ray.get(h.stats.remote(), timeout=60)["cpu_seconds"]
-    by_actor[label] = round(c, 2)
+busy_cores = (busy_jiffies() - j0) / os.sysconf("SC_CLK_TCK") / (t_run - t_start)
+cpu_after = cpu_now()
+cpu, cpu_all, by_actor = 0.0, 0.0, {}
+for label, c in cpu_after.items():
+    by_actor[label] = round(c - cpu_before[label], 2)  # during dep.run() only
     if label.split(".")[0].split("#")[0] in par and label.split(".")[0].split("#")[0] not in ("entry", "out"):
-        cpu += c
+        cpu += c - cpu_before[label]
+        cpu_all += c
 dep.shutdown()
 t_end = time.time()
-print(json.dumps({"deploy_s": t_deploy - t_ready, "run_s": t_run - t_deploy, "whole_s": t_end - t0,
+print(json.dumps({"deploy_s": t_deploy - t_ready, "run_s": t_run - t_start, "whole_s": t_end - t0,
                   "busy_cores": round(busy_cores, 2), "split": split,
-                  "partitioned_cpu_s": cpu, "cpu_s_by_actor": by_actor, "complete": res.complete}))
+                  "partitioned_cpu_s": cpu, "partitioned_cpu_s_with_startup": cpu_all, "cpu_s_by_actor": by_actor, "complete": res.complete}))
 """
 
 
@@ -163,6 +179,64 @@ def _w2_inputs(folder: str, events: int, per_file: int = 1_000_000, seed: int = 
     return {"rows": int(len(pairs)), "total": int(counts.sum())}
 
 
+def intrinsic(events: int, chunk: int, partitions: int, evict_mb: int, reps: int = 3) -> dict:
+    """W2's window replica logic alone over ``events`` events cut in ``chunk``-row batches: CPU
+    seconds per million events at p = 1 and at ``partitions`` (routed), with warm caches and with
+    ``evict_mb`` MB streamed through before each call (best of ``reps``), and whether the routed
+    partitions' counts equal the whole one's."""
+    from replistream import Query, seconds
+    from replistream.partition import BinMap, Router
+    from replistream.replica.core import ReplicaCore
+    from replistream.sources import source_streams
+
+    q = Query("w2")
+    q.source("events", {"key": "i8"}, punctuate_every=seconds(1)).window(
+        size=seconds(1), by="key", aggs={"n": "count"}, name="per_key").sink("out")
+    q = q.build()
+    rng = np.random.default_rng(7)
+    ts, key = np.arange(events, dtype=np.int64) * 50, rng.integers(0, 10_000, events)
+    streams, _ = source_streams(q, {"events": [{"ts": ts[a:a + chunk], "key": key[a:a + chunk]}
+                                               for a in range(0, events, chunk)]})
+    items = streams["events"]
+    router = Router(q, "per_key", BinMap.even(partitions))
+    feeds = [[] for _ in range(partitions)]
+    for it in items:
+        if isinstance(it, np.ndarray):
+            for i, part in enumerate(router.split(0, it)):
+                if len(part):
+                    feeds[i].append(part)
+        else:
+            for f in feeds:
+                f.append(it)
+    evict = np.ones(evict_mb * (1 << 20) // 8)
+
+    def timed(plan: list[list], cold: bool) -> tuple[float, int]:
+        best, total = float("inf"), 0
+        for _ in range(reps):
+            cores = [ReplicaCore(q, "per_key", [1]) for _ in plan]
+            spent, total = 0.0, 0
+            for core, feed in zip(cores, plan):
+                for it in feed:
+                    if cold:
+                        np.add(evict, 1.0, out=evict)
+                    t = time.process_time()
+                    out = core.process(0, 0, it)
+                    spent += time.process_time() - t
+                    total += sum(int(o["n"].sum()) for o in out if isinstance(o, np.ndarray))
+            best = min(best, spent)
+        return best, total
+
+    rec = {"events": events, "chunk": chunk, "partitions": partitions, "evict_mb": evict_mb,
+           "calls": {"1": len(items), str(partitions): sum(len(f) for f in feeds)}}
+    for cold in (False, True):
+        (one, n1), (many, n2) = timed([items], cold), timed(feeds, cold)
+        name = "cold" if cold else "warm"
+        rec[name] = {"p1_s_per_million": round(one / events * 1e6, 3),
+                     f"p{partitions}_s_per_million": round(many / events * 1e6, 3),
+                     "ratio": round(many / one, 3), "counts_equal": n1 == n2 == events}
+    return rec
+
+
 def _check(work: str, out: str, want) -> bool:
     from replistream import ParquetSink
     from replistream.testing import assert_same_output
@@ -191,7 +265,34 @@ def main() -> int:
     ap.add_argument("--ceiling", action="store_true",
                     help="first, the CPU-heavy map's function alone in one process and in two at once: the most "
                          "two partitions can gain on this machine")
+    ap.add_argument("--intrinsic", action="store_true",
+                    help="W2's window logic alone in this process (no Ray): p=1 against routed partitions, warm and "
+                         "with the caches evicted before each call")
+    ap.add_argument("--chunk", type=int, default=10_000, help="--intrinsic: rows per entry batch")
+    ap.add_argument("--evict-mb", type=int, default=64,
+                    help="--intrinsic: MB streamed through before each call in the cold run (more than the "
+                         "last-level cache)")
     args = ap.parse_args()
+    if args.intrinsic:
+        p = max(int(x) for x in args.ps.split(","))
+        if p < 2:
+            ap.error(f"--intrinsic compares p=1 with more partitions; --ps {args.ps} has none above 1")
+        print(f"intrinsic: W2's window logic, {args.w2_events:,} events in batches of {args.chunk:,}, p=1 and "
+              f"p={p}, warm then cold (best of 3 each) ...", file=sys.stderr)
+        r = intrinsic(args.w2_events, args.chunk, p, args.evict_mb)
+        figures = {}
+        for name in ("warm", "cold"):
+            figures[f"intrinsic {name}: the window's CPU per million events, p={p} / p=1"] = f"{r[name]['ratio']:.2f}"
+            figures[f"intrinsic {name}: p=1"] = f"{r[name]['p1_s_per_million']:.3f} s per million events"
+        rec = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} ({os.cpu_count()} cores, "
+               f"{platform.machine()})", "load": round(os.getloadavg()[0], 2), "command": "python " + " ".join(sys.argv),
+               "figures": figures, "intrinsic": r,
+               "all_exact": all(r[n]["counts_equal"] for n in ("warm", "cold"))}
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(rec, f, indent=1)
+        print("\n".join(f"{n}: {v}" for n, v in figures.items()))
+        return 0 if rec["all_exact"] else 1
     works = [w.strip() for w in args.work.split(",")]
     bad = [w for w in works if w not in ("cpu", "w2")]
     if bad:
