@@ -500,6 +500,20 @@ class OperatorLogic:
         """
         return int(at)
 
+    def frozen_until(self, at: int) -> int:
+        """The highest watermark up to which the state of a bin that gets no more tuples after
+        ``at`` stays what it was at watermark ``at``, pending tuples included: a rescale's old
+        owner then gives several steps' bins in one pass at the last of their times instead of
+        one step at a time (replistream/replica/rescale.py). ``at`` itself here (no such promise:
+        a window closing, a join purging change a bin's state with no tuple of it); a keyed
+        operator's state changes only by its own keys' tuples.
+
+        >>> from replistream.operators import UnionLogic
+        >>> UnionLogic("u", [Schema({"x": "i8"})]).frozen_until(7)
+        7
+        """
+        return int(at)
+
     def forward_punctuation(self, wm):
         """The punctuation this logic forwards once its watermark is ``wm`` (an int or an array of
         them): ``wm`` itself, unless the logic still owes output at or below it, as a keyed

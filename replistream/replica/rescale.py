@@ -237,6 +237,16 @@ class Moves:
                     for i in range(len(core.logic.in_punct)) if multi else (port,):
                         if core.logic.in_punct[i] < at:
                             out.extend(core.logic.process(i, Punctuation(at)))  # the watermark is now at
+                if at in self._give_at and not multi and (last := self._frozen_last(core, at, after)) > at:
+                    # the later steps' bins, whose state stays what it was at their own times up
+                    # to `last` (no tuple of theirs comes after it): the watermark to the last of
+                    # them, then all given in one pass (a keyed operator: one step's cost is then
+                    # its bins' rows, not a pass of the watermark and a message each)
+                    if core.logic.in_punct[port] < last:
+                        out.extend(core.logic.process(port, Punctuation(last)))
+                    times = self._times[bisect.bisect_left(self._times, at):bisect.bisect_right(self._times, last)]
+                    self._give(core, [m for t in times for m in self._give_at.get(t, ())])
+                    continue
                 if at in self._give_at:
                     # the later steps up to what the logic promises to emit nothing by go at once
                     # (one pass over the state): none of their windows would close before their time
@@ -267,6 +277,20 @@ class Moves:
         if late_at is not None:
             return core.logic.on_batch(port, item, late_at)
         return core.logic.process(port, item)
+
+    def _frozen_last(self, core, at: int, after: int) -> int:
+        """The last step time from ``at`` up to ``after`` and to what the logic keeps a bin's state
+        frozen by (:meth:`~replistream.operators.base.OperatorLogic.frozen_until`), before any step
+        this partition still takes (the watermark must not pass one whose bins are not here)."""
+        upto = min(int(after), core.logic.frozen_until(at))
+        if upto <= at:
+            return at
+        last = at
+        for t in self._times[bisect.bisect_left(self._times, at):bisect.bisect_right(self._times, upto)]:
+            if self._take_at.get(t):
+                break
+            last = t
+        return last
 
     def _capped(self, core) -> list[Item]:
         """An operator with several inputs: each input's punctuation to the logic, but no further
@@ -314,7 +338,7 @@ class Moves:
         bits = steps[0].bits
         bins = _bins_of(steps)
         drop = getattr(logic, "drop_bins", None)
-        if logic.live_bins and drop is not None:  # the bins' rows only (a time window's aggregate)
+        if logic.live_bins and drop is not None:  # the bins' rows only (a time window's aggregate, a keyed operator)
             moving = logic.checkpoint(bits, bins)
             drop(bits, bins)
         else:  # any other logic: the rest of its state into a new logic (one pass over the state)

@@ -1,6 +1,6 @@
 """KeyedState, the keyed operators' live store: rows appended in arrival order, found through sorted
 runs of (hash, row). Checked against a plain dict model through random upserts, removals,
-bin replacements and snapshots (seeded hypothesis), and for the bound on its runs that keeps a
+bin replacements, bins given away (dead rows, then deleted) and snapshots (seeded hypothesis), and for the bound on its runs that keeps a
 growing state from paying its whole size per batch."""
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from replistream.operators.keyed import KeyedState
 
 PROPS = settings(max_examples=60, deadline=None, derandomize=True, database=None)
 
-OPS = st.lists(st.tuples(st.sampled_from(["upsert", "upsert", "upsert", "remove", "replace", "snapshot", "lookup"]),
+OPS = st.lists(st.tuples(st.sampled_from(["upsert", "upsert", "upsert", "remove", "replace", "snapshot", "lookup",
+                                          "drop", "drop"]),
                          st.lists(st.integers(0, 60), min_size=0, max_size=25), st.integers(0, 4)),
                min_size=1, max_size=40)
 
@@ -24,9 +25,11 @@ def _h(keys) -> np.ndarray:
 
 
 @PROPS
-@given(ops=OPS, bits=st.integers(0, 4))
-def test_keyed_state_behaves_as_a_dict_of_rows(ops, bits):
+@given(ops=OPS, bits=st.integers(0, 4), dead_kept=st.booleans())
+def test_keyed_state_behaves_as_a_dict_of_rows(ops, bits, dead_kept):
     state, model = KeyedState({"n": "i8", "tag": "S3"}, bits=bits), {}
+    if dead_kept:  # (bins given away stay dead rows until a full snapshot, a replacement or a removal)
+        state.DEAD_SHARE = 1  # (deleted only when every row is dead)
     for i, (op, keys, b) in enumerate(ops):
         h = _h(keys)
         if op == "upsert":
@@ -48,6 +51,17 @@ def test_keyed_state_behaves_as_a_dict_of_rows(ops, bits):
                 del model[x]
             for x in mine.tolist():
                 model[x] = [7, b"r"]
+        elif op == "drop":  # a rescale's step gives bins away (at some bin count): dead rows, then deleted
+            sb = int(b)
+            gone = sorted({int(x) % (1 << sb) for x in keys})
+            want = [x for x in model if int(bin_of(np.array([x], dtype=np.uint64), sb)[0]) in gone]
+            assert state.drop_bins(gone, sb) == len(want)
+            for x in want:
+                del model[x]
+            # what is left, dead rows or not: found by no lookup, in no snapshot of some bins
+            assert (state.locate(np.asarray(want, dtype=np.uint64)) < 0).all()
+            every = list(range(1 << sb))
+            assert state.snapshot(every, sb)[0].tolist() == sorted(model)
         elif op == "lookup":
             rows = state.locate(h)
             assert [r >= 0 for r in rows.tolist()] == [x in model for x in h.tolist()]
@@ -66,7 +80,10 @@ def test_keyed_state_behaves_as_a_dict_of_rows(ops, bits):
         assert len(state) == len(model)
         if state._ordered:  # what the slices of an ordered snapshot rely on
             assert np.all(state.hash[1:] > state.hash[:-1])
-    assert sorted(state.hash.tolist()) == sorted(model)
+        assert state._n_dead == 0 or state.DEAD_SHARE * state._n_dead < state._n  # (under the share)
+    live = state.hash if not state._n_dead else state.hash[~state._dead[:state._n]]
+    assert sorted(live.tolist()) == sorted(model)
+    assert state.snapshot()[0].tolist() == sorted(model) and state._n_dead == 0
 
 
 def test_a_growing_state_keeps_few_runs_and_a_full_snapshot_puts_it_in_order():
@@ -148,3 +165,21 @@ def test_installing_bins_the_state_does_not_hold_reads_none_of_its_rows(monkeypa
     assert max(passes) >= 500  # (it looked at the rows: some were in those bins)
     assert len(state) == 500 + len(incoming) - len(mine) + 1
     assert int(state.cols["n"][state.locate(mine[:1])[0]]) == 7 and (state.locate(mine[1:]) == -1).all()
+
+
+def test_a_key_of_a_bin_given_away_comes_back_as_a_new_row_never_the_dead_one():
+    """A step of a rescale gives bin 1 away: its rows stay as dead rows. Should a key of it ever be
+    upserted again (a later rescale gives the bin back through ``replace_bins``, which deletes
+    them first; anything else is not expected), it gets a fresh row, not the dead row's count."""
+    state = KeyedState({"n": "i8"}, bits=1)
+    state.DEAD_SHARE = 1  # (dead rows kept while any row lives)
+    h = _h(range(1, 30))
+    first = state.upsert(h)
+    state.cols["n"][first] = 5
+    back = h[bin_of(h, 1) == 1][:3]
+    assert state.drop_bins([1], 1) > 0 and state._n_dead > 0
+    rows = state.upsert(back)
+    assert state.cols["n"][rows].tolist() == [0, 0, 0]
+    assert len(state) == int((bin_of(h, 1) == 0).sum()) + 3
+    state.cols["n"][rows] = 9
+    assert state.snapshot([1], 1)[1]["n"].tolist() == [9, 9, 9]

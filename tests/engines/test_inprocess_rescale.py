@@ -3,7 +3,7 @@ sentinel changes a partitioned operator's number of partitions mid-stream
 (replistream/engines/inprocess_rescale.py over replistream/replica/rescale.py and the
 partition module's Switch and Router). The output equals the reference run exactly for a keyed
 sliding window, a keyed count window and a stateless filter, through 1 -> 2 -> 4 -> 3 -> 1
-partitions with each strategy, with random crashes and the per-replica audit; with a replica of
+partitions with each strategy (and for Megaphone's running count, a keyed operator), with random crashes and the per-replica audit; with a replica of
 a giving partition killed in the middle of a fluid move (to more partitions and to fewer); and
 the comparison fails when the switch is broken (negative controls). A key-equality join too:
 each input's punctuation is held at the first step's time not done (without it, pairs are lost:
@@ -54,7 +54,33 @@ def join_case(seed):
     return q.build(), {"a": stream(rng, 200, 30), "b": stream(rng, 200, 30)}
 
 
-CASES = {"window": window_case, "count_window": count_case, "join": join_case}
+def keyed_case(seed):
+    """Megaphone's running count (a keyed operator's state, KeyedState): a step gives its bins'
+    rows away as dead rows (``drop_bins``); 4 -> 3 -> 1 gives bins back to partitions that gave
+    them earlier, so their dead rows must not be found again."""
+    from replistream.operators.keyed import KeyedCount
+
+    q = Query("keyed_running")
+    s = q.source("s", {"k": "i8", "v": "f8"}, punctuate_every=seconds(1))
+    s.apply(KeyedCount(by="k", bits=BITS), name="op").sink("out")
+    return q.build(), {"s": stream(np.random.default_rng(seed), 360, 25)}
+
+
+def keyed_epochs_case(seed):
+    """The running count per epoch of 1.5 s: a step's bins carry the open epoch's tuples to the new
+    owner, so the old owner may give later steps at a later watermark only within that epoch
+    (``frozen_until``)."""
+    from replistream.operators.keyed import KeyedCount
+
+    q = Query("keyed_epochs")
+    s = q.source("s", {"k": "i8", "v": "f8"}, punctuate_every=seconds(1))
+    s.apply(KeyedCount(by="k", bits=BITS, every=seconds(1.5)), name="op").sink("out")
+    # (dense enough that a moving bin holds tuples of the open epoch when a step crosses its end)
+    return q.build(), {"s": stream(np.random.default_rng(seed), 1500, 25, chunk=20)}
+
+
+CASES = {"window": window_case, "count_window": count_case, "join": join_case, "keyed": keyed_case,
+         "keyed_epochs": keyed_epochs_case}
 
 
 def with_events(data, events, source=None):
