@@ -4,7 +4,9 @@
     python bench/rescale.py --out docs/experiments/rescale.json
 
 A keyed tumbling count (``--window`` s, ``--keys`` keys, so about that many open windows: the state
-a rescale moves) is fed paced at ``--rate`` events per second of wall time (k = 2, deployed with
+a rescale moves), or with ``--op count`` Megaphone's own operator, a running count per key
+(``KeyedCount``: one row of state per key for the whole run, every key loaded in the first 100 ms
+of event time, and an output for each key that changed at each punctuation), is fed paced at ``--rate`` events per second of wall time (k = 2, deployed with
 ``parallelism={"per_key": 1}``, 2^``--bits`` bins, ``--spares`` warm spares for the new
 partitions' processes). Once the feed has run ``--warm`` s, the operator is rescaled 1 -> 2, then
 2 -> 4, with one strategy; each strategy runs in a fresh deployment of its own (one process, one
@@ -27,20 +29,37 @@ import time
 import numpy as np
 
 
-def _query(window_s: float):
+def _query(args):
     from replistream import Query, seconds
+    from replistream.operators.keyed import KeyedCount
 
     q = Query("rescale")
-    s = q.source("s", {"k": "i8"}, punctuate_every=seconds(0.1))
-    s.window(size=seconds(window_s), by="k", aggs={"n": "count"}, name="per_key").sink("out")
+    s = q.source("s", {"k": "i8"}, punctuate_every=seconds(args.punctuate_ms / 1000.0))
+    if args.op == "count":  # Megaphone's running count: a row of state per key, every key kept
+        s.apply(KeyedCount(by="k", bits=args.bits), name="per_key").sink("out")
+    else:
+        s.window(size=seconds(args.window), by="k", aggs={"n": "count"}, name="per_key").sink("out")
     return q.build()
 
 
-def _inputs(events: int, rate: float, keys: int, seed: int = 5, chunk: int = 2_000):
+def _inputs(events: int, rate: float, keys: int, seed: int = 5, chunk: int = 2_000, load: bool = False):
+    """``events`` events paced at ``rate`` per second of event time over ``keys`` random keys; with
+    ``load``, every key once first, in the first 100 ms of event time (the state a rescale moves)."""
     rng = np.random.default_rng(seed)
     ts = (np.arange(events, dtype=np.int64) * (1e6 / rate)).astype(np.int64)
     k = rng.integers(0, keys, events)
-    return {"s": [{"ts": ts[a:a + chunk], "k": k[a:a + chunk]} for a in range(0, events, chunk)]}
+    chunks = []
+    if load:  # (in chunks of at least 20,000 rows: the load is not what is measured)
+        lts, lk, big = np.arange(keys, dtype=np.int64) * 100_000 // keys, rng.permutation(keys), max(chunk, 20_000)
+        chunks = [{"ts": lts[a:a + big], "k": lk[a:a + big]} for a in range(0, keys, big)]
+        ts = ts + 100_000
+    return {"s": chunks + [{"ts": ts[a:a + chunk], "k": k[a:a + chunk]} for a in range(0, len(ts), chunk)]}
+
+
+def _tail(args) -> float:
+    """How long after a rescale's return its effects are counted: one window (a window's results
+    come at its end), or 1 s for the running count (its results come at every punctuation)."""
+    return args.window if args.op == "window" else 1.0
 
 
 def _one(strategy: str, args, data, ref) -> dict:
@@ -51,7 +70,7 @@ def _one(strategy: str, args, data, ref) -> dict:
     from replistream.testing import assert_same_output
 
     clear_pool()  # (no strategy starts its new partitions in processes an earlier one left)
-    with deploy(_query(args.window), servers=3, k=2, parallelism={"per_key": 1}, bits=args.bits,
+    with deploy(_query(args), servers=3, k=2, parallelism={"per_key": 1}, bits=args.bits,
                 spares=args.spares, progress=False) as dep:
         t_feed = time.time()
         dep.feed(data, pace=1.0)
@@ -65,7 +84,7 @@ def _one(strategy: str, args, data, ref) -> dict:
             b = time.time() - dep.t0
             ph = rec["phases_s"]
             moved = a + ph["routing"] + ph["new_partitions"]  # the switch: the bins begin to move
-            spans.append((a, moved, b + args.window))
+            spans.append((a, moved, b + _tail(args)))
             recs.append({k: rec[k] for k in ("from", "to", "steps", "bins_moved", "seconds", "phases_s")})
             print(f"  {strategy} {rec['from']} -> {rec['to']}: {rec['steps']} steps, {rec['seconds']:.2f} s "
                   f"{rec['phases_s']}", file=sys.stderr)
@@ -79,7 +98,7 @@ def _one(strategy: str, args, data, ref) -> dict:
         print(f"  {strategy}: NOT EXACT: {str(e)[:300]}", file=sys.stderr)
         exact = False
     before = lat[(arr > args.warm / 2) & (arr < spans[0][0])]
-    if rec_left := [r for (a, m, b), r in zip(spans, recs) if b - args.window > args.seconds]:
+    if rec_left := [r for (a, m, b), r in zip(spans, recs) if b - _tail(args) > args.seconds]:
         print(f"  {strategy}: the feed ended before rescale {rec_left[0]['from']} -> {rec_left[0]['to']} did: "
               f"give more --seconds", file=sys.stderr)
     out = {"strategy": strategy, "exact": exact, "rescales": recs,
@@ -96,7 +115,14 @@ def _one(strategy: str, args, data, ref) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--op", choices=("window", "count"), default="window",
+                    help="window: a keyed tumbling count (--window s); count: Megaphone's running count per key "
+                         "(KeyedCount), every key loaded first, so the state is --keys rows")
     ap.add_argument("--keys", type=int, default=200_000)
+    ap.add_argument("--chunk", type=int, default=2_000, help="rows per input chunk (the feed sends a chunk at a time)")
+    ap.add_argument("--punctuate-ms", type=float, default=100.0,
+                    help="event time between two punctuations of the source (results of the running count come "
+                         "at punctuations)")
     ap.add_argument("--rate", type=float, default=10_000.0, help="events per second (wall time, paced)")
     ap.add_argument("--seconds", type=float, default=60.0, help="event time fed")
     ap.add_argument("--window", type=float, default=5.0)
@@ -116,9 +142,9 @@ def main() -> int:
     from replistream.testing import run_reference
 
     events = int(args.rate * args.seconds)
-    data = _inputs(events, args.rate, args.keys)
-    print(f"reference run of {events:,} events ...", file=sys.stderr)
-    ref = run_reference(_query(args.window), data).outputs["out"]
+    data = _inputs(events, args.rate, args.keys, load=args.op == "count", chunk=args.chunk)
+    print(f"reference run of {sum(len(c['ts']) for c in data['s']):,} events ...", file=sys.stderr)
+    ref = run_reference(_query(args), data).outputs["out"]
     load = os.getloadavg()[0]
     runs = []
     for rep in range(args.repeat):  # (strategies alternate: the machine's drift falls on both)
