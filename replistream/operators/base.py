@@ -500,6 +500,19 @@ class OperatorLogic:
         """
         return int(at)
 
+    def gives_ahead(self, at: int) -> int:
+        """The latest step time whose bins a rescale's old owner may give at watermark ``at`` (once
+        every tuple up to that time has come): the state it gives for them then is what it would
+        be at their own times, or more that the new owner can keep without effect. By default
+        :meth:`quiet_until` (no window closes before); a Join, whose punctuations only purge,
+        anything (replistream/replica/rescale.py).
+
+        >>> from replistream.operators import UnionLogic
+        >>> UnionLogic("u", [Schema({"x": "i8"})]).gives_ahead(7)
+        7
+        """
+        return self.quiet_until(at)
+
     def frozen_until(self, at: int) -> int:
         """The highest watermark up to which the state of a bin that gets no more tuples after
         ``at`` stays what it was at watermark ``at``, pending tuples included: a rescale's old

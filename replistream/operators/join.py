@@ -38,8 +38,8 @@ import numpy as np
 
 from ..errors import SchemaError, UserFunctionError
 from ..ids import argsort_u64, hash_columns, mix
-from ..schema import ID, TS, Schema
-from .base import OperatorLogic, concat_ranges
+from ..schema import END, ID, TS, Schema
+from .base import CheckpointError, OperatorLogic, concat_ranges
 from .keyed import bin_ranges
 
 _MAX_CHUNKS = 32  # more than this (purges can leave many small chunks): merge them all
@@ -209,6 +209,36 @@ class _SideBuffer:
         if len(rows) == 1:
             return rows[0], keys[0]
         return concat_rows(rows), np.concatenate(keys)
+
+    def drop_bins(self, bits: int, bins: np.ndarray) -> int:
+        """Remove the tuples whose key (a 64-bit hash) lies in ``bins`` at ``2**bits`` bins: their
+        rows in each chunk are found by binary search (a bin is one slice of a sorted chunk) and
+        each chunk holding some is copied once without them (still sorted). Returns how many
+        were removed (expired ones included).
+
+        >>> b = _SideBuffer()
+        >>> rows = Schema({"k": "i8"}).from_columns({"ts": [1, 2, 3], "k": [1, 2, 3]}, ids=[1, 2, 3])
+        >>> b.add(rows, np.array([5, 2**63, 7], dtype=np.uint64))
+        >>> b.drop_bins(1, np.array([1])), len(b)
+        (1, 2)
+        """
+        gone = 0
+        for i, (c, k) in enumerate(zip(self.chunks, self.keys)):
+            idx = concat_ranges(*bin_ranges(k, bits, bins))
+            if not len(idx):
+                continue
+            keep = np.ones(len(c), dtype=bool)
+            keep[idx] = False
+            gone += len(idx)
+            self.chunks[i], self.keys[i], self._index[i] = c.compress(keep), k[keep], None
+        if gone:  # (chunks left empty go; the others' time spans as they are now)
+            live = [i for i, c in enumerate(self.chunks) if len(c)]
+            self.chunks = [self.chunks[i] for i in live]
+            self.keys = [self.keys[i] for i in live]
+            self._index = [self._index[i] for i in live]
+            self.tmin = [int(c[TS].min()) for c in self.chunks]
+            self.tmax = [int(c[TS].max()) for c in self.chunks]
+        return gone
 
     def __len__(self) -> int:
         """Tuples held and not expired (counted, not copied as :meth:`live` copies them)."""
@@ -449,6 +479,46 @@ class JoinLogic(OperatorLogic):
     def _install_tables(self, tables):
         """A step's rows become one more chunk of each side (merged as the chunks always are)."""
         self._restore_tables(tables)
+
+    def drop_bins(self, bits: int, bins) -> int:
+        """Forget both sides' tuples of ``bins`` (at ``2**bits`` bins): a rescale's step gave them
+        to another partition (replistream/replica/rescale.py). Costs one copy of the buffered
+        chunks that hold some, with no checkpoint of the rest and no logic built anew. An unkeyed
+        Join's whole window is bin 0. Returns how many tuples were dropped.
+
+        >>> L = Schema({"k": "i8"})
+        >>> j = JoinLogic("j", [L, L], window=10, left_key="k", right_key="k")
+        >>> _ = j.process(0, L.from_columns({"ts": [1, 2], "k": [1, 2]}, ids=[1, 2]))
+        >>> gone = j.checkpoint(1).nonempty_bins()[:1]
+        >>> j.drop_bins(1, gone), j.buffered, j.checkpoint(1).select(gone).rows()
+        (1, (1, 0), 0)
+        """
+        if not self.live_bins:
+            raise CheckpointError(f"join {self.name!r}: its keys do not hash alike on both inputs, so its "
+                                  f"buffers are not in bins; merge checkpoints")
+        chosen = np.unique(np.asarray(list(bins) if not isinstance(bins, np.ndarray) else bins, dtype=np.int64))
+        gone = 0
+        for port in (0, 1):
+            buf = self.buffers[port]
+            if self.keys[port] is None:  # (unkeyed: everything is bin 0)
+                if 0 in chosen:
+                    gone += len(buf)
+                    self.buffers = tuple(_SideBuffer() if i == port else b for i, b in enumerate(self.buffers))
+                    self.buffers[port].bound = buf.bound
+            else:
+                gone += buf.drop_bins(int(bits), chosen)
+        return gone
+
+    def gives_ahead(self, at: int) -> int:
+        """A Join buffers each tuple as it arrives and its punctuations only purge rows no later
+        tuple can match: a rescale's old owner may give the bins of later steps at watermark
+        ``at`` once every tuple up to their times has come (their rows up to then are all here;
+        an older row the taker gets besides matches nothing there and is purged there).
+
+        >>> JoinLogic("j", [Schema({"k": "i8"})] * 2, window=10, left_key="k", right_key="k").gives_ahead(5) > 10 ** 15
+        True
+        """
+        return END - 1
 
     def _restore_tables(self, tables):
         for port, side in enumerate(("left", "right")):

@@ -248,9 +248,10 @@ class Moves:
                     self._give(core, [m for t in times for m in self._give_at.get(t, ())])
                     continue
                 if at in self._give_at:
-                    # the later steps up to what the logic promises to emit nothing by go at once
-                    # (one pass over the state): none of their windows would close before their time
-                    upto = min(after, core.logic.quiet_until(at))
+                    # the later steps up to what the logic lets go early go at once (one pass over the
+                    # state): none of a window's would close before their time; a join's rows of them
+                    # are all here (gives_ahead)
+                    upto = min(after, core.logic.gives_ahead(at))
                     times = self._times[bisect.bisect_left(self._times, at):bisect.bisect_right(self._times, upto)]
                     self._give(core, [m for t in times for m in self._give_at.get(t, ())])
                 if self._take_at.get(at):
@@ -331,9 +332,12 @@ class Moves:
     def _give(self, core, steps: list[Move]) -> None:
         """Take the bins of ``steps`` out of ``core.logic`` into :attr:`shipped`, one state per
         taking partition: one pass over the state for them all. The logic's watermark is the first
-        step's time; the others' times are no later than what it promises to emit nothing by
-        (:meth:`~replistream.operators.base.OperatorLogic.quiet_until`), so their bins' state is
-        what it would be at their own times."""
+        step's time; the others' times are no later than what it lets go early
+        (:meth:`~replistream.operators.base.OperatorLogic.gives_ahead`: no window closes before
+        them; a join's rows of them are all here), so their bins' state is what it would be at
+        their own times, or holds more that the new owner keeps without effect; or, for a keyed
+        operator, the watermark is the last step's time and the bins' state has stayed what it
+        was at their times (:meth:`~replistream.operators.base.OperatorLogic.frozen_until`)."""
         logic = core.logic
         bits = steps[0].bits
         bins = _bins_of(steps)
