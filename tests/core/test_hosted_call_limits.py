@@ -24,3 +24,14 @@ def test_a_forwarded_call_waits_as_long_as_the_call_may_take(monkeypatch, method
     monkeypatch.setattr(client, "_ask", lambda what, send, limit: limits.append((what, limit)))
     client.call(method, args, kwargs)
     assert limits == [(method, Hosted.call_timeout_s + own)]
+
+
+@pytest.mark.parametrize("method", ["control_loop", "quiet"])
+def test_a_call_whose_answer_stays_in_the_host_is_refused_in_one_line_before_anything_is_sent(monkeypatch, method):
+    sent = []
+    client = Hosted(host=None, name="demo")
+    monkeypatch.setattr(client, "_ask", lambda what, send, limit: sent.append(what))
+    with pytest.raises(TypeError, match=rf"^{method}\(\) cannot be called on detached deployment 'demo' from a "
+                                        r"client: [^\n]+$"):
+        client.call(method, (), {})
+    assert sent == []

@@ -141,7 +141,20 @@ class Hosted:
                                     f"({type(e).__name__}): the deployment ended with them", operator="host") from e
                 ref = send(self.host)
 
+    #: Calls whose answer lives in the host and cannot be sent to a client, and what to do instead.
+    HOST_ONLY = {
+        "control_loop": "its control loop is an object in the host; change replicas with the deployment's own "
+                        "calls (revive_replica, add_replica, move_replica, set_replication, rescale) and read it "
+                        "with gc_events() or transfers()",
+        "quiet": "a client cannot hold the host's control loop and feed open across calls; each change the "
+                 "client asks for (rescale, replace_function, ...) is made by the host in one call, holding "
+                 "them itself",
+    }
+
     def call(self, method: str, args: tuple, kwargs: dict):
+        if method in self.HOST_ONLY:  # (before anything is sent: Ray's serialization error otherwise)
+            raise TypeError(f"{method}() cannot be called on detached deployment {self.name!r} from a client: "
+                            f"{self.HOST_ONLY[method]}")
         limit = self.call_timeout_s + own_timeout(getattr(Deployment, method, None), args, kwargs)
         call_id = uuid.uuid4().hex  # (the same id each time the call is sent: it is made once)
         return self._ask(method, lambda h: h.call.remote(method, args, kwargs, call_id), limit)
