@@ -141,15 +141,10 @@ class Hosted:
                                     f"({type(e).__name__}): the deployment ended with them", operator="host") from e
                 ref = send(self.host)
 
-    #: Calls whose answer lives in the host and cannot be sent to a client, and what to do instead.
-    HOST_ONLY = {
-        "control_loop": "its control loop is an object in the host; change replicas with the deployment's own "
-                        "calls (revive_replica, add_replica, move_replica, set_replication, rescale) and read it "
-                        "with gc_events() or transfers()",
-        "quiet": "a client cannot hold the host's control loop and feed open across calls; each change the "
-                 "client asks for (rescale, replace_function, ...) is made by the host in one call, holding "
-                 "them itself",
-    }
+    #: Calls whose answer is an object in the host (it cannot be sent), and what to call instead.
+    HOST_ONLY = {"control_loop": "change replicas with revive_replica, add_replica, move_replica, set_replication "
+                                 "or rescale, and read the loop with gc_events() or transfers()",
+                 "quiet": "each change (rescale, replace_function, ...) holds the feed and the loop in the host"}
 
     def call(self, method: str, args: tuple, kwargs: dict):
         if method in self.HOST_ONLY:  # (before anything is sent: Ray's serialization error otherwise)
