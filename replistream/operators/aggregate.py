@@ -700,7 +700,9 @@ class CountWindowAggregateLogic(_GroupedWindows):
         self._buffer: list[np.ndarray] = []
         # group hash -> [tuples counted so far, next window index, pending tuples]
         self._groups: dict[int, list] = {}
-        self._gindex = HashRuns()  # the groups by hash; row: the group's rank in _groups' order
+        self._gindex = HashRuns()  # the groups by hash; row: the group's rank (the order groups came in)
+        self._rank: dict[int, int] = {}  # each group's rank (an index entry of another is stale)
+        self._ranks = 0  # ranks given so far
 
     order_sensitive = False  # it sorts its own input (Algorithm 4, lines 1-6)
 
@@ -762,11 +764,47 @@ class CountWindowAggregateLogic(_GroupedWindows):
         return [out[canonical_order(out)]]
 
     def _index_groups(self, groups: list[int]) -> None:
-        """Index groups just added to ``_groups`` (its last ``len(groups)``), ranked in its order."""
+        """Index groups just added to ``_groups``, ranked after every group indexed before."""
         if groups:
-            n = len(self._groups)
             h = np.asarray(groups, dtype=np.uint64)
-            self._gindex.add(h, np.arange(n - len(groups), n, dtype=np.int64), h)
+            ranks = np.arange(self._ranks, self._ranks + len(groups), dtype=np.int64)
+            self._ranks += len(groups)
+            self._rank.update(zip(groups, ranks.tolist()))
+            self._gindex.add(h, ranks, h)
+
+    def _indexed(self, ranks: np.ndarray, groups: np.ndarray) -> np.ndarray:
+        """Which index entries stand for a group held now (not one a rescale gave away, nor an
+        earlier entry of a group given away and taken back)."""
+        rank = self._rank
+        return np.fromiter((rank.get(g, -1) == r for r, g in zip(ranks.tolist(), groups.tolist())),
+                           dtype=bool, count=len(ranks))
+
+    def drop_bins(self, bits: int, bins) -> int:
+        """Forget the groups of ``bins`` (at ``2**bits`` bins), their counts and pending tuples,
+        and any unreleased input of theirs: a rescale gave them to another partition
+        (replistream/replica/rescale.py). Costs their groups (found through the group index,
+        whose entries for them go stale and leave at a later compaction), not a pass over the
+        others. Returns how many groups were dropped.
+
+        >>> s = Schema({"k": "i8"})
+        >>> from replistream.schema import Punctuation
+        >>> c = CountWindowAggregateLogic("c", [s], size=2, by="k")
+        >>> _ = c.process(0, s.from_columns({"ts": [1, 2, 3], "k": [1, 2, 3]}, ids=[1, 2, 3]))
+        >>> _ = c.process(0, Punctuation(3))
+        >>> gone = c.checkpoint(1).nonempty_bins()[:1]
+        >>> c.drop_bins(1, gone) > 0, c.checkpoint(1).select(gone).rows()
+        (True, 0)
+        """
+        chosen = np.unique(np.asarray(list(bins) if not isinstance(bins, np.ndarray) else bins, dtype=np.int64))
+        _, gs = self._gindex.rows(int(bits), chosen, self._indexed, tags=True)
+        for g in gs.tolist():
+            del self._groups[g], self._rank[g]
+        self._gindex.forget(len(gs), self._indexed)
+        if self._buffer:  # (input above the watermark: none of a bin whose step's time it passed)
+            buf = np.concatenate(self._buffer)
+            keep = ~np.isin(bin_of(self._group_hash(buf), int(bits)), chosen)
+            self._buffer = [buf[keep]] if keep.any() else []
+        return int(len(gs))
 
     # -- hand-over (docs/design.md, decision 7) ------------------------------------
     # The unreleased input (ts > watermark), and per group its tuple count, next
@@ -805,7 +843,7 @@ class CountWindowAggregateLogic(_GroupedWindows):
             np.concatenate(self._buffer) if self._buffer else schema.empty())
         bh = self._group_hash(buf)
         keep = np.isin(bin_of(bh, bits), bins)
-        rank, gs = self._gindex.rows(bits, bins, lambda r, t: np.ones(len(r), dtype=bool), tags=True)
+        rank, gs = self._gindex.rows(bits, bins, self._indexed, tags=True)
         gs = gs[np.argsort(rank, kind="stable")]
         st = [self._groups[g] for g in gs.tolist()]
         count = np.fromiter((x[0] for x in st), dtype=np.int64, count=len(st))
