@@ -26,7 +26,7 @@ from ..errors import QueryError
 from ..exact import LIMBS, ExactSums, exact_row_sums
 from ..ids import argsort_u64, hash_columns, mix, stable_hash
 from ..schema import END, ID, TS, Schema
-from .base import OperatorLogic, bin_of, concat_ranges
+from .base import OperatorLogic, bin_list, bin_of, concat_ranges
 from .keyed import bin_ranges
 from .sorter import canonical_order
 
@@ -795,7 +795,7 @@ class CountWindowAggregateLogic(_GroupedWindows):
         >>> c.drop_bins(1, gone) > 0, c.checkpoint(1).select(gone).rows()
         (True, 0)
         """
-        chosen = np.unique(np.asarray(list(bins) if not isinstance(bins, np.ndarray) else bins, dtype=np.int64))
+        chosen = bin_list(bins)
         _, gs = self._gindex.rows(int(bits), chosen, self._indexed, tags=True)
         for g in gs.tolist():
             del self._groups[g], self._rank[g]

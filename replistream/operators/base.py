@@ -305,8 +305,12 @@ def _rows_of_bins(tables: dict, bits: int, bins: Iterable[int]) -> dict:
     return out
 
 
-def _bin_list(bins: Iterable[int]) -> np.ndarray:
-    """``bins`` as a sorted array of distinct int64."""
+def bin_list(bins: Iterable[int]) -> np.ndarray:
+    """``bins`` as a sorted array of distinct int64.
+
+    >>> bin_list([3, 1, 3]).tolist()
+    [1, 3]
+    """
     return np.unique(np.asarray(list(bins) if not isinstance(bins, np.ndarray) else bins, dtype=np.int64))
 
 
@@ -582,7 +586,7 @@ class OperatorLogic:
         """
         bits = int(bits)
         if self.live_bins:  # the rows of ``bins`` are found without a pass over the rest
-            tables, offsets = binned(self._live_tables(bits, None if bins is None else _bin_list(bins)), bits)
+            tables, offsets = binned(self._live_tables(bits, None if bins is None else bin_list(bins)), bits)
             return OperatorState(type(self).__name__, self.name, self._state_params(), tuple(self.in_punct),
                                  int(self.watermark), bits, tables, offsets)
         raw = self._state_tables(bits > 0)

@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import SchemaError, UserFunctionError
 from ..ids import argsort_u64, hash_columns, mix
 from ..schema import END, ID, TS, Schema
-from .base import CheckpointError, OperatorLogic, concat_ranges
+from .base import CheckpointError, OperatorLogic, bin_list, concat_ranges
 from .keyed import bin_ranges
 
 _MAX_CHUNKS = 32  # more than this (purges can leave many small chunks): merge them all
@@ -496,7 +496,7 @@ class JoinLogic(OperatorLogic):
         if not self.live_bins:
             raise CheckpointError(f"join {self.name!r}: its keys do not hash alike on both inputs, so its "
                                   f"buffers are not in bins; merge checkpoints")
-        chosen = np.unique(np.asarray(list(bins) if not isinstance(bins, np.ndarray) else bins, dtype=np.int64))
+        chosen = bin_list(bins)
         gone = 0
         for port in (0, 1):
             buf = self.buffers[port]

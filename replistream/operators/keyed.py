@@ -55,7 +55,7 @@ import numpy as np
 
 from ..ids import argsort_u64, hash_columns, mix, stable_hash
 from ..schema import END, TS, Punctuation, Schema
-from .base import NO_PUNCTUATION, CheckpointError, OperatorLogic, OperatorState, bin_of, concat_ranges
+from .base import NO_PUNCTUATION, CheckpointError, OperatorLogic, OperatorState, bin_list, bin_of, concat_ranges
 from .sorter import canonical_order
 
 _U64 = np.uint64
@@ -356,7 +356,7 @@ class KeyedState:
         ([5, 7, 9], 3)
         """
         bits = self.bits if bits is None else int(bits)
-        chosen = np.unique(np.asarray(list(bins) if not isinstance(bins, np.ndarray) else bins, dtype=np.int64))
+        chosen = bin_list(bins)
         if not len(chosen) or not self._n:
             return 0
         _, rows = self._rows_of(chosen, bits)
@@ -678,7 +678,7 @@ class KeyedOperatorLogic(OperatorLogic):
         >>> a.drop_bins(2, gone) > 0, a.checkpoint(2).select(gone).rows("state"), len(a.state) < 3
         (True, 0, True)
         """
-        chosen = np.unique(np.asarray(list(bins) if not isinstance(bins, np.ndarray) else bins, dtype=np.int64))
+        chosen = bin_list(bins)
         dropped = self.state.drop_bins(chosen, int(bits))
         rows, hashes = self._take_pending()
         if len(rows):
