@@ -298,3 +298,32 @@ def test_a_switch_before_the_largest_routed_time_breaks_the_output(monkeypatch):
     with pytest.raises((AssertionError, ReplicaDivergence, RuntimeError)):
         check(q, with_events(data, sequence_events("fluid")), k=2, seed=0, audit=True, parallelism={"op": 1},
               bits=BITS)
+
+
+def test_a_time_windows_fluid_steps_across_window_ends_are_given_one_at_a_time(monkeypatch):
+    """A time window's bin changes with no tuple of its own: a window that closes between two
+    steps' times emits from the old owner and leaves its state. So the old owner may not give a
+    later step's bins early (its ``frozen_until`` promises nothing past ``at``). Eight fluid steps
+    0.1 s apart, with a second of stream per chunk (each punctuation passes several steps at once),
+    cross an end of the half-second slides: equal to the reference as it is; when the window
+    claims its bins frozen like a keyed count's (a negative control), the output differs from the
+    reference, and with the per-replica audit on, the replicas from each other."""
+    from replistream.operators.aggregate import TimeWindowAggregateLogic
+    from replistream.schema import END
+
+    q = Query("short_windows")
+    s = q.source("s", {"k": "i8", "v": "f8"}, punctuate_every=seconds(1))
+    s.window(size=seconds(1), slide=seconds(0.5), by="k", aggs={"n": "count", "t": ("v", "sum")},
+             name="op").sink("out")
+    q = q.build()
+    data = {"s": stream(np.random.default_rng(11), 1500, 12, span_s=10, chunk=150)}
+    script = with_events(data, [(0.3, Rescale("op", 2, "fluid", gap=seconds(0.1)))])
+    got = check(q, script, k=2, seed=3, audit=True, parallelism={"op": 1}, bits=BITS)
+    (rec,) = got.stats["harness"].rescales
+    assert rec["steps"] == 8 and rec["bins_moved"] == 8
+
+    monkeypatch.setattr(TimeWindowAggregateLogic, "frozen_until", lambda self, at: END - 1)
+    with pytest.raises(AssertionError):
+        check(q, script, k=2, seed=3, parallelism={"op": 1}, bits=BITS)
+    with pytest.raises(ReplicaDivergence):
+        check(q, script, k=2, seed=3, audit=True, parallelism={"op": 1}, bits=BITS)
