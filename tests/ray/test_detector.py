@@ -87,3 +87,37 @@ def test_replicas_of_other_nodes_are_no_peers():
 def test_bounds_are_checked(bad):
     with pytest.raises(ValueError):
         check_bounds(*bad)
+
+
+def test_a_replica_in_a_call_its_peer_also_took_long_for_gets_that_long_on_top():
+    """A punctuation that releases a large backlog makes one long call on every replica; on a busier
+    core one replica finishes seconds after its peer. It is declared failed only after
+    ``fail_after_s`` plus twice the longest call the peer past it was seen in (here 3 + 2 x 5 s),
+    not as soon as its call outlasts ``fail_after_s``; one whose probes go unanswered gets no
+    such allowance, and one that hangs in a call its peer passed quickly fails as before."""
+    d = watched("f#0", "f#1", suspect_after_s=1.0, fail_after_s=3.0)
+    for t in (1.0, 3.0, 5.0):  # f#1 in the long call, then past it
+        d.answered("f#1", t, busy_s=t, position=7)
+    d.answered("f#1", 5.5, position=9)
+    d.answered("f#0", 6.0, busy_s=6.0, position=7)  # the same call, still running
+    assert states(d, 6.0) == [("f#0", "suspected")]
+    d.answered("f#0", 12.5, busy_s=12.5, position=7)
+    d.answered("f#1", 12.5, position=11)
+    assert states(d, 12.5) == []  # 12.5 s < 3 + 2 x 5 s
+    d.answered("f#0", 13.5, busy_s=13.5, position=7)
+    d.answered("f#1", 13.5, position=12)
+    assert states(d, 13.5) == [("f#0", "failed")]
+
+    d = watched("f#0", "f#1", suspect_after_s=1.0, fail_after_s=3.0)
+    d.answered("f#1", 5.0, busy_s=5.0, position=7)
+    d.answered("f#1", 5.5, position=9)
+    d.answered("f#0", 1.0, position=7)
+    d.asked("f#0", 1.5)  # never answered: a stopped process
+    assert states(d, 3.9) == [("f#0", "suspected")]
+    assert states(d, 4.1) == [("f#0", "failed")]  # 3 s after its last answer, the peer's long call no matter
+
+    d = watched("f#0", "f#1", suspect_after_s=1.0, fail_after_s=3.0)
+    d.answered("f#1", 0.5, busy_s=0.2, position=7)
+    d.answered("f#1", 1.0, position=9)
+    d.answered("f#0", 3.5, busy_s=3.5, position=7)  # hangs where its peer spent 0.2 s
+    assert states(d, 3.5) == [("f#0", "failed")]  # 3.5 s >= 3 + 2 x 0.2 s

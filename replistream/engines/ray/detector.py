@@ -12,7 +12,10 @@ swapping). This detector turns "not answering" into a failure with two bounds:
   gone past it* (a logical position further than the one it last reported:
   the punctuation an operator replica reached, the chunks an entry replica
   took; one that never answered is behind a peer that moved since its own first
-  report, so a slow actor start is not a failure before anything flowed):
+  report, so a slow actor start is not a failure before anything flowed).
+  A replica that answers its probes but is busy in one call gets, on top, twice
+  the longest call a peer past it was seen in lately: that peer took that long
+  for the same work (a punctuation that released a large backlog at once). Then it is
   treated exactly as a crash (killed, so anything it would send later
   is fenced off, its links dropped, repaired with ``repair=True``). A user
   function that hangs on some rows hangs every replica at the same position,
@@ -69,6 +72,14 @@ DEFAULT_SUSPECT_AFTER_S = 1.5
 #: output, and only happens while a peer has gone past the silent replica.
 DEFAULT_FAIL_AFTER_S = 4.0
 
+#: A replica busy in one call (it answers its probes) is declared failed only after
+#: ``fail_after_s`` plus this many times the longest call a peer past it was seen in lately
+#: (:meth:`FailureDetector.fail_limit_s`): the same heavy call runs on both, one on a busier core.
+PEER_CALL_FACTOR = 2.0
+
+#: Seconds a replica's longest call counts for that (its peak is forgotten at its next answer after).
+PEAK_KEEP_S = 60.0
+
 
 @dataclass
 class Verdict:
@@ -94,6 +105,8 @@ class _Watch:
     slowest_s: float = 0.0  # the longest a probe of it waited for its answer
     pending: bool = False  # still waiting for its state (a hand-over, a transfer): not a progressing peer
     heard: bool = False  # answered a probe since it was watched: only then can it be a progressing peer
+    peak_s: float = 0.0  # the longest call it was seen in lately (busy_s), and when (kept PEAK_KEEP_S)
+    peak_at: float = 0.0
 
 
 class FailureDetector:
@@ -143,6 +156,8 @@ class FailureDetector:
         if w.asked is not None:
             w.slowest_s = max(w.slowest_s, now - w.asked)
         w.last_answer, w.asked, w.busy_s, w.pending = now, None, float(busy_s or 0.0), bool(pending)
+        if w.busy_s >= w.peak_s or now - w.peak_at > PEAK_KEEP_S:
+            w.peak_s, w.peak_at = w.busy_s, now
         w.heard = True
         if position is not None:
             w.position = int(position)
@@ -212,14 +227,38 @@ class FailureDetector:
             peers = progressing.get(w.group)
             if not peers:
                 continue  # no peer progresses: nothing to mask with (the run's timeout names it)
-            ahead = any(_ahead(p, w) for p in peers)
-            if s >= self.fail_after_s and ahead:
+            ahead = [p for p in peers if _ahead(p, w)]
+            if ahead and s >= self.fail_limit_s(w, ahead, now):
                 w.state = "failed"
                 out.append(Verdict(label, w.node, "failed", s))
             elif w.state == "ok":
                 w.state = "suspected"
                 out.append(Verdict(label, w.node, "suspected", s))
         return out
+
+
+    def fail_limit_s(self, w: _Watch, ahead: list[_Watch], now: float) -> float:
+        """How long ``w`` may make no progress before it is declared failed, ``ahead`` being its
+        peers past it: ``fail_after_s`` when its probes go unanswered (a stopped process, a frozen
+        host); when it answers but is busy in one call, ``fail_after_s`` plus ``PEER_CALL_FACTOR``
+        times the longest call one of those peers was seen in lately. A peer that went past it
+        through a call of several seconds (a punctuation that released a large backlog at once)
+        shows that such a call is the work, not a hang: the replica doing the same work on a
+        busier core is not killed for it, while one that hangs in a call its peers passed quickly
+        still is.
+
+        >>> d = FailureDetector(1.0, 4.0)
+        >>> for label in ("f#0", "f#1"): d.watch(label, "f", 0.0)
+        >>> d.answered("f#1", 5.0, busy_s=5.0, position=1); d.answered("f#1", 5.5, position=2)
+        >>> d.answered("f#0", 6.0, busy_s=6.0, position=1)   # the same call, on a busier core
+        >>> d.fail_limit_s(d.watches["f#0"], [d.watches["f#1"]], 6.0)
+        14.0
+        >>> [v.state for v in d.check(6.0)]
+        ['suspected']
+        """
+        if w.asked is not None and now - w.last_answer >= self.fail_after_s:
+            return self.fail_after_s
+        return self.fail_after_s + PEER_CALL_FACTOR * max(p.peak_s for p in ahead)
 
 
 def _ahead(peer: _Watch, w: _Watch) -> bool:
