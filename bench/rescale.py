@@ -82,8 +82,6 @@ def _tail(args) -> float:
 
 
 def _one(strategy: str, args, data, ref) -> dict:
-    import ray
-
     from replistream import deploy
     from replistream.engines.ray.pool import clear_pool
     from replistream.engines.ray.view import event_kind, event_text
