@@ -9,8 +9,24 @@ run and, imported on first use, the Ray deployment.
 
 The simulator (:mod:`replistream.sim`) is the fourth engine.
 """
-from .inprocess import InProcessEngine, run_replicated
-from .reference import run_reference, run_reference_on_streams
-from .result import Collector, RunResult
+import importlib
+
+# Loaded on first use (PEP 562): a Ray actor's process imports ``replistream.engines.ray.actors``,
+# hence this package, and needs neither the in-process engine nor the reference run. Importing
+# them took about a quarter of replistream's part of each actor's start (issue #42, point 4).
+_LAZY = {"InProcessEngine": ".inprocess", "run_replicated": ".inprocess", "run_reference": ".reference",
+         "run_reference_on_streams": ".reference", "Collector": ".result", "RunResult": ".result"}
 
 __all__ = ["RunResult", "Collector", "run_reference", "run_reference_on_streams", "InProcessEngine", "run_replicated"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
