@@ -1427,7 +1427,7 @@ class EntryActor(_Base):
             return [d for e in self.entries.values() for d in e.dead_letters]
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1})
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, concurrency_groups={"probe": 1, "fetch": 1})
 class SinkActor(_Base):
     """An application: merges its k input stream replicas (duplicate filter, sorter if ordered)
     and records every delivered tuple with its arrival time; optionally writes Parquet."""
@@ -1546,10 +1546,15 @@ class SinkActor(_Base):
         pq.write_table(table, path)
         self.parquet_files.append(path)
 
-    def fetch(self, start: int = 0) -> tuple[np.ndarray, np.ndarray, int, int]:
-        """Delivered tuples from position ``start`` on: (tuples, arrival times, count, punctuation).
+    @ray.method(concurrency_group="fetch")  # apart from the data path: a large backlog is not copied on its thread
+    def fetch(self, start: int = 0) -> tuple[list, list, int, int]:
+        """Delivered tuples from position ``start`` on: (their batches, the batches' arrival
+        times, count, punctuation); the caller joins them (:func:`~.results.joined`).
 
-        Only batches not yet fetched are concatenated, so polling stays cheap as output grows."""
+        Only batches not yet fetched are returned, so polling stays cheap as output grows. It runs
+        on a thread of its own and holds the lock only to take the list of batches: before, a
+        first fetch after millions of results (a ``wait()`` after a long ``feed()``) joined them
+        all on the data path's thread, and no result arrived for a second meanwhile."""
         with self.lock:
             if start < self._fetch_pos:  # a reader starting over
                 self._fetch_pos, self._fetch_batch = 0, 0
@@ -1559,11 +1564,10 @@ class SinkActor(_Base):
                 i += 1
             self._fetch_batch, self._fetch_pos = i, pos
             parts, arrs = self.batches[i:], self.arrivals[i:]
-            if parts:
-                data, arr = np.concatenate(parts)[start - pos:], np.concatenate(arrs)[start - pos:]
-            else:
-                data, arr = self.schema.empty(), np.zeros(0)
-            return data, arr, self.count, self.punctuation
+            count, punct = self.count, self.punctuation
+        if parts and start > pos:  # (the first batch was fetched in part: its rest; a view)
+            parts[0], arrs[0] = parts[0][start - pos:], arrs[0][start - pos:]
+        return parts, arrs, count, punct
 
     def _position(self) -> int | None:
         return getattr(self, "count", None)  # results delivered (its punctuations may lag its peers')

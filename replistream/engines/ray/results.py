@@ -245,7 +245,7 @@ class Results:
                     label = refs[ref]
                     _, start = self._fetches.pop(label)
                     try:
-                        data, arr, count, punct = ray.get(ref, timeout=READY_S)
+                        parts, arrs, count, punct = ray.get(ref, timeout=READY_S)
                     except Exception as e:
                         if is_unavailable(e):  # unreachable for now: asked again next time (the detector decides)
                             continue
@@ -255,6 +255,8 @@ class Results:
                         continue
                     if start != d.fetched[label]:
                         continue  # a fetch from an earlier position (cannot happen with one outstanding)
+                    data = joined(parts, self.plane.query.schema_of(apps[label]).empty())
+                    arr = joined(arrs, np.zeros(0))
                     d.add_batch(apps[label], data, arr, label)
                     written = apps[label] in self.plane.file_sinks and not d.keep[apps[label]]  # by the replicas
                     # its fastest replica's (of each partition, for a partitioned application)
@@ -489,6 +491,20 @@ class Results:
     def metrics_json(self) -> str:
         """:meth:`metrics` as JSON."""
         return json.dumps(self.metrics(), default=json_default)
+
+
+def joined(parts: list, empty: np.ndarray) -> np.ndarray:
+    """The batches of an application's fetch as one array (``empty`` when there are none): joined
+    in the driver, not on the application's thread (:meth:`~.actors.SinkActor.fetch`).
+
+    >>> joined([np.arange(2), np.arange(3)], np.zeros(0, dtype=np.int64)).tolist()
+    [0, 1, 0, 1, 2]
+    >>> len(joined([], np.zeros(0)))
+    0
+    """
+    if not parts:
+        return empty
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def furthest_key(position: Mapping[str, Mapping]) -> tuple[int, int]:
