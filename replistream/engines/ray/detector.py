@@ -236,7 +236,6 @@ class FailureDetector:
                 out.append(Verdict(label, w.node, "suspected", s))
         return out
 
-
     def fail_limit_s(self, w: _Watch, ahead: list[_Watch], now: float) -> float:
         """How long ``w`` may make no progress before it is declared failed, ``ahead`` being its
         peers past it: ``fail_after_s`` when its probes go unanswered (a stopped process, a frozen

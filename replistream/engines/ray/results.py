@@ -19,6 +19,7 @@ import ray
 from . import lockorder
 from ...errors import merge_dead_letters
 from ...operators.base import NO_PUNCTUATION
+from ...operators.join import concat_rows
 from ...plan import ENTRY, label_group
 from ...summary import WaitSummary  # (#44) what wait() returns
 from ...schema import END, TS
@@ -495,7 +496,8 @@ class Results:
 
 def joined(parts: list, empty: np.ndarray) -> np.ndarray:
     """The batches of an application's fetch as one array (``empty`` when there are none): joined
-    in the driver, not on the application's thread (:meth:`~.actors.SinkActor.fetch`).
+    in the driver, not on the application's thread (:meth:`~.actors.SinkActor.fetch`), as raw
+    rows (:func:`~replistream.operators.join.concat_rows`).
 
     >>> joined([np.arange(2), np.arange(3)], np.zeros(0, dtype=np.int64)).tolist()
     [0, 1, 0, 1, 2]
@@ -504,7 +506,7 @@ def joined(parts: list, empty: np.ndarray) -> np.ndarray:
     """
     if not parts:
         return empty
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return parts[0] if len(parts) == 1 else concat_rows(parts)
 
 
 def furthest_key(position: Mapping[str, Mapping]) -> tuple[int, int]:
