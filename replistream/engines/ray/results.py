@@ -256,8 +256,9 @@ class Results:
                         continue
                     if start != d.fetched[label]:
                         continue  # a fetch from an earlier position (cannot happen with one outstanding)
-                    data = joined(parts, self.plane.query.schema_of(apps[label]).empty())
-                    arr = joined(arrs, np.zeros(0))
+                    # (no schema needed: an empty fetch adds nothing, and an application that
+                    # add_operator is adding is in the topology before the query names it)
+                    data, arr = joined(parts), joined(arrs)
                     d.add_batch(apps[label], data, arr, label)
                     written = apps[label] in self.plane.file_sinks and not d.keep[apps[label]]  # by the replicas
                     # its fastest replica's (of each partition, for a partitioned application)
@@ -494,18 +495,19 @@ class Results:
         return json.dumps(self.metrics(), default=json_default)
 
 
-def joined(parts: list, empty: np.ndarray) -> np.ndarray:
-    """The batches of an application's fetch as one array (``empty`` when there are none): joined
+def joined(parts: list) -> np.ndarray:
+    """The batches of an application's fetch as one array (of no rows and no fields when there
+    are none: :meth:`Delivered.add_batch` only counts those): joined
     in the driver, not on the application's thread (:meth:`~.actors.SinkActor.fetch`), as raw
     rows (:func:`~replistream.operators.join.concat_rows`).
 
-    >>> joined([np.arange(2), np.arange(3)], np.zeros(0, dtype=np.int64)).tolist()
+    >>> joined([np.arange(2), np.arange(3)]).tolist()
     [0, 1, 0, 1, 2]
-    >>> len(joined([], np.zeros(0)))
+    >>> len(joined([]))
     0
     """
     if not parts:
-        return empty
+        return np.zeros(0)
     return parts[0] if len(parts) == 1 else concat_rows(parts)
 
 
