@@ -131,19 +131,28 @@ class KeyedState:
     two are of comparable size (the logarithmic method: an entry is copied ``O(log n)``
     times overall), and every run is merged into one once lookups in the extra runs
     have cost about as much as that merge. A bin, the top bits of the hash, is one
-    contiguous range of each run. A full snapshot (and a load) puts the rows themselves in
+    contiguous range of each run. While the rows are in hash order (after a load or a full
+    snapshot, or appended in order: a transfer's steps installed bin after bin) the storage is
+    its own index and no run is kept: a fluid move's receiver once merged runs of a million
+    entries in one step (a pause of the data path at 4M keys, bench/state_move.py); the first
+    append out of order makes the rows so far one run (one copy). A full snapshot (and a load) puts the rows themselves in
     hash order, so a snapshot of some bins copies slices instead of gathering rows; an update
     never does: at a million keys of 112 bytes that copy took 0.37 s, a pause of the data
     path with no fault and no move (issue #42, ``bench/steady.py``), while gathering one bin's
     rows costs that bin's rows only.
 
     Bins given away (:meth:`drop_bins`, a rescale's step) leave their rows in storage as *dead*
-    rows until they are a quarter of the rows, then every dead row goes in one copy of the rest:
-    a step costs its own rows, not a copy of the state each time. No tuple of a given bin comes
-    here any more, so no lookup meets a dead row; a full :meth:`snapshot`, :meth:`replace_bins`
-    and :meth:`remove` delete them first, :meth:`upsert` if it ever meets one, a snapshot of some
-    bins leaves them out, and ``len`` counts live rows. :attr:`hash` and :attr:`cols` still show
-    them, row-aligned (rows a keyed update never gets).
+    rows, free slots that new keys take before the storage grows (as a hash table keeps its
+    slots); where runs index the storage, the dead rows' entries are cleared (row -1) at once,
+    and purged when their run is next merged. A step costs its own rows: nothing copies every
+    live row while a partition gives bins away (one copy once a quarter of the rows were dead was
+    a pause of the giving replica at each quarter: 27 and 22 ms in process at 4M keys,
+    ``bench/state_move.py``, about 70 ms on Ray with both replicas of the giver pausing at once).
+    The slots come back to memory at the next full :meth:`snapshot` (a checkpoint), which deletes
+    the dead rows, as :meth:`replace_bins` and :meth:`remove` do first, and :meth:`upsert` if it
+    ever meets one. No tuple of a given bin comes here any more, so no lookup meets a dead row; a
+    snapshot of some bins leaves them out, and ``len`` counts live rows. :attr:`hash` and
+    :attr:`cols` still show them, row-aligned (rows a keyed update never gets).
 
     >>> st = KeyedState({"n": "i8"}, bits=2)
     >>> slots = st.upsert(np.array([5, 2**63], dtype=np.uint64))
@@ -153,9 +162,6 @@ class KeyedState:
     >>> h, cols, off = st.snapshot([2]); h.tolist(), off.tolist()
     ([9223372036854775808], [0, 0, 0, 1, 1])
     """
-
-    #: dead rows are deleted once they are 1 / DEAD_SHARE of the rows (:meth:`drop_bins`)
-    DEAD_SHARE = 4
 
     def __init__(self, columns: Mapping[str, object], bits: int = 12):
         if not 0 <= int(bits) <= 24:
@@ -167,13 +173,16 @@ class KeyedState:
         self._cols = {c: np.zeros(0, dtype=d) for c, d in self.dtypes.items()}
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted hashes, their rows), oldest first
         self._probes = 0  # lookups in runs beyond the first since the last full merge
-        self._ordered = True  # the storage's rows are in hash order (whatever runs index them)
+        #: the storage's rows are in hash order: they are their own index (``_runs`` is empty)
+        self._ordered = True
         self.cols = _Columns(self)
         self.versions = np.zeros(1 << self.bits, dtype=np.int64)
         self.clock = 0
         #: rows given away and not deleted yet (:meth:`drop_bins`): a mask over the storage, or None
         self._dead: np.ndarray | None = None
         self._n_dead = 0
+        self._holes: list[np.ndarray] = []  # the dead rows (free slots), each once
+        self._unlinked = 0  # index entries cleared (row -1) and not purged yet
 
     def __len__(self) -> int:
         return self._n - self._n_dead
@@ -202,13 +211,26 @@ class KeyedState:
         self._runs.append((hashes[order], rows[order]))
         while len(self._runs) > 1 and 2 * len(self._runs[-1][0]) >= len(self._runs[-2][0]):
             (ah, ar), (bh, br) = self._runs[-2], self._runs[-1]
+            if self._unlinked:  # (a merge copies both anyway: cleared entries go)
+                (ah, ar), (bh, br) = self._purged(ah, ar), self._purged(bh, br)
             at = np.searchsorted(ah, bh)
             self._runs[-2:] = [(np.insert(ah, at, bh), np.insert(ar, at, br))]
+
+    def _purged(self, h: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A run without its cleared entries (row -1: rows of bins given away)."""
+        ok = r >= 0
+        gone = len(r) - int(np.count_nonzero(ok))
+        if not gone:
+            return h, r
+        self._unlinked -= gone
+        return h[ok], r[ok]
 
     def _merge_index(self) -> None:
         """One run of every entry (runs are sorted already, so the stable sort merges them): 16
         bytes an entry, whatever the columns."""
         self._probes = 0
+        if self._unlinked:
+            self._runs = [x for x in (self._purged(h, r) for h, r in self._runs) if len(x[0])]
         if len(self._runs) > 1:
             h = np.concatenate([x for x, _ in self._runs])
             r = np.concatenate([x for _, x in self._runs])
@@ -225,9 +247,9 @@ class KeyedState:
             return
         if self._runs:
             h, r = self._runs[0]
-            self._hash = h  # shared with the run: nothing writes rows below n in place
+            self._hash = h
             self._cols = {c: a[:self._n][r] for c, a in self._cols.items()}
-            self._runs = [(h, np.arange(self._n, dtype=np.int64))]
+        self._runs, self._probes = [], 0  # (the storage is its own index from now on)
         self._ordered = True
 
     def locate(self, hashes: np.ndarray) -> np.ndarray:
@@ -241,6 +263,14 @@ class KeyedState:
     def _locate(self, hashes: np.ndarray) -> np.ndarray:
         """Row of each hash, -1 where absent; dead rows are found too."""
         hashes = np.asarray(hashes, dtype=np.uint64)
+        if self._ordered:  # the storage is its own index
+            h = self._hash[:self._n]
+            out = np.full(len(hashes), -1, dtype=np.int64)
+            if len(h):
+                pos = np.minimum(np.searchsorted(h, hashes), len(h) - 1)
+                hit = h[pos] == hashes
+                out[hit] = pos[hit]
+            return out
         if len(self._runs) > 1:
             self._probes += len(hashes) * (len(self._runs) - 1)
             if 8 * self._probes > self._n:  # lookups in the extra runs have paid for merging them
@@ -250,20 +280,35 @@ class KeyedState:
             if not len(rh):
                 continue
             pos = np.minimum(np.searchsorted(rh, hashes), len(rh) - 1)
-            hit = rh[pos] == hashes
-            out[hit] = rr[pos[hit]]
+            r = rr[pos]
+            hit = (rh[pos] == hashes) & (r >= 0)  # (a cleared entry: a key of a bin given away)
+            out[hit] = r[hit]
         return out
 
     # -- rows -------------------------------------------------------------------------------
     def _append(self, hashes: np.ndarray, values: Mapping[str, np.ndarray] | None) -> np.ndarray:
-        """Append rows (``values[c]`` per column, zeros where absent); returns their row numbers."""
+        """Add rows (``values[c]`` per column, zeros where absent), into free slots (dead rows)
+        first, then at the end; returns their row numbers."""
+        hashes = np.asarray(hashes, dtype=np.uint64)
         m, n = len(hashes), self._n
         # rows appended in hash order after every row (a restore, a transfer's steps in bin order)
-        # leave the storage in hash order
-        self._ordered = self._ordered and (m == 0 or (bool(np.all(hashes[1:] > hashes[:-1])) and
-                                                      (n == 0 or bool(hashes[0] > self._hash[n - 1]))))
-        if n + m > len(self._hash):
-            cap = max(2 * len(self._hash), n + m, 16)
+        # leave the storage in hash order, its own index: no run to add, none to merge
+        was = self._ordered
+        self._ordered = was and (m == 0 or (bool(np.all(hashes[1:] > hashes[:-1])) and
+                                            (n == 0 or bool(hashes[0] > self._hash[n - 1]))))
+        if was and not self._ordered and n:  # the rows so far become the first run (one copy)
+            rows0 = np.arange(n, dtype=np.int64)
+            if self._n_dead:  # (dead rows are in no run)
+                rows0[self._dead[:n]] = -1
+                self._unlinked += self._n_dead
+            self._runs = [(self._hash[:n].copy(), rows0)]
+        slots = self._take_holes(m) if self._holes and not self._ordered else np.zeros(0, dtype=np.int64)
+        if len(slots):
+            self._dead[slots] = False
+            self._n_dead -= len(slots)
+        top = m - len(slots)  # rows added at the end
+        if n + top > len(self._hash):
+            cap = max(2 * len(self._hash), n + top, 16)
             grown = np.zeros(cap, dtype=np.uint64)
             grown[:n] = self._hash[:n]
             self._hash = grown
@@ -275,14 +320,33 @@ class KeyedState:
                 grown_dead = np.zeros(cap, dtype=bool)
                 grown_dead[:n] = self._dead[:n]
                 self._dead = grown_dead
-        self._hash[n:n + m] = hashes
+        rows = np.arange(n, n + top, dtype=np.int64)
+        where = slice(n, n + top)
+        if len(slots):
+            rows = np.concatenate([slots, rows])
+            where = rows
+        self._hash[where] = hashes
         for c, a in self._cols.items():
-            a[n:n + m] = np.zeros(m, dtype=a.dtype) if values is None or c not in values else \
+            a[where] = np.zeros(m, dtype=a.dtype) if values is None or c not in values else \
                 np.asarray(values[c], dtype=a.dtype)
-        self._n = n + m
-        rows = np.arange(n, n + m, dtype=np.int64)
-        self._add_run(np.asarray(hashes, dtype=np.uint64), rows)
+        self._n = n + top
+        if not self._ordered:
+            self._add_run(hashes, rows)
         return rows
+
+    def _take_holes(self, k: int) -> np.ndarray:
+        """Up to ``k`` free slots (dead rows), taken from the list of them."""
+        out = []
+        while k and self._holes:
+            last = self._holes[-1]
+            if len(last) <= k:
+                out.append(self._holes.pop())
+                k -= len(last)
+            else:
+                out.append(last[len(last) - k:])
+                self._holes[-1] = last[:len(last) - k]
+                k = 0
+        return np.concatenate(out) if len(out) > 1 else out[0] if out else np.zeros(0, dtype=np.int64)
 
     def _keep(self, keep: np.ndarray) -> None:
         """Keep only the rows where ``keep`` holds (renumbered, in order; ``keep`` leaves out
@@ -290,9 +354,14 @@ class KeyedState:
         self._hash = self._hash[:self._n][keep]
         self._cols = {c: a[:self._n][keep] for c, a in self._cols.items()}
         renumber = np.cumsum(keep) - 1
-        runs = [(h[keep[r]], renumber[r[keep[r]]]) for h, r in self._runs]
+        runs = []
+        for h, r in self._runs:
+            ok = r >= 0  # (cleared entries go)
+            ok[ok] = keep[r[ok]]
+            runs.append((h[ok], renumber[r[ok]]))
         self._runs = [x for x in runs if len(x[0])]
         self._n = len(self._hash)
+        self._holes, self._unlinked = [], 0
 
     def load(self, hashes: np.ndarray, cols: Mapping[str, np.ndarray]) -> None:
         """Replace every row with ``hashes`` and ``cols`` (copied: a checkpoint's arrays may be
@@ -302,6 +371,7 @@ class KeyedState:
         self._cols = {c: np.zeros(0, dtype=d) for c, d in self.dtypes.items()}
         self._runs, self._probes, self._ordered = [], 0, True
         self._dead, self._n_dead = None, 0
+        self._holes, self._unlinked = [], 0
         if len(hashes):
             self._append(np.array(hashes, dtype=np.uint64), cols)
             self._merge_runs()
@@ -344,9 +414,9 @@ class KeyedState:
     def drop_bins(self, bins: Iterable[int], bits: int | None = None) -> int:
         """Delete every row of ``bins`` (at ``2**bits`` bins, default :attr:`bits`): a rescale's
         step gave them to another partition. The rows are found with two binary searches per bin
-        and run of the index (no pass over the hashes) and marked dead; once dead rows are a
-        quarter of the rows, one copy of the live ones deletes them all. Their bins count as
-        changed. Returns how many rows were deleted.
+        and run of the index (no pass over the hashes) and marked dead: free slots for new keys,
+        deleted at the next full snapshot. Their bins count as changed. Returns how many rows
+        were deleted.
 
         >>> st = KeyedState({"n": "i8"}, bits=1)
         >>> _ = st.upsert(np.array([5, 7, 9, 2**63], dtype=np.uint64))
@@ -359,9 +429,12 @@ class KeyedState:
         chosen = bin_list(bins)
         if not len(chosen) or not self._n:
             return 0
-        _, rows = self._rows_of(chosen, bits)
-        if self._n_dead:
-            rows = rows[~self._dead[rows]]
+        if self._ordered:  # (the storage is the index: its dead rows stay in it)
+            _, rows = self._rows_of(chosen, bits)
+            if self._n_dead:
+                rows = rows[~self._dead[rows]]
+        else:
+            rows = self._unlink(chosen, bits)
         if not len(rows):
             return 0
         self.touch(self._hash[rows])
@@ -369,9 +442,22 @@ class KeyedState:
             self._dead = np.zeros(len(self._hash), dtype=bool)
         self._dead[rows] = True
         self._n_dead += len(rows)
-        if self.DEAD_SHARE * self._n_dead >= self._n:  # (a quarter of the rows dead: one copy of the others)
-            self._compact()
+        self._holes.append(rows)
         return int(len(rows))
+
+    def _unlink(self, chosen: np.ndarray, bits: int) -> np.ndarray:
+        """Clear the index entries of the live rows of bins ``chosen`` (row -1, purged at the next
+        merge) and return those rows: two binary searches per bin and run, then their entries."""
+        out = []
+        for rh, rr in self._runs:
+            idx = concat_ranges(*bin_ranges(rh, bits, chosen))
+            r = rr[idx]
+            ok = r >= 0
+            out.append(r[ok])
+            rr[idx[ok]] = -1
+        rows = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        self._unlinked += len(rows)
+        return rows
 
     def snapshot(self, bins: Iterable[int] | None = None, bits: int | None = None
                  ) -> tuple[np.ndarray, dict, np.ndarray]:
@@ -401,12 +487,17 @@ class KeyedState:
 
     def _rows_of(self, chosen: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
         """(hashes ascending, their rows) of the bins ``chosen`` (at ``2**bits`` bins), dead rows
-        included: two binary searches per bin and run of the index."""
+        included: two binary searches per bin and run of the index (of the storage, in hash order)."""
+        if self._ordered:
+            idx = concat_ranges(*bin_ranges(self.hash, bits, chosen)).astype(np.int64)
+            return self.hash[idx], idx
         hs, rs = [], []
         for rh, rr in self._runs:
             idx = concat_ranges(*bin_ranges(rh, bits, chosen))  # searches for the chosen bins only
-            hs.append(rh[idx])
-            rs.append(rr[idx])
+            r = rr[idx]
+            ok = r >= 0  # (cleared entries: rows of bins given away)
+            hs.append(rh[idx][ok])
+            rs.append(r[ok])
         h = np.concatenate(hs) if hs else np.zeros(0, np.uint64)
         r = np.concatenate(rs) if rs else np.zeros(0, np.int64)
         if len(hs) > 1:
@@ -426,9 +517,12 @@ class KeyedState:
         >>> st._holds_any(np.array([0]), 1), st._holds_any(np.array([1]), 1)
         (True, False)
         """
-        for rh, _ in self._runs:
+        if self._ordered:
+            lo, hi = bin_ranges(self.hash, bits, bins)
+            return bool((hi > lo).any())
+        for rh, rr in self._runs:
             lo, hi = bin_ranges(rh, bits, bins)
-            if bool((hi > lo).any()):
+            if bool((hi > lo).any()) and bool((rr[concat_ranges(lo, hi)] >= 0).any()):  # (cleared: given away)
                 return True
         return False
 
