@@ -15,7 +15,7 @@ partitions' processes). Once the feed has run ``--warm`` s, the operator is resc
 after the other, the actor pool emptied before each), ``--repeat`` times, alternating. Per
 strategy: the end-to-end latency of every output tuple (arrival minus its timestamp's wall time),
 its maximum and 99th percentile while each rescale runs (from the call to its return, plus one
-window), its maximum while the bins move (from the switch on), against the same in the 5 s before the first
+window; the next rescale starts after that), its maximum while the bins move (from the switch on), against the same in the 5 s before the first
 one; the rescale's phases (``phases_s``: the feed is held only during ``feed_held``); and whether
 the output equals the reference run. The figures are medians over the runs.
 """
@@ -106,6 +106,8 @@ def _one(strategy: str, args, data, ref) -> dict:
             recs.append({k: rec[k] for k in ("from", "to", "steps", "bins_moved", "seconds", "phases_s")})
             print(f"  {strategy} {rec['from']} -> {rec['to']}: {rec['steps']} steps, {rec['seconds']:.2f} s "
                   f"{rec['phases_s']}", file=sys.stderr)
+            while time.time() - dep.t0 < b + _tail(args):  # (the next rescale after this one's window)
+                tick.wait(0.05)
         dep.wait(timeout=3600)
         arr, lat = dep.latencies_ms("out")
         # (a replica the failure detector declared failed, a death: masked, yet the run's figures carry it)
