@@ -76,9 +76,13 @@ def run(keys: int, bits: int, per_punct: int, batch: int, seed: int = 5) -> dict
             calls["giver" if side == 0 else "taker"].append((time.perf_counter() - t, p, "batch"))
             next_id += batch
     cpu = time.process_time() - cpu0
-    assert len(giver.state) + len(taker.state) == keys, "keys lost in the move"
+    # what each side holds: every key once, on its bin's side, and every tuple counted
+    every = np.arange(1 << bits)
+    (gh, gc, _), (th, tc, _) = giver.state.snapshot(every, bits), taker.state.snapshot(every, bits)
+    exact = (len(gh) + len(th) == keys and not owner[bin_of(gh, bits)].any() and owner[bin_of(th, bits)].all()
+             and int(gc["count"].sum() + tc["count"].sum()) == keys + 2 * batch * (p + 1))
     out = {"keys": keys, "bits": bits, "per_punct": per_punct, "batch": batch, "punctuations": p + 1,
-           "cpu_s": round(cpu, 3)}
+           "exact": bool(exact), "cpu_s": round(cpu, 3)}
     for side, cs in calls.items():
         cs.sort(reverse=True)
         out[side] = {"longest_ms": [[round(d * 1000, 1), p, what] for d, p, what in cs[:5]],
@@ -103,8 +107,10 @@ def main() -> int:
         longest = ", ".join(f"{d} ms ({what} at punctuation {p})" for d, p, what in res[side]["longest_ms"][:3])
         print(f"{side}: median call {res[side]['median_ms']} ms; longest {longest}")
     print(f"process time of the move: {res['cpu_s']} s over {res['punctuations']} punctuations")
+    if not res["exact"]:
+        print("NOT EXACT: a key lost, on the wrong side, or a tuple not counted", file=sys.stderr)
     write(args.out, record("quiet", **res))
-    return 0
+    return 0 if res["exact"] else 1
 
 
 if __name__ == "__main__":
