@@ -17,7 +17,9 @@ strategy: the end-to-end latency of every output tuple (arrival minus its timest
 its maximum and 99th percentile while each rescale runs (from the call to its return, plus one
 window; the next rescale starts after that), its maximum while the bins move (from the switch on), against the same in the 5 s before the first
 one; the rescale's phases (``phases_s``: the feed is held only during ``feed_held``); and whether
-the output equals the reference run. The figures are medians over the runs.
+the output equals the reference run. The figures are medians over the runs. With ``--timeline``,
+also the maximum latency per 100 ms around each rescale, for keys of moving and of staying bins
+apart: how the pauses of the giving and of the taking replicas were found (docs/migration.md).
 """
 from __future__ import annotations
 
@@ -130,6 +132,8 @@ def _one(strategy: str, args, data, ref) -> dict:
     out = {"strategy": strategy, "exact": exact, "rescales": recs, "faults": faults,
            "before": {"max_ms": round(float(before.max()), 1) if len(before) else None,
                       "p99_ms": round(float(np.percentile(before, 99)), 1) if len(before) else None}}
+    if args.timeline:
+        out["timeline"] = _timeline(args, res.outputs["out"], arr, lat, spans, recs, strategy)
     for (a, m, b), r in zip(spans, recs):
         during, moving = lat[(arr >= a) & (arr <= b)], lat[(arr >= m) & (arr <= b)]
         out[f"{r['from']}->{r['to']}"] = {"max_ms": round(float(during.max()), 1) if len(during) else None,
@@ -137,6 +141,32 @@ def _one(strategy: str, args, data, ref) -> dict:
                                          "tuples": int(len(during)),
                                          "max_ms_moving": round(float(moving.max()), 1) if len(moving) else None}
     return out
+
+
+def _timeline(args, out, arr, lat, spans, recs, strategy, step_s: float = 0.1) -> list:
+    """Per rescale, the maximum latency in each ``step_s`` of arrival time (from 0.3 s before its
+    call to the end of its window), apart for the results of keys whose bin moves in it and of the
+    others (which partition keeps them): a pause of the giving side shows in both, one of the
+    taking side in the moving keys only. Printed, and returned for the record."""
+    from replistream.partition import BinMap, Router, assign_bins
+
+    n_bins = 1 << args.bits
+    bins = Router(_query(args), "per_key", BinMap.even(1, args.bits)).bins(0, out)
+    rows = []
+    for (a, _, b), r in zip(spans, recs):
+        moved = (assign_bins(n_bins, r["from"]) != assign_bins(n_bins, r["to"]))[bins]
+        print(f"  {strategy} {r['from']} -> {r['to']}: max latency (ms) per {step_s:g} s, moving | staying keys",
+              file=sys.stderr)
+        for t in np.arange(a - 0.3, b, step_s):
+            sel = (arr >= t) & (arr < t + step_s)
+            mv, st = lat[sel & moved], lat[sel & ~moved]
+            row = {"rescale": f"{r['from']}->{r['to']}", "t_s": round(float(t - a), 2),
+                   "moving_n": int(len(mv)), "moving_max_ms": round(float(mv.max()), 1) if len(mv) else None,
+                   "staying_n": int(len(st)), "staying_max_ms": round(float(st.max()), 1) if len(st) else None}
+            rows.append(row)
+            print(f"    {row['t_s']:6.2f} s  {row['moving_max_ms'] or 0:7.1f} ({row['moving_n']:5d})  |  "
+                  f"{row['staying_max_ms'] or 0:7.1f} ({row['staying_n']:5d})", file=sys.stderr)
+    return rows
 
 
 def main() -> int:
@@ -160,6 +190,9 @@ def main() -> int:
     ap.add_argument("--spares", type=int, default=6, help="warm spares (deploy(spares=)): the new partitions' processes")
     ap.add_argument("--strategies", default="fluid,all-at-once")
     ap.add_argument("--repeat", type=int, default=3, help="runs per strategy (alternating); the figures are medians")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print (and record) the maximum latency per 100 ms around each rescale, for keys whose "
+                         "bin moves and for the others apart (a pause of the giving or the taking side)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     strategies = [s.strip() for s in args.strategies.split(",")]
