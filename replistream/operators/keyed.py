@@ -135,8 +135,9 @@ class KeyedState:
     snapshot, or appended in order: a transfer's steps installed bin after bin) the storage is
     its own index and no run is kept: a fluid move's receiver once merged runs of a million
     entries in one step (a pause of the data path at 4M keys, bench/state_move.py); the first
-    append out of order makes the rows so far one run (one copy). A full snapshot (and a load) puts the rows themselves in
-    hash order, so a snapshot of some bins copies slices instead of gathering rows; an update
+    append out of order makes the rows so far one run (one copy). A full snapshot (and a
+    load) puts the rows themselves in hash order, so a snapshot of some bins copies slices
+    instead of gathering rows; an update
     never does: at a million keys of 112 bytes that copy took 0.37 s, a pause of the data
     path with no fault and no move (issue #42, ``bench/steady.py``), while gathering one bin's
     rows costs that bin's rows only.
@@ -449,11 +450,8 @@ class KeyedState:
         """Clear the index entries of the live rows of bins ``chosen`` (row -1, purged at the next
         merge) and return those rows: two binary searches per bin and run, then their entries."""
         out = []
-        for rh, rr in self._runs:
-            idx = concat_ranges(*bin_ranges(rh, bits, chosen))
-            r = rr[idx]
-            ok = r >= 0
-            out.append(r[ok])
+        for _, rr, idx, ok in self._run_entries(chosen, bits):
+            out.append(rr[idx[ok]])
             rr[idx[ok]] = -1
         rows = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
         self._unlinked += len(rows)
@@ -492,18 +490,22 @@ class KeyedState:
             idx = concat_ranges(*bin_ranges(self.hash, bits, chosen)).astype(np.int64)
             return self.hash[idx], idx
         hs, rs = [], []
-        for rh, rr in self._runs:
-            idx = concat_ranges(*bin_ranges(rh, bits, chosen))  # searches for the chosen bins only
-            r = rr[idx]
-            ok = r >= 0  # (cleared entries: rows of bins given away)
-            hs.append(rh[idx][ok])
-            rs.append(r[ok])
+        for rh, rr, idx, ok in self._run_entries(chosen, bits):
+            hs.append(rh[idx[ok]])
+            rs.append(rr[idx[ok]])
         h = np.concatenate(hs) if hs else np.zeros(0, np.uint64)
         r = np.concatenate(rs) if rs else np.zeros(0, np.int64)
         if len(hs) > 1:
             order = np.argsort(h, kind="stable")
             h, r = h[order], r[order]
         return h, r
+
+    def _run_entries(self, chosen: np.ndarray, bits: int):
+        """Per run of the index, ``(hashes, rows, idx, ok)``: ``idx`` the positions of the bins
+        ``chosen`` (two binary searches per bin), ``ok`` those not cleared (row -1: given away)."""
+        for rh, rr in self._runs:
+            idx = concat_ranges(*bin_ranges(rh, bits, chosen))
+            yield rh, rr, idx, rr[idx] >= 0
 
     def _holds_any(self, bins: np.ndarray, bits: int) -> bool:
         """Whether some row lies in ``bins`` (at ``2**bits`` bins): two binary searches per bin and
