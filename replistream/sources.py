@@ -813,7 +813,7 @@ class Rescale(Sentinel):
     runs (issue #41; Megaphone, Hoffmann et al. 2019, §3.3): the bins that change owner between
     the balanced maps of the old and new number of partitions move, at logical times from ``T0``
     on (the largest timestamp routed to ``operator`` so far), in steps: ``"all-at-once"`` (one
-    step per pair of partitions at ``T0``), ``"batched"`` (``bins_per_step`` bins per step) or
+    step per pair of partitions at ``T0``), ``"batched"`` (``bins_per_step`` bins per step, by default about 16 steps) or
     ``"fluid"`` (one bin per step), step ``i`` at ``T0 + i * gap`` (``gap``: event time, 1 ms by
     default). More partitions start new ones; fewer retire the last ones once they gave their bins.
 

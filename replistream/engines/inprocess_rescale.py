@@ -136,8 +136,9 @@ def check_rescales(query, parallelism: dict, bits: int, events: Iterable[Rescale
             raise ValueError(f"Rescale: {p} partitions cannot share 2**{bits} bins; use at most {1 << bits}")
         if ev.strategy not in STRATEGIES:
             raise ValueError(f"Rescale: unknown strategy {ev.strategy!r}; choose one of {STRATEGIES}")
-        if ev.strategy == "batched" and (ev.bins_per_step is None or int(ev.bins_per_step) < 1):
-            raise ValueError("Rescale: strategy='batched' needs bins_per_step >= 1 (bins moved per step)")
+        if ev.strategy == "batched" and ev.bins_per_step is not None and int(ev.bins_per_step) < 1:
+            raise ValueError(f"Rescale: bins_per_step must be >= 1 (bins moved per step; None: about 16 steps), "
+                             f"got {ev.bins_per_step!r}")
         if isinstance(ev.gap, bool) or not isinstance(ev.gap, (int, np.integer)) or ev.gap < 1:
             raise ValueError(f"Rescale: gap (event time between steps) must be an integer >= 1, got {ev.gap!r}")
         _refuse_restart(node, now[node], p, retired.get(node, set()), engine)

@@ -458,23 +458,35 @@ def _watermark_after(logic, port: int, p: int) -> int:
     return min(punct) if punct else NO_PUNCTUATION
 
 
+#: A batched rescale without ``bins_per_step`` moves its bins in about this many steps (a replica's
+#: batched move, :func:`~replistream.replica.transfer.plan_transfer`, makes 16 as well).
+BATCHED_STEPS = 16
+
+
 def plan_steps(node: str, current: "BinMap", new: "BinMap", t0: int, strategy: str, bins_per_step: int | None,
                gap: int, stamp: str | None = None) -> tuple[list[Move], list[tuple[int, int]]]:
     """The steps of a rescale from ``current`` to ``new`` and ``(bin, time)`` of each moving bin:
     per pair of partitions (in order), its bins cut by ``strategy`` (``"all-at-once"``: one step at
-    ``t0``; ``"batched"``: ``bins_per_step`` bins per step; ``"fluid"``: one bin), step ``i`` at
-    ``t0 + i * gap``. The cut both engines' rescales make; step ids are ``stamp/i`` (default
-    ``node@t0``).
+    ``t0``; ``"batched"``: ``bins_per_step`` bins per step, by default the moving bins in about
+    :data:`BATCHED_STEPS` steps, as a replica's batched move makes; ``"fluid"``: one bin), step
+    ``i`` at ``t0 + i * gap``. The cut both engines' rescales make; step ids are ``stamp/i``
+    (default ``node@t0``).
 
     >>> from replistream.partition import BinMap
     >>> steps, times = plan_steps("w", BinMap.even(1, bits=2), BinMap.even(2, bits=2), 100, "fluid", None, 10)
     >>> [(m.id, m.at, m.bins, m.src, m.dst) for m in steps]
     [('w@100/0', 100, (2,), 0, 1), ('w@100/1', 110, (3,), 0, 1)]
+    >>> len(plan_steps("w", BinMap.even(1, bits=12), BinMap.even(2, bits=12), 0, "batched", None, 1)[0])
+    16
     """
     by_pair: dict[tuple[int, int], list[int]] = {}
-    for b, src, dst in current.moves(new):
+    moves = current.moves(new)
+    for b, src, dst in moves:
         by_pair.setdefault((src, dst), []).append(b)
-    size = {"fluid": 1, "batched": int(bins_per_step or 1), "all-at-once": None}[strategy]
+    if strategy == "batched" and bins_per_step is not None and int(bins_per_step) < 1:
+        raise ValueError(f"bins_per_step must be >= 1 (bins moved per step), got {bins_per_step!r}")
+    batch = int(bins_per_step) if bins_per_step is not None else max(1, -(-len(moves) // BATCHED_STEPS))
+    size = {"fluid": 1, "batched": batch, "all-at-once": None}[strategy]
     steps: list[Move] = []
     times: list[tuple[int, int]] = []
     i = 0

@@ -234,7 +234,7 @@ def test_a_join_without_its_inputs_punctuation_held_at_a_step_loses_pairs(monkey
 @pytest.mark.parametrize("event, error, match", [
     (Rescale("nope", 2), QueryError, "'nope' is not an operator"),
     (Rescale("op", 2, "lumpy"), ValueError, "unknown strategy 'lumpy'"),
-    (Rescale("op", 2, "batched"), ValueError, "needs bins_per_step"),
+    (Rescale("op", 2, "batched", bins_per_step=0), ValueError, "bins_per_step must be >= 1"),
     (Rescale("op", 0), ValueError, "integer >= 1"),
     (Rescale("op", 17), ValueError, "cannot share 2\\*\\*4 bins"),
 ])
@@ -327,3 +327,19 @@ def test_a_time_windows_fluid_steps_across_window_ends_are_given_one_at_a_time(m
         check(q, script, k=2, seed=3, parallelism={"op": 1}, bits=BITS)
     with pytest.raises(ReplicaDivergence):
         check(q, script, k=2, seed=3, audit=True, parallelism={"op": 1}, bits=BITS)
+
+
+def test_a_batched_rescale_without_a_batch_size_moves_its_bins_in_about_16_steps():
+    """``strategy="batched"`` with no ``bins_per_step`` is a batched move of about 16 steps (as a
+    replica's batched move), not a refusal: the output still equals the reference."""
+    from replistream.partition import BinMap
+    from replistream.replica.rescale import plan_steps
+
+    steps, times = plan_steps("op", BinMap.even(2, bits=BITS), BinMap.even(3, bits=BITS), 0, "batched", None, 1)
+    assert len(times) == len(BinMap.even(2, bits=BITS).moves(BinMap.even(3, bits=BITS)))
+    assert len(steps) <= 16 + 2  # (cut per pair of partitions: at most one short step more each)
+    q, data = window_case(1)
+    script = {"s": data["s"][:20] + [Rescale("op", 2, "batched")] + data["s"][20:]}
+    ref = run_reference(q, script)
+    got = run_replicated(q, script, k=2, seed=1, parallelism={"op": 1}, bits=BITS)
+    assert_same_output(ref.outputs["out"], got.outputs["out"])

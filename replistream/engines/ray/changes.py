@@ -98,7 +98,8 @@ class Changes:
         tuples after a logical time go to its new owner, which starts from the old owner's state
         of that bin at that time; every replica of the old owner sends it, the new owner's
         replicas install the first copy. ``strategy``: ``"fluid"`` (one bin per step, the steps
-        ``gap_ms`` of event time apart), ``"batched"`` (``bins_per_step`` bins per step) or
+        ``gap_ms`` of event time apart), ``"batched"`` (``bins_per_step`` bins per step; by default the moving bins in about 16
+        steps) or
         ``"all-at-once"`` (every bin at one time). Returns the change's record once every step
         is installed (``steps``, ``bins_moved``, ``new_replicas``, ``retired_replicas``,
         ``seconds``); the operator must have been deployed partitioned (``parallelism={op: 1}`` or

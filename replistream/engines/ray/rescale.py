@@ -116,8 +116,9 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
     old_p = int(dep.channel_opts["partitions"][node])
     if p > 1 << bits:
         raise ValueError(f"{p} partitions cannot share 2**{bits} bins; use at most {1 << bits}")
-    if strategy == "batched" and (bins_per_step is None or int(bins_per_step) < 1):
-        raise ValueError("strategy='batched' needs bins_per_step >= 1 (bins moved per step)")
+    if strategy == "batched" and bins_per_step is not None and int(bins_per_step) < 1:
+        raise ValueError(f"bins_per_step must be >= 1 (bins moved per step; None: about 16 steps), got "
+                         f"{bins_per_step!r}")
     if p == old_p:
         return {"change": "rescale", "operator": node, "from": old_p, "to": p, "steps": 0}
     if not is_stateful(dep.query, node) and strategy != "all-at-once":
