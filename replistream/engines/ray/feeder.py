@@ -747,11 +747,18 @@ class Feeder:
         15000000
         """
         with self.lock:
-            if not self.feeding and self.fed_all.is_set():  # (the feed over: ended, or failed)
+            # the feed over: ended or failed, or its last chunk sent and acknowledgements awaited
+            # (feeding is off from the last chunk sent, fed_all is set once every entry took it)
+            over = self.fed_all.is_set() or (self.thread is not None and bool(self.sources)
+                                             and not any(s in self.open_sources for s in self.sources))
+            if not self.feeding and over:
                 if self.error is not None:
                     raise RuntimeError(f"the feed failed ({type(self.error).__name__}: {self.error}): no change "
                                        f"can be placed after it")
                 raise RuntimeError("every source has ended: nothing is left to change")
+            if not self.feeding and self.thread is not None:
+                raise RuntimeError("the feed has started but sends nothing yet (its first chunks are being read): "
+                                   "no change can be placed before them; call again once it sends")
             if not self.feeding:
                 raise RuntimeError("a running query changes while it is fed: call feed() first (before it, deploy "
                                    "the query you want; once every source has ended, nothing is left to change)")
