@@ -410,12 +410,17 @@ def _is_record(item: Any) -> bool:
 def chunk_time(chunk: Any, punctuations: bool = True) -> int | None:
     """The first (smallest) timestamp of a source chunk, in µs; a punctuation's ``p`` (None
     with ``punctuations=False``); None when the chunk has no readable timestamp (a sentinel,
-    an empty or malformed chunk).
+    an empty or malformed chunk). As in :func:`chunk_tmax`, timestamps an entry point sets aside
+    (the reserved :data:`~replistream.schema.END` and below the first valid time, not finite, not
+    whole) do not count: a malformed record stamped ``END`` must not carry its source's time to
+    the end of the stream (a paced replay would send everything after it at once).
 
     >>> chunk_time({"ts": [30, 10]}), chunk_time([{"ts": 5}, {"x": 1}]), chunk_time(Punctuation(3))
     (10, 5, 3)
     >>> chunk_time(ChunkRef(ref=None, n=3, tmin=10, tmax=42)), chunk_time([{"ts": "late"}])
     (10, None)
+    >>> chunk_time([{"ts": END}]), chunk_time({"ts": np.array([END, 7])})
+    (None, 7)
     """
     if isinstance(chunk, Punctuation):
         return chunk.p if punctuations else None
@@ -427,17 +432,31 @@ def chunk_time(chunk: Any, punctuations: bool = True) -> int | None:
         chunk = chunk.data
     try:
         if isinstance(chunk, np.ndarray):
-            return int(chunk[TS].min()) if len(chunk) and TS in (chunk.dtype.names or ()) else None
+            return _readable_min(chunk[TS]) if len(chunk) and TS in (chunk.dtype.names or ()) else None
         if isinstance(chunk, Mapping):
             ts = np.asarray(chunk.get(TS, []))
-            return int(ts.min()) if ts.size and ts.dtype.kind in "iuf" else None
+            return _readable_min(ts.ravel()) if ts.size and ts.dtype.kind in "iuf" else None
         if isinstance(chunk, (list, tuple)):
             vals = [r.get(TS) for r in chunk if isinstance(r, Mapping)]
             vals = [v for v in vals if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)]
-            return int(min(vals)) if vals else None
+            return _readable_min(np.asarray(vals, dtype=np.float64 if any(isinstance(v, (float, np.floating))
+                                                                            for v in vals) else np.int64)) \
+                if vals else None
     except (TypeError, ValueError, OverflowError):
         return None
     return None
+
+
+def _readable_min(ts: np.ndarray) -> int | None:
+    """The smallest of the numbers ``ts`` an entry point would read as a timestamp (None if none)."""
+    if ts.dtype.kind in "iu":  # (the common case: no per-row Python)
+        lo = ts.min()
+        if NO_PUNCTUATION < lo and ts.max() < END:
+            return int(lo)
+        ok = ts[(ts > NO_PUNCTUATION) & (ts < END)]
+        return int(ok.min()) if len(ok) else None
+    ok = ts[np.isfinite(ts) & (ts > NO_PUNCTUATION) & (ts < END) & (ts == np.floor(ts))]
+    return int(ok.min()) if len(ok) else None
 
 
 def chunk_tmax(chunk: Any) -> int | None:

@@ -183,3 +183,16 @@ def test_a_source_batch_is_cut_by_time_with_its_rows_set_aside_in_place():
     ids_cut = np.concatenate([b["id"] for p in pieces for b in cut.push(p) if len(b)])
     assert ids_whole.tolist() == ids_cut.tolist()
     assert [d.count for d in whole.dead_letters] != [] and sum(d.count for d in cut.dead_letters) == len(bad)
+
+
+def test_a_record_stamped_end_does_not_carry_its_source_to_the_end_of_time():
+    """A malformed record with the reserved ``END`` timestamp (set aside by the entry points) has no
+    time in the event-time merge: the chunks after it keep their own times, so a paced replay
+    still waits for them (before, every later chunk took END's place and was sent at once)."""
+    from replistream.schema import END
+    from replistream.sources import TimeMerge
+
+    chunks = [{"ts": np.array([1_000, 2_000])}, [{"ts": END, "x": 0}], {"ts": np.array([5_000_000, 6_000_000])},
+              [{"ts": None, "x": 0}, {"ts": 7_000_000, "x": 1}], np.array([(8_000_000,)], dtype=[("ts", "i8")])]
+    times = [t for t, _, c in TimeMerge({"s": iter(chunks)}) if c is not None]
+    assert times == [1_000, 1_000, 5_000_000, 7_000_000, 8_000_000]
