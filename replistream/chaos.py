@@ -1,10 +1,15 @@
 """``replistream chaos``: a seeded campaign of random faults, each run checked against the ideal run.
 
-Every trial deploys one of two queries on local Ray with ``k`` replicas of every operator, feeds a
+Every trial deploys one of three queries on local Ray with ``k`` replicas of every operator, feeds a
 seeded input that holds malformed records, and injects seeded faults at event times of the input
-(sentinels, :mod:`replistream.sources`):
+(sentinels, :mod:`replistream.sources`). The third query, ``partitioned``, is the keyed query with its
+window in :data:`PARTITIONS` key partitions (issue #41), each partition a group of ``k`` replicas
+of its own; it is replayed paced (:data:`PARTITIONED_PACE`) and rescaled live to one partition
+fewer or more, with a seeded strategy (fluid, batched or all-at-once), while the faults go on
+(a partition the rescale retires loses no replica; a rescale that comes after the stream ended is
+refused, as documented, and counted, not failed):
 
-* kills of replicas of every operator and of the entry points, at most ``k - 1`` per node; half
+* kills of replicas of every operator (every partition) and of the entry points, at most ``k - 1`` per node; half
   of them by the deployment, half behind its back (the actor dies unannounced, as a crashed
   process: only the driver's liveness check and the senders notice);
 * replicas that stop answering (SIGSTOP, as a suspended VM or a frozen host): never resumed, or
@@ -79,8 +84,12 @@ from .workloads import fig1_inputs, fig1_query
 __all__ = ["run_campaign", "Trial", "plan_faults", "format_report", "QUERIES", "run_driver_trial",
            "DRIVER_KILL_SHARE", "is_driver_trial"]
 
-#: The queries a campaign alternates between.
-QUERIES = ("fig1", "keyed")
+#: The queries a campaign alternates between (``partitioned``: the keyed query with its window in
+#: :data:`PARTITIONS` key partitions, rescaled live during the trial).
+QUERIES = ("fig1", "keyed", "partitioned")
+
+#: The partitioned trial's window: ``{operator: partitions}`` at deployment.
+PARTITIONS = {"per_key": 2}
 
 
 def _failing_keys(seed: int, n_keys: int) -> np.ndarray:
@@ -179,7 +188,7 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
     >>> all(0 <= t <= 10_000_000 for t, _, _ in faults)
     True
     """
-    groups = [ENTRY, *query.operators]
+    groups = fault_groups(plan, query)
     apps_servers = {s for a in query.sinks for s in plan[a]}
     killed = {g: set() for g in groups}
     faults = []
@@ -209,7 +218,7 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
         if len(plan.get(app, [])) > 1 and rng.random() < 0.4:
             faults.append((at(), f"stop {app}#1", StopReplica(app, 1)))
     if repair:  # kill, repair, kill again: the second kill only once the group is back to k
-        for g in [g for g in query.operators if killed[g] and g not in spare]:
+        for g in [g for g in groups if g != ENTRY and killed[g] and g not in spare]:
             if rng.random() < 0.5:
                 t = int(t0 + span * (0.75 + 0.2 * rng.random()))
                 faults.append((t, f"kill {g} again once repaired",
@@ -248,6 +257,23 @@ def plan_faults(rng: np.random.Generator, plan: dict[str, list[str]], query: Que
         how = ["killed", "crashed", "stopped"][int(rng.integers(3))]
         faults.append((at(), f"coordinator {how}", Call(lambda d, how=how: _lose_coordinator(d, how))))
     return sorted(faults, key=lambda f: f[0])
+
+
+def fault_groups(plan: dict[str, list[str]], query: Query) -> list[str]:
+    """The replica groups a fault schedule counts kills in: the entry points and every operator, or,
+    for a partitioned operator, each of its partitions (``name.i`` in ``plan``), each a group of
+    ``k`` replicas of its own.
+
+    >>> q = keyed_query(1)
+    >>> fault_groups({"entry": [], "scale": [], "per_key": [], "per_key.0": [], "per_key.1": []}, q)
+    ['entry', 'scale', 'per_key.0', 'per_key.1']
+    """
+    out = [ENTRY]
+    for g in query.operators:
+        parts = sorted((n for n in plan if n.startswith(g + ".") and n[len(g) + 1:].isdigit()),
+                       key=lambda n: int(n[len(g) + 1:]))
+        out += parts or [g]
+    return out
 
 
 def _lose_coordinator(dep, how: str) -> None:
@@ -322,6 +348,13 @@ def _dead_letters(result) -> dict[str, int]:
     return {f"{where}: {reason}": n for (where, reason), n in result.dead_letter_summary().items()}
 
 
+#: A partitioned trial (not timed) replays event time at this pace: its rescale must find the stream
+#: running (starting new partitions takes seconds on a busy machine), or it is refused.
+PARTITIONED_PACE = 2.0
+
+#: What a runtime change placed after every source ended raises (the change is refused, nothing lost).
+_REFUSED_AFTER_END = "every source has ended: nothing is left to change"
+
 #: A trial's run may take at most this many times the same trial without faults (``timing=True``).
 TIMING_BOUND = 1.5
 
@@ -338,15 +371,24 @@ def trial_workload(kind: str, seed: int) -> tuple[Query, dict, str, int]:
     if kind == "fig1":
         return (fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.5),
                 fig1_inputs(n_servers=3, duration_s=30, period_s=0.1, seed=seed, chunk=10), "load_0", 10)
-    if kind == "keyed":
+    if kind in ("keyed", "partitioned"):  # (the reference ignores parallelism: the same query)
         return keyed_query(seed), keyed_inputs(seed), "events", 50
     raise ValueError(f"unknown trial query {kind!r}; queries: {QUERIES}")
 
 
-def deploy_options(seed: int, k: int, servers: list[str], repair: bool = False) -> dict:
-    """The ``deploy`` options of every trial (a driver-kill trial's driver uses the same)."""
-    return {"servers": list(servers), "k": k, "network": "geo-static", "seed": seed, "app_replicas": min(2, k),
+def deploy_options(seed: int, k: int, servers: list[str], repair: bool = False, kind: str = "keyed") -> dict:
+    """The ``deploy`` options of every trial (a driver-kill trial's driver uses the same); a
+    ``partitioned`` trial's window runs in :data:`PARTITIONS` partitions.
+
+    >>> deploy_options(1, 2, ["a", "b", "c"], kind="partitioned")["parallelism"]
+    {'per_key': 2}
+    """
+    opts = {"servers": list(servers), "k": k, "network": "geo-static", "seed": seed, "app_replicas": min(2, k),
             "on_malformed": "dead_letter", "repair": repair, "spares": 1 if repair else 0}
+    if kind == "partitioned":  # (its rescale's new partitions start from warm spares, as a cluster keeps them)
+        opts["parallelism"] = dict(PARTITIONS)
+        opts["spares"] = max(opts["spares"], k)
+    return opts
 
 
 def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, repair: bool = False,
@@ -367,20 +409,24 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
     try:
         ref = run_reference(query, inputs, on_malformed="dead_letter")
         if timing:  # the same trial without faults: what its wall time is compared with
-            with deploy(query, **deploy_options(trial.seed, k, servers, repair)) as dep:
+            with deploy(query, **deploy_options(trial.seed, k, servers, repair, trial.query)) as dep:
                 begun = time.perf_counter()
                 dep.run(inputs, timeout=timeout, pace=TIMING_PACE)
                 res["baseline_seconds"] = round(time.perf_counter() - begun, 3)
-        with deploy(query, **deploy_options(trial.seed, k, servers, repair)) as dep:
+        with deploy(query, **deploy_options(trial.seed, k, servers, repair, trial.query)) as dep:
             t0, t1 = _time_span(inputs)
-            trial.faults = plan_faults(rng, dep.plan, query, k, t0, t1,
-                                       spare=frozenset({"per_key"}) if trial.query == "keyed" else frozenset(),
+            to = _rescale_to(rng) if trial.query == "partitioned" else None
+            spare = {"keyed": frozenset({"per_key"}),  # (the partition a rescale to fewer retires)
+                     "partitioned": frozenset({f"per_key.{p}" for p in range(to or 0, PARTITIONS["per_key"])})}
+            trial.faults = plan_faults(rng, dep.plan, query, k, t0, t1, spare=spare.get(trial.query, frozenset()),
                                        repair=repair)
-            if trial.query == "keyed":
-                trial.faults += _runtime_changes(rng, dep, trial.seed, t0, t1, moved)
+            if trial.query != "fig1":
+                trial.faults += _runtime_changes(rng, dep, trial.seed, t0, t1, moved, rescale_to=to)
                 trial.faults.sort(key=lambda f: f[0])
             begun = time.perf_counter()
-            got = dep.run(_inject(inputs, trial.faults), timeout=timeout, pace=TIMING_PACE if timing else None)
+            # (a partitioned trial is paced: its rescale must find the stream running, or it is refused)
+            got = dep.run(_inject(inputs, trial.faults), timeout=timeout,
+                          pace=TIMING_PACE if timing else PARTITIONED_PACE if trial.query == "partitioned" else None)
             res["run_seconds"] = round(time.perf_counter() - begun, 3)
             if "thread" in moved:
                 moved["thread"].join(timeout)
@@ -395,6 +441,10 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
         res["dead_letters_received"] = _dead_letters(got)
         res["complete"] = bool(got.complete)
         res["error"] = moved.get("error")
+        if res["error"] and _REFUSED_AFTER_END in res["error"]:  # the change came after the stream: refused, as
+            res["change_refused"], res["error"] = res["error"], None  # documented; counted, not a failure
+        if "event" in moved and trial.query == "partitioned":
+            res["rescaled"] = {kk: moved["event"].get(kk) for kk in ("from", "to", "strategy", "steps", "seconds")}
         if timing:
             res["timing_ratio"] = round(res["run_seconds"] / max(res["baseline_seconds"], 1e-3), 3)
             res["timing_ok"] = res["timing_ratio"] <= TIMING_BOUND
@@ -425,27 +475,50 @@ def _compare_outputs(res: dict, query: Query, expected: dict, got: dict) -> None
         res["unexpected"] = res.get("unexpected", 0) + int(len(extra)) - dup
 
 
-def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict) -> list:
+def _rescale_to(rng: np.random.Generator) -> int:
+    """The partitions a partitioned trial's window is rescaled to: one fewer or one more."""
+    return PARTITIONS["per_key"] + (1 if rng.random() < 0.5 else -1)
+
+
+def _in_thread(moved: dict, what: str, fn: Callable) -> Call:
+    """A sentinel that runs ``fn(deployment)`` in a thread, as a user would (the feeder goes on);
+    the thread is ``moved["thread"]``, an error fails the trial (``moved["error"]``)."""
+    def start(d):
+        def go():
+            try:
+                moved["event"] = fn(d)
+            except Exception as e:  # the trial fails with it (res["error"])
+                moved["error"] = f"{what}: {type(e).__name__}: {e}"
+        moved["thread"] = threading.Thread(target=go, name="replistream-chaos-change")
+        moved["thread"].start()
+
+    return Call(start)
+
+
+def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict, rescale_to: int | None = None) -> list:
     """On the keyed query: replace the map's function with an equivalent one, and move a replica of
-    the stateful window to a server that holds none (fluid migration, in a thread as a user would)."""
-    span = t1 - t0
-    out = [(int(t0 + span * 0.3), "replace the function of 'scale' (equivalent)",
+    the stateful window to a server that holds none (fluid migration, in a thread as a user would).
+    With ``rescale_to`` (the partitioned trial), rescale the window to that many partitions
+    instead of moving a replica (Megaphone's migration; the strategy drawn from the seed)."""
+    span = t1 - t0  # (a rescale refuses other changes while it runs: the function is replaced before it)
+    out = [(int(t0 + span * (0.1 if rescale_to is not None else 0.3)), "replace the function of 'scale' (equivalent)",
             Call(lambda d: d.replace_function("scale", _scaler(_failing_keys(seed, 200)))))]
+    if rescale_to is not None:
+        strategy = ("fluid", "batched", "all-at-once")[int(rng.integers(3))]
+        per_step = (None, 16, 64, 256)[int(rng.integers(4))] if strategy == "batched" else None
+        out.append((int(t0 + span * 0.3), f"rescale per_key {PARTITIONS['per_key']} -> {rescale_to} ({strategy}"
+                    + (f", {per_step} bins a step)" if per_step else ", about 16 steps)" if strategy == "batched"
+                       else ")"),
+                    _in_thread(moved, "rescale", lambda d: d.rescale("per_key", rescale_to, strategy=strategy,
+                                                                     bins_per_step=per_step))))
+        return out
     taken = set(dep.plan["per_key"])
     free = [s for s in dep.servers if s not in taken]
     if free:
         target, index = free[int(rng.integers(len(free)))], int(rng.integers(dep.k))
-
-        def move(d):
-            def go():
-                try:
-                    moved["event"] = d.move_replica("per_key", index, target, strategy="fluid")
-                except Exception as e:  # the trial fails with it (res["error"])
-                    moved["error"] = f"move_replica: {type(e).__name__}: {e}"
-            moved["thread"] = threading.Thread(target=go, name="replistream-chaos-move")
-            moved["thread"].start()
-
-        out.append((int(t0 + span * 0.5), f"move per_key#{index} to {target} (live, fluid)", Call(move)))
+        out.append((int(t0 + span * 0.5), f"move per_key#{index} to {target} (live, fluid)",
+                    _in_thread(moved, "move_replica",
+                               lambda d: d.move_replica("per_key", index, target, strategy="fluid"))))
     return out
 
 
@@ -540,12 +613,14 @@ def _tail(path: str, lines: int = 3) -> str:
     return " / ".join(tail) or "(its log is empty)"
 
 
-def _driver_trial_faults(rng: np.random.Generator, query: Query, k: int, t0: int, t1: int) -> list[tuple]:
+def _driver_trial_faults(rng: np.random.Generator, query: Query, k: int, t0: int, t1: int,
+                         partitioned: bool = False) -> list[tuple]:
     """A driver-kill trial's schedule, as ``(event time µs, description, (fraction of the replay's wall
     time after the driver fed, what))``: the driver killed at 10-70% of the replay, and replicas of
     some nodes (entry points and operators, at most ``k - 1`` of each) killed by the host at
     10-85%. Event times are where the paced replay is at that moment (it starts when the driver
-    prints ``fed``, within a chunk's read)."""
+    prints ``fed``, within a chunk's read). ``partitioned``: the window runs in :data:`PARTITIONS`
+    partitions, each a group of its own."""
     faults = []
 
     def at(frac: float) -> int:
@@ -553,7 +628,8 @@ def _driver_trial_faults(rng: np.random.Generator, query: Query, k: int, t0: int
 
     frac = float(np.round(0.1 + 0.6 * rng.random(), 3))
     faults.append((at(frac), "driver killed (SIGKILL) mid-replay", (frac, "driver")))
-    for g in [ENTRY, *query.operators]:
+    plan = {f"{op}.{i}": [] for op, p in (PARTITIONS.items() if partitioned else ()) for i in range(p)}
+    for g in fault_groups(plan, query):
         if k > 1 and rng.random() < 0.5:
             for i in sorted(rng.choice(k, size=int(rng.integers(1, k)), replace=False).tolist()):
                 f = float(np.round(0.1 + 0.75 * rng.random(), 3))
@@ -609,10 +685,10 @@ def run_driver_trial(trial: Trial, k: int, servers: list[str], timeout: float = 
     try:
         dirs, trial.bad_records = _write_parquet_inputs(inputs, bad_source, os.path.join(folder, "in"), rng)
         t0, t1 = _time_span(inputs)
-        trial.faults = _driver_trial_faults(rng, query, k, t0, t1)
+        trial.faults = _driver_trial_faults(rng, query, k, t0, t1, partitioned=trial.query == "partitioned")
         replay_s = (t1 - t0) / 1e6 / TIMING_PACE
         outs = {app: os.path.join(folder, "out", app) for app in query.sinks}
-        spec = {"name": name, "query": trial.query, "seed": trial.seed, "options": deploy_options(trial.seed, k, servers, repair),
+        spec = {"name": name, "query": trial.query, "seed": trial.seed, "options": deploy_options(trial.seed, k, servers, repair, trial.query),
                 "inputs": dirs, "chunk": chunk, "sinks": outs, "sink_every": DRIVER_SINK_EVERY, "pace": TIMING_PACE,
                 "linger_s": DRIVER_START_TIMEOUT_S + replay_s + timeout}
         with open(os.path.join(folder, "driver.json"), "w") as f:
@@ -802,6 +878,11 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float, driver_shar
         verdict += (f"; {len(drivers)} driver-kill trials (detached deployments), "
                     f"{sum(bool(r.get('driver_killed_mid_run')) for r in drivers)} with the driver killed "
                     f"before the end of the stream")
+    parted = [r for r in results if r.get("query") == "partitioned" and not r.get("driver_kill")]
+    if parted:
+        verdict += (f"; {sum('rescaled' in r for r in parted)} of {len(parted)} partitioned trials rescaled live"
+                    + (f" ({sum('change_refused' in r for r in parted)} rescales came after the stream ended: "
+                       f"refused)" if any("change_refused" in r for r in parted) else ""))
     if timed:
         worst = max(r["timing_ratio"] for r in timed)
         verdict += (f"; timing: {sum(r['timing_ok'] for r in timed)} of {len(timed)} trials within "

@@ -1214,7 +1214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     chaos = sub.add_parser("chaos", help="a seeded campaign of random faults (kills, server kills, delayed and "
                                          "cut links, malformed records, failing user-function rows, live moves, "
-                                         "lost coordinators; with --driver-kills, killed drivers of detached "
+                                         "live rescales of a partitioned operator, lost coordinators; with --driver-kills, killed drivers of detached "
                                          "deployments) checked against the ideal run")
     chaos.add_argument("--minutes", type=float, default=1.0, help="run trials until this many minutes have passed "
                                                                   "(default 1; each trial takes 10-30 s)")

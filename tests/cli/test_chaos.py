@@ -95,3 +95,69 @@ def test_the_command_line_prints_the_verdict_first(tmp_path, monkeypatch, capsys
     first = out.splitlines()[0]
     assert first.startswith("PASS: 1 trials") and "0 lost, 0 duplicated" in first
     assert "trial 0 (fig1)" in err
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_partitioned_operators_partitions_are_groups_of_their_own(k):
+    """The partitioned trial's schedule counts kills per partition (each ``k`` replicas of its own):
+    at most ``k - 1`` of each partition, none of a spared one (the partition a rescale to fewer
+    retires), and kills of both partitions' replicas do occur over the seeds."""
+    from replistream.chaos import fault_groups
+
+    q = keyed_query(3)
+    servers = [f"s{i}" for i in range(k + 2)]
+    groups = [ENTRY, "scale", "per_key.0", "per_key.1"]
+    plan = {n: [servers[(j + i) % len(servers)] for i in range(k)] for j, n in enumerate(groups)}
+    plan["per_key"] = list(plan["per_key.0"])  # (what dep.plan names the operator itself: its partition 0)
+    plan["totals"] = servers[:2]
+    assert fault_groups(plan, q) == groups
+    hit = set()
+    for seed in range(200):
+        spare = frozenset({"per_key.1"}) if seed % 2 else frozenset()
+        faults = plan_faults(np.random.default_rng(seed), plan, q, k, 0, 10**7, spare=spare, repair=seed % 3 == 0)
+        killed = {g: set() for g in groups}
+        for _, what, ev in faults:
+            assert not (isinstance(ev, (KillReplica, StopReplica)) and ev.operator == "per_key"), what
+            if isinstance(ev, (KillReplica, StopReplica)) and ev.operator != "totals":  # (an application's stop)
+                killed[ev.operator].add(ev.replica)
+            elif isinstance(ev, KillServer):
+                for g in groups:
+                    killed[g] |= {i for i, s in enumerate(plan[g]) if s == ev.server}
+        assert all(len(v) <= k - 1 for v in killed.values()), (seed, faults)
+        assert not (spare and killed["per_key.1"]), (seed, faults)
+        hit |= {g for g, v in killed.items() if v}
+    assert {"per_key.0", "per_key.1"} <= hit
+
+
+def test_a_rescale_after_the_stream_is_counted_not_failed():
+    """A partitioned trial whose rescale came after every source ended (refused, as documented) is
+    counted in the verdict, not failed; any other error of the rescale fails it."""
+    good = {"query": "partitioned", "seed": 1, "outputs": 10, "reference_outputs": 10, "lost": 0, "duplicated": 0,
+            "unexpected": 0, "dead_letters_expected": {}, "dead_letters_received": {}, "complete": True,
+            "error": None, "ok": True, "faults": [], "bad_records": [], "seconds": 1.0}
+    rescaled = Trial(0, 1, "partitioned", result={**good, "rescaled": {"from": 2, "to": 3}})
+    refused = Trial(1, 2, "partitioned", result={**good, "change_refused": "rescale: RuntimeError: every source "
+                                                                         "has ended: nothing is left to change"})
+    report = _summarise([rescaled, refused], 0, 2, 1.0)
+    assert report["verdict"].startswith("PASS")
+    assert "1 of 2 partitioned trials rescaled live (1 rescales came after the stream ended: refused)" in report["verdict"]
+    failed = Trial(2, 3, "partitioned", result={**good, "ok": False, "error": "rescale: RuntimeError: boom"})
+    assert _summarise([rescaled, failed], 0, 2, 1.0)["verdict"].startswith("FAIL")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_a_partitioned_trial_rescales_live_through_its_faults():
+    """One partitioned trial (k = 2, its window in two partitions, rescaled live while replicas of
+    its partitions, entry points and the map are killed or stopped): the output equals the
+    reference's exactly, and the dead letters too."""
+    from replistream.chaos import run_trial
+    from replistream.network import default_servers
+
+    trial = Trial(0, 2831179671, "partitioned")  # (a fluid 2 -> 3; a replica of each partition stopped or killed)
+    res = run_trial(trial, 2, [s.name for s in default_servers(4)])
+    assert res["ok"], json.dumps(res, indent=1)[:4000]
+    assert any(f.split(" ", 2)[2].startswith("rescale per_key 2 -> ") for f in res["faults"]), res["faults"]
+    assert any("per_key." in f for f in res["faults"] if " kill " in f or " crash " in f or " stop " in f), res["faults"]
+    assert "rescaled" in res or "change_refused" in res
+    assert res["lost"] == 0 and res["duplicated"] == 0 and res["outputs"] == res["reference_outputs"] > 1000
