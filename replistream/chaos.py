@@ -7,7 +7,8 @@ window in :data:`PARTITIONS` key partitions (issue #41), each partition a group 
 of its own; it is replayed paced (:data:`PARTITIONED_PACE`) and rescaled live to one partition
 fewer or more, with a seeded strategy (fluid, batched or all-at-once), while the faults go on
 (a partition the rescale retires loses no replica; a rescale that comes after the stream ended is
-refused, as documented, and counted, not failed):
+refused, as documented, and counted, not failed). A driver-kill trial of it deploys it partitioned
+too, without the rescale (those trials use no sentinels):
 
 * kills of replicas of every operator (every partition) and of the entry points, at most ``k - 1`` per node; half
   of them by the deployment, half behind its back (the actor dies unannounced, as a crashed
@@ -416,12 +417,17 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
         with deploy(query, **deploy_options(trial.seed, k, servers, repair, trial.query)) as dep:
             t0, t1 = _time_span(inputs)
             to = _rescale_to(rng) if trial.query == "partitioned" else None
-            spare = {"keyed": frozenset({"per_key"}),  # (the partition a rescale to fewer retires)
-                     "partitioned": frozenset({f"per_key.{p}" for p in range(to or 0, PARTITIONS["per_key"])})}
-            trial.faults = plan_faults(rng, dep.plan, query, k, t0, t1, spare=spare.get(trial.query, frozenset()),
-                                       repair=repair)
+            # a replica of a giving partition lost just as the rescale begins, in half the partitioned trials
+            giver = None if to is None or k < 2 or rng.random() < 0.5 else \
+                f"per_key.{0 if to > PARTITIONS['per_key'] else PARTITIONS['per_key'] - 1}"
+            spare = frozenset()
+            if trial.query == "keyed":  # (the window whose replica moves live)
+                spare = frozenset({"per_key"})
+            elif to is not None:  # (the partitions a rescale to fewer retires, and the giver that loses one)
+                spare = frozenset({f"per_key.{p}" for p in range(to, PARTITIONS["per_key"])} | ({giver} - {None}))
+            trial.faults = plan_faults(rng, dep.plan, query, k, t0, t1, spare=spare, repair=repair)
             if trial.query != "fig1":
-                trial.faults += _runtime_changes(rng, dep, trial.seed, t0, t1, moved, rescale_to=to)
+                trial.faults += _runtime_changes(rng, dep, trial.seed, t0, t1, moved, rescale_to=to, giver=giver)
                 trial.faults.sort(key=lambda f: f[0])
             begun = time.perf_counter()
             # (a partitioned trial is paced: its rescale must find the stream running, or it is refused)
@@ -495,11 +501,15 @@ def _in_thread(moved: dict, what: str, fn: Callable) -> Call:
     return Call(start)
 
 
-def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict, rescale_to: int | None = None) -> list:
+def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict, rescale_to: int | None = None,
+                     giver: str | None = None) -> list:
     """On the keyed query: replace the map's function with an equivalent one, and move a replica of
     the stateful window to a server that holds none (fluid migration, in a thread as a user would).
     With ``rescale_to`` (the partitioned trial), rescale the window to that many partitions
-    instead of moving a replica (Megaphone's migration; the strategy drawn from the seed)."""
+    instead of moving a replica (Megaphone's migration; the strategy drawn from the seed); with
+    ``giver`` (a partition that gives bins in it, spared by :func:`plan_faults`), one of its
+    replicas is killed or crashes 0.2-1.5 s of event time after the rescale is called, while its
+    new partitions start or its bins move."""
     span = t1 - t0  # (a rescale refuses other changes while it runs: the function is replaced before it)
     out = [(int(t0 + span * (0.1 if rescale_to is not None else 0.3)), "replace the function of 'scale' (equivalent)",
             Call(lambda d: d.replace_function("scale", _scaler(_failing_keys(seed, 200)))))]
@@ -511,6 +521,13 @@ def _runtime_changes(rng, dep, seed: int, t0: int, t1: int, moved: dict, rescale
                        else ")"),
                     _in_thread(moved, "rescale", lambda d: d.rescale("per_key", rescale_to, strategy=strategy,
                                                                      bins_per_step=per_step))))
+        if giver is not None:
+            i, at = int(rng.integers(dep.k)), int(t0 + span * 0.3 + 1e6 * (0.2 + 1.3 * rng.random()))
+            if rng.random() < 0.5:
+                out.append((at, f"kill {giver}#{i} during the rescale", KillReplica(giver, i)))
+            else:
+                out.append((at, f"crash {giver}#{i} during the rescale",
+                            Call(lambda d, label=f"{giver}#{i}": _crash(d, label))))
         return out
     taken = set(dep.plan["per_key"])
     free = [s for s in dep.servers if s not in taken]
