@@ -396,7 +396,8 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
               timing: bool = False) -> dict:
     """Deploy, inject, run, compare; fills and returns ``trial.result``. With ``timing`` the same
     trial first runs without faults, and ``run_seconds`` over ``baseline_seconds`` is checked
-    against :data:`TIMING_BOUND` (``timing_ok``)."""
+    against :data:`TIMING_BOUND` (``timing_ok``). Any error fails the trial with its reason (an
+    unexpected one with its ``traceback`` too), and the campaign goes on."""
     from .engines.ray import deploy
     from .engines.reference import run_reference
 
@@ -458,6 +459,11 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
                      and res["dead_letters_expected"] == res["dead_letters_received"] and res["error"] is None)
     except (ReplistreamError, RuntimeError, ValueError) as e:
         res.update({"ok": False, "error": f"{type(e).__name__}: {e}"})
+    except Exception as e:  # noqa: BLE001 - a bug (the engine's or the campaign's) fails this trial, loudly
+        import traceback  # (with where it was raised; the campaign goes on and its verdict is FAIL)
+
+        res.update({"ok": False, "error": f"{type(e).__name__}: {e}",
+                    "traceback": "".join(traceback.format_exception(e))[-3000:]})
     res["faults"] = trial.describe()
     res["bad_records"] = list(trial.bad_records)
     res["seconds"] = round(time.perf_counter() - started, 2)

@@ -161,3 +161,20 @@ def test_a_partitioned_trial_rescales_live_through_its_faults():
     assert any(f.endswith("per_key.0#0 during the rescale") for f in res["faults"]), res["faults"]
     assert "rescaled" in res or "change_refused" in res
     assert res["lost"] == 0 and res["duplicated"] == 0 and res["outputs"] == res["reference_outputs"] > 1000
+
+
+def test_a_trial_that_hits_a_bug_fails_with_its_traceback_and_the_campaign_goes_on(monkeypatch):
+    """An unexpected error inside a trial (here a ``KeyError`` from the reference run, as the
+    campaign's own ``KeyError`` in a partitioned schedule once was) fails that trial with its reason
+    and traceback instead of ending the whole campaign; the verdict is FAIL."""
+    import replistream.engines.reference as reference
+    from replistream.chaos import run_trial
+
+    def broken(*a, **k):
+        raise KeyError("per_key")
+
+    monkeypatch.setattr(reference, "run_reference", broken)
+    res = run_trial(Trial(0, 1, "partitioned"), 2, ["a", "b", "c", "d"])
+    assert res["ok"] is False and res["error"] == "KeyError: 'per_key'"
+    assert "in broken" in res["traceback"] and "KeyError" in res["traceback"]
+    assert _summarise([Trial(0, 1, "partitioned", result=res)], 0, 2, 1.0)["verdict"].startswith("FAIL")
