@@ -437,11 +437,8 @@ def chunk_time(chunk: Any, punctuations: bool = True) -> int | None:
             ts = np.asarray(chunk.get(TS, []))
             return _readable_min(ts.ravel()) if ts.size and ts.dtype.kind in "iuf" else None
         if isinstance(chunk, (list, tuple)):
-            vals = [r.get(TS) for r in chunk if isinstance(r, Mapping)]
-            vals = [v for v in vals if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)]
-            return _readable_min(np.asarray(vals, dtype=np.float64 if any(isinstance(v, (float, np.floating))
-                                                                            for v in vals) else np.int64)) \
-                if vals else None
+            good = _readable([r.get(TS) for r in chunk if isinstance(r, Mapping)])
+            return min(good) if good else None
     except (TypeError, ValueError, OverflowError):
         return None
     return None
@@ -494,11 +491,17 @@ def chunk_tmax(chunk: Any) -> int | None:
     return None
 
 
-def _readable_max(values: list) -> int:
-    """The largest of ``values`` an entry point would read as a timestamp (NO_PUNCTUATION if none)."""
-    good = [int(v) for v in values if isinstance(v, (int, float, np.integer, np.floating))
+def _readable(values: list) -> list[int]:
+    """The ``values`` an entry point would read as timestamps (numbers, not bool, finite, whole,
+    after the first valid time and before :data:`~replistream.schema.END`), as ints."""
+    return [int(v) for v in values if isinstance(v, (int, float, np.integer, np.floating))
             and not isinstance(v, (bool, np.bool_)) and math.isfinite(v) and NO_PUNCTUATION < v < END
             and float(v).is_integer()]
+
+
+def _readable_max(values: list) -> int:
+    """The largest of ``values`` an entry point would read as a timestamp (NO_PUNCTUATION if none)."""
+    good = _readable(values)
     return max(good) if good else NO_PUNCTUATION
 
 

@@ -60,7 +60,7 @@ import numpy as np
 
 from ..operators.base import NO_PUNCTUATION, Item, OperatorState, bin_of
 from ..schema import TS, Punctuation
-from .transfer import pack_steps
+from .transfer import BATCHED_STEPS, pack_steps
 
 if TYPE_CHECKING:
     from ..partition import BinMap
@@ -456,11 +456,6 @@ def _watermark_after(logic, port: int, p: int) -> int:
     punct = list(logic.in_punct)
     punct[port] = max(int(punct[port]), p)
     return min(punct) if punct else NO_PUNCTUATION
-
-
-#: A batched rescale without ``bins_per_step`` moves its bins in about this many steps (a replica's
-#: batched move, :func:`~replistream.replica.transfer.plan_transfer`, makes 16 as well).
-BATCHED_STEPS = 16
 
 
 def plan_steps(node: str, current: "BinMap", new: "BinMap", t0: int, strategy: str, bins_per_step: int | None,

@@ -40,6 +40,10 @@ __all__ = ["STRATEGIES", "pack_steps", "plan_transfer", "splittable", "StagedRep
 STRATEGIES = ("all-at-once", "batched", "fluid")
 
 
+#: A batched transfer or rescale without ``bins_per_step`` moves its bins in about this many steps.
+BATCHED_STEPS = 16
+
+
 def plan_transfer(strategy: str, bits: int, bins_per_step: int | None = None,
                   splittable: bool = True) -> list[np.ndarray]:
     """The bins of each step of a transfer of ``2**bits`` bins with ``strategy``.
@@ -61,7 +65,7 @@ def plan_transfer(strategy: str, bits: int, bins_per_step: int | None = None,
     if strategy == "fluid":
         n = 1
     else:
-        n = max(1, nb // 16) if bins_per_step is None else int(bins_per_step)
+        n = max(1, nb // BATCHED_STEPS) if bins_per_step is None else int(bins_per_step)
         if n < 1:
             raise ValueError(f"bins_per_step must be >= 1, got {bins_per_step}")
     return [every[i:i + n] for i in range(0, nb, n)]
