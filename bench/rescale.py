@@ -16,7 +16,8 @@ after the other, the actor pool emptied before each), ``--repeat`` times, altern
 strategy: the end-to-end latency of every output tuple (arrival minus its timestamp's wall time),
 its maximum and 99th percentile while each rescale runs (from the call to its return, plus one
 window; the next rescale starts after that), its maximum while the bins move (from the switch on), against the same in the 5 s before the first
-one; the rescale's phases (``phases_s``: the feed is held only during ``feed_held``); and whether
+one; the rescale's phases (``phases_s``: the feed sends nothing past the switch time ``T0`` during
+``gated``, ``feed_held`` in records before 2026-11-30's gate, when it sent nothing at all); and whether
 the output equals the reference run. The figures are medians over the runs. With ``--timeline``,
 also the maximum latency per 100 ms around each rescale, for keys of moving and of staying bins
 apart: how the pauses of the giving and of the taking replicas were found (docs/migration.md).
@@ -111,6 +112,9 @@ def _one(strategy: str, args, data, ref) -> dict:
             while time.time() - dep.t0 < b + _tail(args):  # (the next rescale after this one's window)
                 tick.wait(0.05)
         dep.wait(timeout=3600)
+        # how long the feed itself waited at each rescale's switch time (its gate; none when the
+        # hand-out ended before the paced feed reached T0)
+        gate_waits = [round(float(w), 4) for w in (getattr(dep.feeder, "gate_waits", None) or [])]
         arr, lat = dep.latencies_ms("out")
         # (a replica the failure detector declared failed, a death: masked, yet the run's figures carry it)
         faults = [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in e.items()}
@@ -129,7 +133,7 @@ def _one(strategy: str, args, data, ref) -> dict:
     if rec_left := [r for (a, m, b), r in zip(spans, recs) if b - _tail(args) > args.seconds]:
         print(f"  {strategy}: the feed ended before rescale {rec_left[0]['from']} -> {rec_left[0]['to']} did: "
               f"give more --seconds", file=sys.stderr)
-    out = {"strategy": strategy, "exact": exact, "rescales": recs, "faults": faults,
+    out = {"strategy": strategy, "exact": exact, "rescales": recs, "faults": faults, "gate_waits_s": gate_waits,
            "before": {"max_ms": round(float(before.max()), 1) if len(before) else None,
                       "p99_ms": round(float(np.percentile(before, 99)), 1) if len(before) else None}}
     if args.timeline:

@@ -8,7 +8,8 @@ and the output equals the reference run as a multiset.
 
 Every fault is placed by the host itself, not by a sleep: a ``Call`` sentinel in the input (run by
 the host's feeder, which waits there) installs the test's hook in the host's process, and holds
-the feed until the rescale has cut its steps, so ``T0`` is where the sentinel stands. The hook
+the feed until the rescale has cut its steps, so ``T0`` is where the sentinel stands plus the
+rescale's lead (``GATE_LEAD_S`` of the 4x replay's event time: 1 s). The hook
 kills the host at its point of the rescale; in the middle of the move, a second sentinel holds the
 feed before the last step's time until a taking replica installed a step, then kills the host."""
 from __future__ import annotations
@@ -138,7 +139,8 @@ def _events_until(dep, event: str, limit: float = 120.0) -> None:
                                    "fewer_mid_move"])
 def test_the_host_lost_around_a_rescale_finishes_it_once_and_the_call_gets_its_record(tmp_path, where):
     """1 -> 2 partitions (``fewer_mid_move``: 2 -> 1, the leaving partition retired by the next host),
-    fluid, 64 steps 100 ms of event time apart from T0 (at 6 s of input): the host is lost at ``where``; the next host resumes (``control_restored["rescale"]``: the phase it
+    fluid, 64 steps 100 ms of event time apart from T0 (at 6 s of input, plus the lead: 7 s), the
+    mid-move cases' second sentinel at 8 s: the host is lost at ``where``; the next host resumes (``control_restored["rescale"]``: the phase it
     found) and finishes the rescale, the client's call (the same id, sent again by the client to the
     host that serves) returns the record of the one rescale made, and the output is exact."""
     name = f"rs-loss-{where.replace('_', '-')}"
@@ -148,7 +150,7 @@ def test_the_host_lost_around_a_rescale_finishes_it_once_and_the_call_gets_its_r
     mid, fewer = where.endswith("mid_move"), where.startswith("fewer")
     data = inject_at(chunks, seconds(6), Call(_gate("none" if mid else where)))
     if mid:
-        data = inject_at(data, seconds(7), Call(_mid_move("per_k.0" if fewer else "per_k.1")))
+        data = inject_at(data, seconds(8), Call(_mid_move("per_k.0" if fewer else "per_k.1")))
     ref = run_reference(q, {"s": chunks})
     out_dir = str(tmp_path / "out")
     dep = rs.deploy(q, servers=3, k=2, name=name, detached=True, parallelism={"per_k": 2 if fewer else 1}, bits=7,

@@ -46,7 +46,9 @@ above:
 Who takes what: the feeder thread takes 2 (then 4) per chunk, and none while it
 runs a sentinel, so a sentinel may call anything (including what takes 1); the
 control loop takes 1, and 2 only for a change to the running query
-(``ControlPlane.quiet()``: 1 then 2); ``Results.poll`` takes 3 (then 4);
+(``ControlPlane.quiet()``: 1 then 2; a rescale's ``ControlPlane.gated()`` holds 1
+and takes 2 only to set and clear the feeder's gate, while the feeder thread, at a
+chunk past the gate, waits on 2's condition, releasing it); ``Results.poll`` takes 3 (then 4);
 adding an operator takes 1, 2, 3, 4 in that order. Locks 1-3 may be held while
 waiting for actor calls; nothing waits for anything while holding 4.
 

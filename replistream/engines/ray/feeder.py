@@ -208,6 +208,24 @@ def skip_rows(chunks: Iterator, rows: int) -> Iterator:
         yield c
 
 
+def _past_gate(chunk, hi: int | None, gate: int) -> bool:
+    """True if an item the feeder is about to send lies past a change's time ``gate``: a source's
+    end (``chunk`` None) or the final punctuation, a chunk whose largest timestamp cannot be told
+    (``hi`` None) or is above ``gate``. An empty chunk or one of records the entry points set
+    aside (:data:`NO_PUNCTUATION`) carries no tuple and is not.
+
+    >>> _past_gate([{"ts": 5}], 5, 5), _past_gate([{"ts": 6}], 6, 5), _past_gate(None, None, 5)
+    (False, True, True)
+    >>> _past_gate(Punctuation(END), NO_PUNCTUATION, 5), _past_gate([], NO_PUNCTUATION, 5)
+    (True, False)
+    """
+    if chunk is None or (isinstance(chunk, Punctuation) and chunk.p == END):
+        return True
+    if hi is None:
+        return True
+    return hi != NO_PUNCTUATION and hi > gate
+
+
 class Feeder:
     """Feeds the sources to the running entry replicas of ``topology`` (see the module doc).
 
@@ -242,6 +260,13 @@ class Feeder:
         self.on_sentinel = on_sentinel
         self.on_entry_failed = on_entry_failed
         self.lock = lockorder.rlock("Feeder.lock", 2)
+        #: While a change is placed with :meth:`gated`: the time ``T0`` past which nothing is sent
+        #: (None: no gate); the feed thread waits on :attr:`_gate_cv` at an item past it.
+        self.gate: int | None = None
+        self._gate_cv = lockorder.condition(self.lock)
+        #: How long the feed thread waited at gates so far (seconds), and how many times.
+        self.gate_waits: list[float] = []
+        self.pace: float | None = None
         self.sources: list[str] = []
         self.seqs: dict[str, int] = {}
         self.open_sources: set[str] = set()
@@ -323,6 +348,7 @@ class Feeder:
         (:meth:`_taken`, :meth:`_destination`) and partition ``P`` goes on at chunk ``seq``."""
         self.resumed = resume
         self.t0 = t0
+        self.pace = pace
         self.done_wall = None
         self.fed_all.clear()
         self.idle = dict(idle or {})
@@ -465,6 +491,7 @@ class Feeder:
                 chunk = stamp(chunk, int((time.time() - self.t0) * 1e6))
                 hi = chunk_tmax(chunk)
             with self.lock:
+                self._wait_gate(src, chunk, hi)
                 self._send(src, chunk)
                 if chunk is None:
                     self.open_sources.discard(src)
@@ -732,6 +759,45 @@ class Feeder:
         """No chunk is sent while the block runs (re-entrant)."""
         with self.lock:
             yield self
+
+    @contextmanager
+    def gated(self, lead_us: int = 0):
+        """A change placed at ``T0`` while the feed goes on: ``T0`` is :meth:`marker_time` plus
+        ``lead_us`` (what the block gets), and until the block ends nothing past ``T0`` is sent
+        (a chunk whose largest timestamp or punctuation is above it, or one that cannot be told,
+        or a source's end, waits in the feed thread, :meth:`_wait_gate`); chunks up to ``T0`` are
+        sent meanwhile. So, as under :meth:`held`, no tuple later than ``T0`` exists anywhere
+        before the block ends, but a paced feed whose next chunks lie below ``T0`` does not pause
+        while the change is handed out. Raises what :meth:`marker_time` raises, before any gate.
+
+        >>> with feeder.gated(lead_us=250_000) as t0: ...   # doctest: +SKIP
+        """
+        with self.lock:
+            t0 = int(self.marker_time()) + max(0, int(lead_us))
+            self.gate = t0
+        try:
+            yield t0
+        finally:
+            with self.lock:
+                self.gate = None
+                self._gate_cv.notify_all()
+
+    def _wait_gate(self, src: str, chunk, hi: int | None, limit: float = 600.0) -> None:
+        """In the feed thread, under the lock: wait while a gate (:meth:`gated`) stands below this
+        item (``hi``, its largest timestamp; ``chunk`` None: ``src``'s end). The lock is released
+        while it waits. A gate that stays up ``limit`` s fails the feed, naming it (the change
+        that set it has deadlines of its own: this is a backstop)."""
+        if self.gate is None:
+            return
+        started = time.monotonic()
+        while self.gate is not None and _past_gate(chunk, hi, self.gate):
+            if time.monotonic() - started > limit:
+                raise RuntimeError(f"the feed of source {src!r} waited {limit:g} s at a change's time "
+                                   f"{self.gate} and the change never released it")
+            self._gate_cv.wait(0.5)
+        waited = time.monotonic() - started
+        if waited > 0.0005:
+            self.gate_waits.append(round(waited, 4))
 
     def marker_time(self) -> int:
         """``p`` for a change now: the largest timestamp or punctuation sent so far (call under

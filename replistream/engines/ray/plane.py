@@ -420,6 +420,19 @@ class ControlPlane:
         with (self.manager.lock if self.manager is not None else nullcontext()), self.feeder.held():
             yield
 
+    @contextmanager
+    def gated(self, lead_us: int = 0):
+        """No control action while the block runs, and no chunk fed past ``T0`` (the block gets it:
+        the largest timestamp fed so far plus ``lead_us``), while chunks up to ``T0`` are still fed
+        (:meth:`Feeder.gated <replistream.engines.ray.feeder.Feeder.gated>`): for a change placed at
+        ``T0`` that must reach every replica before any later tuple does (locks 1 and 2, the feeder's
+        only while ``T0`` is taken).
+
+        >>> with dep.gated(lead_us=250_000) as t0: ...   # doctest: +SKIP
+        """
+        with (self.manager.lock if self.manager is not None else nullcontext()), self.feeder.gated(lead_us) as t0:
+            yield t0
+
     def record_change(self, rec: dict) -> dict:
         """Log a change to the running query (in :attr:`changes` and :attr:`events`); returns the record
         with ``t`` (seconds since the start) and, for a client's call to a detached deployment, the

@@ -78,6 +78,12 @@ STRATEGIES = ("fluid", "batched", "all-at-once")
 #: gap ends the rescale sooner (2,048 steps: two seconds of event time).
 GAP_US = 1_000
 
+#: Wall time a paced feed has before it reaches a rescale's switch time ``T0``: ``T0`` is placed this
+#: far (in the feed's event time) past the largest timestamp fed, and the feed goes on up to it while
+#: the switch and the steps are handed out (:func:`_switch`); a hand-out that takes longer pauses the
+#: feed at ``T0`` only for the rest. An unpaced feed gets no lead (it would reach ``T0`` at once).
+GATE_LEAD_S = 0.25
+
 
 def _node(dep, operator: str) -> str:
     if operator in dep.query.sinks:
@@ -189,14 +195,22 @@ def _start_new(dep, kept: dict) -> None:
 
 
 def _switch(dep, kept: dict, slack: int = 0) -> None:
-    """With the feed held: ``T0`` (the largest timestamp fed, plus ``slack``), the steps, the switch;
-    written whole (the commit point), then handed out (:func:`_hand_out`)."""
+    """With the feed gated at ``T0`` (:meth:`~.plane.ControlPlane.gated`: the largest timestamp fed,
+    plus ``slack``, plus :data:`GATE_LEAD_S` of a paced feed's event time): the steps and the switch
+    from ``T0``, written whole (the commit point), then handed out (:func:`_hand_out`), while the
+    feed goes on sending what lies at or before ``T0``. Before the gate (issue #41) the feed was
+    held for all of it, and every tuple due meanwhile waited: 15-118 ms in the 4M-key count's
+    rescales (``phases_s["feed_held"]`` then, ``"gated"`` now; docs/experiments/rescale_count4m_p20_2026-11-30.json)."""
     node, p = kept["operator"], kept["to"]
     bits = int(dep.channel_opts["bits"])
-    with dep.quiet():  # no chunk fed meanwhile: no tuple later than t0 exists anywhere
+    pace = dep.feeder.pace
+    lead = int(slack) + (int(GATE_LEAD_S * pace * 1e6) if pace else 0)
+    # the feed goes on up to t0 while the switch and the steps are cut, written and handed out, but
+    # sends nothing past it: no tuple later than t0 exists anywhere before every sender has the switch.
+    # A paced feed reaches t0 GATE_LEAD_S after now, so it does not pause if that is long enough
+    with dep.gated(lead) as t0:
         p0, switches = (dep.channel_opts.get("routing") or {}).get(node, (kept["from"], []))
         current = Router(dep.query, node, BinMap.even(p0, bits), switches).final()
-        t0 = dep.feeder.marker_time() + int(slack)
         new = BinMap.even(p, bits)
         steps, times = plan_steps(node, current, new, t0, kept["strategy"], kept["bins_per_step"], kept["gap_us"])
         switch = Switch.between(current, new, times)
@@ -255,10 +269,10 @@ def _finish(dep, kept: dict) -> dict:
         rec["text"] += f"; retired {', '.join(partition_label(node, q) for q in range(p, old_p))}"
     rec["seconds"] = round(time.time() - started, 3)
     # where the time went: telling the senders of the new partitions, starting them (the query
-    # runs meanwhile), switching and handing out the steps (the feed held), then the steps
+    # runs meanwhile), switching and handing out the steps (the feed gated at T0), then the steps
     # themselves as the event time passes theirs, then (fewer partitions) retiring the leaving ones
     rec["phases_s"] = {"routing": round(kept["routed"], 3), "new_partitions": round(kept["begun"] - kept["routed"], 3),
-                       "feed_held": round(held - started - kept["begun"], 3), "steps": round(stepped - held, 3),
+                       "gated": round(held - started - kept["begun"], 3), "steps": round(stepped - held, 3),
                        "retire": round(time.time() - stepped, 3)}
     dep.events.append({"t": dep.now(), "event": "rescaled", **{k: v for k, v in rec.items() if k != "text"}})
     rec = dep.record_change(rec)
