@@ -8,6 +8,8 @@
     python bench/migration.py --skip-overhead --skip-dormant --operators keyed join --curve \
         --json docs/experiments/megaphone_bins.json --plot docs/experiments/megaphone_bins.png
                                                     # Megaphone Fig. 13: latency against 2^0..2^16 bins
+    python bench/migration.py --markdown RUN1.json RUN2.json RUN3.json --plot curve.png
+                                                    # the same curve run three times: each point's median
 
 Two parts.
 
@@ -442,6 +444,62 @@ def plot_curve(report: dict, png: str, before: dict | None = None) -> None:
     plt.close(fig)
 
 
+def merge_reports(reports: list[dict]) -> dict:
+    """One report from repeated runs of the same benchmark: the first one's fields, every run's
+    moves (``migration``, each tagged with the index of its report as ``run``), and the date span.
+
+    >>> merge_reports([{"date": "a", "migration": [{"x": 1}]}, {"date": "b", "migration": [{"x": 2}]}])["migration"]
+    [{'x': 1, 'run': 0}, {'x': 2, 'run': 1}]
+    """
+    if len(reports) == 1:
+        return reports[0]
+    merged = dict(reports[0])
+    merged["migration"] = [{**r, "run": i} for i, rep in enumerate(reports) for r in rep.get("migration", [])]
+    merged["date"] = f"{reports[0].get('date')} .. {reports[-1].get('date')}"
+    merged["runs"] = len(reports)
+    return merged
+
+
+def median_table(report: dict) -> str:
+    """Per operator, the median over repeated runs of the maximum latency during the transfer and
+    the 2 s after it, strategy against bins (exact runs only; how many runs each median has in
+    brackets when not all of them), and the median of the same maximum in the 4 s before each move.
+
+    >>> print(median_table({"migration": [
+    ...     {"operator": "keyed", "strategy": "fluid", "bits": 0, "steps": 1, "transfer_max_ms": v,
+    ...      "before_max_ms": 30.0} for v in (10.0, 30.0, 20.0)]}))
+    **keyed**, median max latency during the transfer + 2 s (ms):
+    | strategy | 1 bins |
+    |---|---:|
+    | fluid | 20.0 |
+    no move (the 4 s before each move): median 30.0 ms, 30.0-30.0 ms
+    <BLANKLINE>
+    """
+    runs = [r for r in report.get("migration", []) if "steps" in r]
+    lines = []
+    for op in sorted({r["operator"] for r in runs}, key=lambda o: OPERATORS.index(o) if o in OPERATORS else 99):
+        mine = [r for r in runs if r["operator"] == op]
+        bins = sorted({1 << r["bits"] for r in mine})
+        lines += [f"**{op}**, median max latency during the transfer + 2 s (ms):",
+                  "| strategy | " + " | ".join(f"{b:,} bins" for b in bins) + " |", "|---|" + "---:|" * len(bins)]
+        most = max(len([r for r in mine if 1 << r["bits"] == b and r["strategy"] == s])
+                   for b in bins for s in {r["strategy"] for r in mine})
+        for strategy in ("all-at-once", "batched", "fluid"):
+            cells = []
+            for b in bins:
+                v = [float(r["transfer_max_ms"]) for r in mine if r["strategy"] == strategy and 1 << r["bits"] == b
+                     and r.get("transfer_max_ms") is not None and r.get("exact", True)]
+                cells.append("-" if not v else f"{np.median(v):,.1f}" + ("" if len(v) == most else f" ({len(v)})"))
+            if any(c != "-" for c in cells):
+                lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+        floor = [float(r["before_max_ms"]) for r in mine if r.get("before_max_ms") is not None]
+        if floor:
+            lines.append(f"no move (the 4 s before each move): median {np.median(floor):,.1f} ms, "
+                         f"{min(floor):,.1f}-{max(floor):,.1f} ms")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _md_table(rows, header: tuple, cells) -> list[str]:
     """A right-aligned markdown table of ``rows`` (``cells(row)`` gives the formatted cells),
     followed by a blank line; nothing when there are no rows."""
@@ -523,7 +581,9 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with the reference run")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--markdown", default=None, help="print the tables of an earlier --json file and exit")
+    ap.add_argument("--markdown", default=None, nargs="+", metavar="JSON",
+                    help="print the tables of earlier --json files and exit; several files (repeated runs of "
+                         "the same curve) are merged: the plot and the medians table take each point's median")
     ap.add_argument("--curve", action="store_true",
                     help="Megaphone Fig. 13: every strategy at every --bits (default 0, 2, .., 16 with --curve), "
                          "plotted to --plot")
@@ -542,14 +602,19 @@ def main() -> None:
     if a.before:
         with open(a.before) as fh:
             before = json.load(fh)
-    if a.markdown and a.plot:
-        with open(a.markdown) as fh:
-            plot_curve(json.load(fh), a.plot, before)
-        print(f"wrote {a.plot}")
-        return
     if a.markdown:
-        with open(a.markdown) as fh:
-            print(markdown(json.load(fh)))
+        reports = []
+        for path in a.markdown:
+            with open(path) as fh:
+                reports.append(json.load(fh))
+        merged = merge_reports(reports)
+        if a.plot:
+            plot_curve(merged, a.plot, before)
+            print(f"wrote {a.plot}")
+            return
+        print(markdown(merged))
+        if len(reports) > 1:
+            print(median_table(merged))
         return
     report = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
               "code": code_version(), "args": vars(a), "loadavg_start": os.getloadavg()}
