@@ -462,8 +462,8 @@ def merge_reports(reports: list[dict]) -> dict:
 
 def median_table(report: dict) -> str:
     """Per operator, the median over repeated runs of the maximum latency during the transfer and
-    the 2 s after it, strategy against bins (exact runs only; how many runs each median has in
-    brackets when not all of them), and the median of the same maximum in the 4 s before each move.
+    the 2 s after it, strategy against bins (exact runs only: :func:`_curve_points`, the plot's
+    points), and the median of the same maximum in the 4 s before each move.
 
     >>> print(median_table({"migration": [
     ...     {"operator": "keyed", "strategy": "fluid", "bits": 0, "steps": 1, "transfer_max_ms": v,
@@ -482,16 +482,11 @@ def median_table(report: dict) -> str:
         bins = sorted({1 << r["bits"] for r in mine})
         lines += [f"**{op}**, median max latency during the transfer + 2 s (ms):",
                   "| strategy | " + " | ".join(f"{b:,} bins" for b in bins) + " |", "|---|" + "---:|" * len(bins)]
-        most = max(len([r for r in mine if 1 << r["bits"] == b and r["strategy"] == s])
-                   for b in bins for s in {r["strategy"] for r in mine})
         for strategy in ("all-at-once", "batched", "fluid"):
-            cells = []
-            for b in bins:
-                v = [float(r["transfer_max_ms"]) for r in mine if r["strategy"] == strategy and 1 << r["bits"] == b
-                     and r.get("transfer_max_ms") is not None and r.get("exact", True)]
-                cells.append("-" if not v else f"{np.median(v):,.1f}" + ("" if len(v) == most else f" ({len(v)})"))
-            if any(c != "-" for c in cells):
-                lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+            pts = dict(_curve_points(runs, op, strategy, "transfer_max_ms"))
+            if pts:
+                lines.append(f"| {strategy} | " + " | ".join("-" if b not in pts else f"{pts[b]:,.1f}" for b in bins)
+                             + " |")
         floor = [float(r["before_max_ms"]) for r in mine if r.get("before_max_ms") is not None]
         if floor:
             lines.append(f"no move (the 4 s before each move): median {np.median(floor):,.1f} ms, "
