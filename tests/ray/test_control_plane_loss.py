@@ -418,7 +418,9 @@ def test_the_host_killed_in_a_garbage_collection_finishes_it(tmp_path):
     q = fig1_query(n_servers=3, window_s=2.0, punctuate_s=0.5)
     data = {k: list(v) for k, v in fig1_inputs(n_servers=3, duration_s=16, period_s=0.25, seed=4, chunk=2).items()}
     ref = run_reference(q, data)
-    data["load_0"] = inject_at(data["load_0"], 2_000_000, Call(die_in_next_discard))
+    # the hook goes in before the first chunk: the loop's first discards come about a second into the
+    # feed, and every one may come before a later point on a loaded machine (CI once had none after 2 s)
+    data["load_0"] = inject_at(data["load_0"], 0, Call(die_in_next_discard))
     cfg = GCConfig(utility_period_s=0.5, gc_period_s=0.5, theta_fraction=0.4, max_steps=None, kmin=1)
     out_dir = str(tmp_path / "out")
     dep = rs.deploy(q, servers=4, k=2, network="geo", gc=cfg, name="cp-gc", detached=True,
