@@ -43,9 +43,16 @@ __all__ = ["RAY_SYSTEM_CONFIG", "Deployment", "deploy", "init_ray"]
 
 #: Ray settings replistream starts Ray with. Packets up to this size travel inline
 #: in the actor call instead of through the object store (see channels.py: a dead
-#: sender's objects stall their receiver about a second each). On a cluster you
-#: start yourself, pass the same ``_system_config`` to ``ray.init``/``ray start``.
-RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 8 * 1024 * 1024}
+#: sender's objects stall their receiver about a second each). A socket connection
+#: Ray retries (the raylet's to its object store, a worker's to the raylet) is tried
+#: again after 100 ms instead of 1 s, 100 times instead of 10 (the same 10 s in all):
+#: the raylet's first try at its store often comes before the store listens, and that
+#: second made Ray's own start 2.1 or 3.1 s at random on this project's machine
+#: (docs/benchmarks.md, issue #42). On a cluster you start yourself, pass the same
+#: ``_system_config`` to ``ray.init``/``ray start``.
+RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 8 * 1024 * 1024,
+                     "raylet_client_connect_timeout_milliseconds": 100,
+                     "raylet_client_num_connect_attempts": 100}
 
 
 def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> None:
