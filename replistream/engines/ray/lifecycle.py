@@ -503,7 +503,7 @@ def _repairs_cut_short(dep) -> list[str]:
     from ...plan import ENTRY
 
     topo = dep.topology
-    done = {r["replica"] for r in dep.repairer.repairs}
+    done = {r["replica"] for r in dep.repairer.repairs if not r.get("retrying")}  # (a try to be made again: not done)
     again = []
     for node in [ENTRY, *dep.query.operators]:
         reps = topo.replicas(node)

@@ -21,7 +21,13 @@ from ...plan import ENTRY, label_group, replica_index, replica_partition
 from .actors import EntryActor
 from .lifecycle import kill_actors
 
-__all__ = ["Repairer"]
+__all__ = ["Repairer", "REPAIR_ATTEMPTS", "REPAIR_RETRY_S"]
+
+#: Tries of one crashed replica's repair: a repair that fails (a fault during it, e.g. the peer
+#: it copies from killed meanwhile) is tried again, :data:`REPAIR_RETRY_S` later, while a live
+#: peer is left to copy from; after the last one the operator runs on with fewer replicas.
+REPAIR_ATTEMPTS = 3
+REPAIR_RETRY_S = 1.0
 
 
 class Repairer:
@@ -71,20 +77,28 @@ class Repairer:
             self.repairs.append({"replica": label, "repaired": False, "why": why})
             self.plane.events.append({"t": self.plane.now(), "event": "not_repaired", "actor": label, "why": why})
             return
-        self._repair_queue.put((label, time.time()))
+        self._repair_queue.put((label, time.time(), 1))
         if self._repair_thread is None or not self._repair_thread.is_alive():
             self._repair_thread = threading.Thread(target=self._repair_loop, daemon=True, name="replistream-repair")
             self._repair_thread.start()
 
+    def _retry_later(self, label: str, detected: float, attempt: int) -> None:
+        """Queue try ``attempt`` of ``label``'s repair :data:`REPAIR_RETRY_S` from now (the repair
+        thread, which queued it, is running)."""
+        t = threading.Timer(REPAIR_RETRY_S, self._repair_queue.put, args=((label, detected, attempt),))
+        t.daemon = True
+        t.start()
+
     def _repair_loop(self) -> None:
         """Replace each queued crashed replica by a new one on its server, built by hand-over from a
         live peer (:meth:`revive_replica`, Hwang §V-C; a warm spare's process if one is kept), then
-        start a spare in place of the one taken. A repair that fails leaves the operator with fewer
-        replicas, never with wrong output: it is logged (``repair_failed``), kept in
-        :attr:`repairs` and warned about."""
+        start a spare in place of the one taken. A repair that fails is logged (``repair_failed``,
+        with its try) and kept in :attr:`repairs` (``retrying``: it is tried again), then tried
+        again :data:`REPAIR_RETRY_S` later, up to :data:`REPAIR_ATTEMPTS` tries; after the last it
+        is warned about, and the operator runs on with fewer replicas, never with wrong output."""
         while not self.plane.shut_down:
             try:
-                label, detected = self._repair_queue.get(timeout=0.2)
+                label, detected, attempt = self._repair_queue.get(timeout=0.2)
             except queue.Empty:
                 continue
             if self.plane.shut_down:
@@ -101,7 +115,7 @@ class Repairer:
             if not any(r.state == "live" and self.plane.topology.is_running(r.label)
                        for r in self.plane.topology.copies(label)):  # (of its partition, when partitioned)
                 continue  # nothing to hand over from: the run fails naming the operator (check_failures)
-            rec = {"replica": label, "detected_wall": detected}
+            rec = {"replica": label, "detected_wall": detected, "attempt": attempt}
             try:
                 if op == ENTRY:
                     new = self.repair_entry(label)
@@ -116,10 +130,17 @@ class Repairer:
             except Exception as e:  # the run stays exact with the replicas left; said loudly
                 if self.plane.shut_down:
                     return
-                rec.update(repaired=False, why=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=12))
-                self.plane.events.append({"t": self.plane.now(), "event": "repair_failed", "actor": label, "error": rec["why"]})
-                warnings.warn(f"replistream: could not repair {label} ({rec['why']}); {op!r} runs on with the "
-                              f"replicas left", RuntimeWarning, stacklevel=1)
+                again = attempt < REPAIR_ATTEMPTS
+                rec.update(repaired=False, why=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=12),
+                           retrying=again)
+                self.plane.events.append({"t": self.plane.now(), "event": "repair_failed", "actor": label,
+                                          "error": rec["why"], "attempt": attempt, "retrying": again})
+                if again:  # (a fault during the repair: the next try copies from a peer still live)
+                    self.repairs.append(rec)
+                    self._retry_later(label, detected, attempt + 1)
+                    continue
+                warnings.warn(f"replistream: could not repair {label} in {attempt} tries ({rec['why']}); {op!r} "
+                              f"runs on with the replicas left", RuntimeWarning, stacklevel=1)
             self.repairs.append(rec)
 
     def repair_entry(self, label: str) -> str:
