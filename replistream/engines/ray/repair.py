@@ -172,7 +172,11 @@ class Repairer:
                                                       self.plane.conditions, self.plane.t0, self.plane.channel_opts, self.plane.coordinator,
                                                       self.plane.strict, self.plane.on_malformed,
                                                       partition=replica_partition(label)))
-            ray.get(h.install_entry.remote(ck), timeout=120)
+            try:
+                ray.get(h.install_entry.remote(ck), timeout=120)
+            except BaseException:  # a half-started replica must not linger (the repair may be tried again)
+                kill_actors([h])
+                raise
             topo.add_replica(OperatorReplica(new_label, ENTRY, old.server, "entry", "live", False))
             topo.attach(new_label, h)
             mgr = self.plane.control_loop()
