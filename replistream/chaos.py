@@ -868,7 +868,7 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float, driver_shar
                     else "second kill after a repair" if " again " in what
                     else "replica kill" if what.startswith("kill")
                     else "unannounced replica crash" if what.startswith("crash")
-                    else "stopped replica, resumed" if what.startswith("stop") and " for " in what
+                    else "stopped and resumed replica" if what.startswith("stop") and " for " in what
                     else "stopped replica" if what.startswith("stop")
                     else "slowed server" if what.startswith("slow")
                     else "lost coordinator" if what.startswith("coordinator")
@@ -887,14 +887,17 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float, driver_shar
     verdict = (f"{head}: {len(done)} trials, {total['outputs']:,} outputs "
                f"{'identical to the reference' if ok else 'compared with the reference'}, {total['lost']:,} lost, "
                f"{total['duplicated']:,} duplicated, {sum(received.values()):,} bad rows dead-lettered with a reason "
-               f"({n_bad:,} expected); faults: " + ", ".join(f"{n} {kk}{'es' if kk.endswith('sh') else 's'}" for kk, n in sorted(kinds.items())))
+               f"({n_bad:,} expected); faults: " + ", ".join(f"{n} {_plural(kk, n)}" for kk, n in sorted(kinds.items())))
     lost_cp = sum(any(w.startswith(("coordinator", "host")) for _, w, _ in t.faults) for t in done)
     verdict += (f"; a control-plane process (the detached host or the coordinator) lost in {lost_cp} of {len(done)} "
                 f"trials")
     repairs = [r for r in results if "repairs" in r]
     if repairs:
         errs = [e for r in repairs for e in r.get("repair_errors", [])]
-        verdict += (f"; {sum(r['repairs'] for r in repairs)} crashed replicas repaired, {len(errs)} repairs failed"
+        retried = sum(len(r.get("repair_retries", [])) for r in repairs)
+        verdict += (f"; {sum(r['repairs'] for r in repairs)} crashed replicas repaired"
+                    + (f", {retried} failed {'try' if retried == 1 else 'tries'} of a repair tried again" if retried else "")
+                    + f", {len(errs)} repairs failed"
                     + (f" ({'; '.join(errs[:3])})" if errs else ""))
     drivers = [r for r in results if r.get("driver_kill")]
     if driver_share > 0 and not drivers:
@@ -932,3 +935,17 @@ def format_report(report: dict) -> str:
                      f"{r.get('duplicated', 0):>4} {f'{rec}/{exp}':>13} {r['seconds']:>6.1f}  {verdict}: "
                      + "; ".join(r["faults"]))
     return "\n".join(lines)
+
+
+def _plural(kind: str, n: int) -> str:
+    """A fault kind of the verdict, plural unless ``n`` is 1.
+
+    >>> _plural("link cut", 2), _plural("unannounced replica crash", 2), _plural("second kill after a repair", 3)
+    ('link cuts', 'unannounced replica crashes', 'second kills after a repair')
+    >>> _plural("lost host", 1)
+    'lost host'
+    """
+    if n == 1:
+        return kind
+    head, sep, tail = kind.partition(" after ")  # (the noun comes before a qualifier)
+    return (head + ("es" if head.endswith(("sh", "ch", "s")) else "s")) + (sep + tail if sep else "")
