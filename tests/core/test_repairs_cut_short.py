@@ -1,0 +1,36 @@
+"""A host restored while a repair was between two tries (engines/ray/repair.py tries a failed
+repair again) schedules it again: a try that will be made again is not a repair done
+(``lifecycle._repairs_cut_short``); a repair whose last try failed is not tried once more."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from replistream.engines.ray.lifecycle import _repairs_cut_short
+from replistream.engines.ray.topology import Topology
+from replistream.plan import PhysicalPlan
+from replistream.workloads import fig1_query
+
+
+def _deployment(repairs):
+    q = fig1_query(2)
+    placement = {n: ["a", "b"] for n in ["entry", *q.operators]}
+    placement.update({n: ["a"] for n in q.sinks})
+    topo = Topology(PhysicalPlan(q, placement))
+    for r in topo.replicas():
+        topo.attach(r.label, f"handle:{r.label}")
+    topo.mark_failed("correlate#0")
+    scheduled = []
+    repairer = SimpleNamespace(repairs=repairs, _schedule_repair=lambda label, why: scheduled.append(label))
+    return SimpleNamespace(topology=topo, query=q, k=2, repairer=repairer), scheduled
+
+
+def test_a_repair_between_two_tries_is_scheduled_again_by_the_restored_host():
+    dep, scheduled = _deployment([{"replica": "correlate#0", "repaired": False, "attempt": 1, "retrying": True}])
+    assert _repairs_cut_short(dep) == ["correlate#0"] and scheduled == ["correlate#0"]
+
+
+def test_a_repair_whose_last_try_failed_or_that_was_never_begun():
+    dep, scheduled = _deployment([{"replica": "correlate#0", "repaired": False, "attempt": 3, "retrying": False}])
+    assert _repairs_cut_short(dep) == [] and scheduled == []  # (its warning was given; k-1 live)
+    dep, scheduled = _deployment([])
+    assert _repairs_cut_short(dep) == ["correlate#0"]  # queued, not begun, when the host was lost
