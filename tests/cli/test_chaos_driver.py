@@ -99,7 +99,8 @@ def test_a_campaign_with_a_killed_driver_matches_the_reference():
     report = run_campaign(trials=1, seed=3, k=2, driver_kills=1.0)
     trial = report["trials"][0]
     assert report["matches_reference"], json.dumps(report["trials"], indent=1)[:4000]
-    assert report["verdict"].startswith("PASS: 1 trials") and "1 driver kills" in report["verdict"]
+    verdict = report["verdict"]
+    assert verdict.startswith("PASS: 1 trials") and "1 driver kill" in verdict and "1 driver kills" not in verdict, verdict
     assert trial["driver_kill"] and trial["driver_killed_mid_run"], trial
     assert trial["outputs"] == trial["reference_outputs"] > 1000
     assert trial["lost"] == trial["duplicated"] == trial["unexpected"] == 0
