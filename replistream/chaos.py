@@ -439,11 +439,11 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
                 moved["thread"].join(timeout)
             if repair:
                 res["repairs"] = sum(1 for r in dep.repairs if r.get("repaired"))
-                res["repair_errors"] = [f"{r['replica']}: {r['why']}" for r in dep.repairs
-                                        if not r.get("repaired") and "detected_wall" in r and not r.get("retrying")]
-                res["repair_tracebacks"] = [r.get("traceback", "")[-3000:] for r in dep.repairs
-                                            if not r.get("repaired") and "detected_wall" in r and not r.get("retrying")]
-                res["repair_retries"] = [f"{r['replica']} (try {r['attempt']}): {r['why']}" for r in dep.repairs
+                tried = [r for r in dep.repairs if not r.get("repaired") and "detected_wall" in r]  # (begun, failed)
+                failed = [r for r in tried if not r.get("retrying")]
+                res["repair_errors"] = [f"{r['replica']}: {r['why']}" for r in failed]
+                res["repair_tracebacks"] = [r.get("traceback", "")[-3000:] for r in failed]
+                res["repair_retries"] = [f"{r['replica']} (try {r['attempt']}): {r['why']}" for r in tried
                                          if r.get("retrying")]
         _compare_outputs(res, query, ref.outputs, got.outputs)
         res["dead_letters_expected"] = _dead_letters(ref)

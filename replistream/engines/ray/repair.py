@@ -136,11 +136,10 @@ class Repairer:
                 self.plane.events.append({"t": self.plane.now(), "event": "repair_failed", "actor": label,
                                           "error": rec["why"], "attempt": attempt, "retrying": again})
                 if again:  # (a fault during the repair: the next try copies from a peer still live)
-                    self.repairs.append(rec)
                     self._retry_later(label, detected, attempt + 1)
-                    continue
-                warnings.warn(f"replistream: could not repair {label} in {attempt} tries ({rec['why']}); {op!r} "
-                              f"runs on with the replicas left", RuntimeWarning, stacklevel=1)
+                else:
+                    warnings.warn(f"replistream: could not repair {label} in {attempt} tries ({rec['why']}); "
+                                  f"{op!r} runs on with the replicas left", RuntimeWarning, stacklevel=1)
             self.repairs.append(rec)
 
     def repair_entry(self, label: str) -> str:
