@@ -290,7 +290,7 @@ def check_parallelism(query, parallelism: Mapping[str, int] | None, bits: int = 
         if name == ENTRY:
             raise QueryError("parallelism: the entry points are not partitioned here (deploy() and run_replicated() "
                              "take parallelism={'entry': p}); name the operators that read the sources")
-        if isinstance(name, str) and name in query.graph:
+        if isinstance(name, str) and query.has_node(name):
             partition_key(query, name, applications)  # a source (or an application): says why not
         if applications and isinstance(name, str) and name in query.sinks:
             node = name

@@ -301,7 +301,7 @@ class PhysicalPlan:
         partition by partition), or of every node."""
         if node is None:
             return [r for n in self.nodes for r in self._replicas[n]]
-        if node not in self._replicas and node not in self.query.graph:
+        if node not in self._replicas and not self.query.has_node(node):
             from .partition import parse_partition_label
 
             base, part = parse_partition_label(node)

@@ -294,9 +294,72 @@ class Query:
         self.on_error = check_on_error(on_error, f"query {name!r}")
         import networkx as nx  # on first use, not at `import replistream` (issue #42: ~0.2 s of the import)
 
-        self.graph = nx.MultiDiGraph()
+        self._graph = nx.MultiDiGraph()
+        self._plain: _PlainGraph | None = None
         self._counter = 0
         self._built = False
+
+    # -- the graph, and the plain copy a worker process reads -------------------
+    @property
+    def graph(self):
+        """The query's graph (a ``networkx.MultiDiGraph``: a node per source, operator and
+        application, with its ``spec``; an edge per input, with its ``port``). A query unpickled in
+        another process answers :meth:`spec`, :meth:`inputs_of` and the rest from a plain copy
+        and builds this graph only when it is asked for (issue #42: a replica's actor then never
+        imports networkx, 50 ms of CPU per actor at start-up).
+
+        >>> q = Query(); _ = q.source("s", {"x": "i8"}).sink("out")
+        >>> sorted(q.graph.nodes)
+        ['out', 's']
+        """
+        g = self._graph
+        if g is None:  # (the plain copy stays: another thread may be reading it; unread from now on)
+            g = self._graph = self._plain.to_networkx()
+        return g
+
+    @graph.setter
+    def graph(self, g) -> None:
+        self._graph, self._plain = g, None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        if state["_graph"] is not None:
+            state["_plain"], state["_graph"] = _PlainGraph.of(state["_graph"]), None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        if "graph" in state:  # pickled before the plain copy existed
+            state["_graph"], state["_plain"] = state.pop("graph"), None
+        self.__dict__.update(state)
+
+    def _node(self, node: str) -> dict:
+        """The attributes of ``node`` (its ``spec``, ``on_error``, cached ``schema``); ``KeyError``
+        if the query has no such node."""
+        return self._plain.nodes[node] if self._graph is None else self._graph.nodes[node]
+
+    def has_node(self, name: str) -> bool:
+        """Whether ``name`` is a source, operator or application of this query.
+
+        >>> q = Query(); _ = q.source("s", {"x": "i8"}).sink("out")
+        >>> q.has_node("s"), q.has_node("t")
+        (True, False)
+        """
+        return name in (self._plain.nodes if self._graph is None else self._graph)
+
+    def descendants(self, node: str) -> set[str]:
+        """Every node downstream of ``node``.
+
+        >>> q = Query(); s = q.source("s", {"x": "i8"})
+        >>> s.filter(lambda b: b["x"] > 0, name="f").sink("out")
+        'out'
+        >>> sorted(q.descendants("s"))
+        ['f', 'out']
+        """
+        if self._graph is None and node in self._plain.nodes:
+            return self._plain.descendants(node)
+        import networkx as nx
+
+        return nx.descendants(self.graph, node)
 
     # -- construction -----------------------------------------------------
     def source(self, name: str, schema: Mapping | Schema | Sequence, punctuate_every: int | None = None,
@@ -384,17 +447,21 @@ class Query:
     # -- inspection ---------------------------------------------------------
     def spec(self, node: str) -> Spec:
         try:
-            return self.graph.nodes[node]["spec"]
+            return self._node(node)["spec"]
         except KeyError:
             raise QueryError(f"query {self.name!r} has no node {node!r}") from None
 
     def inputs_of(self, node: str) -> list[str]:
         """Upstream nodes of ``node``, ordered by input port."""
+        if self._graph is None and node in self._plain.nodes:
+            return list(self._plain.inputs[node])
         edges = sorted(self.graph.in_edges(node, data="port"), key=lambda e: e[2])
         return [u for u, _, _ in edges]
 
     def outputs_of(self, node: str) -> list[tuple[str, int]]:
         """(downstream node, input port) pairs fed by ``node``."""
+        if self._graph is None and node in self._plain.nodes:
+            return list(self._plain.outputs[node])
         return sorted((v, p) for _, v, p in self.graph.out_edges(node, data="port"))
 
     def __repr__(self) -> str:
@@ -424,13 +491,15 @@ class Query:
         return [n for n in self.topological() if self.spec(n).kind == "operator"]
 
     def topological(self) -> list[str]:
+        if self._graph is None and self._plain.order is not None:
+            return list(self._plain.order)
         import networkx as nx
 
         return list(nx.lexicographical_topological_sort(self.graph))
 
     def schema_of(self, node: str) -> Schema:
         """Output schema of ``node`` (for a sink: its input's schema)."""
-        cache = self.graph.nodes[node].get("schema")
+        cache = self._node(node).get("schema")
         if cache is not None:
             return cache
         spec = self.spec(node)
@@ -439,7 +508,7 @@ class Query:
         else:
             ins = [self.schema_of(u) for u in self.inputs_of(node)]
             schema = spec.build(node, ins).out_schema
-        self.graph.nodes[node]["schema"] = schema
+        self._node(node)["schema"] = schema
         return schema
 
     def in_schemas(self, node: str) -> list[Schema]:
@@ -469,10 +538,8 @@ class Query:
         >>> q.build().window_grid("s")
         2
         """
-        import networkx as nx
-
         grid = None
-        for n in nx.descendants(self.graph, source):
+        for n in self.descendants(source):
             spec = self.spec(n)
             if isinstance(spec, TimeWindowSpec):
                 g = math.gcd(int(spec.size), int(spec.slide if spec.slide is not None else spec.size))
@@ -497,13 +564,11 @@ class Query:
         >>> q.build().release_grid("s")
         20
         """
-        import networkx as nx
-
         grid = self.window_grid(source)
         every = self.spec(source).punctuate_every
         if every is None:
             return grid
-        for n in nx.descendants(self.graph, source):
+        for n in self.descendants(source):
             spec = self.spec(n)
             if isinstance(spec, (CustomSpec, CountWindowSpec)) or spec.order_sensitive:
                 return int(every) if grid is None else math.gcd(int(every), int(grid))
@@ -538,7 +603,7 @@ class Query:
         ('dead_letter', 'fail')
         """
         self.spec(node)
-        own = self.graph.nodes[node].get("on_error")
+        own = self._node(node).get("on_error")
         return own if own is not None else self.on_error
 
     def with_on_error(self, on_error: str) -> "Query":
@@ -608,6 +673,69 @@ class Query:
 ON_ERROR = ("dead_letter", "fail")
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class _PlainGraph:
+    """A query's graph as plain dicts and lists: what a pickled :class:`Query` carries, so that the
+    process that unpickles it (every replica's actor) reads nodes, inputs, outputs and the
+    topological order without importing networkx. Read-only: a query asked for its
+    :attr:`Query.graph` builds the ``networkx.MultiDiGraph`` from it and reads that from then on.
+
+    >>> q = Query(); s = q.source("s", {"x": "i8"}); _ = s.union(s, name="u").sink("out")
+    >>> p = _PlainGraph.of(q.graph)
+    >>> p.inputs["u"], p.outputs["s"], p.order
+    (['s', 's'], [('u', 0), ('u', 1)], ['s', 'u', 'out'])
+    >>> sorted(p.to_networkx().edges(data="port")) == sorted(q.graph.edges(data="port"))
+    True
+    """
+
+    def __init__(self, nodes: dict[str, dict], edges: list[tuple[str, str, int]], order: list[str] | None):
+        self.nodes = nodes  # name -> its attributes (spec, on_error, the cached schema)
+        self.edges = edges  # (upstream, downstream, input port), in the graph's order
+        self.order = order  # lexicographical topological order; None for a graph with a cycle
+        self.inputs: dict[str, list[str]] = {n: [] for n in nodes}
+        self.outputs: dict[str, list[tuple[str, int]]] = {n: [] for n in nodes}
+        for u, v, port in sorted(edges, key=lambda e: e[2]):
+            self.inputs[v].append(u)
+            self.outputs[u].append((v, port))
+        for outs in self.outputs.values():
+            outs.sort()
+
+    @classmethod
+    def of(cls, g) -> "_PlainGraph":
+        import networkx as nx
+
+        try:
+            order = list(nx.lexicographical_topological_sort(g))
+        except nx.NetworkXUnfeasible:
+            order = None
+        return cls({n: dict(d) for n, d in g.nodes(data=True)}, list(g.edges(data="port")), order)
+
+    def __getstate__(self) -> tuple:
+        return self.nodes, self.edges, self.order
+
+    def __setstate__(self, state: tuple) -> None:
+        self.__init__(*state)
+
+    def to_networkx(self):
+        import networkx as nx
+
+        g = nx.MultiDiGraph()
+        for n, attrs in self.nodes.items():
+            g.add_node(n, **attrs)
+        for u, v, port in self.edges:
+            g.add_edge(u, v, port=port)
+        return g
+
+    def descendants(self, node: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [v for v, _ in self.outputs[node]]
+        while todo:
+            v = todo.pop()
+            if v not in seen:
+                seen.add(v)
+                todo.extend(w for w, _ in self.outputs[v])
+        return seen
 
 
 def check_on_error(on_error, where: str) -> str:

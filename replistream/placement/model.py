@@ -457,11 +457,11 @@ class QueryStats:
             for lk in a.get("links", []):
                 dst, dpart = parse_partition_label(label_group(lk["to"]))
                 if node == ENTRY:
-                    ins = query.inputs_of(dst) if dst in query.graph else []
+                    ins = query.inputs_of(dst) if query.has_node(dst) else []
                     if lk["port"] >= len(ins):
                         continue
                     key = (ins[lk["port"]], part, dst, dpart)  # (part: an entry partition's share, summed below)
-                elif node in query.graph:
+                elif query.has_node(node):
                     key = (node, part, dst, dpart)
                 else:
                     continue

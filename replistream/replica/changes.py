@@ -355,7 +355,7 @@ class RemoveOperator(Change):
 
     def check(self, query: Query) -> list[str]:
         """The nodes removed with ``operator`` (its exclusive downstream part), in topological order."""
-        if self.operator not in query.graph or query.spec(self.operator).kind != "operator":
+        if not query.has_node(self.operator) or query.spec(self.operator).kind != "operator":
             raise QueryError(f"remove_operator: {self.operator!r} is not an operator of query {query.name!r}")
         import networkx as nx
 
@@ -413,7 +413,7 @@ class AddOperator(Change):
 
     def extend(self, query: Query, lower: Any = PENDING) -> tuple[Query, "AddOperator"]:
         """A copy of ``query`` with the new nodes (those reading ``upstream`` cut at ``lower``)."""
-        if self.upstream not in query.graph or query.spec(self.upstream).kind == "sink":
+        if not query.has_node(self.upstream) or query.spec(self.upstream).kind == "sink":
             raise QueryError(f"add_operator: {self.upstream!r} is not a source or operator of query {query.name!r}")
         q = copy.deepcopy(query)
         before = set(q.graph.nodes)

@@ -154,7 +154,7 @@ class Changes:
         (:meth:`~replistream.partition.Router.route`, :class:`~replistream.operators.entry.EntrySplit`)."""
         parts = dict(self.plane.channel_opts.get("partitions") or {})
         query = self.plane.query
-        apps = sorted(n for n in parts if n in query.graph and query.spec(n).kind == "sink")
+        apps = sorted(n for n in parts if query.has_node(n) and query.spec(n).kind == "sink")
         if apps:
             raise ValueError(f"{what}() does not yet run on a deployment with partitioned applications "
                              f"({', '.join(f'{n}: {parts[n]}' for n in apps)}); deploy them unpartitioned to change "
