@@ -34,3 +34,21 @@ def test_a_repair_whose_last_try_failed_or_that_was_never_begun():
     assert _repairs_cut_short(dep) == [] and scheduled == []  # (its warning was given; k-1 live)
     dep, scheduled = _deployment([])
     assert _repairs_cut_short(dep) == ["correlate#0"]  # queued, not begun, when the host was lost
+
+
+def test_a_partitions_repair_is_scheduled_again_though_the_operator_has_k_live_replicas():
+    """A partitioned operator is k replicas per partition: a failed replica of partition 1 is one
+    lacking from its partition, whatever the other partition holds (before, the operator's replicas
+    were counted together, 3 live of 4 >= k = 2, and the repair was never scheduled again)."""
+    q = fig1_query(2)
+    placement = {n: ["a", "b"] for n in ["entry", *q.operators]}
+    placement.update({n: ["a"] for n in q.sinks})
+    topo = Topology(PhysicalPlan(q, placement, parallelism={"correlate": 2}))
+    for r in topo.replicas():
+        topo.attach(r.label, f"handle:{r.label}")
+    assert [r.label for r in topo.copies("correlate.1#0")] == ["correlate.1#0", "correlate.1#1"]
+    topo.mark_failed("correlate.1#0")
+    scheduled = []
+    repairer = SimpleNamespace(repairs=[], _schedule_repair=lambda label, why: scheduled.append(label))
+    dep = SimpleNamespace(topology=topo, query=q, k=2, repairer=repairer)
+    assert _repairs_cut_short(dep) == ["correlate.1#0"] and scheduled == ["correlate.1#0"]

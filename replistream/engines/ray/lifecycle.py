@@ -498,15 +498,19 @@ def _answer(ref) -> int:
 
 def _repairs_cut_short(dep) -> list[str]:
     """With ``repair=True``: the repairs the lost host had queued or begun (kept in memory only),
-    scheduled again: per operator and for the entry points, as many of its failed replicas not yet
-    repaired (oldest first) as it lacks live replicas to be back to k."""
-    from ...plan import ENTRY
+    scheduled again: per operator (per partition of a partitioned one) and for the entry points
+    (per entry partition), as many of its failed replicas not yet repaired (oldest first) as it
+    lacks live replicas to be back to k."""
+    from ...plan import ENTRY, label_group
 
     topo = dep.topology
     done = {r["replica"] for r in dep.repairer.repairs if not r.get("retrying")}  # (a try to be made again: not done)
-    again = []
+    groups: dict[str, list] = {}  # (an unpartitioned operator's group is the operator)
     for node in [ENTRY, *dep.query.operators]:
-        reps = topo.replicas(node)
+        for r in topo.replicas(node):
+            groups.setdefault(label_group(r.label), []).append(r)
+    again = []
+    for reps in groups.values():
         live = sum(r.state == "live" and topo.is_running(r.label) for r in reps)
         lacking = [r.label for r in reps if r.state == "failed" and r.label not in done]
         for label in lacking[:max(0, dep.k - live)]:

@@ -112,9 +112,15 @@ class Repairer:
                 self.repairs.append({"replica": label, "repaired": False, "why": "its partition was retired"})
                 continue
             op = self.plane.topology.replica(label).operator
-            if not any(r.state == "live" and self.plane.topology.is_running(r.label)
-                       for r in self.plane.topology.copies(label)):  # (of its partition, when partitioned)
+            live = sum(r.state == "live" and self.plane.topology.is_running(r.label)
+                       for r in self.plane.topology.copies(label))  # (of its partition, when partitioned)
+            if not live:
                 continue  # nothing to hand over from: the run fails naming the operator (check_failures)
+            if live >= self.plane.k:  # back at k meanwhile (a try before this one, a revival, a host restored)
+                why = f"its group is back at k={self.plane.k} live replicas"
+                self.repairs.append({"replica": label, "repaired": False, "why": why, "attempt": attempt})
+                self.plane.events.append({"t": self.plane.now(), "event": "not_repaired", "actor": label, "why": why})
+                continue
             rec = {"replica": label, "detected_wall": detected, "attempt": attempt}
             try:
                 if op == ENTRY:

@@ -1,0 +1,68 @@
+"""A repair (or a try of it made again, engines/ray/repair.py) that finds its group back at k live
+replicas (a try before it that did finish, a revival, a host restored that scheduled it once more)
+adds no replica: it is recorded as not needed, and nothing is built."""
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from replistream.engines.ray.repair import Repairer
+from replistream.engines.ray.topology import Topology
+from replistream.plan import PhysicalPlan
+from replistream.workloads import fig1_query
+
+
+def _plane(k: int):
+    q = fig1_query(2)
+    placement = {n: ["a", "b", "c"] for n in ["entry", *q.operators]}
+    placement.update({n: ["a"] for n in q.sinks})
+    topo = Topology(PhysicalPlan(q, placement))
+    for r in topo.replicas():
+        topo.attach(r.label, f"handle:{r.label}")
+    built = []
+
+    def control_loop():  # what a repair that goes ahead asks for: a hand-over that builds a replica
+        def replace_replica(label):
+            built.append(label)
+            return {"new_replicas": [{"label": label + "-new"}]}
+        return SimpleNamespace(handover=SimpleNamespace(replace_replica=replace_replica))
+
+    plane = SimpleNamespace(topology=topo, k=k, shut_down=False, rescaling=threading.Event(),
+                            rescale_done=threading.Event(), delivered=SimpleNamespace(complete=lambda: False),
+                            events=[], now=time.time, control_loop=control_loop)
+    return plane, built
+
+
+def _repair_one(plane, label: str, attempt: int) -> dict:
+    recorded = threading.Event()
+
+    class Records(list):
+        def append(self, rec):
+            super().append(rec)
+            recorded.set()
+
+    rep = Repairer(plane)
+    rep.repairs = Records()
+    rep._repair_queue.put((label, time.time(), attempt))
+    t = threading.Thread(target=rep._repair_loop, daemon=True)
+    t.start()
+    assert recorded.wait(30), "the repair loop recorded nothing in 30 s"
+    plane.shut_down = True
+    t.join(timeout=5)
+    return rep.repairs[0]
+
+
+def test_a_try_that_finds_its_group_back_at_k_builds_nothing():
+    plane, built = _plane(k=2)  # three replicas placed, one failed: two live, k = 2
+    plane.topology.mark_failed("correlate#0")
+    rec = _repair_one(plane, "correlate#0", attempt=2)
+    assert built == [] and rec["repaired"] is False and "back at k=2" in rec["why"]
+    assert [e["event"] for e in plane.events] == ["not_repaired"]
+
+
+def test_a_group_short_of_k_is_repaired():  # (the negative control: the same loop builds one)
+    plane, built = _plane(k=3)
+    plane.topology.mark_failed("correlate#0")
+    rec = _repair_one(plane, "correlate#0", attempt=2)
+    assert built == ["correlate#0"] and rec["repaired"] is True and rec["new"] == "correlate#0-new"
