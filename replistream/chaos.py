@@ -884,36 +884,39 @@ def _summarise(done: list[Trial], seed: int, k: int, minutes: float, driver_shar
     failed = [t for t in done if not (t.result.get("ok") and t.result.get("timing_ok", True))]
     n_bad = sum(expected.values())
     head = "PASS" if ok else "FAIL"
-    verdict = (f"{head}: {len(done)} trials, {total['outputs']:,} outputs "
+    trials = _plural("trial", len(done))
+    verdict = (f"{head}: {len(done)} {trials}, {total['outputs']:,} outputs "
                f"{'identical to the reference' if ok else 'compared with the reference'}, {total['lost']:,} lost, "
                f"{total['duplicated']:,} duplicated, {sum(received.values()):,} bad rows dead-lettered with a reason "
                f"({n_bad:,} expected); faults: " + ", ".join(f"{n} {_plural(kk, n)}" for kk, n in sorted(kinds.items())))
     lost_cp = sum(any(w.startswith(("coordinator", "host")) for _, w, _ in t.faults) for t in done)
     verdict += (f"; a control-plane process (the detached host or the coordinator) lost in {lost_cp} of {len(done)} "
-                f"trials")
+                f"{trials}")
     repairs = [r for r in results if "repairs" in r]
     if repairs:
         errs = [e for r in repairs for e in r.get("repair_errors", [])]
         retried = sum(len(r.get("repair_retries", [])) for r in repairs)
-        verdict += (f"; {sum(r['repairs'] for r in repairs)} crashed replicas repaired"
+        n_repaired = sum(r['repairs'] for r in repairs)
+        verdict += (f"; {n_repaired} {_plural('crashed replica', n_repaired)} repaired"
                     + (f", {retried} failed {'try' if retried == 1 else 'tries'} of a repair tried again" if retried else "")
-                    + f", {len(errs)} repairs failed"
+                    + f", {len(errs)} {_plural('repair', len(errs))} failed"
                     + (f" ({'; '.join(errs[:3])})" if errs else ""))
     drivers = [r for r in results if r.get("driver_kill")]
     if driver_share > 0 and not drivers:
         verdict += f"; no driver-kill trial among these {len(done)} (share {driver_share:g})"
     elif drivers:
-        verdict += (f"; {len(drivers)} driver-kill trials (detached deployments), "
+        verdict += (f"; {len(drivers)} {_plural('driver-kill trial', len(drivers))} (detached deployments), "
                     f"{sum(bool(r.get('driver_killed_mid_run')) for r in drivers)} with the driver killed "
                     f"before the end of the stream")
     parted = [r for r in results if r.get("query") == "partitioned" and not r.get("driver_kill")]
     if parted:
-        verdict += (f"; {sum('rescaled' in r for r in parted)} of {len(parted)} partitioned trials rescaled live"
-                    + (f" ({sum('change_refused' in r for r in parted)} rescales came after the stream ended: "
-                       f"refused)" if any("change_refused" in r for r in parted) else ""))
+        refused = sum('change_refused' in r for r in parted)
+        verdict += (f"; {sum('rescaled' in r for r in parted)} of {len(parted)} "
+                    f"{_plural('partitioned trial', len(parted))} rescaled live"
+                    + (f" ({refused} {_plural('rescale', refused)} came after the stream ended: refused)" if refused else ""))
     if timed:
         worst = max(r["timing_ratio"] for r in timed)
-        verdict += (f"; timing: {sum(r['timing_ok'] for r in timed)} of {len(timed)} trials within "
+        verdict += (f"; timing: {sum(r['timing_ok'] for r in timed)} of {len(timed)} {_plural('trial', len(timed))} within "
                     f"{TIMING_BOUND:g}x the same trial without faults (worst {worst:.2f}x)")
     if failed:
         verdict += f"; failed trials: {', '.join(str(t.index) for t in failed)}"

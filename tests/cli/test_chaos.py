@@ -93,7 +93,7 @@ def test_the_command_line_prints_the_verdict_first(tmp_path, monkeypatch, capsys
     out, err = capsys.readouterr()
     assert code == 0, err[-3000:]
     first = out.splitlines()[0]
-    assert first.startswith("PASS: 1 trials") and "0 lost, 0 duplicated" in first
+    assert first.startswith("PASS: 1 trial,") and "0 lost, 0 duplicated" in first
     assert "trial 0 (fig1)" in err
 
 
@@ -140,7 +140,7 @@ def test_a_rescale_after_the_stream_is_counted_not_failed():
                                                                          "has ended: nothing is left to change"})
     report = _summarise([rescaled, refused], 0, 2, 1.0)
     assert report["verdict"].startswith("PASS")
-    assert "1 of 2 partitioned trials rescaled live (1 rescales came after the stream ended: refused)" in report["verdict"]
+    assert "1 of 2 partitioned trials rescaled live (1 rescale came after the stream ended: refused)" in report["verdict"]
     failed = Trial(2, 3, "partitioned", result={**good, "ok": False, "error": "rescale: RuntimeError: boom"})
     assert _summarise([rescaled, failed], 0, 2, 1.0)["verdict"].startswith("FAIL")
 

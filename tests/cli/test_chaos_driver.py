@@ -100,7 +100,7 @@ def test_a_campaign_with_a_killed_driver_matches_the_reference():
     trial = report["trials"][0]
     assert report["matches_reference"], json.dumps(report["trials"], indent=1)[:4000]
     verdict = report["verdict"]
-    assert verdict.startswith("PASS: 1 trials") and "1 driver kill" in verdict and "1 driver kills" not in verdict, verdict
+    assert verdict.startswith("PASS: 1 trial,") and "1 driver kill" in verdict and "1 driver kills" not in verdict, verdict
     assert trial["driver_kill"] and trial["driver_killed_mid_run"], trial
     assert trial["outputs"] == trial["reference_outputs"] > 1000
     assert trial["lost"] == trial["duplicated"] == trial["unexpected"] == 0
