@@ -71,6 +71,9 @@ def init_ray(address: str | None = None, verbose: bool = False, **kwargs) -> Non
     """
     if ray.is_initialized():
         return
+    from .bytecode import cache_package_bytecode
+
+    cache_package_bytecode()  # (every actor process imports the package: compiled once, not in each)
     opts = {"include_dashboard": False}
     if not verbose:
         opts.update(logging_level="ERROR", log_to_driver=False)
