@@ -79,7 +79,7 @@ def test_the_report_counts_driver_kills_and_fails_on_a_failed_driver_trial():
                   result=dict(good), driver_kill=True)
     report = _summarise([trial], 0, 2, 1.0)
     assert report["verdict"].startswith("PASS") and report["faults"] == {"driver kill": 1, "malformed record": 0}
-    assert "1 driver-kill trials (detached deployments), 1 with the driver killed before the end" in report["verdict"]
+    assert "1 driver-kill trial (detached deployments), 1 with the driver killed before the end" in report["verdict"]
     bad = Trial(1, 2, "fig1", result={**good, "ok": False, "error": "RuntimeError: the detached deployment did "
                                       "not reach the end of the stream within 180 s"}, driver_kill=True)
     report = _summarise([trial, bad], 0, 2, 1.0)
