@@ -13,7 +13,7 @@ from replistream.plan import PhysicalPlan
 from replistream.workloads import fig1_query
 
 
-def _plane(k: int):
+def _plane(k: int, changes=()):
     q = fig1_query(2)
     placement = {n: ["a", "b", "c"] for n in ["entry", *q.operators]}
     placement.update({n: ["a"] for n in q.sinks})
@@ -30,7 +30,7 @@ def _plane(k: int):
 
     plane = SimpleNamespace(topology=topo, k=k, shut_down=False, rescaling=threading.Event(),
                             rescale_done=threading.Event(), delivered=SimpleNamespace(complete=lambda: False),
-                            events=[], now=time.time, control_loop=control_loop)
+                            events=[], now=time.time, control_loop=control_loop, changes=list(changes))
     return plane, built
 
 
@@ -66,3 +66,18 @@ def test_a_group_short_of_k_is_repaired():  # (the negative control: the same lo
     plane.topology.mark_failed("correlate#0")
     rec = _repair_one(plane, "correlate#0", attempt=2)
     assert built == ["correlate#0"] and rec["repaired"] is True and rec["new"] == "correlate#0-new"
+
+
+def test_k_is_the_operators_own_after_set_replication():
+    """``set_replication("correlate", 3)`` on a k=2 deployment: a crash that leaves two live replicas
+    of three is repaired (back at 3), and one that leaves three is not."""
+    raised = [{"change": "set_replication", "operator": "correlate", "k": 3}]
+    plane, built = _plane(k=2, changes=raised)
+    plane.topology.mark_failed("correlate#0")
+    rec = _repair_one(plane, "correlate#0", attempt=1)
+    assert built == ["correlate#0"] and rec["repaired"] is True
+    lowered = raised + [{"change": "set_replication", "operator": "correlate", "k": 1}]
+    plane, built = _plane(k=2, changes=lowered)
+    plane.topology.mark_failed("correlate#0")
+    rec = _repair_one(plane, "correlate#0", attempt=1)
+    assert built == [] and "back at k=1" in rec["why"]

@@ -21,7 +21,7 @@ def _deployment(repairs):
     topo.mark_failed("correlate#0")
     scheduled = []
     repairer = SimpleNamespace(repairs=repairs, _schedule_repair=lambda label, why: scheduled.append(label))
-    return SimpleNamespace(topology=topo, query=q, k=2, repairer=repairer), scheduled
+    return SimpleNamespace(topology=topo, query=q, k=2, repairer=repairer, changes=[]), scheduled
 
 
 def test_a_repair_between_two_tries_is_scheduled_again_by_the_restored_host():
@@ -50,5 +50,24 @@ def test_a_partitions_repair_is_scheduled_again_though_the_operator_has_k_live_r
     topo.mark_failed("correlate.1#0")
     scheduled = []
     repairer = SimpleNamespace(repairs=[], _schedule_repair=lambda label, why: scheduled.append(label))
-    dep = SimpleNamespace(topology=topo, query=q, k=2, repairer=repairer)
+    dep = SimpleNamespace(topology=topo, query=q, k=2, repairer=repairer, changes=[])
     assert _repairs_cut_short(dep) == ["correlate.1#0"] and scheduled == ["correlate.1#0"]
+
+
+
+def test_an_operators_own_k_after_set_replication():
+    """After ``set_replication("correlate", 3)`` (three replicas placed, one failed: two live), the
+    restored host schedules its repair; with the deployment's k = 2 it would not."""
+    q = fig1_query(2)
+    placement = {n: ["a", "b", "c"] for n in ["entry", *q.operators]}
+    placement.update({n: ["a"] for n in q.sinks})
+    topo = Topology(PhysicalPlan(q, placement))
+    for r in topo.replicas():
+        topo.attach(r.label, f"handle:{r.label}")
+    topo.mark_failed("correlate#0")
+    for changes, want in (([{"change": "set_replication", "operator": "correlate", "k": 3}], ["correlate#0"]),
+                          ([], [])):
+        scheduled = []
+        repairer = SimpleNamespace(repairs=[], _schedule_repair=lambda label, why: scheduled.append(label))
+        dep = SimpleNamespace(topology=topo, query=q, k=2, repairer=repairer, changes=changes)
+        assert _repairs_cut_short(dep) == want and scheduled == want

@@ -500,20 +500,21 @@ def _repairs_cut_short(dep) -> list[str]:
     """With ``repair=True``: the repairs the lost host had queued or begun (kept in memory only),
     scheduled again: per operator (per partition of a partitioned one) and for the entry points
     (per entry partition), as many of its failed replicas not yet repaired (oldest first) as it
-    lacks live replicas to be back to k."""
+    lacks live replicas to be back to k (an operator's own k after a ``set_replication``)."""
     from ...plan import ENTRY, label_group
+    from .repair import wanted_replicas
 
     topo = dep.topology
     done = {r["replica"] for r in dep.repairer.repairs if not r.get("retrying")}  # (a try to be made again: not done)
-    groups: dict[str, list] = {}  # (an unpartitioned operator's group is the operator)
+    groups: dict[str, tuple[str, list]] = {}  # (an unpartitioned operator's group is the operator)
     for node in [ENTRY, *dep.query.operators]:
         for r in topo.replicas(node):
-            groups.setdefault(label_group(r.label), []).append(r)
+            groups.setdefault(label_group(r.label), (node, []))[1].append(r)
     again = []
-    for reps in groups.values():
+    for node, reps in groups.values():
         live = sum(r.state == "live" and topo.is_running(r.label) for r in reps)
         lacking = [r.label for r in reps if r.state == "failed" and r.label not in done]
-        for label in lacking[:max(0, dep.k - live)]:
+        for label in lacking[:max(0, wanted_replicas(dep, node) - live)]:
             dep.repairer._schedule_repair(label, "a repair cut short by the loss of the control plane")
             again.append(label)
     return again

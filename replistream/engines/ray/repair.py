@@ -21,13 +21,30 @@ from ...plan import ENTRY, label_group, replica_index, replica_partition
 from .actors import EntryActor
 from .lifecycle import kill_actors
 
-__all__ = ["Repairer", "REPAIR_ATTEMPTS", "REPAIR_RETRY_S"]
+__all__ = ["Repairer", "REPAIR_ATTEMPTS", "REPAIR_RETRY_S", "wanted_replicas"]
 
 #: Tries of one crashed replica's repair: a repair that fails (a fault during it, e.g. the peer
 #: it copies from killed meanwhile) is tried again, :data:`REPAIR_RETRY_S` later, while a live
 #: peer is left to copy from; after the last one the operator runs on with fewer replicas.
 REPAIR_ATTEMPTS = 3
 REPAIR_RETRY_S = 1.0
+
+
+def wanted_replicas(plane, operator: str) -> int:
+    """How many live replicas ``operator`` (each of its partitions) should have: the deployment's
+    ``k``, or what the last ``set_replication`` of it set (recorded in ``plane.changes``). A repair
+    rebuilds a crashed replica only while its group has fewer.
+
+    >>> from types import SimpleNamespace
+    >>> plane = SimpleNamespace(k=2, changes=[{"change": "set_replication", "operator": "agg", "k": 3}])
+    >>> wanted_replicas(plane, "agg"), wanted_replicas(plane, "join")
+    (3, 2)
+    """
+    k = int(plane.k)
+    for c in getattr(plane, "changes", ()):
+        if c.get("change") == "set_replication" and c.get("operator") == operator:
+            k = int(c["k"])
+    return k
 
 
 class Repairer:
@@ -116,8 +133,9 @@ class Repairer:
                        for r in self.plane.topology.copies(label))  # (of its partition, when partitioned)
             if not live:
                 continue  # nothing to hand over from: the run fails naming the operator (check_failures)
-            if live >= self.plane.k:  # back at k meanwhile (a try before this one, a revival, a host restored)
-                why = f"its group is back at k={self.plane.k} live replicas"
+            want = wanted_replicas(self.plane, op)
+            if live >= want:  # back at k meanwhile (a try before this one, a revival, a host restored)
+                why = f"its group is back at k={want} live replicas"
                 self.repairs.append({"replica": label, "repaired": False, "why": why, "attempt": attempt})
                 self.plane.events.append({"t": self.plane.now(), "event": "not_repaired", "actor": label, "why": why})
                 continue
