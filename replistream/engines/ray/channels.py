@@ -332,12 +332,28 @@ class Outbox:
                 self.pending.append(it)
             if self.pending_since is None:
                 self.pending_since = time.time()
-            if punct or self.pending_tuples >= self.max_batch:
+            if punct or self.pending_tuples >= self._batch_bound():
                 self._flush_locked()
             if self.wake is not None:
                 self.wake.set()
             if wait:
                 self._wait_for_room_locked()
+
+    def _batch_bound(self) -> int:
+        """Tuples pending that flush the outbox: ``max_batch``, times the partitions its live links
+        carry shares of (a flush is cut into one share per partition: each share about
+        ``max_batch``, so a partitioned operator gets as many calls per tuple as an unpartitioned
+        one, not p times as many; issue #41).
+
+        >>> ob = Outbox("f#0", "a", None, 0.0, max_batch=100)
+        >>> ob._batch_bound()
+        100
+        >>> ob.links = [Link(f"g.{q}#{i}", "a", None, 0, 0, router=object(), partition=q) for q in (0, 1) for i in (0, 1)]
+        >>> ob._batch_bound()
+        200
+        """
+        parts = {link.partition for link in self.links if link.alive and link.router is not None}
+        return self.max_batch * max(1, len(parts))
 
     def wait_for_room(self) -> None:
         """Wait (backpressure) until every active link has room, dropping those blocked too long."""
