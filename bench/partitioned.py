@@ -104,15 +104,19 @@ if p > 1:  # the stages that do not split by default: the entry points and the a
 t_ready = time.time()
 dep = deploy(q, servers=3, k=1, sinks=sinks, progress=False, parallelism=par)
 t_deploy = time.time()
-def cpu_now():  # each actor's CPU seconds since it started (its start-up included)
-    return {label: ray.get(h.stats.remote(), timeout=60)["cpu_seconds"] for label, h in dep.handles.items()}
+def stats_now():  # each actor's CPU seconds since it started (its start-up included) and calls taken
+    return {label: ray.get(h.stats.remote(), timeout=60) for label, h in dep.handles.items()}
+def cpu_now():
+    return {label: st["cpu_seconds"] for label, st in stats_now().items()}
 cpu_before = cpu_now()
 t_start = time.time()
 j0 = busy_jiffies()
 res = dep.run(inputs, timeout=3600)
 t_run = time.time()
 busy_cores = (busy_jiffies() - j0) / os.sysconf("SC_CLK_TCK") / (t_run - t_start)
-cpu_after = cpu_now()
+stats_after = stats_now()
+cpu_after = {label: st["cpu_seconds"] for label, st in stats_after.items()}
+pushes = {label: st.get("pushes") for label, st in stats_after.items() if st.get("pushes") is not None}
 cpu, cpu_all, by_actor = 0.0, 0.0, {}
 for label, c in cpu_after.items():
     by_actor[label] = round(c - cpu_before[label], 2)  # during dep.run() only
@@ -123,7 +127,7 @@ dep.shutdown()
 t_end = time.time()
 print(json.dumps({"deploy_s": t_deploy - t_ready, "run_s": t_run - t_start, "whole_s": t_end - t0,
                   "busy_cores": round(busy_cores, 2), "split": split,
-                  "partitioned_cpu_s": cpu, "partitioned_cpu_s_with_startup": cpu_all, "cpu_s_by_actor": by_actor, "complete": res.complete}))
+                  "partitioned_cpu_s": cpu, "partitioned_cpu_s_with_startup": cpu_all, "cpu_s_by_actor": by_actor, "pushes_by_actor": pushes, "complete": res.complete}))
 """
 
 
@@ -332,7 +336,8 @@ def main() -> int:
                      run_events_per_s=round(events / r["run_s"]),
                      cpu_s_per_million=round(r["partitioned_cpu_s"] / events * 1e6, 3))
             rows.append(r)
-            print(f"  CPU s by actor: {r['cpu_s_by_actor']}", file=sys.stderr)
+            print(f"  CPU s by actor: {r['cpu_s_by_actor']}; calls taken (pushes) by actor: {r.get('pushes_by_actor')}",
+                  file=sys.stderr)
             print(f"{work} p={p}: run {r['run_s']:.2f} s ({r['run_events_per_s']:,} events/s), whole {r['whole_s']:.2f} s, "
                   f"partitioned operators' CPU {r['cpu_s_per_million']:.2f} s per million events, machine busy "
                   f"{r['busy_cores']:.2f} of {os.cpu_count()} cores during the run, exact {r['exact']}",
