@@ -3,23 +3,22 @@ replicas (a try before it that did finish, a revival, a host restored that sched
 adds no replica: it is recorded as not needed, and nothing is built."""
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 from replistream.engines.ray.repair import Repairer
-from replistream.engines.ray.topology import Topology
-from replistream.plan import PhysicalPlan
-from replistream.workloads import fig1_query
+
+_spec = importlib.util.spec_from_file_location("repairs_cut_short_cases",
+                                               Path(__file__).parent / "test_repairs_cut_short.py")
+_cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_cases)
 
 
 def _plane(k: int, changes=()):
-    q = fig1_query(2)
-    placement = {n: ["a", "b", "c"] for n in ["entry", *q.operators]}
-    placement.update({n: ["a"] for n in q.sinks})
-    topo = Topology(PhysicalPlan(q, placement))
-    for r in topo.replicas():
-        topo.attach(r.label, f"handle:{r.label}")
+    _, topo = _cases.fig1_topology(["a", "b", "c"])
     built = []
 
     def control_loop():  # what a repair that goes ahead asks for: a hand-over that builds a replica

@@ -11,13 +11,20 @@ from replistream.plan import PhysicalPlan
 from replistream.workloads import fig1_query
 
 
-def _deployment(repairs):
+def fig1_topology(servers: list[str], parallelism: dict | None = None):
+    """The Fig. 1 query and a topology of it with every operator on ``servers`` (applications on
+    the first), every replica attached to a stand-in handle (also used by test_repair_back_at_k.py)."""
     q = fig1_query(2)
-    placement = {n: ["a", "b"] for n in ["entry", *q.operators]}
-    placement.update({n: ["a"] for n in q.sinks})
-    topo = Topology(PhysicalPlan(q, placement))
+    placement = {n: list(servers) for n in ["entry", *q.operators]}
+    placement.update({n: [servers[0]] for n in q.sinks})
+    topo = Topology(PhysicalPlan(q, placement, parallelism=parallelism or {}))
     for r in topo.replicas():
         topo.attach(r.label, f"handle:{r.label}")
+    return q, topo
+
+
+def _deployment(repairs):
+    q, topo = fig1_topology(["a", "b"])
     topo.mark_failed("correlate#0")
     scheduled = []
     repairer = SimpleNamespace(repairs=repairs, _schedule_repair=lambda label, why: scheduled.append(label))
@@ -40,12 +47,7 @@ def test_a_partitions_repair_is_scheduled_again_though_the_operator_has_k_live_r
     """A partitioned operator is k replicas per partition: a failed replica of partition 1 is one
     lacking from its partition, whatever the other partition holds (before, the operator's replicas
     were counted together, 3 live of 4 >= k = 2, and the repair was never scheduled again)."""
-    q = fig1_query(2)
-    placement = {n: ["a", "b"] for n in ["entry", *q.operators]}
-    placement.update({n: ["a"] for n in q.sinks})
-    topo = Topology(PhysicalPlan(q, placement, parallelism={"correlate": 2}))
-    for r in topo.replicas():
-        topo.attach(r.label, f"handle:{r.label}")
+    q, topo = fig1_topology(["a", "b"], parallelism={"correlate": 2})
     assert [r.label for r in topo.copies("correlate.1#0")] == ["correlate.1#0", "correlate.1#1"]
     topo.mark_failed("correlate.1#0")
     scheduled = []
@@ -58,12 +60,7 @@ def test_a_partitions_repair_is_scheduled_again_though_the_operator_has_k_live_r
 def test_an_operators_own_k_after_set_replication():
     """After ``set_replication("correlate", 3)`` (three replicas placed, one failed: two live), the
     restored host schedules its repair; with the deployment's k = 2 it would not."""
-    q = fig1_query(2)
-    placement = {n: ["a", "b", "c"] for n in ["entry", *q.operators]}
-    placement.update({n: ["a"] for n in q.sinks})
-    topo = Topology(PhysicalPlan(q, placement))
-    for r in topo.replicas():
-        topo.attach(r.label, f"handle:{r.label}")
+    q, topo = fig1_topology(["a", "b", "c"])
     topo.mark_failed("correlate#0")
     for changes, want in (([{"change": "set_replication", "operator": "correlate", "k": 3}], ["correlate#0"]),
                           ([], [])):
