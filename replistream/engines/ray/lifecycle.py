@@ -511,8 +511,8 @@ def _repairs_cut_short(dep) -> list[str]:
         for r in topo.replicas(node):
             groups.setdefault(label_group(r.label), (node, []))[1].append(r)
     again = []
-    for node, reps in groups.values():
-        live = sum(r.state == "live" and topo.is_running(r.label) for r in reps)
+    for group, (node, reps) in groups.items():
+        live = len(topo.serving(group))
         lacking = [r.label for r in reps if r.state == "failed" and r.label not in done]
         for label in lacking[:max(0, wanted_replicas(dep, node) - live)]:
             dep.repairer._schedule_repair(label, "a repair cut short by the loss of the control plane")

@@ -332,8 +332,7 @@ def set_replication(dep, operator: str, k: int) -> dict:
     groups = [operator] if parts is None else [partition_label(operator, q) for q in range(parts)]
     with mgr.lock:
         mgr.meter.notice_failures()
-        lives = {group: sorted((r.label for r in topo.replicas(group, state="live") if topo.is_running(r.label)),
-                               key=_label_order) for group in groups}
+        lives = {group: sorted(topo.serving(group), key=_label_order) for group in groups}
         lost = [group for group, live in lives.items() if not live]
         if lost:  # (before anything changes)
             raise RuntimeError(f"set_replication: no live replica of {lost} to hand the state over from; call it "

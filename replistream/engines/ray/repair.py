@@ -129,8 +129,7 @@ class Repairer:
                 self.repairs.append({"replica": label, "repaired": False, "why": "its partition was retired"})
                 continue
             op = self.plane.topology.replica(label).operator
-            live = sum(r.state == "live" and self.plane.topology.is_running(r.label)
-                       for r in self.plane.topology.copies(label))  # (of its partition, when partitioned)
+            live = len(self.plane.topology.serving(label_group(label)))  # (of its partition, when partitioned)
             if not live:
                 continue  # nothing to hand over from: the run fails naming the operator (check_failures)
             want = wanted_replicas(self.plane, op)
@@ -183,8 +182,8 @@ class Repairer:
         topo, q = self.plane.topology, self.plane.query
         old = topo.replica(label)
         with self.plane.quiet():
-            peers = [r.label for r in topo.copies(label) if r.state == "live" and topo.is_running(r.label)
-                     and not self.plane.detector.is_suspected(r.label)]  # never wait on a silent one with the feed held
+            peers = [p for p in topo.serving(label_group(label))
+                     if not self.plane.detector.is_suspected(p)]  # never wait on a silent one with the feed held
             if not peers:
                 raise RuntimeError(f"no live entry replica that answers can hand its input over to a replacement "
                                    f"of {label}")

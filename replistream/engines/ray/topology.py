@@ -147,6 +147,19 @@ class Topology:
                     and (node is None or r.operator == node or label_group(r.label) == node)
                     and (state is None or r.state == state)]
 
+    def serving(self, group: str) -> list[str]:
+        """Labels of ``group``'s replicas (as :meth:`replicas`) that are live and run in an actor
+        now: the peers a hand-over can copy from, and how many a repair counts toward k.
+
+        >>> from replistream import Query
+        >>> q = Query(); s = q.source("s", {"k": "i8"}); _ = s.window(10, by="k", name="w").sink("app")
+        >>> topo = Topology(PhysicalPlan(q.build(), {"entry": ["a"], "w": ["a", "b"], "app": ["a"]}))
+        >>> for r in topo.replicas(): topo.attach(r.label, None)
+        >>> _ = topo.mark_failed("w#0"); topo.serving("w")
+        ['w#1']
+        """
+        return [r.label for r in self.replicas(group, state="live") if self.is_running(r.label)]
+
     def copies(self, label: str, state: str | None = None) -> list[OperatorReplica]:
         """The replicas that are copies of ``label`` (its operator's, or its partition's), ``label``
         included (in ``state`` if given).
