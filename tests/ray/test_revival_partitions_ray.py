@@ -40,13 +40,19 @@ def test_a_congested_partition_replica_is_revived_within_its_partition():
     assert revived and revived[0]["trigger"] == "delay" and revived[0]["delay_s"] > threshold, (hit, events)
     for e in revived:  # every revival after it repaired that partition, within it
         assert label_group(e["replica"]) == group, e
-        assert all(label_group(s.split("->")[1].rsplit(":", 1)[0]) == group for s in e["revive_streams"]), e
-        assert all(label_group(r) == group for r in e["revive_replicas"]), e
+        # a revived stream ends in the partition, or leaves a revived replica of it (a dormant
+        # peer that takes over gets its input and its output links back: "op.P#R->down:port")
+        revived_reps = set(e["revive_replicas"])
+        assert all(label_group(r) == group for r in revived_reps), e
+        for s in e["revive_streams"]:
+            src, dst = s.split("->")[0], s.split("->")[1].rsplit(":", 1)[0]
+            assert label_group(dst) == group or src in revived_reps, (s, e)
         # a created replica is of that partition, or a new upstream replica feeding it: each new
-        # stream (a dict: src, dst) ends in the partition or in a created replica, and every
-        # created replica outside the partition feeds it
+        # stream (a dict: src, dst) ends in the partition or in a created replica, or leaves a
+        # created replica (its outputs go to every downstream replica), and every created replica
+        # outside the partition feeds it
         new = {n if isinstance(n, str) else n["label"] for n in e["new_replicas"]}
         streams = [(x["src"], x["dst"]) for x in e["new_streams"]]
-        assert all(label_group(dst) == group or dst in new for _, dst in streams), e
+        assert all(label_group(dst) == group or dst in new or src in new for src, dst in streams), e
         assert all(label_group(r) == group or any(src == r and label_group(dst) == group for src, dst in streams)
                    for r in new), e
