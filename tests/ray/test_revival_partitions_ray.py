@@ -53,6 +53,7 @@ def test_a_congested_partition_replica_is_revived_within_its_partition():
         # outside the partition feeds it
         new = {n if isinstance(n, str) else n["label"] for n in e["new_replicas"]}
         streams = [(x["src"], x["dst"]) for x in e["new_streams"]]
-        assert all(label_group(dst) == group or dst in new or src in new for src, dst in streams), e
+        stray = [(src, dst) for src, dst in streams if not (label_group(dst) == group or dst in new or src in new)]
+        assert not stray, (stray, e["action"], e["replica"], sorted(new))
         assert all(label_group(r) == group or any(src == r and label_group(dst) == group for src, dst in streams)
                    for r in new), e
