@@ -393,11 +393,14 @@ def deploy_options(seed: int, k: int, servers: list[str], repair: bool = False, 
 
 
 def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, repair: bool = False,
-              timing: bool = False) -> dict:
+              timing: bool = False, audit: bool = False) -> dict:
     """Deploy, inject, run, compare; fills and returns ``trial.result``. With ``timing`` the same
     trial first runs without faults, and ``run_seconds`` over ``baseline_seconds`` is checked
-    against :data:`TIMING_BOUND` (``timing_ok``). Any error fails the trial with its reason (an
-    unexpected one with its ``traceback`` too), and the campaign goes on."""
+    against :data:`TIMING_BOUND` (``timing_ok``). With ``audit`` (the actors' duplicate filters
+    audit their drops, ``REPLISTREAM_AUDIT=1``), a replica that dropped as a copy a tuple it never
+    passed fails the trial (``unseen_drops``: a loss, named by replica, port and tuple). Any error
+    fails the trial with its reason (an unexpected one with its ``traceback`` too), and the campaign
+    goes on."""
     from .engines.ray import deploy
     from .engines.reference import run_reference
 
@@ -435,6 +438,8 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
             got = dep.run(_inject(inputs, trial.faults), timeout=timeout,
                           pace=TIMING_PACE if timing else PARTITIONED_PACE if trial.query == "partitioned" else None)
             res["run_seconds"] = round(time.perf_counter() - begun, 3)
+            events = _events_of(dep)
+            unseen = _unseen_drops(dep) if audit else {}
             if "thread" in moved:
                 moved["thread"].join(timeout)
             if repair:
@@ -446,6 +451,11 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
                 res["repair_retries"] = [f"{r['replica']} (try {r['attempt']}): {r['why']}" for r in tried
                                          if r.get("retrying")]
         _compare_outputs(res, query, ref.outputs, got.outputs)
+        if unseen:  # the audit (replistream.operators.dupfilter): where tuples were dropped as copies unseen
+            res["unseen_drops"] = unseen
+        if res["lost"] or res["duplicated"] or res["unexpected"]:  # what the next person needs to find why
+            res["differences"] = _differences(query, ref.outputs, got.outputs)
+            res["events"] = events
         res["dead_letters_expected"] = _dead_letters(ref)
         res["dead_letters_received"] = _dead_letters(got)
         res["complete"] = bool(got.complete)
@@ -458,7 +468,8 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
             res["timing_ratio"] = round(res["run_seconds"] / max(res["baseline_seconds"], 1e-3), 3)
             res["timing_ok"] = res["timing_ratio"] <= TIMING_BOUND
         res["ok"] = (res["lost"] == 0 and res["duplicated"] == 0 and res["unexpected"] == 0 and res["complete"]
-                     and res["dead_letters_expected"] == res["dead_letters_received"] and res["error"] is None)
+                     and res["dead_letters_expected"] == res["dead_letters_received"] and res["error"] is None
+                     and not unseen)
     except (ReplistreamError, RuntimeError, ValueError) as e:
         res.update({"ok": False, "error": f"{type(e).__name__}: {e}"})
     except Exception as e:  # noqa: BLE001 - a bug (the engine's or the campaign's) fails this trial, loudly
@@ -487,6 +498,70 @@ def _compare_outputs(res: dict, query: Query, expected: dict, got: dict) -> None
         dup = int(np.isin(extra["id"], list(expected_ids)).sum()) if len(extra) else 0
         res["duplicated"] = res.get("duplicated", 0) + dup
         res["unexpected"] = res.get("unexpected", 0) + int(len(extra)) - dup
+
+
+def _differences(query: Query, expected: dict, got: dict, sample: int = 5) -> dict:
+    """Per application that differs from the reference: the lost and the extra tuples' count, their
+    timestamps' range (seconds) and count per second of event time, and a few of them (a failed
+    trial's record says where in the stream the outputs went missing).
+
+    >>> import numpy as np
+    >>> q = Query(); _ = q.source("s", {"k": "i8"}).sink("out"); q = q.build()
+    >>> a = q.schema_of("s").from_columns({"ts": [1_000_000, 2_500_000], "k": [1, 2]}, ids=[1, 2])
+    >>> _differences(q, {"out": a}, {"out": a[:1]})["out"]["lost"]["per_second"]
+    {2: 1}
+    """
+    out = {}
+    for app in query.sinks:
+        lost, extra = multiset_diff(expected[app], got[app])
+        if not len(lost) and not len(extra):
+            continue
+        out[app] = {}
+        for name, rows in (("lost", lost), ("extra", extra)):
+            if not len(rows):
+                continue
+            secs = (np.asarray(rows["ts"], dtype=np.int64) // 1_000_000).tolist()
+            out[app][name] = {"n": int(len(rows)), "ts_s": [min(secs), max(secs)],
+                              "per_second": {int(s): secs.count(s) for s in sorted(set(secs))},
+                              "sample": [str(r) for r in rows[:sample].tolist()]}
+    return out
+
+
+def _unseen_drops(dep) -> dict:
+    """With the duplicate filters' audit on in the actors (``REPLISTREAM_AUDIT=1`` where their Ray
+    started: :func:`run_campaign` starts its own so): per running replica whose filters dropped tuples as copies that they never passed (a
+    loss, :mod:`replistream.operators.dupfilter`), per input port the count and a few of them
+    ``(channel, ts, id)``; empty when none did, or with the audit off. A replica that does not
+    answer within 10 s (one the trial stopped or killed) is left out."""
+    import ray
+
+    asked = {r.label: dep.topology.handle(r.label).stats.remote() for r in dep.topology.replicas()
+             if r.kind != "entry" and dep.topology.is_running(r.label)}
+    ready = set(ray.wait(list(asked.values()), num_returns=len(asked), timeout=10)[0]) if asked else set()
+    out = {}
+    for label, ref in asked.items():
+        if ref not in ready:
+            continue
+        try:
+            st = ray.get(ref, timeout=1.0)  # (ready: answered within the wait above)
+        except Exception:  # noqa: BLE001 - a replica the trial killed: left out
+            continue
+        filters = st.get("filters") or (st.get("core") or {}).get("filters") or []
+        bad = {port: {"n": f["unseen_drops"], "sample": f["unseen_sample"]}
+               for port, f in enumerate(filters) if f.get("unseen_drops")}
+        if bad:
+            out[label] = bad
+    return out
+
+
+def _events_of(dep, last: int = 300) -> list[str]:
+    """The deployment's last ``last`` events, each as one line of at most 400 characters (for a
+    failed trial's record); what cannot be read is said, not raised."""
+    try:
+        events = list(dep.events)[-int(last):]
+    except Exception as e:  # noqa: BLE001 - a diagnostic only: the comparison goes on
+        return [f"events unreadable: {type(e).__name__}: {e}"[:400]]
+    return [str(e)[:400] for e in events]
 
 
 def _rescale_to(rng: np.random.Generator) -> int:
@@ -819,7 +894,22 @@ def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | 
     share = DRIVER_KILL_SHARE if driver_kills is True else float(driver_kills or 0)
     if not 0 <= share <= 1:
         raise ValueError(f"driver_kills must be True, False or a share in (0, 1], got {driver_kills!r}")
-    init_ray()
+    import ray
+
+    if not ray.is_initialized():  # the duplicate filters' audit in every actor this Ray starts
+        before = os.environ.get("REPLISTREAM_AUDIT")
+        os.environ["REPLISTREAM_AUDIT"] = "1"
+        try:
+            init_ray()
+        finally:  # (this process's own filters, a reference run's, stay as they were)
+            if before is None:
+                os.environ.pop("REPLISTREAM_AUDIT", None)
+            else:
+                os.environ["REPLISTREAM_AUDIT"] = before
+        audit = True
+    else:
+        init_ray()
+        audit = os.environ.get("REPLISTREAM_AUDIT") == "1"
     servers = [s.name for s in default_servers(k + 2)]
     deadline = time.time() + 60.0 * minutes
     done: list[Trial] = []
@@ -829,7 +919,7 @@ def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | 
         if is_driver_trial(seed, i, share):
             run_driver_trial(t, k, servers, repair=repair)
         else:
-            run_trial(t, k, servers, repair=repair, timing=timing)
+            run_trial(t, k, servers, repair=repair, timing=timing, audit=audit)
         done.append(t)
         if progress is not None:
             progress(t)

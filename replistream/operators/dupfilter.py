@@ -30,9 +30,19 @@ replica must know to apply "only tuples with ts > p that the checkpoint did not
 contain": the maximum punctuation ``p`` and the (ts, id) of the tuples with
 ``ts > p`` it has already passed (:class:`FilterState`). A filter restored from
 it drops every later copy of those tuples and everything at or below ``p``.
+
+Audit (``REPLISTREAM_AUDIT=1`` in the environment, read when a filter is built; off by default):
+the filter also keeps every id it passed, and counts the tuples it drops as copies by line 2
+(``ts <= max punctuation``) although it never passed them (:attr:`DuplicateFilter.unseen_drops`,
+with a few of them in ``unseen_sample``). Such a drop is a loss, not a copy: the channel whose
+punctuation raised ``max punctuation`` had not carried them (a stream replica that broke its
+contract), and no other copy will pass. A restored filter counts only tuples above the
+punctuation it was restored at (below it, the checkpoint's replica passed them). For chaos
+campaigns and tests: it costs a set of every id passed.
 """
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
@@ -248,6 +258,11 @@ class DuplicateFilter:
         self.duplicates = 0
         self.late_count = 0
         self.dead_letters: list[DeadLetter] = []
+        # the audit (module doc): ids passed, drops of ids never passed above audit_floor
+        self.audit: set | None = set() if os.environ.get("REPLISTREAM_AUDIT") == "1" else None
+        self.audit_floor = NO_PUNCTUATION
+        self.unseen_drops = 0
+        self.unseen_sample: list[tuple[int, int, int]] = []  # (channel, ts, id)
 
     @property
     def n_channels(self) -> int:
@@ -303,6 +318,9 @@ class DuplicateFilter:
             raise CheckpointError(f"{self.name!r}: an id appears twice among the applied tuples")
         self.seen = IdCounts()
         self.seen.insert(ids[o], 1, ts[o])
+        if self.audit is not None:  # (below the checkpoint's punctuation its replica passed them)
+            self.audit_floor = self.max_punct
+            self.audit.update(ids.tolist())
         return self
 
     def process(self, channel: int, item) -> list:
@@ -333,6 +351,8 @@ class DuplicateFilter:
         if self.max_punct != NO_PUNCTUATION:
             fresh = ts > self.max_punct  # Algorithm 1, line 2
             if not fresh.all():
+                if self.audit is not None:
+                    self._audit_drops(channel, batch, ts, ~fresh)
                 self.duplicates += int(len(fresh) - fresh.sum())
                 batch, ts = batch.compress(fresh), ts[fresh]
         if not len(batch):
@@ -366,7 +386,20 @@ class DuplicateFilter:
         # times slower than copying its rows' bytes (replistream.operators.join.concat_rows)
         out = batch if n_new == len(batch) else batch.compress(new)
         self.passed += n_new
+        if self.audit is not None:
+            self.audit.update(out[ID].tolist())
         return [out]
+
+    def _audit_drops(self, channel: int, batch: np.ndarray, ts: np.ndarray, dropped: np.ndarray) -> None:
+        """The audit (module doc): count the tuples line 2 drops that this filter never passed."""
+        cand = dropped & (ts > self.audit_floor)
+        if not cand.any():
+            return
+        ids = batch[ID][cand].tolist()
+        unseen = [(int(t), i) for t, i in zip(ts[cand].tolist(), ids) if i not in self.audit]
+        self.unseen_drops += len(unseen)
+        room = max(0, 10 - len(self.unseen_sample))
+        self.unseen_sample.extend((int(channel), t, i) for t, i in unseen[:room])
 
     def _sorted(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
         """``(order, ids[order], whether an id repeats)`` with ``order`` a stable argsort of ``ids``.
@@ -544,4 +577,6 @@ class DuplicateFilter:
             "tracked_ids": len(self.seen),
             "max_punctuation": self.max_punct,
             "weights": self.weights.tolist(),
+            **({} if self.audit is None else {"unseen_drops": self.unseen_drops,
+                                               "unseen_sample": list(self.unseen_sample)}),
         }
