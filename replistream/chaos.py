@@ -82,7 +82,7 @@ from .schema import END, seconds
 from .sources import Call, KillReplica, KillServer, StopReplica, inject_at
 from .workloads import fig1_inputs, fig1_query
 
-__all__ = ["run_campaign", "Trial", "plan_faults", "format_report", "QUERIES", "run_driver_trial",
+__all__ = ["run_campaign", "start_ray", "Trial", "plan_faults", "format_report", "QUERIES", "run_driver_trial",
            "DRIVER_KILL_SHARE", "is_driver_trial"]
 
 #: The queries a campaign alternates between (``partitioned``: the keyed query with its window in
@@ -527,17 +527,17 @@ def _differences(query: Query, expected: dict, got: dict, sample: int = 5) -> di
     return out
 
 
-def _unseen_drops(dep) -> dict:
+def _unseen_drops(dep, wait_s: float = 10.0) -> dict:
     """With the duplicate filters' audit on in the actors (``REPLISTREAM_AUDIT=1`` where their Ray
     started: :func:`run_campaign` starts its own so): per running replica whose filters dropped tuples as copies that they never passed (a
     loss, :mod:`replistream.operators.dupfilter`), per input port the count and a few of them
     ``(channel, ts, id)``; empty when none did, or with the audit off. A replica that does not
-    answer within 10 s (one the trial stopped or killed) is left out."""
+    answer within ``wait_s`` (one the trial stopped or killed) is left out."""
     import ray
 
     asked = {r.label: dep.topology.handle(r.label).stats.remote() for r in dep.topology.replicas()
              if r.kind != "entry" and dep.topology.is_running(r.label)}
-    ready = set(ray.wait(list(asked.values()), num_returns=len(asked), timeout=10)[0]) if asked else set()
+    ready = set(ray.wait(list(asked.values()), num_returns=len(asked), timeout=wait_s)[0]) if asked else set()
     out = {}
     for label, ref in asked.items():
         if ref not in ready:
@@ -873,6 +873,39 @@ def run_driver_trial(trial: Trial, k: int, servers: list[str], timeout: float = 
     return res
 
 
+#: Whether the Ray this process started (:func:`start_ray`) runs the duplicate filters' audit.
+_AUDITED_RAY = False
+
+
+def start_ray(verbose: bool = False) -> bool:
+    """Start this process's Ray for a campaign, its actors with the duplicate filters' audit on
+    (``REPLISTREAM_AUDIT=1`` in the environment the raylet starts them with; this process's own
+    filters, a reference run's, stay as they were); returns whether the actors audit. A Ray already
+    running (a test session's) is used as it is: they audit if it was started with the variable.
+
+    >>> start_ray()   # doctest: +SKIP
+    True
+    """
+    import ray
+
+    from .engines.ray import init_ray
+
+    global _AUDITED_RAY
+    if ray.is_initialized():
+        return _AUDITED_RAY or os.environ.get("REPLISTREAM_AUDIT") == "1"
+    before = os.environ.get("REPLISTREAM_AUDIT")
+    os.environ["REPLISTREAM_AUDIT"] = "1"
+    try:
+        init_ray(verbose=verbose)
+    finally:
+        if before is None:
+            os.environ.pop("REPLISTREAM_AUDIT", None)
+        else:
+            os.environ["REPLISTREAM_AUDIT"] = before
+    _AUDITED_RAY = True
+    return True
+
+
 def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | None = None,
                  progress: Callable[[Trial], None] | None = None, repair: bool = False,
                  timing: bool = False, driver_kills: bool | float = False) -> dict:
@@ -886,30 +919,14 @@ def run_campaign(minutes: float = 1.0, seed: int = 0, k: int = 2, trials: int | 
     run must take at most :data:`TIMING_BOUND` times as long (a timing check; counted in the
     verdict, and a trial over it fails). ``driver_kills``: ``True`` runs a seeded
     :data:`DRIVER_KILL_SHARE` of the trials as driver-kill trials (:func:`run_driver_trial`; a number
-    in (0, 1] is that share instead); they have no timing check."""
-    from .engines.ray import init_ray
-
+    in (0, 1] is that share instead); they have no timing check. The trials' actors audit their
+    duplicate filters' drops when this call starts Ray (:func:`start_ray`)."""
     if not k >= 1:
         raise ValueError(f"k must be >= 1, got {k}")
     share = DRIVER_KILL_SHARE if driver_kills is True else float(driver_kills or 0)
     if not 0 <= share <= 1:
         raise ValueError(f"driver_kills must be True, False or a share in (0, 1], got {driver_kills!r}")
-    import ray
-
-    if not ray.is_initialized():  # the duplicate filters' audit in every actor this Ray starts
-        before = os.environ.get("REPLISTREAM_AUDIT")
-        os.environ["REPLISTREAM_AUDIT"] = "1"
-        try:
-            init_ray()
-        finally:  # (this process's own filters, a reference run's, stay as they were)
-            if before is None:
-                os.environ.pop("REPLISTREAM_AUDIT", None)
-            else:
-                os.environ["REPLISTREAM_AUDIT"] = before
-        audit = True
-    else:
-        init_ray()
-        audit = os.environ.get("REPLISTREAM_AUDIT") == "1"
+    audit = start_ray()
     servers = [s.name for s in default_servers(k + 2)]
     deadline = time.time() + 60.0 * minutes
     done: list[Trial] = []

@@ -873,14 +873,18 @@ def _chaos(args) -> int:
     t0 = time.perf_counter()
     with Heartbeat(lambda text: err.print(text, markup=False)) as hb:
         hb.say(f"replistream chaos: {planned}, k={args.k}, seed {args.seed}; starting Ray ...", phase="starting Ray")
-        from .engines.ray import init_ray
+        from .chaos import start_ray
 
-        init_ray(verbose=args.verbose)
+        start_ray(verbose=args.verbose)  # (its actors audit their duplicate filters' drops)
         hb.say(f"{time.perf_counter() - t0:7.1f} s  Ray up; trial 0 starts", phase="trial 0")
 
         def progress(trial):
             r = trial.result
             verdict = "ok" if r.get("ok") else f"FAIL {r.get('error') or ''}".strip()
+            if r.get("unseen_drops"):  # (the audit: tuples dropped as copies that were never passed)
+                verdict += " (dropped unseen: " + ", ".join(
+                    f"{label} port {port}: {d['n']}" for label, ports in r["unseen_drops"].items()
+                    for port, d in ports.items()) + ")"
             hb.say(f"{time.perf_counter() - t0:7.1f} s  trial {trial.index} ({trial.query}): {r.get('outputs', 0):,} "
                    f"outputs, {r.get('lost', 0)} lost, {r.get('duplicated', 0)} duplicated, "
                    f"{sum(r.get('dead_letters_received', {}).values())} set aside; {verdict}; faults: "
