@@ -529,10 +529,11 @@ def _differences(query: Query, expected: dict, got: dict, sample: int = 5) -> di
 
 def _unseen_drops(dep, wait_s: float = 10.0) -> dict:
     """With the duplicate filters' audit on in the actors (``REPLISTREAM_AUDIT=1`` where their Ray
-    started: :func:`run_campaign` starts its own so): per running replica whose filters dropped tuples as copies that they never passed (a
-    loss, :mod:`replistream.operators.dupfilter`), per input port the count and a few of them
-    ``(channel, ts, id)``; empty when none did, or with the audit off. A replica that does not
-    answer within ``wait_s`` (one the trial stopped or killed) is left out."""
+    started; :func:`start_ray` starts a campaign's so): per running replica whose filters dropped
+    tuples as copies that they never passed (a loss, :mod:`replistream.operators.dupfilter`), per
+    input port the count and a few of them ``(channel, ts, id)``; empty when none did, or with the
+    audit off. A replica that does not answer within ``wait_s`` (one the trial stopped or killed)
+    is left out."""
     import ray
 
     asked = {r.label: dep.topology.handle(r.label).stats.remote() for r in dep.topology.replicas()
