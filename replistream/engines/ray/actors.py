@@ -427,6 +427,14 @@ class _Base:
         >>> ray.get(loads0.raise_holds.remote({"gone:correlate#1:0": 41_999_999}), timeout=60)   # doctest: +SKIP
         1
         """
+        holds = getattr(self, "_holds", {})
+        for key, p in points.items():  # (an outbox opened later holds what is still held, nothing else)
+            if key in holds:
+                if p is None:
+                    holds = {k: v for k, v in holds.items() if k != key}
+                else:
+                    holds = {**holds, key: max(holds[key], int(p))}
+        self._holds = holds
         return sum(ob.raise_holds(points) for ob in list(self.outboxes.values()))
 
     def set_floor(self, acked: int) -> bool:

@@ -182,11 +182,21 @@ class HandOver:
             for lab in to_start:
                 handover[lab] = self._install(lab, started[lab], set(started), how)
             info["handover"] = handover
-            # 4. their outputs, 5. revived stream replicas between running replicas
-            for s in wanted.values():
-                if topo.stream(s.id).live:
-                    continue  # connected in _start
-                self._connect(s)
+            # 4. their outputs, 5. revived stream replicas between running replicas. Each new
+            # replica's log (the peer's retained output it adopted, and what it emitted since) is
+            # held whole until every one of its output links is connected: the first link's
+            # acknowledgements would otherwise trim it past what a later link's receiver has, and
+            # that replay's punctuation would pass the receiver's filter ahead of tuples it still
+            # waits for from slower senders, which it would then drop as copies (a loss; found by
+            # the duplicate filters' audit in a chaos trial, docs/reliability.md)
+            held = self._hold_logs(to_start)
+            try:
+                for s in wanted.values():
+                    if topo.stream(s.id).live:
+                        continue  # connected in _start
+                    self._connect(s)
+            finally:
+                self._release_logs(held)
         except Exception:
             for lab in to_start:
                 self.mgr.connect_marks.pop(lab, None)
@@ -198,6 +208,35 @@ class HandOver:
         if e.discard_streams or e.discard_replicas:
             self._apply_discard(e.discard_streams, e.discard_replicas)
         return info
+
+    #: The hold key under which a new replica's log is kept whole while its outputs are connected.
+    CONNECTING = "connecting"
+
+    def _hold_logs(self, labels: list[str]) -> list[str]:
+        """Hold the whole retention log of each running replica of ``labels`` (awaited: before any
+        of its output links exists, nothing is trimmed from it yet); returns those held."""
+        topo = self.mgr.topology
+        calls = {lab: topo.handle(lab).hold_retention.remote(self.CONNECTING, NO_ACK) for lab in labels
+                 if topo.is_running(lab)}
+        held = []
+        for lab, call in calls.items():
+            try:
+                ray.get(call, timeout=60)
+                held.append(lab)
+            except Exception as e:
+                if not is_actor_death(e):
+                    raise
+                self.mgr.dep.repairer.mark_failed(lab, f"died while its outputs were connected: {type(e).__name__}")
+        return held
+
+    def _release_logs(self, labels: list[str]) -> None:
+        """Release the holds of :meth:`_hold_logs` (sent, not awaited: a replica that died meanwhile
+        holds nothing any more)."""
+        topo = self.mgr.topology
+        for lab in labels:
+            h = topo.handle(lab)
+            if h is not None:
+                h.raise_holds.remote({self.CONNECTING: None})
 
     def _connect(self, s: StreamReplica) -> int:
         """Connect ``s`` (both ends running) on a new filter channel, replaying the source's log."""
