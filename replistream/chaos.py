@@ -439,7 +439,8 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
                           pace=TIMING_PACE if timing else PARTITIONED_PACE if trial.query == "partitioned" else None)
             res["run_seconds"] = round(time.perf_counter() - begun, 3)
             events = _events_of(dep)
-            unseen = _unseen_drops(dep) if audit else {}
+            unaudited: list[str] = []
+            unseen = _unseen_drops(dep, unaudited=unaudited) if audit else {}
             if "thread" in moved:
                 moved["thread"].join(timeout)
             if repair:
@@ -453,9 +454,11 @@ def run_trial(trial: Trial, k: int, servers: list[str], timeout: float = 180.0, 
         _compare_outputs(res, query, ref.outputs, got.outputs)
         if unseen:  # the audit (replistream.operators.dupfilter): where tuples were dropped as copies unseen
             res["unseen_drops"] = unseen
+        if unaudited:  # (replicas the trial killed or stopped: their filters' drops are not known)
+            res["unaudited"] = unaudited
         if res["lost"] or res["duplicated"] or res["unexpected"]:  # what the next person needs to find why
             res["differences"] = _differences(query, ref.outputs, got.outputs)
-            res["events"] = events
+            res["events"] = [str(e)[:400] for e in events]
         res["dead_letters_expected"] = _dead_letters(ref)
         res["dead_letters_received"] = _dead_letters(got)
         res["complete"] = bool(got.complete)
@@ -527,14 +530,17 @@ def _differences(query: Query, expected: dict, got: dict, sample: int = 5) -> di
     return out
 
 
-def _unseen_drops(dep, wait_s: float = 10.0) -> dict:
+def _unseen_drops(dep, wait_s: float = 10.0, unaudited: list | None = None) -> dict:
     """With the duplicate filters' audit on in the actors (``REPLISTREAM_AUDIT=1`` where their Ray
     started; :func:`start_ray` starts a campaign's so): per running replica whose filters dropped
     tuples as copies that they never passed (a loss, :mod:`replistream.operators.dupfilter`), per
     input port the count and a few of them ``(channel, ts, id)``; empty when none did, or with the
-    audit off. A replica that does not answer within ``wait_s`` (one the trial stopped or killed)
-    is left out."""
+    audit off. A replica that does not answer within ``wait_s`` (one the trial stopped) or died
+    (one it killed) is left out, and named with why in ``unaudited`` if given; any other error
+    is raised (the trial fails with it)."""
     import ray
+
+    from .engines.ray.common import is_actor_death
 
     asked = {r.label: dep.topology.handle(r.label).stats.remote() for r in dep.topology.replicas()
              if r.kind != "entry" and dep.topology.is_running(r.label)}
@@ -542,10 +548,16 @@ def _unseen_drops(dep, wait_s: float = 10.0) -> dict:
     out = {}
     for label, ref in asked.items():
         if ref not in ready:
+            if unaudited is not None:
+                unaudited.append(f"{label}: no answer in {wait_s:g} s")
             continue
         try:
             st = ray.get(ref, timeout=1.0)  # (ready: answered within the wait above)
-        except Exception:  # noqa: BLE001 - a replica the trial killed: left out
+        except Exception as e:
+            if not is_actor_death(e):
+                raise
+            if unaudited is not None:  # a replica the trial killed
+                unaudited.append(f"{label}: {type(e).__name__}")
             continue
         filters = st.get("filters") or (st.get("core") or {}).get("filters") or []
         bad = {port: {"n": f["unseen_drops"], "sample": f["unseen_sample"]}
@@ -555,14 +567,13 @@ def _unseen_drops(dep, wait_s: float = 10.0) -> dict:
     return out
 
 
-def _events_of(dep, last: int = 300) -> list[str]:
-    """The deployment's last ``last`` events, each as one line of at most 400 characters (for a
-    failed trial's record); what cannot be read is said, not raised."""
+def _events_of(dep, last: int = 300) -> list:
+    """The deployment's last ``last`` events (a failed trial's record keeps them, each as a line of
+    at most 400 characters); what cannot be read is said, not raised."""
     try:
-        events = list(dep.events)[-int(last):]
+        return list(dep.events)[-int(last):]
     except Exception as e:  # noqa: BLE001 - a diagnostic only: the comparison goes on
-        return [f"events unreadable: {type(e).__name__}: {e}"[:400]]
-    return [str(e)[:400] for e in events]
+        return [f"events unreadable: {type(e).__name__}: {e}"]
 
 
 def _rescale_to(rng: np.random.Generator) -> int:

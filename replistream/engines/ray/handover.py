@@ -7,6 +7,7 @@ live peer (decision 7, Hwang §V-C; staged transfers, Megaphone §3.3), stream r
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -189,14 +190,11 @@ class HandOver:
             # that replay's punctuation would pass the receiver's filter ahead of tuples it still
             # waits for from slower senders, which it would then drop as copies (a loss; found by
             # the duplicate filters' audit in a chaos trial, docs/reliability.md)
-            held = self._hold_logs(to_start)
-            try:
+            with self.logs_held(to_start):
                 for s in wanted.values():
                     if topo.stream(s.id).live:
                         continue  # connected in _start
                     self._connect(s)
-            finally:
-                self._release_logs(held)
         except Exception:
             for lab in to_start:
                 self.mgr.connect_marks.pop(lab, None)
@@ -211,6 +209,22 @@ class HandOver:
 
     #: The hold key under which a new replica's log is kept whole while its outputs are connected.
     CONNECTING = "connecting"
+
+    @contextmanager
+    def logs_held(self, labels: list[str]):
+        """While its output links are connected one at a time (each replaying its log), the whole
+        retention log of each running replica of ``labels`` is held (decision 7): the first
+        receiver's acknowledgements must not trim it before the last link replays it. Held before
+        (awaited) and released after, whatever happens between.
+
+        >>> with mgr.handover.logs_held(["pings#2"]):      # doctest: +SKIP
+        ...     mgr.handover._connect(stream)
+        """
+        held = self._hold_logs(labels)
+        try:
+            yield held
+        finally:
+            self._release_logs(held)
 
     def _hold_logs(self, labels: list[str]) -> list[str]:
         """Hold the whole retention log of each running replica of ``labels`` (awaited: before any

@@ -202,16 +202,13 @@ class Repairer:
             topo.add_replica(OperatorReplica(new_label, ENTRY, old.server, "entry", "live", False))
             topo.attach(new_label, h)
             mgr = self.plane.control_loop()
-            held = mgr.handover._hold_logs([new_label])  # (its log whole until every link is connected)
-            try:
+            with mgr.handover.logs_held([new_label]):
                 for src in q.sources:
                     for v, port in q.outputs_of(src):
                         for r in topo.replicas(v, state="live"):
                             if topo.is_running(r.label):
                                 mgr.handover._connect(StreamReplica(new_label, r.label, port, 0.0, 0.0, 0.0, False,
                                                                     src))
-            finally:
-                mgr.handover._release_logs(held)
         self.plane.events.append({"t": self.plane.now(), "event": "entry_repaired", "actor": label, "new": new_label,
                                   "from": peers[0], "expected": ck["expected"]})
         return new_label

@@ -495,14 +495,11 @@ def _start_partitions(dep, node: str, old_p: int, p: int) -> list[str]:
             chan[s.port] += 1
     _connected(dep, node, calls, n_ports)
     handover = dep.control_loop().handover
-    held = handover._hold_logs([label for label, _, _, _ in begun])  # (each log whole until all its links are)
-    try:
+    with handover.logs_held([label for label, _, _, _ in begun]):
         for label, _, _, _ in begun:
             for v, port in q.outputs_of(node):
                 for r, _ in topo.running(v):
                     handover._connect(StreamReplica(label, r, port, 0.0, 0.0, 0.0, False, node))
-    finally:
-        handover._release_logs(held)
     return [label for label, _, _, _ in begun]
 
 
