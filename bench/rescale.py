@@ -106,9 +106,11 @@ def _one(strategy: str, args, data, ref) -> dict:
             ph = rec["phases_s"]
             moved = a + ph["routing"] + ph["new_partitions"]  # the switch: the bins begin to move
             spans.append((a, moved, b + _tail(args)))
-            recs.append({k: rec[k] for k in ("from", "to", "steps", "bins_moved", "seconds", "phases_s")})
+            recs.append({k: rec[k] for k in ("from", "to", "steps", "bins_moved", "seconds", "phases_s", "waves")
+                         if k in rec})
+            waves = f", {len(rec['waves'])} waves, last gap {rec['waves'][-1]['gap_ms']} ms" if rec.get("waves") else ""
             print(f"  {strategy} {rec['from']} -> {rec['to']}: {rec['steps']} steps, {rec['seconds']:.2f} s "
-                  f"{rec['phases_s']}", file=sys.stderr)
+                  f"{rec['phases_s']}{waves}", file=sys.stderr)
             while time.time() - dep.t0 < b + _tail(args):  # (the next rescale after this one's window)
                 tick.wait(0.05)
         dep.wait(timeout=3600)
@@ -190,7 +192,9 @@ def main() -> int:
     ap.add_argument("--bits", type=int, default=12)
     ap.add_argument("--warm", type=float, default=8.0)
     ap.add_argument("--bins-per-step", type=int, default=64, help="for --strategies batched")
-    ap.add_argument("--gap-ms", type=float, default=1.0, help="event time between two steps (fluid, batched)")
+    ap.add_argument("--gap-ms", type=float, default=None,
+                    help="event time between two steps (fluid, batched); none: a fluid rescale paces itself in "
+                         "waves, batched steps 1 ms apart")
     ap.add_argument("--spares", type=int, default=6, help="warm spares (deploy(spares=)): the new partitions' processes")
     ap.add_argument("--strategies", default="fluid,all-at-once")
     ap.add_argument("--repeat", type=int, default=3, help="runs per strategy (alternating); the figures are medians")

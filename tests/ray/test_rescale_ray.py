@@ -109,6 +109,9 @@ def test_a_fluid_rescale_survives_a_giving_replica_killed_during_the_move():
         rec = rescale_at(dep, gate, 2, "fluid", then=lambda: dep.kill_replica("per_k.0", 1))
         # (a replica of the giving partition killed once the switch is made: its peer gives every step)
         assert rec.get("steps") == 64, rec  # 1 -> 2 at 2^7 bins: 64 bins, one per step
+        # a paced feed and no gap given: in waves, the first of rs.WAVE_FIRST bins
+        assert len(rec["waves"]) >= 2 and rec["waves"][0]["bins"] == 32, rec
+        assert sum(w["bins"] for w in rec["waves"]) == 64, rec
         dep.wait(timeout=300)
         res = dep.collect()
     assert res.complete

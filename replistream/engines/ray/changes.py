@@ -91,14 +91,16 @@ class Changes:
                                                          lag_ms=lag_ms)
 
     def rescale(self, operator: str, p: int, strategy: str = "fluid", bins_per_step: int | None = None,
-                gap_ms: float = 1.0, timeout: float = 300.0) -> dict:
+                gap_ms: float | None = None, timeout: float = 300.0) -> dict:
         """Run partitioned ``operator`` as ``p`` partitions from now on, moving bins of its key space
         from the old partitions to the new ones (or, for fewer, from the partitions that go to
         those that stay) while the query runs (Megaphone §3.3): each bin's
         tuples after a logical time go to its new owner, which starts from the old owner's state
         of that bin at that time; every replica of the old owner sends it, the new owner's
         replicas install the first copy. ``strategy``: ``"fluid"`` (one bin per step, the steps
-        ``gap_ms`` of event time apart), ``"batched"`` (``bins_per_step`` bins per step; by default the moving bins in about 16
+        ``gap_ms`` of event time apart; with no ``gap_ms`` and a paced feed, in waves each cut
+        once the last is installed, the gap set by how fast the last one's bins moved: the
+        record's ``waves``; unpaced, 1 ms), ``"batched"`` (``bins_per_step`` bins per step; by default the moving bins in about 16
         steps) or
         ``"all-at-once"`` (every bin at one time). Returns the change's record once every step
         is installed (``steps``, ``bins_moved``, ``new_replicas``, ``retired_replicas``,
@@ -126,8 +128,8 @@ class Changes:
             raise ValueError(f"rescale(): {operator!r} was removed from the running query (remove_operator); there "
                              f"is nothing left to rescale")
         with self._exclusive("rescale", change=False):
-            return rescale.rescale(self.plane, operator, p, strategy, bins_per_step, gap_us=int(gap_ms * 1000),
-                                   timeout=timeout)
+            return rescale.rescale(self.plane, operator, p, strategy, bins_per_step,
+                                   gap_us=None if gap_ms is None else max(1, int(gap_ms * 1000)), timeout=timeout)
 
     def partitions(self, operator: str) -> int:
         """How many partitions ``operator`` runs as now (1: not partitioned; ``"entry"``: the entry

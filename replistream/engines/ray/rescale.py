@@ -78,6 +78,17 @@ STRATEGIES = ("fluid", "batched", "all-at-once")
 #: gap ends the rescale sooner (2,048 steps: two seconds of event time).
 GAP_US = 1_000
 
+#: A fluid rescale of a paced feed with no ``gap_us`` given moves its bins in waves, each cut once
+#: the previous one is installed (:func:`_pace_next`): the first has this many bins, at
+#: :data:`GAP_US`; each later one about :data:`WAVE_S` of the feed's wall time of steps, at the gap
+#: the last wave showed the machine can take, times :data:`WAVE_HEADROOM`. A wave counts as having
+#: kept up if its last bin was installed within :data:`WAVE_SLACK_S` of being due (a punctuation's
+#: interval and the polls of :func:`_wait` are in it).
+WAVE_FIRST = 32
+WAVE_S = 0.5
+WAVE_HEADROOM = 1.5
+WAVE_SLACK_S = 0.1
+
 #: Wall time a paced feed has before it reaches a rescale's switch time ``T0``: ``T0`` is placed this
 #: far (in the feed's event time) past the largest timestamp fed, and the feed goes on up to it while
 #: the switch and the steps are handed out (:func:`_switch`); a hand-out that takes longer pauses the
@@ -105,7 +116,7 @@ def partitions(dep, operator: str) -> int:
 
 
 def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: int | None = None,
-            gap_us: int = GAP_US, timeout: float = 300.0) -> dict:
+            gap_us: int | None = None, timeout: float = 300.0) -> dict:
     """See :meth:`Deployment.rescale <replistream.engines.ray.changes.Changes.rescale>`."""
     made = dep.change_made()  # the same call sent again after its host was lost: made once
     if made is not None:
@@ -135,9 +146,13 @@ def rescale(dep, operator: str, p: int, strategy: str = "fluid", bins_per_step: 
     dep.rescaling.set()
     from .plane import CALL_ID
 
+    if gap_us is not None and int(gap_us) < 1:
+        raise ValueError(f"gap (event time between two steps) must be positive, got {gap_us} us")
+    # a fluid rescale of a paced feed with no gap given: in waves paced by the machine (_pace_next)
+    paced = strategy == "fluid" and gap_us is None and bool(dep.feeder.pace)
     kept = {"operator": node, "from": old_p, "to": p, "strategy": strategy, "bins_per_step": bins_per_step,
-            "gap_us": int(gap_us), "timeout": float(timeout), "call": CALL_ID.get(), "phase": "starting",
-            "started": time.time()}
+            "gap_us": None if gap_us is None else int(gap_us), "timeout": float(timeout), "call": CALL_ID.get(),
+            "phase": "starting", "started": time.time(), "paced": paced, "wave_bins": WAVE_FIRST, "wave_gap": GAP_US}
     try:
         _keep(dep, kept)  # before anything changes: a host lost from here on is followed by one that resumes it
         try:
@@ -196,12 +211,14 @@ def _start_new(dep, kept: dict) -> None:
 
 def _switch(dep, kept: dict, slack: int = 0) -> None:
     """With the feed gated at ``T0`` (:meth:`~.plane.ControlPlane.gated`: the largest timestamp fed,
-    plus ``slack``, plus :data:`GATE_LEAD_S` of a paced feed's event time): the steps and the switch
-    from ``T0``, written whole (the commit point), then handed out (:func:`_hand_out`), while the
-    feed goes on sending what lies at or before ``T0``. Before the gate (issue #41) the feed was
-    held for all of it, and every tuple due meanwhile waited: 15-118 ms in the 4M-key count's
-    rescales (``phases_s["feed_held"]`` then, ``"gated"`` now; docs/experiments/rescale_count4m_p20_2026-11-30.json)."""
-    node, p = kept["operator"], kept["to"]
+    plus ``slack``, plus :data:`GATE_LEAD_S` of a paced feed's event time): the next wave's steps
+    (:func:`_cut_wave`: every moving bin at once, or a paced fluid rescale's next few) and the
+    rescale's switch from ``T0``, written whole (the commit point), then handed out
+    (:func:`_hand_out`), while the feed goes on sending what lies at or before ``T0``. Before the
+    gate (issue #41) the feed was held for all of it, and every tuple due meanwhile waited: 15-118
+    ms in the 4M-key count's rescales (``phases_s["feed_held"]`` then, ``"gated"`` now;
+    docs/experiments/rescale_count4m_p20_2026-11-30.json)."""
+    node = kept["operator"]
     bits = int(dep.channel_opts["bits"])
     pace = dep.feeder.pace
     lead = int(slack) + (int(GATE_LEAD_S * pace * 1e6) if pace else 0)
@@ -209,54 +226,148 @@ def _switch(dep, kept: dict, slack: int = 0) -> None:
     # sends nothing past it: no tuple later than t0 exists anywhere before every sender has the switch.
     # A paced feed reaches t0 GATE_LEAD_S after now, so it does not pause if that is long enough
     with dep.gated(lead) as t0:
+        due = time.time() + (lead - int(slack)) / (1e6 * pace) if pace else time.time()
         p0, switches = (dep.channel_opts.get("routing") or {}).get(node, (kept["from"], []))
-        current = Router(dep.query, node, BinMap.even(p0, bits), switches).final()
-        new = BinMap.even(p, bits)
-        steps, times = plan_steps(node, current, new, t0, kept["strategy"], kept["bins_per_step"], kept["gap_us"])
-        switch = Switch.between(current, new, times)
-        routing = {**(dep.channel_opts.get("routing") or {}), node: (p0, [*switches, switch])}
+        base = kept.setdefault("base", len(switches))  # this rescale's switch: one, redrawn by each wave
+        before = Router(dep.query, node, BinMap.even(p0, bits), switches[:base]).final()
+        wave, steps, switch = _cut_wave(node, before, switches[base] if base < len(switches) else None,
+                                        kept, int(t0), bits)
+        switches = [*switches[:base], switch]
+        routing = {**(dep.channel_opts.get("routing") or {}), node: (p0, switches)}
         dep.channel_opts = {**dep.channel_opts, "routing": routing,
-                            "partitions": {**dep.channel_opts["partitions"], node: p}}
+                            "partitions": {**dep.channel_opts["partitions"], node: kept["to"]}}
         # a stateless operator has no state to move: the switch alone moves its bins
         involved = {m.src for m in steps} | {m.dst for m in steps} if is_stateful(dep.query, node) else set()
-        kept.update(phase="moving", at=int(t0), steps=steps, bins_moved=len(times), p0=int(p0),
-                    switches=[*switches, switch], involved=sorted(involved))
+        kept.update(phase="moving", p0=int(p0), switches=switches, steps=[*kept.get("steps", []), *steps],
+                    bins_moved=kept.get("bins_moved", 0) + len(wave["bins"]),
+                    involved=sorted(set(kept.get("involved", ())) | involved))
+        kept.setdefault("at", int(t0))
+        kept["waves"] = [*kept.get("waves", []), {"at": int(t0), "bins": len(wave["bins"]), "gap_us": wave["gap_us"],
+                                                  "left": wave["left"], "first_step": len(kept["steps"]) - len(steps),
+                                                  "due": due}]
         _keep(dep, kept)  # the commit point: topology, routing, steps written whole
-        _hand_out(dep, kept)
-    kept["held"] = time.time() - kept["started"]
+        _hand_out(dep, kept, steps)
+    kept.setdefault("held", time.time() - kept["started"])
 
 
-def _hand_out(dep, kept: dict) -> None:
+def _cut_wave(node: str, before: BinMap, drawn: Switch | None, kept: dict, t0: int, bits: int):
+    """The next wave of a rescale from ``before`` (the bin map before it) to the balanced map of
+    ``kept["to"]`` partitions: its bins (``{"bins", "gap_us"}``), steps and the rescale's switch
+    redrawn (``drawn``: as the waves before left it) with the wave's bins switching at their steps'
+    times. Every bin left at once (cut by the strategy, steps ``gap_us`` apart), or with a paced
+    fluid rescale (``kept["paced"]``) the next ``kept["wave_bins"]`` of them, ``kept["wave_gap"]``
+    apart (:func:`_pace_next`), in the order :func:`~replistream.replica.rescale.plan_steps` cuts
+    them (per pair of partitions)."""
+    old_p, p = kept["from"], kept["to"]
+    new = BinMap.even(p, bits)
+    at = drawn.at.copy() if drawn is not None else np.full(1 << bits, Switch.NEVER, dtype=np.int64)
+    owner = drawn.owner.copy() if drawn is not None else before.owner.copy()
+    left = sorted((src, dst, b) for b, src, dst in before.moves(new) if at[b] == Switch.NEVER)
+    if kept.get("paced"):
+        take = [b for _, _, b in left[:max(1, int(kept["wave_bins"]))]]
+        gap, strategy = int(kept["wave_gap"]), "fluid"
+    else:
+        take = [b for _, _, b in left]
+        gap, strategy = int(kept["gap_us"] or GAP_US), kept["strategy"]
+    width = max(p, old_p)  # (until the last wave, bins of leaving partitions stay theirs)
+    own = owner.copy()
+    moved = np.asarray(take, dtype=np.int64)
+    own[moved] = new.owner[moved]
+    steps, times = plan_steps(node, BinMap(owner, width), BinMap(own, width), t0, strategy, kept["bins_per_step"], gap)
+    for b, t in times:
+        at[int(b)] = int(t)
+    parts = p if len(take) == len(left) else width
+    return {"bins": take, "gap_us": gap, "left": len(left) - len(take)}, steps, Switch(at, own, parts)
+
+
+def _pace_next(dep, kept: dict, wave: dict) -> None:
+    """A paced fluid rescale's next wave, from how the last one went (Megaphone's controller issues
+    the next migration step once the previous one is done, §3.3; here in waves, since every sender
+    must hold a step's time before the feed reaches it): the steps of ``wave`` were due from
+    ``wave["due"]`` (when the feed reached its ``T0``), one every ``gap_us`` of event time, and all
+    were installed at ``wave["done"]``. If that came more than :data:`WAVE_SLACK_S` after the last
+    one was due, the bins moved slower than the feed made them due: the next gap is
+    :data:`WAVE_HEADROOM` times the wall time a bin took (in the feed's event time); if it came well
+    within it, the gap shrinks by a tenth (never below :data:`GAP_US`). The next wave has about
+    :data:`WAVE_S` of steps at that gap. So a taking replica waits, per punctuation, for the bins of
+    that punctuation's steps only, and the move goes as fast as the machine moves bins, not as the
+    caller guessed.
+
+    >>> from types import SimpleNamespace as NS
+    >>> kept, dep = {}, NS(feeder=NS(pace=1.0))
+    >>> _pace_next(dep, kept, {"bins": 32, "gap_us": 1000, "due": 0.0, "done": 0.3, "left": 2016})
+    >>> kept["wave_gap"], kept["wave_bins"]   # 32 bins took 0.3 s where 31 ms were due: 8x the gap (at most)
+    (8000, 62)
+    >>> _pace_next(dep, kept, {"bins": 62, "gap_us": 8000, "due": 0.0, "done": 0.5, "left": 1954})
+    >>> kept["wave_gap"], kept["wave_bins"]   # kept up (within WAVE_SLACK_S / 2): a tenth less
+    (7200, 69)
+    """
+    pace = float(dep.feeder.pace or 1.0)
+    n, gap = max(1, int(wave["bins"])), int(wave["gap_us"])
+    took = max(0.0, float(wave["done"]) - float(wave["due"]))
+    lag = took - (n - 1) * gap / (1e6 * pace)
+    if lag > WAVE_SLACK_S:
+        want = int(WAVE_HEADROOM * (took - WAVE_SLACK_S) / n * pace * 1e6)
+        gap = min(max(want, gap), 8 * gap)
+    elif lag < WAVE_SLACK_S / 2:
+        gap = max(GAP_US, int(gap * 0.9))
+    kept["wave_gap"] = gap
+    kept["wave_bins"] = max(1, int(WAVE_S * pace * 1e6 // gap))
+
+
+def _hand_out(dep, kept: dict, steps: list | None = None) -> None:
     """Every sender gets the rescale's switch, every running replica of a giving or taking partition
-    its steps (awaited; a replica that cannot take them is declared failed). Both idempotent: a host
-    that resumes the rescale sends them again (:func:`resume`)."""
+    the steps (``steps``: a wave's; None: every step so far) (awaited; a replica that cannot take
+    them is declared failed). Both idempotent: a host that resumes the rescale sends them again
+    (:func:`resume`)."""
     node, p = kept["operator"], kept["to"]
     _set_routing(dep, node, p, kept["p0"], kept["switches"])
     targets = {q: [(r.label, dep.topology.handle(r.label)) for r in dep.topology.replicas(partition_label(node, q))
                    if dep.topology.is_running(r.label)] for q in range(max(p, kept["from"]))}
-    steps = pack_moves(kept["steps"])  # (cut once: as 2,048 dataclasses, pickled again for each replica)
-    _all_or_fenced(dep, {label: h.add_moves.remote(steps, targets) for q in kept["involved"]
+    steps = kept["steps"] if steps is None else steps
+    packed = pack_moves(steps)  # (cut once: as 2,048 dataclasses, pickled again for each replica)
+    involved = {m.src for m in steps} | {m.dst for m in steps}
+    _all_or_fenced(dep, {label: h.add_moves.remote(packed, targets) for q in kept["involved"] if q in involved
                          for label, h in targets[q]}, "its rescale steps")
 
 
 def _finish(dep, kept: dict) -> dict:
-    """The rescale from its steps handed out to its record: every step installed, then (fewer
-    partitions) the leaving partitions retired; the record logged and, with the rescale no longer in
-    flight, written at once (a host lost after this returns the record to the call sent again)."""
-    node, old_p, p, t0, steps = kept["operator"], kept["from"], kept["to"], kept["at"], kept["steps"]
+    """The rescale from its first wave handed out to its record: every wave's steps installed, the
+    next wave cut after each (:func:`_pace_next`, :func:`_switch`), then (fewer partitions) the
+    leaving partitions retired; the record logged and, with the rescale no longer in flight,
+    written at once (a host lost after this returns the record to the call sent again)."""
+    node, old_p, p = kept["operator"], kept["from"], kept["to"]
     bits = int(dep.channel_opts["bits"])
     timeout = kept["timeout"]
     started = kept["started"]
+    held = started + kept.get("held", time.time() - started)
+    whole = bool(kept.get("resumed"))  # (resumed: every step so far handed out again, and waited for)
+    while True:
+        wave = kept["waves"][-1]
+        mine = kept["steps"] if whole else kept["steps"][wave["first_step"]:]
+        if kept["involved"] and mine:
+            _wait(dep, node, mine, max(1.0, started + timeout - time.time()), every=0.05 if kept.get("paced") else 0.2)
+        whole = False
+        wave["done"] = time.time()
+        if not wave.get("left"):
+            break
+        _pace_next(dep, kept, wave)
+        if kept.get("resumed") and not kept.get("floored"):  # T0 past what the lost host fed, too
+            _resumed_floor(dep)
+            kept["floored"] = True
+        _switch(dep, kept)
+    t0, steps = kept["at"], kept["steps"]
     rec = {"change": "rescale", "operator": node, "from": old_p, "to": p, "strategy": kept["strategy"], "at": t0,
            "steps": len(steps), "bins_moved": kept["bins_moved"], "new_replicas": list(kept["new_replicas"]),
            "retired_replicas": [],
            "text": f"{node}: {old_p} -> {p} partitions, {kept['bins_moved']} of {1 << bits} bins in {len(steps)} "
                    f"step(s) from ts {as_seconds(t0)}"}
+    if kept.get("paced"):  # each wave: its bins, the event time between its steps, its wall time
+        rec["waves"] = [{"bins": w["bins"], "gap_ms": w["gap_us"] / 1000, "s": round(w["done"] - w["due"], 3)}
+                        for w in kept["waves"]]
+        rec["text"] += f" in {len(kept['waves'])} wave(s)"
     if kept.get("resumed"):
         rec["resumed"] = kept["resumed"]  # by a host that took the deployment up after the one running it was lost
-    held = started + kept.get("held", time.time() - started)
-    if kept["involved"]:
-        _wait(dep, node, steps, timeout)
     stepped = time.time()
     if p < old_p:
         last = max([t0, *(m.at for m in steps)])
@@ -617,11 +728,11 @@ def _answers(dep, asked: dict) -> dict:
     return got
 
 
-def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
+def _wait(dep, node: str, steps: list[Move], timeout: float, every: float = 0.2) -> None:
     """Until every live replica of each taking partition installed its steps (and every giving
     one gave them); a replica lost meanwhile is left to its peers, but a taking partition with no
     running replica left is never done (the run's failure check names it: every replica lost).
-    Raises RunFailed naming the steps not done after ``timeout`` s."""
+    Raises RunFailed naming the steps not done after ``timeout`` s. Asks every ``every`` s."""
     take: dict[int, set[str]] = {}
     give: dict[int, set[str]] = {}
     for m in steps:
@@ -656,4 +767,4 @@ def _wait(dep, node: str, steps: list[Move], timeout: float) -> None:
             raise RunFailed(f"rescale of {node!r}: steps not done after {timeout:g} s: "
                             + "; ".join(f"{lab} to {role} {n} step(s), e.g. {ids}" for lab, role, ids, n in missing[:4]),
                             operator=node)
-        wake.wait(0.2)
+        wake.wait(every)
