@@ -118,6 +118,27 @@ def test_a_fluid_rescale_survives_a_giving_replica_killed_during_the_move():
     assert_same_output(ref.outputs["out"], res.outputs["out"])
 
 
+def test_a_paced_fluid_rescale_whose_feed_ends_between_waves_ends_exact_with_the_rest_unmoved():
+    """The feed ends before the first wave's steps are due (the gate sits before the last chunk,
+    which spans less event time than the lead its T0 is placed at): the first wave is given at the
+    sources' end, and no second wave can be cut; the rescale returns (no error), says how many
+    bins stayed, and the output is exact."""
+    q, data = query(), inputs(seed=17)
+    ref = run_reference(q, data)
+    gate = Gate()
+    chunks = list(data["s"])
+    with deploy(q, servers=SERVERS, k=2, parallelism={"per_k": 1}, bits=7) as dep:
+        dep.feed({"s": chunks[:-1] + [gate.sentinel()] + chunks[-1:]}, pace=8.0)
+        assert gate.reached.wait(120)
+        rec = rescale_at(dep, gate, 2, "fluid")
+        assert rec["waves"][0]["bins"] == 32 and rec.get("unmoved_bins") == 32, rec
+        assert rec["bins_moved"] == 32 and "not moved" in rec["text"], rec
+        dep.wait(timeout=300)
+        res = dep.collect()
+    assert res.complete
+    assert_same_output(ref.outputs["out"], res.outputs["out"])
+
+
 def assert_retired(dep, rec, partitions):
     """The partitions ``partitions`` (numbers) of ``per_k`` are gone: named in the record and the
     events, forgotten by the topology, no running replica sends to them any more."""

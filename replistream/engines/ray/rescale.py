@@ -280,6 +280,12 @@ def _cut_wave(node: str, before: BinMap, drawn: Switch | None, kept: dict, t0: i
     return {"bins": take, "gap_us": gap, "left": len(left) - len(take)}, steps, Switch(at, own, parts)
 
 
+def _fed_out(dep) -> bool:
+    """True once every source of the feed has ended without error (nothing is routed again)."""
+    f = dep.feeder
+    return f.error is None and bool(f.sources) and not any(src in f.open_sources for src in f.sources)
+
+
 def _pace_next(dep, kept: dict, wave: dict) -> None:
     """A paced fluid rescale's next wave, from how the last one went (Megaphone's controller issues
     the next migration step once the previous one is done, §3.3; here in waves, since every sender
@@ -352,10 +358,21 @@ def _finish(dep, kept: dict) -> dict:
         if not wave.get("left"):
             break
         _pace_next(dep, kept, wave)
-        if kept.get("resumed") and not kept.get("floored"):  # T0 past what the lost host fed, too
-            _resumed_floor(dep)
-            kept["floored"] = True
-        _switch(dep, kept)
+        try:
+            if _fed_out(dep):
+                raise RuntimeError("every source has ended")
+            if kept.get("resumed") and not kept.get("floored"):  # T0 past what the lost host fed, too
+                _resumed_floor(dep)
+                kept["floored"] = True
+            _switch(dep, kept)  # (raises before any gate or change if the feed ended meanwhile)
+        except RuntimeError:
+            if not _fed_out(dep):
+                raise
+            # every source ended between two waves: no tuple will be routed again, so the bins not
+            # moved yet stay where they are (their partitions emit their state at the end, as
+            # without the rescale); the record says how many
+            kept["unmoved"] = int(wave["left"])
+            break
     t0, steps = kept["at"], kept["steps"]
     rec = {"change": "rescale", "operator": node, "from": old_p, "to": p, "strategy": kept["strategy"], "at": t0,
            "steps": len(steps), "bins_moved": kept["bins_moved"], "new_replicas": list(kept["new_replicas"]),
@@ -366,6 +383,9 @@ def _finish(dep, kept: dict) -> dict:
         rec["waves"] = [{"bins": w["bins"], "gap_ms": w["gap_us"] / 1000, "s": round(w["done"] - w["due"], 3)}
                         for w in kept["waves"]]
         rec["text"] += f" in {len(kept['waves'])} wave(s)"
+    if kept.get("unmoved"):
+        rec["unmoved_bins"] = kept["unmoved"]
+        rec["text"] += f"; every source ended with {kept['unmoved']} bin(s) not moved (they stayed with their partitions)"
     if kept.get("resumed"):
         rec["resumed"] = kept["resumed"]  # by a host that took the deployment up after the one running it was lost
     stepped = time.time()
