@@ -71,11 +71,13 @@ def test_the_next_gap_follows_how_fast_the_last_wave_moved():
     # after the first was due: kept up; the gap shrinks, never below GAP_US
     rs._pace_next(dep, kept, {"bins": 32, "gap_us": 1000, "due": 10.0, "done": 10.05})
     assert kept["wave_gap"] == rs.GAP_US
-    # the same bins installed 1.1 s after: a bin took (1.1 - slack) / 32 s of wall time; the next
-    # gap gives it WAVE_HEADROOM of that in event time (at most 8x the last)
+    # 32 bins due over 0.32 s installed 1.1 s after the first was due: they took (1.1 - slack) /
+    # 0.32 times as long as the feed gave them; the next gap grows by that, times WAVE_HEADROOM
     rs._pace_next(dep, kept, {"bins": 32, "gap_us": 20_000, "due": 10.0, "done": 11.1})
-    want = rs.WAVE_HEADROOM * (11.1 - 10.0 - rs.WAVE_SLACK_S) / 32 * 2.0 * 1e6
-    assert abs(kept["wave_gap"] - want) <= 1
+    assert kept["wave_gap"] == round((1.1 - rs.WAVE_SLACK_S) / 0.32 * rs.WAVE_HEADROOM * 20_000)
     assert kept["wave_bins"] == int(rs.WAVE_S * 2.0 * 1e6 // kept["wave_gap"])
+    # a wave a little behind (within WAVE_BEHIND) keeps its gap: noise does not ratchet it up
+    rs._pace_next(dep, kept, {"bins": 100, "gap_us": 10_000, "due": 0.0, "done": 0.5 + rs.WAVE_SLACK_S + 0.02})
+    assert kept["wave_gap"] == 10_000
     rs._pace_next(dep, kept, {"bins": 1, "gap_us": 1000, "due": 0.0, "done": 30.0})
     assert kept["wave_gap"] == 8000 and kept["wave_bins"] == 125

@@ -81,13 +81,16 @@ GAP_US = 1_000
 #: A fluid rescale of a paced feed with no ``gap_us`` given moves its bins in waves, each cut once
 #: the previous one is installed (:func:`_pace_next`): the first has this many bins, at
 #: :data:`GAP_US`; each later one about :data:`WAVE_S` of the feed's wall time of steps, at the gap
-#: the last wave showed the machine can take, times :data:`WAVE_HEADROOM`. A wave counts as having
-#: kept up if its last bin was installed within :data:`WAVE_SLACK_S` of being due (a punctuation's
-#: interval and the polls of :func:`_wait` are in it).
+#: the last wave showed the machine can take. A wave kept up if its last bin was installed within
+#: :data:`WAVE_SLACK_S` of being due (a punctuation's interval and the polls of :func:`_wait` are in
+#: it).
 WAVE_FIRST = 32
 WAVE_S = 0.5
-WAVE_HEADROOM = 1.5
+WAVE_HEADROOM = 1.2
 WAVE_SLACK_S = 0.1
+#: A wave whose bins took this many times the wall time over which they came due (past
+#: :data:`WAVE_SLACK_S`) fell behind: the next gap grows by that much, times :data:`WAVE_HEADROOM`.
+WAVE_BEHIND = 1.1
 
 #: Wall time a paced feed has before it reaches a rescale's switch time ``T0``: ``T0`` is placed this
 #: far (in the feed's event time) past the largest timestamp fed, and the feed goes on up to it while
@@ -291,32 +294,32 @@ def _pace_next(dep, kept: dict, wave: dict) -> None:
     the next migration step once the previous one is done, §3.3; here in waves, since every sender
     must hold a step's time before the feed reaches it): the steps of ``wave`` were due from
     ``wave["due"]`` (when the feed reached its ``T0``), one every ``gap_us`` of event time, and all
-    were installed at ``wave["done"]``. If that came more than :data:`WAVE_SLACK_S` after the last
-    one was due, the bins moved slower than the feed made them due: the next gap is
-    :data:`WAVE_HEADROOM` times the wall time a bin took (in the feed's event time); if it came well
-    within it, the gap shrinks by a tenth (never below :data:`GAP_US`). The next wave has about
-    :data:`WAVE_S` of steps at that gap. So a taking replica waits, per punctuation, for the bins of
-    that punctuation's steps only, and the move goes as fast as the machine moves bins, not as the
-    caller guessed.
+    were installed at ``wave["done"]``. Past :data:`WAVE_SLACK_S`, if that took more than
+    :data:`WAVE_BEHIND` times the wall time over which they came due, the bins moved slower than
+    the feed made them due: the next gap grows by that ratio times :data:`WAVE_HEADROOM` (at most
+    8x); if the wave ended well within its slack, the gap shrinks by a tenth (never below
+    :data:`GAP_US`). The next wave has about :data:`WAVE_S` of steps at that gap. So a taking
+    replica waits, per punctuation, for the bins of that punctuation's steps only, and the move
+    goes as fast as the machine moves bins, not as the caller guessed.
 
     >>> from types import SimpleNamespace as NS
     >>> kept, dep = {}, NS(feeder=NS(pace=1.0))
     >>> _pace_next(dep, kept, {"bins": 32, "gap_us": 1000, "due": 0.0, "done": 0.3, "left": 2016})
-    >>> kept["wave_gap"], kept["wave_bins"]   # 32 bins took 0.3 s where 31 ms were due: 8x the gap (at most)
-    (8000, 62)
-    >>> _pace_next(dep, kept, {"bins": 62, "gap_us": 8000, "due": 0.0, "done": 0.5, "left": 1954})
-    >>> kept["wave_gap"], kept["wave_bins"]   # kept up (within WAVE_SLACK_S / 2): a tenth less
-    (7200, 69)
+    >>> kept["wave_gap"], kept["wave_bins"]   # 32 bins due over 32 ms took 0.2 s past the slack
+    (7500, 66)
+    >>> _pace_next(dep, kept, {"bins": 66, "gap_us": 7500, "due": 0.0, "done": 0.5, "left": 1950})
+    >>> kept["wave_gap"], kept["wave_bins"]   # kept up (within half the slack): a tenth less
+    (6750, 74)
     """
     pace = float(dep.feeder.pace or 1.0)
     n, gap = max(1, int(wave["bins"])), int(wave["gap_us"])
     took = max(0.0, float(wave["done"]) - float(wave["due"]))
-    lag = took - (n - 1) * gap / (1e6 * pace)
-    if lag > WAVE_SLACK_S:
-        want = int(WAVE_HEADROOM * (took - WAVE_SLACK_S) / n * pace * 1e6)
-        gap = min(max(want, gap), 8 * gap)
-    elif lag < WAVE_SLACK_S / 2:
-        gap = max(GAP_US, int(gap * 0.9))
+    span = n * gap / (1e6 * pace)  # the wall time over which its steps came due
+    behind = (took - WAVE_SLACK_S) / span  # > 1: its bins took longer than the feed made them due
+    if behind > WAVE_BEHIND:
+        gap = round(min(8.0, behind * WAVE_HEADROOM) * gap)
+    elif took - span < WAVE_SLACK_S / 2:
+        gap = max(GAP_US, round(gap * 0.9))
     kept["wave_gap"] = gap
     kept["wave_bins"] = max(1, int(WAVE_S * pace * 1e6 // gap))
 
@@ -352,7 +355,8 @@ def _finish(dep, kept: dict) -> dict:
         wave = kept["waves"][-1]
         mine = kept["steps"] if whole else kept["steps"][wave["first_step"]:]
         if kept["involved"] and mine:
-            _wait(dep, node, mine, max(1.0, started + timeout - time.time()), every=0.05 if kept.get("paced") else 0.2)
+            # (the rescale's timeout is for all its waves: what is left of it)
+            _wait(dep, node, mine, max(0.0, started + timeout - time.time()), every=0.05 if kept.get("paced") else 0.2)
         whole = False
         wave["done"] = time.time()
         if not wave.get("left"):
