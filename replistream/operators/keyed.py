@@ -115,6 +115,43 @@ class _Columns(_MappingABC):
         return len(self._state._cols)
 
 
+#: index entries up to which runs are merged at once (a few ms); beyond, in slices
+MERGE_AT_ONCE = 1 << 18
+#: entries of each run merged per lookup while a merge goes on in slices
+MERGE_STEP = 1 << 15
+#: storage capacity (rows) from which the next storage is touched ahead of its growth
+TOUCH_AHEAD_FROM = 1 << 16
+
+
+class _Merge:
+    """A merge of sorted runs into one, going on in slices (:meth:`KeyedState._merge_step`):
+    the merged entries so far (``h[:k]``, ``r[:k]``, storage for all of them allocated at the
+    start) and, per run, the position up to which it was merged."""
+
+    __slots__ = ("srcs", "pos", "h", "r", "k")
+
+    def __init__(self, srcs: list, total: int):
+        self.srcs = srcs
+        self.pos = [0] * len(srcs)
+        self.h = np.empty(total, dtype=np.uint64)
+        self.r = np.empty(total, dtype=np.int64)
+        self.k = 0
+
+    @property
+    def done(self) -> bool:
+        return all(p == len(h) for (h, _), p in zip(self.srcs, self.pos))
+
+    def views(self) -> list:
+        """The runs lookups see meanwhile: the merged part, then what is left of each run."""
+        out = [(self.h[:self.k], self.r[:self.k])] if self.k else []
+        return out + [(h[p:], r[p:]) for (h, r), p in zip(self.srcs, self.pos) if p < len(h)]
+
+    @property
+    def lead(self) -> int:
+        """How many of the first runs in the index are this merge's views."""
+        return int(self.k > 0) + sum(p < len(h) for (h, _), p in zip(self.srcs, self.pos))
+
+
 class KeyedState:
     """Per-key rows in flat columns, found by key hash through sorted runs; bins are hash ranges (Megaphone §3.4).
 
@@ -130,7 +167,12 @@ class KeyedState:
     finds them: a batch's new keys become a run, merged with the one before while the
     two are of comparable size (the logarithmic method: an entry is copied ``O(log n)``
     times overall), and every run is merged into one once lookups in the extra runs
-    have cost about as much as that merge. A bin, the top bits of the hash, is one
+    have cost about as much as that merge. A merge of more than :data:`MERGE_AT_ONCE` entries
+    goes in slices, one per lookup (:data:`MERGE_STEP` entries of each run: the runs' entries
+    below a hash bound, sorted and written into the merged run's storage), with the part merged
+    so far and the rest of each run serving lookups meanwhile, so no lookup waits for the whole
+    index (a 4M-key count once paused 50-156 ms for one merge, with no fault and no move:
+    issue #42). A bin, the top bits of the hash, is one
     contiguous range of each run. While the rows are in hash order (after a load or a full
     snapshot, or appended in order: a transfer's steps installed bin after bin) the storage is
     its own index and no run is kept: a fluid move's receiver once merged runs of a million
@@ -174,6 +216,9 @@ class KeyedState:
         self._cols = {c: np.zeros(0, dtype=d) for c, d in self.dtypes.items()}
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted hashes, their rows), oldest first
         self._probes = 0  # lookups in runs beyond the first since the last full merge
+        self._merge: _Merge | None = None  # a merge of the first runs going on in slices
+        self._spare: tuple | None = None  # the next storage (hash, cols), touched ahead of growth
+        self._touched = 0  # its rows touched so far
         #: the storage's rows are in hash order: they are their own index (``_runs`` is empty)
         self._ordered = True
         self.cols = _Columns(self)
@@ -210,7 +255,11 @@ class KeyedState:
     def _add_run(self, hashes: np.ndarray, rows: np.ndarray) -> None:
         order = argsort_u64(hashes)
         self._runs.append((hashes[order], rows[order]))
-        while len(self._runs) > 1 and 2 * len(self._runs[-1][0]) >= len(self._runs[-2][0]):
+        lead = 0 if self._merge is None else self._merge.lead  # (runs a slice merge is reading)
+        while len(self._runs) > lead + 1 and 2 * len(self._runs[-1][0]) >= len(self._runs[-2][0]):
+            if self._merge is None and len(self._runs[-1][0]) + len(self._runs[-2][0]) > MERGE_AT_ONCE:
+                self._start_merge()  # (every run, in slices: no pause of the whole merge)
+                return
             (ah, ar), (bh, br) = self._runs[-2], self._runs[-1]
             if self._unlinked:  # (a merge copies both anyway: cleared entries go)
                 (ah, ar), (bh, br) = self._purged(ah, ar), self._purged(bh, br)
@@ -226,9 +275,71 @@ class KeyedState:
         self._unlinked -= gone
         return h[ok], r[ok]
 
+    def _start_merge(self) -> None:
+        """Merge every run into one: at once if they hold at most :data:`MERGE_AT_ONCE` entries,
+        else in slices, one per later lookup (:meth:`_merge_step`)."""
+        self._probes = 0
+        total = sum(len(h) for h, _ in self._runs)
+        if total <= MERGE_AT_ONCE or len(self._runs) < 2:
+            self._merge_index()
+            return
+        self._merge = _Merge(list(self._runs), total)
+        self._runs = self._merge.views()
+
+    def _merge_step(self, budget: int = 0) -> None:
+        """One slice of the merge going on: of each run being merged, its entries below the
+        smallest hash that lies ``budget`` (default :data:`MERGE_STEP`) entries on in one of them
+        (equal hashes stay together, in run order), without cleared entries, sorted into the
+        merged run's storage. The merged part and the rest of each run stay in :attr:`_runs`
+        (views): a lookup finds every entry in exactly one of them meanwhile."""
+        m = self._merge
+        budget = int(budget) or MERGE_STEP
+        rest = self._runs[m.lead:]
+        bound = None
+        for (h, _), p in zip(m.srcs, m.pos):
+            if len(h) - p > budget:
+                b = h[p + budget]
+                bound = b if bound is None or b < bound else bound
+        ends = [len(h) if bound is None else int(np.searchsorted(h, bound, side="left")) for h, _ in m.srcs]
+        if bound is not None and all(e == p for e, p in zip(ends, m.pos)):  # (one hash, over budget times)
+            ends = [int(np.searchsorted(h, bound, side="right")) for h, _ in m.srcs]
+        hs = [h[p:e] for (h, _), p, e in zip(m.srcs, m.pos, ends) if e > p]
+        rs = [r[p:e] for (_, r), p, e in zip(m.srcs, m.pos, ends) if e > p]
+        if hs:
+            h = hs[0] if len(hs) == 1 else np.concatenate(hs)
+            r = rs[0] if len(rs) == 1 else np.concatenate(rs)
+            if self._unlinked:  # (cleared entries go: rows of bins given away)
+                ok = r >= 0
+                gone = len(r) - int(np.count_nonzero(ok))
+                if gone:
+                    self._unlinked -= gone
+                    h, r = h[ok], r[ok]
+            if len(hs) > 1:
+                order = np.argsort(h, kind="stable")  # (sorted pieces: one merging pass)
+                h, r = h[order], r[order]
+            m.h[m.k:m.k + len(h)] = h
+            m.r[m.k:m.k + len(r)] = r
+            m.k += len(h)
+        m.pos = ends
+        if m.done:
+            self._merge = None
+            self._runs = ([(m.h[:m.k], m.r[:m.k])] if m.k else []) + rest
+        else:
+            self._runs = m.views() + rest
+
+    def _finish_merge(self) -> None:
+        """Complete the merge going on, if any (what is left of it at once)."""
+        if self._merge is not None:
+            self._merge_step(budget=1 << 62)
+
+    def __getstate__(self):
+        self._finish_merge()  # (views into the merge's storage would not survive a copy)
+        return {**self.__dict__, "_spare": None}  # (storage not in use yet)
+
     def _merge_index(self) -> None:
         """One run of every entry (runs are sorted already, so the stable sort merges them): 16
         bytes an entry, whatever the columns."""
+        self._finish_merge()
         self._probes = 0
         if self._unlinked:
             self._runs = [x for x in (self._purged(h, r) for h, r in self._runs) if len(x[0])]
@@ -250,6 +361,7 @@ class KeyedState:
             h, r = self._runs[0]
             self._hash = h
             self._cols = {c: a[:self._n][r] for c, a in self._cols.items()}
+            self._spare = None
         self._runs, self._probes = [], 0  # (the storage is its own index from now on)
         self._ordered = True
 
@@ -272,10 +384,12 @@ class KeyedState:
                 hit = h[pos] == hashes
                 out[hit] = pos[hit]
             return out
-        if len(self._runs) > 1:
+        if self._merge is not None:
+            self._merge_step()
+        elif len(self._runs) > 1:
             self._probes += len(hashes) * (len(self._runs) - 1)
             if 8 * self._probes > self._n:  # lookups in the extra runs have paid for merging them
-                self._merge_index()
+                self._start_merge()
         out = np.full(len(hashes), -1, dtype=np.int64)
         for rh, rr in self._runs:
             if not len(rh):
@@ -308,13 +422,20 @@ class KeyedState:
             self._dead[slots] = False
             self._n_dead -= len(slots)
         top = m - len(slots)  # rows added at the end
+        if len(self._hash) >= TOUCH_AHEAD_FROM and 2 * (n + top) > len(self._hash):
+            self._touch_ahead(4 * top)
         if n + top > len(self._hash):
             cap = max(2 * len(self._hash), n + top, 16)
-            grown = np.zeros(cap, dtype=np.uint64)
+            spare, self._spare = self._spare, None
+            if spare is not None and len(spare[0]) == cap:  # (touched already: a copy, no fault)
+                grown, cols = spare
+            else:
+                grown, cols = np.zeros(cap, dtype=np.uint64), {c: np.zeros(cap, dtype=a.dtype)
+                                                               for c, a in self._cols.items()}
             grown[:n] = self._hash[:n]
             self._hash = grown
             for c, a in self._cols.items():
-                g = np.zeros(cap, dtype=a.dtype)
+                g = cols[c]
                 g[:n] = a[:n]
                 self._cols[c] = g
             if self._dead is not None:
@@ -335,6 +456,26 @@ class KeyedState:
             self._add_run(hashes, rows)
         return rows
 
+    def _touch_ahead(self, k: int) -> None:
+        """Write zeros into ``k`` more rows of the storage the next growth will copy into (twice
+        the present capacity, allocated when the rows pass half of it). Memory a process touches
+        for the first time costs a page fault per page (on this VM up to 2.4 ms a MB, fresh from
+        the host): touched a few rows per append, the growth is then one copy into memory that is
+        there already, not a pause of the data path for the faults of the whole copy (a fluid
+        move's taker paused about 90 ms growing from 1.9M rows, issue #42)."""
+        cap = len(self._hash)
+        if self._spare is None or len(self._spare[0]) != 2 * cap:
+            self._spare = (np.empty(2 * cap, dtype=np.uint64),
+                           {c: np.empty(2 * cap, dtype=a.dtype) for c, a in self._cols.items()})
+            self._touched = 0
+        a, b = self._touched, min(cap, self._touched + max(int(k), 1024))
+        if a < b:  # (the rows a growth copies into: the first ``cap``)
+            h, cols = self._spare
+            h[a:b] = 0
+            for g in cols.values():
+                g[a:b] = 0
+            self._touched = b
+
     def _take_holes(self, k: int) -> np.ndarray:
         """Up to ``k`` free slots (dead rows), taken from the list of them."""
         out = []
@@ -352,6 +493,8 @@ class KeyedState:
     def _keep(self, keep: np.ndarray) -> None:
         """Keep only the rows where ``keep`` holds (renumbered, in order; ``keep`` leaves out
         every dead row)."""
+        self._finish_merge()  # (its entries are renumbered too)
+        self._spare = None
         self._hash = self._hash[:self._n][keep]
         self._cols = {c: a[:self._n][keep] for c, a in self._cols.items()}
         renumber = np.cumsum(keep) - 1
@@ -370,7 +513,7 @@ class KeyedState:
         self._n = 0
         self._hash = np.zeros(0, dtype=np.uint64)
         self._cols = {c: np.zeros(0, dtype=d) for c, d in self.dtypes.items()}
-        self._runs, self._probes, self._ordered = [], 0, True
+        self._runs, self._probes, self._ordered, self._merge, self._spare = [], 0, True, None, None
         self._dead, self._n_dead = None, 0
         self._holes, self._unlinked = [], 0
         if len(hashes):

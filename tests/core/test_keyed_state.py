@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replistream.operators.base import bin_of
+from replistream.operators import keyed
 from replistream.operators.keyed import KeyedState
 
 PROPS = settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -47,6 +48,23 @@ def _h(keys) -> np.ndarray:
 @PROPS
 @given(ops=OPS, bits=st.integers(0, 4))
 def test_keyed_state_behaves_as_a_dict_of_rows(ops, bits):
+    _behaves_as_a_dict(ops, bits)
+
+
+@PROPS
+@given(ops=OPS, bits=st.integers(0, 4))
+def test_keyed_state_behaves_as_a_dict_of_rows_while_merges_go_in_slices(ops, bits):
+    """The same with merges of more than 4 entries going on in slices of 2 entries per run
+    (lookups, removals, bins given away and snapshots meet a merge half done)."""
+    old = keyed.MERGE_AT_ONCE, keyed.MERGE_STEP
+    keyed.MERGE_AT_ONCE, keyed.MERGE_STEP = 4, 2
+    try:
+        _behaves_as_a_dict(ops, bits)
+    finally:
+        keyed.MERGE_AT_ONCE, keyed.MERGE_STEP = old
+
+
+def _behaves_as_a_dict(ops, bits):
     state, model = KeyedState({"n": "i8", "tag": "S3"}, bits=bits), {}
     for i, (op, keys, b) in enumerate(ops):
         h = _h(keys)
@@ -254,3 +272,42 @@ def test_a_giving_state_never_copies_every_row_and_new_keys_take_the_free_slots(
     assert h.tolist() == sorted(model)
     monkeypatch.undo()
     assert state.snapshot()[0].tolist() == sorted(model) and state._n == len(model)  # (a full one deletes them)
+
+
+def test_a_large_index_merge_goes_in_slices_one_per_lookup(monkeypatch):
+    """Issue #42: merging the index's runs into one was one step in the data path (a 4M-key
+    count paused 50-156 ms for it, with no fault and no move). Past MERGE_AT_ONCE entries it goes
+    in slices: each lookup while it lasts merges at most MERGE_STEP entries of each run, the
+    lookups find every key meanwhile, and the index ends as one run."""
+    monkeypatch.setattr(keyed, "MERGE_AT_ONCE", 1 << 12)
+    monkeypatch.setattr(keyed, "MERGE_STEP", 1 << 10)
+    rng = np.random.default_rng(21)
+    keys = rng.permutation(1 << 16).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    state = KeyedState({"n": "i8"}, bits=6)
+    state.upsert(keys[:40_000])
+    state.cols["n"][state.locate(keys[:40_000])] = np.arange(40_000)
+    state.upsert(keys[40_000:60_000])  # (a run half the size of the first: merged in slices)
+    assert state._merge is not None
+    sizes = []
+    real = keyed._Merge.views
+
+    def views(m):
+        sizes.append(m.k)
+        return real(m)
+    monkeypatch.setattr(keyed._Merge, "views", views)
+    steps = 0
+    while state._merge is not None:
+        probe = keys[rng.integers(0, 60_000, 500)]
+        rows = state.locate(probe)
+        assert (rows >= 0).all() and np.array_equal(state.hash[rows], probe)
+        steps += 1
+        assert steps < 1000
+    assert steps >= 60_000 // (2 * (1 << 10)) and max(np.diff([0] + sizes)) <= 2 * (1 << 10)
+    assert len(state._runs) == 1 and np.all(state._runs[0][0][1:] > state._runs[0][0][:-1])
+    assert np.array_equal(state.cols["n"][state.locate(keys[:40_000])], np.arange(40_000))
+    # negative control: at once when the runs are small enough
+    monkeypatch.setattr(keyed, "MERGE_AT_ONCE", 1 << 20)
+    small = KeyedState({"n": "i8"}, bits=6)
+    small.upsert(keys[:40_000])
+    small.upsert(keys[40_000:60_000])
+    assert small._merge is None and len(small._runs) == 1
